@@ -1,0 +1,45 @@
+# sluice — run `make help` for the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+GO         ?= go
+NODE_TOOLS := tools/node
+NODE_STAMP := $(NODE_TOOLS)/node_modules/.installed
+GOTEST     ?= $(GO) test -count=1 -timeout 14m
+# Runs a command with a throwaway PostgreSQL and fauxqs unless TEST_DATABASE_URL / AWS_ENDPOINT_URL are set.
+DEVENV     := $(GO) run ./internal/cmd/devenv --
+
+.PHONY: help
+help: ## Show this help.
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: deps
+deps: $(NODE_STAMP) ## Install Go modules and the pinned npm tools (fauxqs, aws-cdk).
+	$(GO) mod download
+
+$(NODE_STAMP): $(NODE_TOOLS)/package-lock.json
+	cd $(NODE_TOOLS) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+.PHONY: lint
+lint: ## gofmt check and go vet.
+	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './tools/*'))"; \
+	  if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+.PHONY: test
+test: deps lint ## Run every test (real PostgreSQL and SNS/SQS endpoint, started on demand).
+	$(DEVENV) $(GOTEST) ./...
+
+.PHONY: build
+build: ## Build the Lambda binaries into bin/<fn>/bootstrap (linux/arm64).
+	@for fn in relay consumer; do \
+	  if [ -f lambdas/$$fn/main.go ]; then \
+	    echo "build bin/$$fn/bootstrap"; \
+	    GOOS=linux GOARCH=arm64 CGO_ENABLED=0 $(GO) build -tags lambda.norpc -trimpath -ldflags='-s -w' -o bin/$$fn/bootstrap ./lambdas/$$fn || exit 1; \
+	  fi; \
+	done
+
+.PHONY: clean
+clean: ## Remove build output.
+	rm -rf bin cdk.out

@@ -1,0 +1,202 @@
+// Package pgcluster starts a throwaway PostgreSQL cluster from the machine's server binaries,
+// for tests and the local demo. PostgreSQL refuses to run as root, so when the caller is root
+// the cluster runs as the unprivileged "postgres" account.
+package pgcluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Options tune a cluster. The zero value is ready to use.
+type Options struct {
+	// Port to listen on (127.0.0.1). Defaults to a free port.
+	Port int
+	// Log receives the server's output. Defaults to a file "postgres.log" in the cluster's directory.
+	Log io.Writer
+	// MaxConnections is the server's max_connections. Defaults to 400.
+	MaxConnections int
+}
+
+// Cluster is a running throwaway PostgreSQL server.
+type Cluster struct {
+	// URL connects to the "postgres" database as the superuser "postgres".
+	URL string
+	dir string
+	cmd *exec.Cmd
+	log *os.File
+	done chan struct{}
+}
+
+// BinDir finds the directory holding initdb and postgres: the newest
+// /usr/lib/postgresql/N/bin, else the directory of initdb on PATH.
+func BinDir() (string, error) {
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(dirs, func(i, j int) bool { return versionOf(dirs[i]) > versionOf(dirs[j]) })
+	for _, d := range dirs {
+		if _, err := os.Stat(filepath.Join(d, "postgres")); err == nil {
+			return d, nil
+		}
+	}
+	p, err := exec.LookPath("initdb")
+	if err != nil {
+		return "", errors.New("no PostgreSQL server binaries: install postgresql (initdb, postgres) or set TEST_DATABASE_URL/DATABASE_URL")
+	}
+	if real, err := filepath.EvalSymlinks(p); err == nil {
+		p = real
+	}
+	return filepath.Dir(p), nil
+}
+
+func versionOf(binDir string) int {
+	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
+	return v
+}
+
+// FreePort asks the kernel for a free TCP port on 127.0.0.1.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Start initialises a cluster in a new temporary directory and starts it.
+func Start(ctx context.Context, opts Options) (*Cluster, error) {
+	bin, err := BinDir()
+	if err != nil {
+		return nil, err
+	}
+	if opts.Port == 0 {
+		if opts.Port, err = FreePort(); err != nil {
+			return nil, fmt.Errorf("find a free port: %w", err)
+		}
+	}
+	if opts.MaxConnections == 0 {
+		opts.MaxConnections = 400
+	}
+	cred, err := serverCredential()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "sluice-pg-")
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{dir: dir, done: make(chan struct{})}
+	fail := func(err error) (*Cluster, error) {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	if cred != nil {
+		if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
+			return fail(fmt.Errorf("hand the cluster directory to the postgres account: %w", err))
+		}
+	}
+	logW := opts.Log
+	if logW == nil {
+		f, err := os.Create(filepath.Join(dir, "postgres.log"))
+		if err != nil {
+			return fail(err)
+		}
+		if cred != nil {
+			_ = f.Chown(int(cred.Uid), int(cred.Gid))
+		}
+		c.log = f
+		logW = f
+	}
+	data := filepath.Join(dir, "data")
+	initdb := exec.CommandContext(ctx, filepath.Join(bin, "initdb"), "-D", data, "-U", "postgres",
+		"-A", "trust", "-E", "UTF8", "--no-sync", "--no-instructions")
+	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	initdb.Dir = dir
+	if out, err := initdb.CombinedOutput(); err != nil {
+		return fail(fmt.Errorf("initdb: %w: %s", err, out))
+	}
+	c.cmd = exec.Command(filepath.Join(bin, "postgres"), "-D", data,
+		"-p", strconv.Itoa(opts.Port), "-k", dir, "-c", "listen_addresses=127.0.0.1",
+		"-c", "max_connections="+strconv.Itoa(opts.MaxConnections),
+		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+		"-c", "shared_buffers=256MB", "-c", "max_wal_size=4GB", "-c", "log_min_messages=warning")
+	// Own process group: a terminal's Ctrl-C reaches us, and we stop the server in order.
+	// Pdeathsig stops it should this process die without cleaning up.
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true, Pdeathsig: syscall.SIGQUIT}
+	c.cmd.Dir = dir
+	c.cmd.Stdout, c.cmd.Stderr = logW, logW
+	if err := c.cmd.Start(); err != nil {
+		return fail(fmt.Errorf("start postgres: %w", err))
+	}
+	go func() { _ = c.cmd.Wait(); close(c.done) }()
+	c.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", opts.Port)
+	if err := c.waitReady(ctx); err != nil {
+		c.Stop()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Cluster) waitReady(ctx context.Context) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		conn, err := pgx.Connect(ctx, c.URL)
+		if err == nil {
+			return conn.Close(ctx)
+		}
+		select {
+		case <-c.done:
+			return fmt.Errorf("postgres exited during start-up; see %s", filepath.Join(c.dir, "postgres.log"))
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("postgres did not accept connections within 30s: %w", err)
+		}
+	}
+}
+
+// Stop shuts the server down (fast shutdown, then kill) and removes its directory.
+func (c *Cluster) Stop() {
+	if c.cmd != nil && c.cmd.Process != nil {
+		_ = c.cmd.Process.Signal(syscall.SIGINT)
+		select {
+		case <-c.done:
+		case <-time.After(10 * time.Second):
+			_ = c.cmd.Process.Kill()
+			<-c.done
+		}
+	}
+	if c.log != nil {
+		c.log.Close()
+	}
+	os.RemoveAll(c.dir)
+}
+
+// serverCredential returns the account to run the server as: nil (ourselves) unless we are root.
+func serverCredential() (*syscall.Credential, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil
+	}
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return nil, errors.New(`running as root, and PostgreSQL refuses root: create the "postgres" account (apt-get install postgresql does) or set TEST_DATABASE_URL/DATABASE_URL`)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+}

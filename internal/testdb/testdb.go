@@ -1,0 +1,217 @@
+// Package testdb gives each test its own migrated PostgreSQL database, so tests run in parallel
+// against a real server. It uses TEST_DATABASE_URL when set (a superuser connection to any
+// database of the server) and otherwise a throwaway cluster started by [Main].
+package testdb
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"os"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sluicehq/sluice/internal/localaws"
+	"github.com/sluicehq/sluice/internal/pgcluster"
+	"github.com/sluicehq/sluice/migrations"
+)
+
+// EnvURL names the variable holding an existing server's URL.
+const EnvURL = "TEST_DATABASE_URL"
+
+var (
+	mu       sync.Mutex
+	adminURL string
+	cluster  *pgcluster.Cluster
+	template string
+)
+
+// Main runs the package's tests and then stops what they started on demand: the throwaway
+// cluster (when TEST_DATABASE_URL is unset) and the local SNS/SQS emulator. Use it from TestMain.
+func Main(m *testing.M) {
+	code := m.Run()
+	mu.Lock()
+	if cluster != nil {
+		cluster.Stop()
+	}
+	mu.Unlock()
+	localaws.StopShared()
+	os.Exit(code)
+}
+
+// ServerURL returns a superuser URL of the test server, starting the throwaway cluster on first use.
+func ServerURL(t testing.TB) string {
+	t.Helper()
+	mu.Lock()
+	defer mu.Unlock()
+	if adminURL != "" {
+		return adminURL
+	}
+	if u := os.Getenv(EnvURL); u != "" {
+		adminURL = u
+		return adminURL
+	}
+	c, err := pgcluster.Start(context.Background(), pgcluster.Options{})
+	if err != nil {
+		t.Fatalf("start throwaway PostgreSQL (set %s to use an existing server): %v", EnvURL, err)
+	}
+	cluster, adminURL = c, c.URL
+	return adminURL
+}
+
+// URL creates a fresh, migrated database for this test and returns its URL.
+// The database is dropped when the test ends.
+func URL(t testing.TB) string {
+	t.Helper()
+	return create(t, true)
+}
+
+// EmptyURL creates a fresh database without sluice's tables (for migration tests).
+func EmptyURL(t testing.TB) string {
+	t.Helper()
+	return create(t, false)
+}
+
+// Pool returns a pool on a fresh, migrated database, closed when the test ends.
+func Pool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), URL(t))
+	if err != nil {
+		t.Fatalf("connect test database: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+var unsafeName = regexp.MustCompile(`[^a-z0-9]+`)
+
+func create(t testing.TB, migrated bool) string {
+	t.Helper()
+	ctx := context.Background()
+	server := ServerURL(t)
+	admin, err := pgx.Connect(ctx, server)
+	if err != nil {
+		t.Fatalf("connect test server: %v", err)
+	}
+	defer admin.Close(ctx)
+
+	from := "template0"
+	if migrated {
+		if from, err = migratedTemplate(ctx, admin); err != nil {
+			t.Fatalf("prepare migrated template: %v", err)
+		}
+	}
+	suffix := make([]byte, 4)
+	_, _ = rand.Read(suffix)
+	prefix := unsafeName.ReplaceAllString(strings.ToLower(t.Name()), "_")
+	if len(prefix) > 40 {
+		prefix = prefix[:40]
+	}
+	name := "t_" + prefix + "_" + hex.EncodeToString(suffix)
+
+	// Serialise CREATE DATABASE across processes: copying a template needs it to be idle.
+	if _, err := admin.Exec(ctx, "SELECT pg_advisory_lock(hashtext('sluice-testdb'))"); err != nil {
+		t.Fatalf("lock: %v", err)
+	}
+	_, err = admin.Exec(ctx, fmt.Sprintf("CREATE DATABASE %s TEMPLATE %s", pgx.Identifier{name}.Sanitize(), pgx.Identifier{from}.Sanitize()))
+	_, _ = admin.Exec(ctx, "SELECT pg_advisory_unlock(hashtext('sluice-testdb'))")
+	if err != nil {
+		t.Fatalf("create test database: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		c, err := pgx.Connect(ctx, server)
+		if err != nil {
+			t.Logf("drop test database %s: %v", name, err)
+			return
+		}
+		defer c.Close(ctx)
+		if _, err := c.Exec(ctx, fmt.Sprintf("DROP DATABASE IF EXISTS %s WITH (FORCE)", pgx.Identifier{name}.Sanitize())); err != nil {
+			t.Logf("drop test database %s: %v", name, err)
+		}
+	})
+	return withDatabase(server, name)
+}
+
+// migratedTemplate returns a template database at the embedded migrations' latest version,
+// building it once per migration set on this server.
+func migratedTemplate(ctx context.Context, admin *pgx.Conn) (string, error) {
+	mu.Lock()
+	known := template
+	mu.Unlock()
+	if known != "" {
+		return known, nil
+	}
+	ms, err := migrations.List()
+	if err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	for _, m := range ms {
+		fmt.Fprintf(h, "%d\x00%s\x00%s\x00%s\x00", m.Version, m.Name, m.Up, m.Down)
+	}
+	name := "sluice_tmpl_" + hex.EncodeToString(h.Sum(nil))[:16]
+
+	if _, err := admin.Exec(ctx, "SELECT pg_advisory_lock(hashtext('sluice-testdb'))"); err != nil {
+		return "", err
+	}
+	defer admin.Exec(ctx, "SELECT pg_advisory_unlock(hashtext('sluice-testdb'))")
+	var exists bool
+	if err := admin.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", name).Scan(&exists); err != nil {
+		return "", err
+	}
+	if !exists {
+		building := name + "_building"
+		ident := pgx.Identifier{building}.Sanitize()
+		if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)"); err != nil {
+			return "", err
+		}
+		if _, err := admin.Exec(ctx, "CREATE DATABASE "+ident+" TEMPLATE template0"); err != nil {
+			return "", err
+		}
+		conn, err := pgx.Connect(ctx, withDatabase(admin.Config().ConnString(), building))
+		if err != nil {
+			return "", err
+		}
+		err = migrations.Up(ctx, conn)
+		conn.Close(ctx)
+		if err != nil {
+			return "", err
+		}
+		if _, err := admin.Exec(ctx, fmt.Sprintf("ALTER DATABASE %s RENAME TO %s", ident, pgx.Identifier{name}.Sanitize())); err != nil {
+			return "", err
+		}
+	}
+	mu.Lock()
+	template = name
+	mu.Unlock()
+	return name, nil
+}
+
+// withDatabase replaces the database name in a PostgreSQL URL (URL or key=value form).
+func withDatabase(serverURL, db string) string {
+	cfg, err := pgx.ParseConfig(serverURL)
+	if err != nil {
+		return serverURL
+	}
+	u := url.URL{Scheme: "postgres", Host: net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))), Path: "/" + db}
+	if cfg.Password != "" {
+		u.User = url.UserPassword(cfg.User, cfg.Password)
+	} else {
+		u.User = url.User(cfg.User)
+	}
+	if cfg.TLSConfig == nil {
+		u.RawQuery = "sslmode=disable"
+	}
+	return u.String()
+}
