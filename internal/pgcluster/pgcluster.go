@@ -34,10 +34,10 @@ type Options struct {
 // Cluster is a running throwaway PostgreSQL server.
 type Cluster struct {
 	// URL connects to the "postgres" database as the superuser "postgres".
-	URL string
-	dir string
-	cmd *exec.Cmd
-	log *os.File
+	URL  string
+	dir  string
+	cmd  *exec.Cmd
+	log  *os.File
 	done chan struct{}
 }
 
