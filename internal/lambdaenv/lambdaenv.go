@@ -1,0 +1,27 @@
+// Package lambdaenv names the environment variables through which the CDK constructs configure
+// the sluice Lambdas. Both sides import these constants, so they cannot drift apart.
+package lambdaenv
+
+const (
+	// DatabaseURL is a PostgreSQL URL; used locally and in tests. Takes precedence over DatabaseSecretARN.
+	DatabaseURL = "DATABASE_URL"
+	// DatabaseSecretARN names a Secrets Manager secret in the RDS JSON shape
+	// ({"host","port","username","password","dbname"}), read once per cold start.
+	DatabaseSecretARN = "DATABASE_SECRET_ARN"
+	// DatabaseSSLMode is the sslmode used with DatabaseSecretARN. Defaults to "require".
+	DatabaseSSLMode = "DATABASE_SSLMODE"
+	// TopicARNs is a JSON object mapping logical topic names (outbox_event.topic) to SNS topic ARNs.
+	TopicARNs = "SLUICE_TOPIC_ARNS"
+	// DefaultTopicARN receives rows whose topic is not in TopicARNs. Optional; without it such rows are quarantined.
+	DefaultTopicARN = "SLUICE_DEFAULT_TOPIC_ARN"
+	// RelayStopBefore is how long before the Lambda deadline the relay stops claiming (Go duration). Defaults to "5s".
+	RelayStopBefore = "SLUICE_RELAY_STOP_BEFORE"
+	// RelayBatchSize overrides the relay's claim batch size.
+	RelayBatchSize = "SLUICE_RELAY_BATCH_SIZE"
+	// ConsumerName is the inbox consumer name (the first half of the inbox key).
+	ConsumerName = "SLUICE_CONSUMER_NAME"
+	// ConsumerCommitMode is "per-record" (default) or "batched".
+	ConsumerCommitMode = "SLUICE_CONSUMER_COMMIT_MODE"
+	// DatabaseMaxConns caps the pgx pool per Lambda instance. Defaults to 4.
+	DatabaseMaxConns = "DATABASE_MAX_CONNS"
+)
