@@ -1,0 +1,171 @@
+package inbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Querier runs statements: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// ConsumerStatus is the inbox backlog of one consumer, for `sluice status`.
+type ConsumerStatus struct {
+	Consumer string `json:"consumer"`
+	// Unprocessed counts stored rows not yet applied and not parked (the Async mode's backlog).
+	Unprocessed int64 `json:"unprocessed"`
+	// OldestUnprocessedAge is the age of the oldest such row (zero when there is none).
+	OldestUnprocessedAge time.Duration `json:"oldest_unprocessed_age"`
+	// Parked counts rows that exhausted their attempts and wait for an operator.
+	Parked int64 `json:"parked"`
+}
+
+// Stats returns the backlog of every consumer that has unprocessed or parked rows, sorted by
+// consumer name. Consumers whose rows are all processed are not listed. It reads only the
+// partial indexes, so its cost follows the backlog, not the table.
+func Stats(ctx context.Context, db Querier) ([]ConsumerStatus, error) {
+	rows, err := db.Query(ctx, `
+SELECT consumer,
+       count(*) FILTER (WHERE parked_at IS NULL),
+       coalesce(extract(epoch FROM now() - min(received_at) FILTER (WHERE parked_at IS NULL)), 0)::float8,
+       count(*) FILTER (WHERE parked_at IS NOT NULL)
+FROM inbox_event
+WHERE processed_at IS NULL
+GROUP BY consumer
+ORDER BY consumer`)
+	if err != nil {
+		return nil, fmt.Errorf("inbox stats: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ConsumerStatus, error) {
+		var s ConsumerStatus
+		var age float64
+		err := r.Scan(&s.Consumer, &s.Unprocessed, &age, &s.Parked)
+		s.OldestUnprocessedAge = time.Duration(age * float64(time.Second))
+		return s, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("inbox stats: %w", err)
+	}
+	return out, nil
+}
+
+// ParkedEvent is a stored message the Processor gave up on.
+type ParkedEvent struct {
+	Consumer   string            `json:"consumer"`
+	MessageID  string            `json:"message_id"`
+	EventType  string            `json:"event_type"`
+	GroupID    string            `json:"group_id,omitempty"`
+	Headers    map[string]string `json:"headers"`
+	Payload    []byte            `json:"payload"`
+	Attempts   int               `json:"attempts"`
+	LastError  string            `json:"last_error"`
+	ReceivedAt time.Time         `json:"received_at"`
+	ParkedAt   time.Time         `json:"parked_at"`
+}
+
+// ListParked returns up to limit parked rows of consumer (every consumer when it is ""),
+// oldest parked first. A limit of 0 or less means 100.
+func ListParked(ctx context.Context, db Querier, consumer string, limit int) ([]ParkedEvent, error) {
+	if limit <= 0 {
+		limit = 100
+	}
+	rows, err := db.Query(ctx, `
+SELECT consumer, message_id, event_type, coalesce(group_id, ''), headers, coalesce(payload, 'null'::jsonb)::text,
+       attempts, coalesce(last_error, ''), received_at, parked_at
+FROM inbox_event
+WHERE parked_at IS NOT NULL AND processed_at IS NULL AND ($1 = '' OR consumer = $1)
+ORDER BY parked_at, consumer, message_id
+LIMIT $2`, consumer, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list parked inbox rows: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ParkedEvent, error) {
+		var e ParkedEvent
+		var payload string
+		err := r.Scan(&e.Consumer, &e.MessageID, &e.EventType, &e.GroupID, &e.Headers, &payload,
+			&e.Attempts, &e.LastError, &e.ReceivedAt, &e.ParkedAt)
+		e.Payload = []byte(payload)
+		return e, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list parked inbox rows: %w", err)
+	}
+	return out, nil
+}
+
+// RetryParked un-parks rows of consumer so the Processor tries them again right away with a
+// fresh attempt count; with no messageIDs it un-parks every parked row of the consumer. It
+// returns how many rows it un-parked (ids that are not parked are ignored).
+func RetryParked(ctx context.Context, db Querier, consumer string, messageIDs ...string) (int64, error) {
+	if consumer == "" {
+		return 0, fmt.Errorf("%w: retry parked inbox rows: consumer name is required", ErrInvalidArgument)
+	}
+	tag, err := db.Exec(ctx, `
+UPDATE inbox_event
+SET parked_at = NULL, attempts = 0, next_attempt_at = NULL
+WHERE consumer = $1 AND parked_at IS NOT NULL AND processed_at IS NULL
+  AND (cardinality($2::text[]) = 0 OR message_id = ANY($2::text[]))`, consumer, messageIDs)
+	if err != nil {
+		return 0, fmt.Errorf("retry parked inbox rows: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// PurgeOptions tunes Purge. A nil *PurgeOptions means the defaults.
+type PurgeOptions struct {
+	// Consumer limits the purge to one consumer. Defaults to "" (every consumer).
+	Consumer string
+	// BatchSize is how many rows each DELETE removes, keeping locks and WAL bursts small.
+	// Defaults to 1000.
+	BatchSize int
+}
+
+// Purge deletes processed inbox rows whose processed_at is older than olderThan, in batches
+// (each its own statement, so each commits on its own when db is a pool), and returns how many
+// it deleted. Unprocessed and parked rows are never deleted.
+//
+// A purged message is no longer recognised as a duplicate: keep olderThan well above the
+// queue's message retention period plus any DLQ redrive or replay window (SQS keeps messages at
+// most 14 days).
+func Purge(ctx context.Context, db Querier, olderThan time.Duration, opts *PurgeOptions) (int64, error) {
+	if olderThan <= 0 {
+		return 0, fmt.Errorf("%w: purge inbox: olderThan must be positive, got %s", ErrInvalidArgument, olderThan)
+	}
+	o := PurgeOptions{BatchSize: 1000}
+	if opts != nil {
+		o.Consumer = opts.Consumer
+		if opts.BatchSize < 0 {
+			return 0, fmt.Errorf("%w: purge inbox: BatchSize must not be negative", ErrInvalidArgument)
+		}
+		if opts.BatchSize > 0 {
+			o.BatchSize = opts.BatchSize
+		}
+	}
+	var total int64
+	for {
+		tag, err := db.Exec(ctx, `
+DELETE FROM inbox_event
+WHERE (consumer, message_id) IN (
+    SELECT consumer, message_id FROM inbox_event
+    WHERE processed_at IS NOT NULL
+      AND processed_at < now() - make_interval(secs => $1::float8)
+      AND ($2 = '' OR consumer = $2)
+    ORDER BY processed_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED)`, olderThan.Seconds(), o.Consumer, o.BatchSize)
+		if err != nil {
+			return total, fmt.Errorf("purge inbox: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < int64(o.BatchSize) {
+			return total, nil
+		}
+	}
+}

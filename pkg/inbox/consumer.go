@@ -1,0 +1,545 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/sluicehq/sluice/internal/emf"
+)
+
+// Beginner starts transactions: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx (whose Begin opens a savepoint).
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Mode is how a Consumer turns a batch into transactions.
+type Mode int
+
+const (
+	// PerRecord applies each record in its own transaction. The default.
+	PerRecord Mode = iota
+	// Batched applies the whole batch in one transaction with a SAVEPOINT per record.
+	Batched
+	// Async only stores each message (payload and attributes) in inbox_event and acknowledges;
+	// a Processor applies it later.
+	Async
+)
+
+// String returns the mode's name as accepted by ParseMode.
+func (m Mode) String() string {
+	switch m {
+	case PerRecord:
+		return "per-record"
+	case Batched:
+		return "batched"
+	case Async:
+		return "async"
+	}
+	return fmt.Sprintf("Mode(%d)", int(m))
+}
+
+// ParseMode parses "per-record" (or ""), "batched" or "async", e.g. the value of the
+// SLUICE_CONSUMER_COMMIT_MODE environment variable.
+func ParseMode(s string) (Mode, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", "per-record":
+		return PerRecord, nil
+	case "batched":
+		return Batched, nil
+	case "async":
+		return Async, nil
+	}
+	return 0, fmt.Errorf("%w: unknown commit mode %q (want per-record, batched or async)", ErrInvalidConfig, s)
+}
+
+// Config configures a Consumer.
+type Config struct {
+	// Consumer names this consumer: the first half of the inbox key. Two consumers with
+	// different names on one database each apply every message once. Required.
+	Consumer string
+	// Router maps event types to handlers. Required except in the Async mode, where the
+	// Processor uses it instead.
+	Router *Router
+	// Mode chooses per-record, batched or asynchronous processing. Defaults to PerRecord.
+	Mode Mode
+	// DeadlineMargin: a record is not started when the context's deadline (the Lambda's) is
+	// nearer than this; it is reported failed and comes back. Defaults to 3 seconds; a negative
+	// value disables the check (the context's cancellation still stops the batch).
+	DeadlineMargin time.Duration
+	// StorePayload keeps the payload and headers in inbox_event in the synchronous modes, for
+	// audit or replay. Defaults to false. The Async mode always stores them.
+	StorePayload bool
+	// Logger receives structured logs. Defaults to slog.Default().
+	Logger *slog.Logger
+	// Metrics receives Embedded Metric Format lines (os.Stdout in a Lambda). Defaults to nil,
+	// which writes none.
+	Metrics io.Writer
+}
+
+// DefaultDeadlineMargin is Config.DeadlineMargin's default.
+const DefaultDeadlineMargin = 3 * time.Second
+
+// WithDefaults returns a copy of c with every zero field set to its documented default.
+func (c Config) WithDefaults() Config {
+	if c.DeadlineMargin == 0 {
+		c.DeadlineMargin = DefaultDeadlineMargin
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	if err := validateConsumer(c.Consumer); err != nil {
+		return err
+	}
+	switch c.Mode {
+	case PerRecord, Batched:
+		if c.Router == nil {
+			return fmt.Errorf("%w: Router is required in the %s mode", ErrInvalidConfig, c.Mode)
+		}
+	case Async:
+	default:
+		return fmt.Errorf("%w: unknown Mode %d", ErrInvalidConfig, int(c.Mode))
+	}
+	return nil
+}
+
+func validateConsumer(name string) error {
+	if strings.TrimSpace(name) == "" {
+		return fmt.Errorf("%w: Consumer name is required", ErrInvalidConfig)
+	}
+	if len(name) > 200 || !storableText(name) {
+		return fmt.Errorf("%w: Consumer name must be UTF-8 text of at most 200 bytes", ErrInvalidConfig)
+	}
+	return nil
+}
+
+// Consumer applies SQS batches through the inbox. Build it once per process (Lambda cold
+// start) with New; it is safe for concurrent use.
+type Consumer struct {
+	db      Beginner
+	cfg     Config
+	log     *slog.Logger
+	metrics *emf.Logger
+	now     func() time.Time
+}
+
+// New returns a Consumer that opens its transactions on db (usually a *pgxpool.Pool).
+func New(db Beginner, cfg Config) (*Consumer, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: db is nil", ErrInvalidConfig)
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	var m *emf.Logger
+	if cfg.Metrics != nil {
+		m = emf.New(cfg.Metrics, map[string]string{"Service": "consumer", "Consumer": cfg.Consumer})
+	}
+	return &Consumer{
+		db:      db,
+		cfg:     cfg,
+		log:     cfg.Logger.With("consumer", cfg.Consumer),
+		metrics: m,
+		now:     time.Now,
+	}, nil
+}
+
+// Outcome is what happened to one record.
+type Outcome int
+
+const (
+	// Failed: the record was rolled back (or never started) and is reported in BatchItemFailures.
+	Failed Outcome = iota
+	// Applied: the handler ran and its transaction committed.
+	Applied
+	// Duplicate: the inbox already held the message; nothing ran. A success.
+	Duplicate
+	// Skipped: no handler and the router's policy is SkipUnknown; the inbox row committed. A success.
+	Skipped
+	// Stored: the Async mode stored the message for the Processor. A success.
+	Stored
+)
+
+// String returns the outcome's name.
+func (o Outcome) String() string {
+	switch o {
+	case Failed:
+		return "failed"
+	case Applied:
+		return "applied"
+	case Duplicate:
+		return "duplicate"
+	case Skipped:
+		return "skipped"
+	case Stored:
+		return "stored"
+	}
+	return fmt.Sprintf("Outcome(%d)", int(o))
+}
+
+// Result is the outcome of one record.
+type Result struct {
+	// SQSMessageID identifies the record in BatchItemFailures.
+	SQSMessageID string
+	// MessageID is the dedup key; empty when the record could not be parsed.
+	MessageID string
+	// EventType is the message's event type; empty when the record could not be parsed.
+	EventType string
+	// Outcome is final: successes are reported only after their transaction committed.
+	Outcome Outcome
+	// Err explains a Failed outcome; it wraps one of the package's sentinels or a database error.
+	Err error
+}
+
+// Report holds one Result per record, in the batch's order.
+type Report struct {
+	Results []Result
+}
+
+// Count returns how many records had outcome o.
+func (r Report) Count(o Outcome) int {
+	n := 0
+	for _, res := range r.Results {
+		if res.Outcome == o {
+			n++
+		}
+	}
+	return n
+}
+
+// Response returns the Lambda partial batch response: every failed record's SQS message id.
+func (r Report) Response() events.SQSEventResponse {
+	resp := events.SQSEventResponse{BatchItemFailures: []events.SQSBatchItemFailure{}}
+	for _, res := range r.Results {
+		if res.Outcome == Failed {
+			resp.BatchItemFailures = append(resp.BatchItemFailures, events.SQSBatchItemFailure{ItemIdentifier: res.SQSMessageID})
+		}
+	}
+	return resp
+}
+
+// HandleSQS is the Lambda handler for an SQS event source with ReportBatchItemFailures:
+//
+//	lambda.Start(consumer.HandleSQS, lambda.WithEnableSIGTERM(pool.Close))
+//
+// It never returns an error: failures are per record, in BatchItemFailures. (A record with an
+// empty SQS message id yields an empty identifier, which makes Lambda retry the whole batch;
+// nothing is lost.)
+func (c *Consumer) HandleSQS(ctx context.Context, event events.SQSEvent) (events.SQSEventResponse, error) {
+	return c.Process(ctx, event).Response(), nil
+}
+
+// Process applies a batch and reports each record's outcome. An empty batch is a no-op.
+func (c *Consumer) Process(ctx context.Context, event events.SQSEvent) Report {
+	b := &batch{c: c, results: make([]Result, len(event.Records)), blocked: map[string]bool{}}
+	if len(event.Records) == 0 {
+		return Report{Results: b.results}
+	}
+	msgs := make([]Message, len(event.Records))
+	perr := make([]error, len(event.Records))
+	for i, rec := range event.Records {
+		b.results[i] = Result{SQSMessageID: rec.MessageId, Outcome: Failed}
+		msg, err := Parse(rec)
+		if err != nil {
+			perr[i] = fmt.Errorf("parse record %s: %w", rec.MessageId, err)
+			continue
+		}
+		if msg.IDSource != IDFromAttribute {
+			c.log.WarnContext(ctx, "inbox: messageId attribute absent, dedup key falls back",
+				"source", string(msg.IDSource), "message_id", msg.ID, "sqs_message_id", rec.MessageId, "event_type", msg.EventType)
+		}
+		msgs[i] = msg
+		b.results[i].MessageID, b.results[i].EventType = msg.ID, msg.EventType
+	}
+
+	switch c.cfg.Mode {
+	case Batched:
+		b.runBatched(ctx, event.Records, msgs, perr)
+	default:
+		b.runPerRecord(ctx, event.Records, msgs, perr)
+	}
+
+	rep := Report{Results: b.results}
+	for _, res := range rep.Results {
+		if res.Outcome == Failed {
+			c.log.WarnContext(ctx, "inbox: record failed", "sqs_message_id", res.SQSMessageID,
+				"message_id", res.MessageID, "event_type", res.EventType, "error", res.Err.Error())
+			var pe *PanicError
+			if errors.As(res.Err, &pe) {
+				c.log.ErrorContext(ctx, "inbox: handler panicked", "message_id", res.MessageID, "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
+			}
+		}
+	}
+	c.emit(rep, msgs)
+	return rep
+}
+
+// batch is the state of one Process call.
+type batch struct {
+	c       *Consumer
+	results []Result
+	blocked map[string]bool // FIFO groups with a failure earlier in this batch
+}
+
+// precheck returns why record i must not be started: a parse error, a blocked FIFO group, or
+// too little time left. A nil error means go ahead.
+func (b *batch) precheck(ctx context.Context, rec events.SQSMessage, perr error) error {
+	group := rec.Attributes["MessageGroupId"]
+	if group != "" && b.blocked[group] {
+		return fmt.Errorf("record %s, group %q: %w", rec.MessageId, group, ErrGroupBlocked)
+	}
+	if perr != nil {
+		return perr
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("record %s: %w (%v)", rec.MessageId, ErrDeadline, err)
+	}
+	if dl, ok := ctx.Deadline(); ok && b.c.cfg.DeadlineMargin > 0 {
+		if left := dl.Sub(b.c.now()); left < b.c.cfg.DeadlineMargin {
+			return fmt.Errorf("record %s: %w (%s left, margin %s)", rec.MessageId, ErrDeadline, left.Round(time.Millisecond), b.c.cfg.DeadlineMargin)
+		}
+	}
+	return nil
+}
+
+// fail records a failure of record i and blocks its FIFO group for the rest of the batch.
+func (b *batch) fail(i int, rec events.SQSMessage, err error) {
+	b.results[i].Outcome, b.results[i].Err = Failed, err
+	if g := rec.Attributes["MessageGroupId"]; g != "" {
+		b.blocked[g] = true
+	}
+}
+
+func (b *batch) runPerRecord(ctx context.Context, recs []events.SQSMessage, msgs []Message, perr []error) {
+	for i, rec := range recs {
+		if err := b.precheck(ctx, rec, perr[i]); err != nil {
+			b.fail(i, rec, err)
+			continue
+		}
+		out, err := b.c.applyInTx(ctx, msgs[i])
+		if err != nil {
+			b.fail(i, rec, err)
+			continue
+		}
+		b.results[i].Outcome = out
+	}
+}
+
+// applyInTx runs one record in its own transaction and commits it.
+func (c *Consumer) applyInTx(ctx context.Context, msg Message) (Outcome, error) {
+	tx, err := c.db.Begin(ctx)
+	if err != nil {
+		return Failed, fmt.Errorf("message %s: begin: %w", msg.ID, err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	out, err := c.apply(ctx, tx, msg)
+	if err != nil {
+		return Failed, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return Failed, fmt.Errorf("message %s: %w: %w", msg.ID, ErrCommit, err)
+	}
+	return out, nil
+}
+
+func (b *batch) runBatched(ctx context.Context, recs []events.SQSMessage, msgs []Message, perr []error) {
+	var (
+		tx      pgx.Tx
+		pending []int // records whose work succeeded, waiting for the batch commit
+		broken  error // set when the batch transaction can no longer be used
+	)
+	defer func() {
+		if tx != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	for i, rec := range recs {
+		if broken != nil {
+			b.fail(i, rec, broken)
+			continue
+		}
+		if err := b.precheck(ctx, rec, perr[i]); err != nil {
+			b.fail(i, rec, err)
+			continue
+		}
+		if tx == nil {
+			var err error
+			if tx, err = b.c.db.Begin(ctx); err != nil {
+				broken = fmt.Errorf("begin batch: %w", err)
+				tx = nil
+				b.fail(i, rec, broken)
+				continue
+			}
+		}
+		sp, err := tx.Begin(ctx) // SAVEPOINT
+		if err != nil {
+			broken = fmt.Errorf("savepoint: %w", err)
+			b.fail(i, rec, broken)
+			continue
+		}
+		out, err := b.c.apply(ctx, sp, msgs[i])
+		if err == nil {
+			if cerr := sp.Commit(ctx); cerr != nil { // RELEASE SAVEPOINT
+				err = fmt.Errorf("message %s: release savepoint: %w", msgs[i].ID, cerr)
+			}
+		}
+		if err != nil {
+			if rerr := sp.Rollback(context.WithoutCancel(ctx)); rerr != nil { // ROLLBACK TO SAVEPOINT
+				broken = fmt.Errorf("batch transaction unusable after message %s failed: %w", msgs[i].ID, rerr)
+			}
+			b.fail(i, rec, err)
+			continue
+		}
+		b.results[i].Outcome = out
+		pending = append(pending, i)
+	}
+	if tx == nil {
+		return
+	}
+	var cerr error
+	if broken != nil {
+		cerr = broken
+	} else if err := tx.Commit(ctx); err != nil {
+		cerr = fmt.Errorf("batch: %w: %w", ErrCommit, err)
+	}
+	tx = nil
+	if cerr != nil {
+		for _, i := range pending {
+			b.results[i].Outcome, b.results[i].Err = Failed, cerr
+		}
+	}
+}
+
+const insertSync = `
+INSERT INTO inbox_event (consumer, message_id, event_type, aggregate_type, aggregate_id, group_id,
+                         created_at, headers, payload, processed_at)
+VALUES ($1, $2, $3, $4, $5, NULLIF($6, ''), $7, $8, $9, clock_timestamp())
+ON CONFLICT (consumer, message_id) DO NOTHING`
+
+const insertAsync = `
+INSERT INTO inbox_event (consumer, message_id, event_type, aggregate_type, aggregate_id, group_id,
+                         created_at, headers, payload)
+VALUES ($1, $2, $3, $4, $5, NULLIF($6, ''), $7, $8, $9)
+ON CONFLICT (consumer, message_id) DO NOTHING`
+
+// apply inserts the inbox row and, for a new message in a synchronous mode, runs its handler,
+// all in tx. It neither commits nor rolls back.
+func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, msg Message) (Outcome, error) {
+	var created *time.Time
+	if !msg.CreatedAt.IsZero() {
+		created = &msg.CreatedAt
+	}
+	var headers map[string]string
+	var payload []byte
+	query := insertSync
+	if c.cfg.Mode == Async {
+		query = insertAsync
+	}
+	headers = map[string]string{}
+	if c.cfg.Mode == Async || c.cfg.StorePayload {
+		headers, payload = msg.Headers, msg.Payload
+	}
+	tag, err := tx.Exec(ctx, query, c.cfg.Consumer, msg.ID, msg.EventType, msg.AggregateType, msg.AggregateID,
+		msg.GroupID, created, headers, payload)
+	if err != nil {
+		return Failed, fmt.Errorf("message %s: insert inbox row: %w", msg.ID, classify(err))
+	}
+	if tag.RowsAffected() == 0 {
+		return Duplicate, nil
+	}
+	if c.cfg.Mode == Async {
+		return Stored, nil
+	}
+	h, skip, err := c.cfg.Router.lookup(msg.EventType)
+	if err != nil {
+		return Failed, fmt.Errorf("message %s: %w", msg.ID, err)
+	}
+	if skip {
+		return Skipped, nil
+	}
+	if err := call(ctx, h, tx, msg); err != nil {
+		return Failed, fmt.Errorf("message %s (%s): handler: %w", msg.ID, msg.EventType, err)
+	}
+	return Applied, nil
+}
+
+// classify marks database errors caused by the message itself (text PostgreSQL cannot store,
+// such as \u0000 in a jsonb payload) as ErrBadMessage.
+func classify(err error) error {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		switch pg.Code {
+		case "22P05", "22021", "22P02", "22025": // untranslatable character, bad encoding, invalid text, bad escape
+			return fmt.Errorf("%w: %w", ErrBadMessage, err)
+		}
+	}
+	return err
+}
+
+// Metric names written by the Consumer and the Processor, with dimensions Service and Consumer.
+const (
+	MetricProcessed  = "InboxProcessed"  // handlers applied and committed (Count)
+	MetricSkipped    = "InboxSkipped"    // unknown event types recorded without effect (Count)
+	MetricDuplicates = "InboxDuplicates" // deliveries found in the inbox (Count)
+	MetricFailures   = "InboxFailures"   // records or attempts that failed (Count)
+	MetricStored     = "InboxStored"     // messages stored by the Async mode (Count)
+	MetricParked     = "InboxParked"     // rows the Processor parked (Count)
+	// MetricCommitToApplyLatency is now minus the createdAt attribute, per applied message (Milliseconds).
+	MetricCommitToApplyLatency = "InboxCommitToApplyLatency"
+)
+
+func (c *Consumer) emit(rep Report, msgs []Message) {
+	if c.metrics == nil || len(rep.Results) == 0 {
+		return
+	}
+	now := c.now()
+	var lat []float64
+	for i, res := range rep.Results {
+		if (res.Outcome == Applied || res.Outcome == Skipped) && !msgs[i].CreatedAt.IsZero() {
+			lat = append(lat, float64(now.Sub(msgs[i].CreatedAt).Milliseconds()))
+		}
+	}
+	ms := []emf.Metric{
+		{Name: MetricProcessed, Unit: emf.Count, Value: float64(rep.Count(Applied))},
+		{Name: MetricSkipped, Unit: emf.Count, Value: float64(rep.Count(Skipped))},
+		{Name: MetricDuplicates, Unit: emf.Count, Value: float64(rep.Count(Duplicate))},
+		{Name: MetricFailures, Unit: emf.Count, Value: float64(rep.Count(Failed))},
+	}
+	if c.cfg.Mode == Async {
+		ms = append(ms, emf.Metric{Name: MetricStored, Unit: emf.Count, Value: float64(rep.Count(Stored))})
+	}
+	emitLatency(c.metrics, ms, lat)
+}
+
+// emitLatency writes counts and latency samples, at most 100 samples per line (EMF's limit).
+func emitLatency(l *emf.Logger, counts []emf.Metric, lat []float64) {
+	first := true
+	for first || len(lat) > 0 {
+		ms := []emf.Metric{}
+		if first {
+			ms = append(ms, counts...)
+		}
+		if len(lat) > 0 {
+			n := min(len(lat), 100)
+			ms = append(ms, emf.Metric{Name: MetricCommitToApplyLatency, Unit: emf.Milliseconds, Values: lat[:n]})
+			lat = lat[n:]
+		}
+		first = false
+		if len(ms) > 0 {
+			l.Emit(ms...)
+		}
+	}
+}

@@ -1,0 +1,24 @@
+// Package inbox applies messages published by sluice's outbox exactly once per consumer, on top
+// of SQS's at-least-once delivery.
+//
+// For every SQS record a [Consumer] inserts a row into inbox_event keyed by (consumer, message id)
+// with ON CONFLICT DO NOTHING and runs the [Handler] for the message's event type in the same
+// PostgreSQL transaction. A duplicate delivery finds the row and succeeds without effect. A record
+// is reported successful only after its transaction committed; a handler error or panic rolls the
+// inbox row and every effect back and lists the record in the Lambda's BatchItemFailures, so SQS
+// delivers it again (and, after maxReceiveCount, moves it to the DLQ).
+//
+// Three modes share that contract (see [Mode] and docs/inbox.md for when to use which):
+//
+//   - [PerRecord]: one transaction per record. The default.
+//   - [Batched]: one transaction per batch with a SAVEPOINT per record; a failing record rolls
+//     back alone and the batch commits once.
+//   - [Async]: the consumer only stores the full message and acknowledges; a [Processor] drains
+//     the stored rows with FOR UPDATE SKIP LOCKED, applies each in its own transaction, retries
+//     with backoff and parks rows that keep failing. [ListParked], [RetryParked] and [Stats]
+//     serve operators; [Purge] removes processed rows after the retention period.
+//
+// Messages arrive either by raw delivery (attributes on the SQS message) or inside the SNS JSON
+// envelope; [Parse] accepts both and takes the dedup key from the messageId attribute, falling
+// back to the SNS MessageId and then the SQS messageId only when it is absent.
+package inbox
