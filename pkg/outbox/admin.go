@@ -1,0 +1,230 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Querier is what the operational functions need: a *pgxpool.Pool, *pgx.Conn or pgx.Tx.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Lag is the outbox's backlog, the figures its alarms watch.
+type Lag struct {
+	// Pending counts unpublished rows that are not quarantined.
+	Pending int64
+	// OldestPendingAge is the age of the oldest pending row (0 when none).
+	OldestPendingAge time.Duration
+	// Quarantined counts rows that need an operator.
+	Quarantined int64
+	// PublishedLastMinute counts rows published in the last minute, among the newest 100,000 rows.
+	PublishedLastMinute int64
+}
+
+// LagOf reads the backlog figures. Its cost follows the backlog, not the table: it reads only
+// the partial index of unpublished rows and the newest rows.
+func LagOf(ctx context.Context, db Querier) (Lag, error) {
+	var (
+		lag    Lag
+		oldest *time.Time
+		now    time.Time
+	)
+	err := db.QueryRow(ctx, `
+		SELECT count(*) FILTER (WHERE quarantined_at IS NULL),
+		       count(*) FILTER (WHERE quarantined_at IS NOT NULL),
+		       min(created_at) FILTER (WHERE quarantined_at IS NULL),
+		       now(),
+		       (SELECT count(*) FROM (SELECT published_at FROM outbox_event ORDER BY id DESC LIMIT 100000) recent
+		         WHERE published_at > now() - interval '1 minute')
+		FROM outbox_event WHERE published_at IS NULL`).Scan(&lag.Pending, &lag.Quarantined, &oldest, &now, &lag.PublishedLastMinute)
+	if err != nil {
+		return Lag{}, fmt.Errorf("read outbox lag: %w", err)
+	}
+	if oldest != nil {
+		lag.OldestPendingAge = max(now.Sub(*oldest), 0)
+	}
+	return lag, nil
+}
+
+// PurgeOptions tune Purge. A nil *PurgeOptions takes the defaults.
+type PurgeOptions struct {
+	// BatchSize is the number of rows examined per DELETE statement. Defaults to 5000.
+	BatchSize int
+}
+
+// Purge deletes published rows whose published_at is older than olderThan, in bounded batches
+// (short statements, no long lock), and returns how many it deleted. Unpublished and
+// quarantined rows are never deleted.
+func Purge(ctx context.Context, db Querier, olderThan time.Duration, opts *PurgeOptions) (int64, error) {
+	if olderThan <= 0 {
+		return 0, fmt.Errorf("outbox: purge needs a positive retention, got %s", olderThan)
+	}
+	batch := 5000
+	if opts != nil && opts.BatchSize > 0 {
+		batch = opts.BatchSize
+	}
+	var cutoff time.Time
+	if err := db.QueryRow(ctx, "SELECT now() - $1 * interval '1 millisecond'", olderThan.Milliseconds()).Scan(&cutoff); err != nil {
+		return 0, fmt.Errorf("purge outbox: %w", err)
+	}
+	var (
+		total  int64
+		cursor int64
+	)
+	for {
+		// Walk the primary key from the oldest row: rows are created in roughly id order, so once
+		// a batch reaches rows created after the cutoff nothing further can be old enough.
+		var (
+			last    *int64
+			deleted int64
+			young   bool
+		)
+		err := db.QueryRow(ctx, `
+			WITH batch AS (
+			    SELECT id, created_at, published_at FROM outbox_event WHERE id > $1 ORDER BY id LIMIT $2
+			), del AS (
+			    DELETE FROM outbox_event o USING batch b
+			    WHERE o.id = b.id AND b.published_at IS NOT NULL AND b.published_at < $3
+			    RETURNING o.id
+			)
+			SELECT max(b.id), (SELECT count(*) FROM del), coalesce(bool_or(b.created_at >= $3), false) FROM batch b`,
+			cursor, batch, cutoff).Scan(&last, &deleted, &young)
+		if err != nil {
+			return total, fmt.Errorf("purge outbox after id %d: %w", cursor, err)
+		}
+		total += deleted
+		if last == nil || young {
+			return total, nil
+		}
+		cursor = *last
+		if ctx.Err() != nil {
+			return total, ctx.Err()
+		}
+	}
+}
+
+// QuarantinedRow is a row that could not be published, for an operator to inspect.
+type QuarantinedRow struct {
+	ID            int64
+	EventID       uuid.UUID
+	Topic         string
+	EventType     string
+	PartitionKey  string
+	Attempts      int
+	LastError     string
+	CreatedAt     time.Time
+	QuarantinedAt time.Time
+	// BlockedBehind counts later unpublished rows of the same partition key waiting for this one.
+	BlockedBehind int64
+}
+
+// ListQuarantined returns up to limit quarantined rows, oldest first.
+func ListQuarantined(ctx context.Context, db Querier, limit int) ([]QuarantinedRow, error) {
+	if limit <= 0 {
+		limit = 100
+	}
+	rows, err := db.Query(ctx, `
+		SELECT q.id, q.event_id, q.topic, q.event_type, q.partition_key, q.attempts, coalesce(q.last_error, ''),
+		       q.created_at, q.quarantined_at,
+		       (SELECT count(*) FROM outbox_event o WHERE o.partition_key = q.partition_key
+		          AND o.published_at IS NULL AND o.id > q.id)
+		FROM outbox_event q
+		WHERE q.quarantined_at IS NOT NULL AND q.published_at IS NULL
+		ORDER BY q.id LIMIT $1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list quarantined outbox rows: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (QuarantinedRow, error) {
+		var q QuarantinedRow
+		err := row.Scan(&q.ID, &q.EventID, &q.Topic, &q.EventType, &q.PartitionKey, &q.Attempts, &q.LastError,
+			&q.CreatedAt, &q.QuarantinedAt, &q.BlockedBehind)
+		return q, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list quarantined outbox rows: %w", err)
+	}
+	return out, nil
+}
+
+// ErrNothingSelected is returned when an operation was given an empty selection.
+var ErrNothingSelected = errors.New("no rows selected")
+
+// RetryQuarantined releases quarantined rows (the given ids, or all when ids is nil) for the
+// relay to publish again with a fresh attempt count; it returns how many it released.
+// The last error is kept for the record until the row is published.
+func RetryQuarantined(ctx context.Context, db Querier, ids []int64) (int64, error) {
+	if ids != nil && len(ids) == 0 {
+		return 0, ErrNothingSelected
+	}
+	tag, err := db.Exec(ctx, `
+		UPDATE outbox_event SET quarantined_at = NULL, attempts = 0, available_at = NULL
+		WHERE quarantined_at IS NOT NULL AND published_at IS NULL
+		  AND ($1::bigint[] IS NULL OR id = ANY($1))`, ids)
+	if err != nil {
+		return 0, fmt.Errorf("retry quarantined outbox rows: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// ReplayFilter selects published rows to publish again. Since is required.
+type ReplayFilter struct {
+	// Since and Until bound created_at (Until defaults to now; both inclusive of Since, exclusive of Until).
+	Since, Until time.Time
+	// Topic, AggregateType and AggregateID narrow the selection when set.
+	Topic, AggregateType, AggregateID string
+}
+
+func (f ReplayFilter) args() ([]any, error) {
+	if f.Since.IsZero() {
+		return nil, errors.New("outbox: replay needs a start time (Since)")
+	}
+	until := f.Until
+	if until.IsZero() {
+		until = time.Now().Add(time.Hour)
+	}
+	if !until.After(f.Since) {
+		return nil, fmt.Errorf("outbox: replay range is empty: until (%s) is not after since (%s)", until.Format(time.RFC3339), f.Since.Format(time.RFC3339))
+	}
+	return []any{f.Since, until, f.Topic, f.AggregateType, f.AggregateID}, nil
+}
+
+const replayWhere = `published_at IS NOT NULL AND created_at >= $1 AND created_at < $2
+	AND ($3 = '' OR topic = $3) AND ($4 = '' OR aggregate_type = $4) AND ($5 = '' OR aggregate_id = $5)`
+
+// CountReplay returns how many rows Replay with f would publish again.
+func CountReplay(ctx context.Context, db Querier, f ReplayFilter) (int64, error) {
+	args, err := f.args()
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	if err := db.QueryRow(ctx, "SELECT count(*) FROM outbox_event WHERE "+replayWhere, args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count replay rows: %w", err)
+	}
+	return n, nil
+}
+
+// Replay marks the selected published rows unpublished, so the relay publishes them again with
+// the same event_id: existing consumers deduplicate them, a new or rebuilt consumer applies them.
+// Each partition key's rows go out again in id order. It returns how many rows it selected.
+func Replay(ctx context.Context, db Querier, f ReplayFilter) (int64, error) {
+	args, err := f.args()
+	if err != nil {
+		return 0, err
+	}
+	tag, err := db.Exec(ctx, `UPDATE outbox_event SET published_at = NULL, available_at = NULL, attempts = 0, last_error = NULL
+		WHERE `+replayWhere, args...)
+	if err != nil {
+		return 0, fmt.Errorf("replay outbox rows: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}

@@ -1,0 +1,184 @@
+package outbox
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+)
+
+// SNS limits that shape what the writer accepts.
+const (
+	// MaxMessageBytes is SNS's limit for one message: body plus attributes.
+	MaxMessageBytes = 256 * 1024
+	// MaxAttributes is SNS's limit of message attributes per message.
+	MaxAttributes = 10
+)
+
+// Attribute names of the wire contract, carried on every published message.
+const (
+	AttrMessageID     = "messageId"
+	AttrEventType     = "eventType"
+	AttrAggregateType = "aggregateType"
+	AttrAggregateID   = "aggregateId"
+	AttrCreatedAt     = "createdAt"
+)
+
+// reservedAttributes are the contract's attributes; headers may not reuse their names.
+var reservedAttributes = []string{AttrMessageID, AttrEventType, AttrAggregateType, AttrAggregateID, AttrCreatedAt}
+
+// Message is one event to write to the outbox.
+type Message struct {
+	// EventID is the message id on the wire and every consumer's dedup key.
+	// Defaults to a new time-ordered UUID (version 7).
+	EventID uuid.UUID
+	// Topic is the logical topic, mapped to an SNS topic ARN by the relay's configuration. Required.
+	Topic string
+	// AggregateType and AggregateID say what produced the event, e.g. "order" and "o-42".
+	AggregateType string
+	AggregateID   string
+	// EventType names the event, e.g. "OrderCreated". Required.
+	EventType string
+	// PartitionKey orders events: those with the same key are published in write order, and it is
+	// the FIFO MessageGroupId. Defaults to AggregateID.
+	PartitionKey string
+	// Payload is the event body, a JSON document published verbatim (in PostgreSQL's jsonb text form).
+	Payload json.RawMessage
+	// Headers are carried as string message attributes (W3C traceparent, ...), as many as
+	// SNS's limit of 10 attributes leaves room for after the five contract attributes.
+	Headers map[string]string
+}
+
+// ValidationError reports a message the writer refused, naming the field.
+type ValidationError struct {
+	// Index is the message's position in the Write call.
+	Index int
+	// Field is the offending field, e.g. "Payload" or "Headers[traceparent]".
+	Field string
+	// Problem says what is wrong with it.
+	Problem string
+}
+
+func (e *ValidationError) Error() string {
+	return fmt.Sprintf("outbox message %d: %s: %s", e.Index, e.Field, e.Problem)
+}
+
+// ErrInvalidMessage matches every *ValidationError with errors.Is.
+var ErrInvalidMessage = errors.New("invalid outbox message")
+
+// Is lets errors.Is(err, ErrInvalidMessage) match.
+func (e *ValidationError) Is(target error) bool { return target == ErrInvalidMessage }
+
+// attrName is what SNS accepts as a message attribute name.
+var attrName = regexp.MustCompile(`^[A-Za-z0-9_\-.]{1,256}$`)
+
+// checkHeaderName returns why SNS would refuse name as an attribute name, or "".
+func checkHeaderName(name string) string {
+	switch {
+	case !attrName.MatchString(name):
+		return "must be 1-256 characters of letters, digits, '-', '_' and '.'"
+	case strings.HasPrefix(name, ".") || strings.HasSuffix(name, "."):
+		return "must not start or end with '.'"
+	case strings.Contains(name, ".."):
+		return "must not contain '..'"
+	case strings.HasPrefix(strings.ToLower(name), "aws.") || strings.HasPrefix(strings.ToLower(name), "amazon."):
+		return "the prefixes AWS. and Amazon. are reserved by AWS"
+	}
+	for _, r := range reservedAttributes {
+		if strings.EqualFold(name, r) {
+			return "is a sluice contract attribute and cannot be set as a header"
+		}
+	}
+	return ""
+}
+
+// checkAttrValue returns why SNS would refuse v as a string attribute value, or "".
+func checkAttrValue(v string) string {
+	if v == "" {
+		return "must not be empty"
+	}
+	if !utf8.ValidString(v) {
+		return "must be valid UTF-8"
+	}
+	for _, r := range v {
+		// The XML character range SNS accepts.
+		if !(r == 0x9 || r == 0xA || r == 0xD || (r >= 0x20 && r <= 0xD7FF) || (r >= 0xE000 && r <= 0xFFFD) || (r >= 0x10000 && r <= 0x10FFFF)) {
+			return fmt.Sprintf("contains the character %U, which SNS refuses", r)
+		}
+	}
+	return ""
+}
+
+// prepare validates m, fills its defaults, and returns the normalized copy.
+func (m Message) prepare(i int, maxPayload int) (Message, error) {
+	fail := func(field, problem string) (Message, error) {
+		return Message{}, &ValidationError{Index: i, Field: field, Problem: problem}
+	}
+	if strings.TrimSpace(m.Topic) == "" {
+		return fail("Topic", "is required")
+	}
+	if strings.TrimSpace(m.EventType) == "" {
+		return fail("EventType", "is required")
+	}
+	for field, v := range map[string]string{"Topic": m.Topic, "EventType": m.EventType, "AggregateType": m.AggregateType, "AggregateID": m.AggregateID, "PartitionKey": m.PartitionKey} {
+		if v != "" {
+			if p := checkAttrValue(v); p != "" {
+				return fail(field, p)
+			}
+		}
+	}
+	if len(m.Payload) == 0 {
+		return fail("Payload", "is required (use {} for an empty event)")
+	}
+	if !json.Valid(m.Payload) {
+		return fail("Payload", "is not valid JSON")
+	}
+	if len(m.Payload) > maxPayload {
+		return fail("Payload", fmt.Sprintf("is %d bytes, above the publishable %d bytes", len(m.Payload), maxPayload))
+	}
+	if strings.ContainsRune(string(m.Payload), 0) || strings.Contains(string(m.Payload), `\u0000`) {
+		return fail("Payload", "contains a NUL character, which PostgreSQL jsonb refuses")
+	}
+	for k, v := range m.Headers {
+		if p := checkHeaderName(k); p != "" {
+			return fail("Headers["+k+"]", "name "+p)
+		}
+		if p := checkAttrValue(v); p != "" {
+			return fail("Headers["+k+"]", "value "+p)
+		}
+	}
+	if m.EventID == uuid.Nil {
+		id, err := uuid.NewV7()
+		if err != nil {
+			return Message{}, fmt.Errorf("generate event id: %w", err)
+		}
+		m.EventID = id
+	}
+	if m.PartitionKey == "" {
+		m.PartitionKey = m.AggregateID
+	}
+	return m, nil
+}
+
+// Event is an outbox row as the relay reads and publishes it.
+type Event struct {
+	// ID is the row's sequence number; it orders a partition key.
+	ID            int64
+	EventID       uuid.UUID
+	Topic         string
+	AggregateType string
+	AggregateID   string
+	EventType     string
+	PartitionKey  string
+	// Payload is the jsonb payload's text, the message body.
+	Payload   []byte
+	Headers   map[string]string
+	CreatedAt time.Time
+	// Attempts counts earlier failed publish attempts.
+	Attempts int
+}

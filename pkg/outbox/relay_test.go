@@ -1,0 +1,289 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/internal/testdb"
+
+	"github.com/sluicehq/sluice/pkg/outbox"
+)
+
+func TestRelayPublishesAndMarksEveryRow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	written := b.write(t, 250, 10)
+	r := b.relay(t)
+
+	st, err := r.RunOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 250, st.Published)
+	require.Equal(t, 250, b.rec.count())
+	require.Zero(t, b.countWhere(t, "published_at IS NULL"))
+	require.Zero(t, b.countWhere(t, "available_at IS NOT NULL"), "published rows hold no lease")
+	b.rec.requireKeyOrder(t)
+
+	got := map[string]bool{}
+	for _, e := range b.rec.received {
+		got[e.EventID.String()] = true
+	}
+	for _, w := range written {
+		require.True(t, got[w.EventID.String()], "event %s published", w.EventID)
+	}
+}
+
+func TestFourRelaysRacingKeepEveryKeyInOrderAndLoseNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.write(t, 20000, 200)
+	b.rec.delay = time.Millisecond // let calls overlap
+
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		r := b.relay(t, func(c *outbox.RelayConfig) { c.BatchSize = 300; c.MaxPerKey = 5; c.PublishConcurrency = 8 })
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for b.countWhere(t, "published_at IS NULL") > 0 {
+				if _, err := r.RunOnce(context.Background()); err != nil {
+					errs[i] = err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	require.Zero(t, b.countWhere(t, "published_at IS NULL"), "every row published")
+	b.rec.requireKeyOrder(t)
+	unique := map[int64]bool{}
+	for _, e := range b.rec.received {
+		unique[e.ID] = true
+	}
+	require.Len(t, unique, 20000, "every row reached the broker")
+	require.Len(t, b.rec.byKey, 200)
+}
+
+func TestRelayKilledBetweenPublishAndMarkRepublishes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	b.write(t, 40, 4)
+
+	// The broker acknowledges, then the database goes away before the relay can record that:
+	// connections are refused and every backend is terminated, as when the relay's host dies.
+	admin, err := pgx.Connect(ctx, testdb.ServerURL(t))
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	db := pgx.Identifier{b.pool.Config().ConnConfig.Database}.Sanitize()
+	var killed atomic.Bool
+	var killErr error
+	b.rec.after = func() {
+		if killed.CompareAndSwap(false, true) {
+			if _, killErr = admin.Exec(ctx, "ALTER DATABASE "+db+" ALLOW_CONNECTIONS false"); killErr != nil {
+				return
+			}
+			_, killErr = admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1`, b.pool.Config().ConnConfig.Database)
+		}
+	}
+	r := b.relay(t, func(c *outbox.RelayConfig) {
+		c.Lease = 300 * time.Millisecond
+		c.PublishTimeout = 200 * time.Millisecond
+		c.PublishConcurrency = 1
+	})
+	_, err = r.RunOnce(ctx)
+	require.NoError(t, killErr)
+	require.Error(t, err, "recording the outcome fails on a dead connection")
+	require.Positive(t, b.rec.count())
+
+	// The database comes back; a later run (after the lease expires) republishes:
+	// duplicates, never loss.
+	_, err = admin.Exec(ctx, "ALTER DATABASE "+db+" ALLOW_CONNECTIONS true")
+	require.NoError(t, err)
+	require.Equal(t, 40, b.countWhere(t, "published_at IS NULL"), "nothing is marked published without a recorded acknowledgement")
+	time.Sleep(350 * time.Millisecond)
+	drainUntil(t, r, func() bool { return b.countWhere(t, "published_at IS NULL") == 0 })
+	require.Greater(t, b.rec.count(), 40, "the acknowledged-but-unrecorded rows were published again")
+	b.rec.requireKeyOrder(t)
+}
+
+func TestRelayCancelledMidPublishReleasesRowsForTheNextRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.write(t, 30, 30)
+	ctx, cancel := context.WithCancel(context.Background())
+	b.rec.after = cancel
+	r := b.relay(t, func(c *outbox.RelayConfig) { c.PublishConcurrency = 1 })
+	_, err := r.RunOnce(ctx)
+	require.NoError(t, err)
+	first := b.rec.count()
+	require.Equal(t, 10, first, "one batch went out before the cancellation")
+	require.Equal(t, 20, b.countWhere(t, "published_at IS NULL"))
+	require.Zero(t, b.countWhere(t, "attempts > 0"), "a cancellation is not a failed attempt")
+
+	b.rec.after = nil
+	st, err := b.relay(t).RunOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 20, st.Published, "released rows are claimable at once")
+	require.Zero(t, b.countWhere(t, "published_at IS NULL"))
+}
+
+func TestPartialBatchFailureRetriesOnlyTheFailedEntries(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	written := b.write(t, 20, 20) // 20 keys: two full batches
+	flaky := map[string]int{written[3].EventID.String(): 2, written[12].EventID.String(): 1}
+	var mu sync.Mutex
+	b.rec.setFail(func(e *outbox.Event) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if flaky[e.EventID.String()] > 0 {
+			flaky[e.EventID.String()]--
+			return errors.New("Throttled")
+		}
+		return nil
+	})
+	r := b.relay(t, func(c *outbox.RelayConfig) { c.BackoffBase, c.BackoffMax = 400*time.Millisecond, 400*time.Millisecond })
+	st, err := r.RunOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 18, st.Published, "acknowledged entries are marked at once")
+	require.Equal(t, 2, st.Retrying)
+	require.Equal(t, 2, b.countWhere(t, "published_at IS NULL AND attempts = 1 AND last_error LIKE '%Throttled%' AND available_at > now()"))
+
+	drainUntil(t, r, func() bool { return b.countWhere(t, "published_at IS NULL") == 0 })
+	require.Equal(t, 20, b.rec.count(), "each row acknowledged once")
+	require.Zero(t, b.countWhere(t, "quarantined_at IS NOT NULL"))
+}
+
+func TestPoisonRowIsQuarantinedBlocksOnlyItsKeyAndCanBeRetried(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	written := b.write(t, 30, 3) // keys k0,k1,k2 with 10 rows each
+	poison := written[4]         // key k1, its second row
+	require.Equal(t, "k1", poison.PartitionKey)
+	b.rec.setFail(func(e *outbox.Event) error {
+		if e.EventID == poison.EventID {
+			return outbox.Permanent(errors.New("InvalidParameter: bad message"))
+		}
+		return nil
+	})
+	r := b.relay(t)
+	st, err := r.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Quarantined)
+	require.Equal(t, 21, st.Published, "k0, k2 and k1's first row flow")
+	require.Equal(t, 1, b.countWhere(t, "quarantined_at IS NOT NULL AND last_error LIKE '%InvalidParameter%'"))
+	require.Equal(t, 9, b.countWhere(t, "published_at IS NULL AND partition_key = 'k1'"), "the poison row and the 8 behind it wait")
+
+	// New rows for the blocked key wait; other keys keep flowing.
+	b.write(t, 3, 3)
+	_, err = r.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 10, b.countWhere(t, "published_at IS NULL"), "only k1 is blocked")
+
+	lag, err := outbox.LagOf(ctx, b.pool)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), lag.Quarantined)
+	require.Equal(t, int64(9), lag.Pending)
+	q, err := outbox.ListQuarantined(ctx, b.pool, 10)
+	require.NoError(t, err)
+	require.Len(t, q, 1)
+	require.Equal(t, poison.EventID, q[0].EventID)
+	require.Equal(t, int64(9), q[0].BlockedBehind)
+
+	// The operator fixes the cause and retries: k1 drains in order.
+	b.rec.setFail(nil)
+	n, err := outbox.RetryQuarantined(ctx, b.pool, []int64{q[0].ID})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n)
+	drainUntil(t, r, func() bool { return b.countWhere(t, "published_at IS NULL") == 0 })
+	b.rec.requireKeyOrder(t)
+}
+
+func TestRetryableFailureQuarantinesAfterMaxAttempts(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.write(t, 1, 1)
+	b.rec.setFail(func(*outbox.Event) error { return errors.New("InternalError") })
+	r := b.relay(t, func(c *outbox.RelayConfig) { c.MaxAttempts = 3 })
+	drainUntil(t, r, func() bool { return b.countWhere(t, "quarantined_at IS NOT NULL") == 1 })
+	require.Equal(t, 1, b.countWhere(t, "attempts = 3 AND last_error LIKE '%InternalError%'"))
+	require.Zero(t, b.rec.count())
+}
+
+func TestUnknownTopicIsQuarantinedAtOnceAndDefaultTopicCatchesIt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	_, err := b.pool.Exec(ctx, `INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload)
+		VALUES (gen_random_uuid(), 'payments', 'payment', 'p-1', 'PaymentTaken', 'p-1', '{}')`)
+	require.NoError(t, err)
+	st, err := b.relay(t).RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Quarantined)
+	require.Equal(t, 1, b.countWhere(t, `attempts = 1 AND last_error LIKE '%unknown topic "payments"%'`))
+
+	_, err = outbox.RetryQuarantined(ctx, b.pool, nil)
+	require.NoError(t, err)
+	st, err = b.relay(t, func(c *outbox.RelayConfig) { c.DefaultTopic = "arn:aws:sns:us-east-1:000000000000:catch-all" }).RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Published)
+}
+
+func TestRowsInsertedByPlainSQLArePublished(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	_, err := b.pool.Exec(ctx, `INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload)
+		VALUES ('0190f5c2-0000-7000-8000-000000000001', 'orders', 'order', 'o-9', 'OrderShipped', 'o-9', '{"carrier": "dhl"}')`)
+	require.NoError(t, err)
+	st, err := b.relay(t).RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Published)
+	e := b.rec.received[0]
+	require.Equal(t, "0190f5c2-0000-7000-8000-000000000001", e.EventID.String())
+	require.Equal(t, "OrderShipped", e.EventType)
+	require.Equal(t, `{"carrier": "dhl"}`, string(e.Payload))
+	require.Empty(t, e.Headers)
+}
+
+func TestRunIsWokenByNewRows(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := b.relay(t, func(c *outbox.RelayConfig) { c.PollInterval = time.Hour })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	time.Sleep(300 * time.Millisecond) // Run drains the empty outbox and starts waiting
+
+	b.write(t, 5, 5)
+	deadline := time.Now().Add(5 * time.Second)
+	for b.rec.count() < 5 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.Equal(t, 5, b.rec.count(), "published long before the hour-long poll interval: woken by NOTIFY")
+	cancel()
+	require.NoError(t, <-done)
+}
+
+func TestRelayConfigIsValidated(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := outbox.NewRelay(b.pool, outbox.RelayConfig{})
+	require.ErrorContains(t, err, "Publisher is required")
+	require.ErrorContains(t, err, "Topics or DefaultTopic is required")
+	_, err = outbox.NewRelay(b.pool, outbox.RelayConfig{Publisher: b.rec, DefaultTopic: "x", BatchSize: -1, Lease: time.Second, PublishTimeout: 2 * time.Second})
+	require.ErrorContains(t, err, "BatchSize must be positive")
+	require.ErrorContains(t, err, "Lease (1s) must be longer than PublishTimeout")
+}

@@ -1,0 +1,171 @@
+package outbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sns"
+	"github.com/aws/aws-sdk-go-v2/service/sns/types"
+	"github.com/aws/smithy-go"
+)
+
+// snsBatchPublisher is the one SNS call the relay needs.
+type snsBatchPublisher interface {
+	PublishBatch(ctx context.Context, in *sns.PublishBatchInput, opts ...func(*sns.Options)) (*sns.PublishBatchOutput, error)
+}
+
+var _ snsBatchPublisher = (*sns.Client)(nil)
+
+// SNSPublisher publishes events with SNS PublishBatch, carrying the contract's attributes and,
+// on FIFO topics (ARN ending in .fifo), MessageGroupId = partition key and
+// MessageDeduplicationId = event id.
+type SNSPublisher struct {
+	client snsBatchPublisher
+}
+
+// NewSNSPublisher returns a Publisher over an SNS client (which honours AWS_ENDPOINT_URL when
+// built with config.LoadDefaultConfig).
+func NewSNSPublisher(client snsBatchPublisher) *SNSPublisher {
+	return &SNSPublisher{client: client}
+}
+
+// permanentSNSCodes are error codes that retrying the same request cannot fix.
+var permanentSNSCodes = map[string]bool{
+	"NotFound": true, "NotFoundException": true, "InvalidParameter": true, "InvalidParameterException": true,
+	"InvalidParameterValue": true, "InvalidParameterValueException": true, "ParameterValueInvalid": true,
+	"BatchEntryIdsNotDistinct": true, "EmptyBatchRequest": true, "InvalidBatchEntryId": true,
+	"TooManyEntriesInBatchRequest": true, "BatchRequestTooLong": true, "InvalidSecurity": true,
+}
+
+// PublishBatch implements Publisher.
+func (p *SNSPublisher) PublishBatch(ctx context.Context, topicARN string, events []*Event) []error {
+	if len(events) == 0 {
+		return nil
+	}
+	fifo := strings.HasSuffix(topicARN, ".fifo")
+	entries := make([]types.PublishBatchRequestEntry, len(events))
+	for i, e := range events {
+		entries[i] = types.PublishBatchRequestEntry{
+			Id:                aws.String(strconv.Itoa(i)),
+			Message:           aws.String(string(e.Payload)),
+			MessageAttributes: Attributes(e),
+		}
+		if fifo {
+			entries[i].MessageGroupId = aws.String(GroupID(e.PartitionKey))
+			entries[i].MessageDeduplicationId = aws.String(e.EventID.String())
+		}
+	}
+	out, err := p.client.PublishBatch(ctx, &sns.PublishBatchInput{TopicArn: aws.String(topicARN), PublishBatchRequestEntries: entries})
+	if err != nil {
+		err = fmt.Errorf("sns publish batch to %s: %w", topicARN, err)
+		var apiErr smithy.APIError
+		if errors.As(err, &apiErr) && permanentSNSCodes[apiErr.ErrorCode()] {
+			err = Permanent(err)
+		}
+		return fillErrors(len(events), err)
+	}
+	errs := fillErrors(len(events), errors.New("sns publish batch: entry missing from the response"))
+	for _, s := range out.Successful {
+		if i, ok := entryIndex(s.Id, len(events)); ok {
+			errs[i] = nil
+		}
+	}
+	for _, f := range out.Failed {
+		i, ok := entryIndex(f.Id, len(events))
+		if !ok {
+			continue
+		}
+		code := aws.ToString(f.Code)
+		err := fmt.Errorf("sns rejected entry: %s: %s", code, aws.ToString(f.Message))
+		if permanentSNSCodes[code] {
+			err = Permanent(err)
+		}
+		errs[i] = err
+	}
+	return errs
+}
+
+func entryIndex(id *string, n int) (int, bool) {
+	i, err := strconv.Atoi(aws.ToString(id))
+	return i, err == nil && i >= 0 && i < n
+}
+
+// Attributes returns the message attributes of the wire contract for e: the five contract
+// attributes (empty values omitted, as SNS refuses them) and then headers, traceparent and
+// tracestate first and the rest by name, while SNS's limit of 10 attributes allows.
+func Attributes(e *Event) map[string]types.MessageAttributeValue {
+	attrs := make(map[string]types.MessageAttributeValue, MaxAttributes)
+	put := func(k, v string) {
+		if v != "" && len(attrs) < MaxAttributes {
+			attrs[k] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}
+		}
+	}
+	put(AttrMessageID, e.EventID.String())
+	put(AttrEventType, e.EventType)
+	put(AttrAggregateType, e.AggregateType)
+	put(AttrAggregateID, e.AggregateID)
+	put(AttrCreatedAt, e.CreatedAt.UTC().Format(time.RFC3339Nano))
+	for _, k := range headerOrder(e.Headers) {
+		if checkHeaderName(k) == "" && checkAttrValue(e.Headers[k]) == "" {
+			put(k, e.Headers[k])
+		}
+	}
+	return attrs
+}
+
+func headerOrder(h map[string]string) []string {
+	keys := make([]string, 0, len(h))
+	for k := range h {
+		keys = append(keys, k)
+	}
+	rank := func(k string) int {
+		switch k {
+		case "traceparent":
+			return 0
+		case "tracestate":
+			return 1
+		}
+		return 2
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if rank(keys[i]) != rank(keys[j]) {
+			return rank(keys[i]) < rank(keys[j])
+		}
+		return keys[i] < keys[j]
+	})
+	return keys
+}
+
+// GroupID turns a partition key into a valid FIFO MessageGroupId: the key itself when it fits
+// SNS's 128 characters of printable ASCII, otherwise a stable SHA-256 of it; "_" for an empty key.
+func GroupID(key string) string {
+	if key == "" {
+		return "_"
+	}
+	ok := len(key) <= 128
+	for i := 0; ok && i < len(key); i++ {
+		ok = key[i] >= 0x21 && key[i] <= 0x7e
+	}
+	if ok {
+		return key
+	}
+	sum := sha256.Sum256([]byte(key))
+	return "sha256-" + hex.EncodeToString(sum[:])
+}
+
+// messageSize is the size SNS counts for a published event: body plus attributes.
+func messageSize(e *Event) int {
+	n := len(e.Payload)
+	for k, v := range Attributes(e) {
+		n += len(k) + len(aws.ToString(v.DataType)) + len(aws.ToString(v.StringValue))
+	}
+	return n
+}

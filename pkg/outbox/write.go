@@ -1,0 +1,146 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Executor is what Write needs: a pgx.Tx, or anything with the same Exec and CopyFrom
+// (a *pgx.Conn or *pgxpool.Pool works too, but then the write is not part of your transaction).
+type Executor interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, rows pgx.CopyFromSource) (int64, error)
+}
+
+// WriterConfig configures a Writer.
+type WriterConfig struct {
+	// MaxMessageBytes is the largest message accepted, counting the payload and the message
+	// attributes as SNS does. Defaults to MaxMessageBytes (256 KiB), SNS's limit.
+	MaxMessageBytes int
+	// CopyThreshold is the number of messages from which Write uses COPY instead of one
+	// multi-row INSERT. Defaults to 100.
+	CopyThreshold int
+}
+
+// WithDefaults returns c with every zero field set to its default.
+func (c WriterConfig) WithDefaults() WriterConfig {
+	if c.MaxMessageBytes == 0 {
+		c.MaxMessageBytes = MaxMessageBytes
+	}
+	if c.CopyThreshold == 0 {
+		c.CopyThreshold = 100
+	}
+	return c
+}
+
+func (c WriterConfig) validate() error {
+	if c.MaxMessageBytes < 1 || c.MaxMessageBytes > MaxMessageBytes {
+		return fmt.Errorf("outbox: MaxMessageBytes must be between 1 and %d, got %d", MaxMessageBytes, c.MaxMessageBytes)
+	}
+	if c.CopyThreshold < 1 {
+		return fmt.Errorf("outbox: CopyThreshold must be positive, got %d", c.CopyThreshold)
+	}
+	return nil
+}
+
+// Writer writes messages into the caller's transaction. The zero value is not usable; use
+// NewWriter, or the package-level Write for the defaults.
+type Writer struct {
+	cfg WriterConfig
+}
+
+// NewWriter returns a Writer with cfg (zero fields take their defaults).
+func NewWriter(cfg WriterConfig) (*Writer, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Writer{cfg: cfg}, nil
+}
+
+var defaultWriter = &Writer{cfg: WriterConfig{}.WithDefaults()}
+
+// Write inserts msgs into the outbox inside tx, in one round trip, and returns the messages
+// as written (with EventID and PartitionKey filled). It never begins, commits or rolls back:
+// the events become visible to the relay exactly when the caller's transaction commits.
+// Invalid input is refused before the database is touched, with a *ValidationError.
+func Write(ctx context.Context, tx Executor, msgs ...Message) ([]Message, error) {
+	return defaultWriter.Write(ctx, tx, msgs...)
+}
+
+var columns = []string{"event_id", "topic", "aggregate_type", "aggregate_id", "event_type", "partition_key", "payload", "headers"}
+
+// Write is the package-level Write with this Writer's configuration.
+func (w *Writer) Write(ctx context.Context, tx Executor, msgs ...Message) ([]Message, error) {
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	prepared := make([]Message, len(msgs))
+	headers := make([][]byte, len(msgs))
+	for i, m := range msgs {
+		p, err := m.prepare(i, w.cfg.MaxMessageBytes)
+		if err != nil {
+			return nil, err
+		}
+		if size := wireSize(p); size > w.cfg.MaxMessageBytes {
+			return nil, &ValidationError{Index: i, Field: "Payload", Problem: fmt.Sprintf("message is %d bytes with its attributes, above the publishable %d bytes", size, w.cfg.MaxMessageBytes)}
+		}
+		h := p.Headers
+		if h == nil {
+			h = map[string]string{}
+		}
+		hb, err := json.Marshal(h)
+		if err != nil {
+			return nil, fmt.Errorf("encode headers of message %d: %w", i, err)
+		}
+		prepared[i], headers[i] = p, hb
+	}
+	if len(prepared) >= w.cfg.CopyThreshold {
+		_, err := tx.CopyFrom(ctx, pgx.Identifier{"outbox_event"}, columns, pgx.CopyFromSlice(len(prepared), func(i int) ([]any, error) {
+			m := prepared[i]
+			return []any{m.EventID, m.Topic, m.AggregateType, m.AggregateID, m.EventType, m.PartitionKey, string(m.Payload), string(headers[i])}, nil
+		}))
+		if err != nil {
+			return nil, fmt.Errorf("copy %d outbox rows: %w", len(prepared), err)
+		}
+		return prepared, nil
+	}
+	var (
+		ids                               = make([]uuid.UUID, len(prepared))
+		topics, aggTypes, aggIDs, evTypes = make([]string, len(prepared)), make([]string, len(prepared)), make([]string, len(prepared)), make([]string, len(prepared))
+		keys, payloads, hdrs              = make([]string, len(prepared)), make([]string, len(prepared)), make([]string, len(prepared))
+	)
+	for i, m := range prepared {
+		ids[i], topics[i], aggTypes[i], aggIDs[i], evTypes[i] = m.EventID, m.Topic, m.AggregateType, m.AggregateID, m.EventType
+		keys[i], payloads[i], hdrs[i] = m.PartitionKey, string(m.Payload), string(headers[i])
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload, headers)
+		SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::jsonb[], $8::jsonb[])`,
+		ids, topics, aggTypes, aggIDs, evTypes, keys, payloads, hdrs)
+	if err != nil {
+		return nil, fmt.Errorf("insert %d outbox rows: %w", len(prepared), err)
+	}
+	return prepared, nil
+}
+
+// wireSize estimates the size SNS counts for m: body plus attribute names, types and values.
+func wireSize(m Message) int {
+	attrs := map[string]string{
+		AttrMessageID: m.EventID.String(), AttrEventType: m.EventType, AttrAggregateType: m.AggregateType,
+		AttrAggregateID: m.AggregateID, AttrCreatedAt: time.Now().UTC().Format(time.RFC3339Nano),
+	}
+	for k, v := range m.Headers {
+		attrs[k] = v
+	}
+	n := len(m.Payload)
+	for k, v := range attrs {
+		n += len(k) + len("String") + len(v)
+	}
+	return n
+}

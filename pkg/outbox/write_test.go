@@ -1,0 +1,107 @@
+package outbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/pkg/outbox"
+)
+
+func TestWriteRollbackLeavesNothingCommitLeavesExactlyTheRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	msg := outbox.Message{Topic: testTopic, AggregateType: "order", AggregateID: "o-1", EventType: "OrderCreated", Payload: json.RawMessage(`{"total": 42}`)}
+
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = outbox.Write(ctx, tx, msg, msg)
+	require.NoError(t, err)
+	require.NoError(t, tx.Rollback(ctx))
+	require.Zero(t, b.countWhere(t, "true"), "a rolled-back transaction leaves no outbox row")
+
+	tx, err = b.pool.Begin(ctx)
+	require.NoError(t, err)
+	written, err := outbox.Write(ctx, tx, msg, msg)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, 2, b.countWhere(t, "true"))
+
+	for _, w := range written {
+		require.Equal(t, uuid.Version(7), w.EventID.Version(), "event ids are time-ordered UUIDs")
+		require.Equal(t, "o-1", w.PartitionKey, "partition key defaults to the aggregate id")
+		var topic, key, payload string
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT topic, partition_key, payload::text FROM outbox_event WHERE event_id = $1", w.EventID).Scan(&topic, &key, &payload))
+		require.Equal(t, testTopic, topic)
+		require.Equal(t, "o-1", key)
+		require.JSONEq(t, `{"total": 42}`, payload)
+	}
+}
+
+func TestWriteManyUsesCopyAndKeepsEveryRow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	written := b.write(t, 1500, 7)
+	require.Len(t, written, 1500)
+	require.Equal(t, 1500, b.countWhere(t, "published_at IS NULL"))
+	require.Equal(t, 1500, b.countWhere(t, "headers = '{}'::jsonb"))
+}
+
+func TestWriteRejectsBadInputNamingTheField(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	good := outbox.Message{Topic: testTopic, EventType: "OrderCreated", AggregateID: "o-1", Payload: json.RawMessage(`{}`)}
+	with := func(f func(*outbox.Message)) outbox.Message { m := good; f(&m); return m }
+
+	cases := map[string]struct {
+		msg   outbox.Message
+		field string
+	}{
+		"empty topic":         {with(func(m *outbox.Message) { m.Topic = " " }), "Topic"},
+		"empty event type":    {with(func(m *outbox.Message) { m.EventType = "" }), "EventType"},
+		"missing payload":     {with(func(m *outbox.Message) { m.Payload = nil }), "Payload"},
+		"payload not JSON":    {with(func(m *outbox.Message) { m.Payload = json.RawMessage(`{"a":`) }), "Payload"},
+		"payload too large":   {with(func(m *outbox.Message) { m.Payload = json.RawMessage(`"` + strings.Repeat("x", 256*1024) + `"`) }), "Payload"},
+		"payload with NUL":    {with(func(m *outbox.Message) { m.Payload = json.RawMessage(`{"a":"\u0000"}`) }), "Payload"},
+		"header bad name":     {with(func(m *outbox.Message) { m.Headers = map[string]string{"bad name": "x"} }), "Headers[bad name]"},
+		"header AWS prefix":   {with(func(m *outbox.Message) { m.Headers = map[string]string{"AWS.trace": "x"} }), "Headers[AWS.trace]"},
+		"header reserved":     {with(func(m *outbox.Message) { m.Headers = map[string]string{"messageId": "x"} }), "Headers[messageId]"},
+		"header empty value":  {with(func(m *outbox.Message) { m.Headers = map[string]string{"traceparent": ""} }), "Headers[traceparent]"},
+		"header bad char":     {with(func(m *outbox.Message) { m.Headers = map[string]string{"x-a": "a\x01b"} }), "Headers[x-a]"},
+		"event type bad utf8": {with(func(m *outbox.Message) { m.EventType = "\xff" }), "EventType"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			tx, err := b.pool.Begin(ctx)
+			require.NoError(t, err)
+			defer tx.Rollback(ctx)
+			_, err = outbox.Write(ctx, tx, good, tc.msg)
+			var ve *outbox.ValidationError
+			require.ErrorAs(t, err, &ve)
+			require.True(t, errors.Is(err, outbox.ErrInvalidMessage))
+			require.Equal(t, 1, ve.Index, "the error points at the bad message")
+			require.Equal(t, tc.field, ve.Field)
+			require.Contains(t, err.Error(), tc.field)
+			var n int
+			require.NoError(t, tx.QueryRow(ctx, "SELECT count(*) FROM outbox_event").Scan(&n))
+			require.Zero(t, n, "nothing is written when any message is invalid")
+		})
+	}
+}
+
+func TestWriterConfigIsValidated(t *testing.T) {
+	t.Parallel()
+	_, err := outbox.NewWriter(outbox.WriterConfig{MaxMessageBytes: 300 * 1024})
+	require.ErrorContains(t, err, "MaxMessageBytes")
+	w, err := outbox.NewWriter(outbox.WriterConfig{MaxMessageBytes: 1024})
+	require.NoError(t, err)
+	_, err = w.Write(context.Background(), nil, outbox.Message{Topic: "t", EventType: "E", Payload: json.RawMessage(`"` + strings.Repeat("x", 2000) + `"`)})
+	require.ErrorContains(t, err, "above the publishable 1024 bytes")
+}
