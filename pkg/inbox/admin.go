@@ -107,6 +107,9 @@ func RetryParked(ctx context.Context, db Querier, consumer string, messageIDs ..
 	if consumer == "" {
 		return 0, fmt.Errorf("%w: retry parked inbox rows: consumer name is required", ErrInvalidArgument)
 	}
+	if messageIDs == nil {
+		messageIDs = []string{} // a nil slice would be NULL, and cardinality(NULL) is NULL
+	}
 	tag, err := db.Exec(ctx, `
 UPDATE inbox_event
 SET parked_at = NULL, attempts = 0, next_attempt_at = NULL
