@@ -30,6 +30,11 @@ lint: ## gofmt check and go vet.
 .PHONY: test
 test: deps lint ## Run every test (real PostgreSQL and SNS/SQS endpoint, started on demand).
 	$(DEVENV) $(GOTEST) ./...
+	$(MAKE) fuzz
+
+.PHONY: fuzz
+fuzz: ## Fuzz the inbox message parser briefly (seed corpus in pkg/inbox/testdata).
+	$(GO) test -run='^$$' -fuzz=FuzzParse -fuzztime=15s ./pkg/inbox
 
 .PHONY: build
 build: ## Build the Lambda binaries into bin/<fn>/bootstrap (linux/arm64).
@@ -39,6 +44,11 @@ build: ## Build the Lambda binaries into bin/<fn>/bootstrap (linux/arm64).
 	    GOOS=linux GOARCH=arm64 CGO_ENABLED=0 $(GO) build -tags lambda.norpc -trimpath -ldflags='-s -w' -o bin/$$fn/bootstrap ./lambdas/$$fn || exit 1; \
 	  fi; \
 	done
+
+.PHONY: synth
+synth: deps ## Build the Lambdas and synthesize the CDK stack into cdk.out (pinned aws-cdk CLI).
+	$(MAKE) build
+	$(NODE_TOOLS)/node_modules/.bin/cdk synth --quiet
 
 .PHONY: clean
 clean: ## Remove build output.

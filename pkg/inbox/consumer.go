@@ -233,7 +233,7 @@ func (r Report) Response() events.SQSEventResponse {
 
 // HandleSQS is the Lambda handler for an SQS event source with ReportBatchItemFailures:
 //
-//	lambda.Start(consumer.HandleSQS, lambda.WithEnableSIGTERM(pool.Close))
+//	lambda.StartWithOptions(consumer.HandleSQS, lambda.WithEnableSIGTERM(pool.Close))
 //
 // It never returns an error: failures are per record, in BatchItemFailures. (A record with an
 // empty SQS message id yields an empty identifier, which makes Lambda retry the whole batch;
