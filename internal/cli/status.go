@@ -1,0 +1,256 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"text/tabwriter"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/cloudwatch"
+	cwtypes "github.com/aws/aws-sdk-go-v2/service/cloudwatch/types"
+	"github.com/spf13/cobra"
+
+	"github.com/sluicehq/sluice/pkg/inbox"
+	"github.com/sluicehq/sluice/pkg/outbox"
+)
+
+// Status is the document `sluice status --json` prints. Field names are part of the CLI's
+// contract: outbox.pending, outbox.oldest_pending_age_seconds and outbox.quarantined at least.
+type Status struct {
+	// Time is when the figures were read (RFC 3339, UTC).
+	Time   time.Time       `json:"time"`
+	Outbox OutboxStatus    `json:"outbox"`
+	Inbox  []ConsumerState `json:"inbox"`
+	// Queues is present when --queue was given.
+	Queues []QueueStatus `json:"queues,omitempty"`
+}
+
+// OutboxStatus is the outbox backlog.
+type OutboxStatus struct {
+	Pending                 int64   `json:"pending"`
+	OldestPendingAgeSeconds float64 `json:"oldest_pending_age_seconds"`
+	Quarantined             int64   `json:"quarantined"`
+	PublishedLastMinute     int64   `json:"published_last_minute"`
+}
+
+// ConsumerState is one inbox consumer's backlog (consumers with nothing pending are omitted).
+type ConsumerState struct {
+	Consumer                    string  `json:"consumer"`
+	Unprocessed                 int64   `json:"unprocessed"`
+	OldestUnprocessedAgeSeconds float64 `json:"oldest_unprocessed_age_seconds"`
+	Parked                      int64   `json:"parked"`
+}
+
+// QueueStatus is one SQS queue and its DLQ.
+type QueueStatus struct {
+	URL              string `json:"url"`
+	MessagesVisible  int64  `json:"messages_visible"`
+	MessagesInFlight int64  `json:"messages_in_flight"`
+	MessagesDelayed  int64  `json:"messages_delayed"`
+	// OldestMessageAgeSeconds is CloudWatch's ApproximateAgeOfOldestMessage (last 5 minutes'
+	// maximum); null when CloudWatch has no datapoint or is not reachable (local emulators).
+	OldestMessageAgeSeconds *float64 `json:"oldest_message_age_seconds"`
+	RetentionSeconds        int64    `json:"retention_seconds"`
+	// DLQ is null when the queue has no redrive policy.
+	DLQ *DLQStatus `json:"dlq"`
+}
+
+// DLQStatus is a queue's dead-letter queue.
+type DLQStatus struct {
+	URL             string `json:"url"`
+	MessagesVisible int64  `json:"messages_visible"`
+	MaxReceiveCount int    `json:"max_receive_count"`
+}
+
+func (a *app) statusCommand() *cobra.Command {
+	var (
+		asJSON bool
+		queues []string
+	)
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show the outbox backlog, inbox consumers and (with --queue) SQS queue depth",
+		Long: `Show what the alarms watch: the outbox's pending rows, oldest pending age, quarantined rows and
+rows published in the last minute; each inbox consumer's unprocessed and parked rows; and for every
+--queue, its depth, the age of its oldest message (CloudWatch) and its DLQ's depth.
+
+--json prints a stable document (outbox.pending, outbox.oldest_pending_age_seconds,
+outbox.quarantined, outbox.published_last_minute, inbox[], queues[]) for scripts and checks.`,
+		Example: `  sluice status
+  sluice status --json | jq .outbox.oldest_pending_age_seconds
+  sluice status --queue https://sqs.eu-west-1.amazonaws.com/123456789012/billing`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			st, err := a.readStatus(ctx, queues)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				enc := json.NewEncoder(a.io.Out)
+				enc.SetIndent("", "  ")
+				return enc.Encode(st)
+			}
+			return printStatus(a.io.Out, st)
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
+	cmd.Flags().StringArrayVar(&queues, "queue", nil, "SQS queue URL to report on (repeatable)")
+	return cmd
+}
+
+func (a *app) readStatus(ctx context.Context, queueURLs []string) (*Status, error) {
+	var qs []QueueStatus
+	if len(queueURLs) > 0 {
+		// Queues first: a wrong URL fails before anything else is read.
+		var err error
+		if qs, err = a.queueStatuses(ctx, queueURLs); err != nil {
+			return nil, err
+		}
+	}
+	pool, err := a.db(ctx)
+	if err != nil {
+		return nil, err
+	}
+	lag, err := outbox.LagOf(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	consumers, err := inbox.Stats(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	st := &Status{
+		Time: time.Now().UTC().Truncate(time.Second),
+		Outbox: OutboxStatus{
+			Pending: lag.Pending, OldestPendingAgeSeconds: seconds(lag.OldestPendingAge),
+			Quarantined: lag.Quarantined, PublishedLastMinute: lag.PublishedLastMinute,
+		},
+		Inbox:  make([]ConsumerState, 0, len(consumers)),
+		Queues: qs,
+	}
+	for _, c := range consumers {
+		st.Inbox = append(st.Inbox, ConsumerState{Consumer: c.Consumer, Unprocessed: c.Unprocessed,
+			OldestUnprocessedAgeSeconds: seconds(c.OldestUnprocessedAge), Parked: c.Parked})
+	}
+	return st, nil
+}
+
+func seconds(d time.Duration) float64 { return math.Round(d.Seconds()*1000) / 1000 }
+
+func (a *app) queueStatuses(ctx context.Context, urls []string) ([]QueueStatus, error) {
+	c, err := a.sqsClient(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := a.awsConfig(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cw := cloudwatch.NewFromConfig(cfg)
+	var cwErr error
+	out := make([]QueueStatus, 0, len(urls))
+	for _, u := range urls {
+		q, err := describeQueue(ctx, c, u)
+		if err != nil {
+			return nil, err
+		}
+		qs := QueueStatus{URL: u, MessagesVisible: q.Visible, MessagesInFlight: q.InFlight, MessagesDelayed: q.Delayed,
+			RetentionSeconds: q.RetentionSeconds}
+		if cwErr == nil {
+			qs.OldestMessageAgeSeconds, cwErr = oldestMessageAge(ctx, cw, q.Name)
+		}
+		if q.DLQARN != "" {
+			dlqURL, err := urlOfARN(ctx, c, q.DLQARN)
+			if err != nil {
+				return nil, fmt.Errorf("DLQ of %s: %w", u, err)
+			}
+			d, err := describeQueue(ctx, c, dlqURL)
+			if err != nil {
+				return nil, fmt.Errorf("DLQ of %s: %w", u, err)
+			}
+			qs.DLQ = &DLQStatus{URL: dlqURL, MessagesVisible: d.Visible, MaxReceiveCount: q.MaxReceiveCount}
+		}
+		out = append(out, qs)
+	}
+	if cwErr != nil {
+		fmt.Fprintf(a.io.Err, "note: age of oldest message unavailable (CloudWatch: %s)\n", oneLine(cwErr.Error()))
+	}
+	return out, nil
+}
+
+// cloudWatchAPI is the CloudWatch call status makes.
+type cloudWatchAPI interface {
+	GetMetricData(ctx context.Context, in *cloudwatch.GetMetricDataInput, opts ...func(*cloudwatch.Options)) (*cloudwatch.GetMetricDataOutput, error)
+}
+
+var _ cloudWatchAPI = (*cloudwatch.Client)(nil)
+
+// oldestMessageAge reads ApproximateAgeOfOldestMessage's maximum over the last 5 minutes;
+// nil without a datapoint. An error means CloudWatch is not usable here (stop asking).
+func oldestMessageAge(ctx context.Context, cw cloudWatchAPI, queueName string) (*float64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	end := time.Now()
+	out, err := cw.GetMetricData(ctx, &cloudwatch.GetMetricDataInput{
+		StartTime: aws.Time(end.Add(-5 * time.Minute)), EndTime: aws.Time(end),
+		MetricDataQueries: []cwtypes.MetricDataQuery{{
+			Id: aws.String("age"),
+			MetricStat: &cwtypes.MetricStat{
+				Metric: &cwtypes.Metric{Namespace: aws.String("AWS/SQS"), MetricName: aws.String("ApproximateAgeOfOldestMessage"),
+					Dimensions: []cwtypes.Dimension{{Name: aws.String("QueueName"), Value: aws.String(queueName)}}},
+				Period: aws.Int32(60), Stat: aws.String("Maximum"),
+			},
+		}},
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range out.MetricDataResults {
+		if len(r.Values) > 0 {
+			v := r.Values[0] // newest first
+			return &v, nil
+		}
+	}
+	return nil, nil
+}
+
+func printStatus(w io.Writer, st *Status) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	o := st.Outbox
+	fmt.Fprintln(tw, "OUTBOX\tPENDING\tOLDEST\tQUARANTINED\tPUBLISHED/1m")
+	fmt.Fprintf(tw, "\t%d\t%s\t%d\t%d\n", o.Pending, FormatDuration(dur(o.OldestPendingAgeSeconds)), o.Quarantined, o.PublishedLastMinute)
+	fmt.Fprintln(tw, "INBOX\tUNPROCESSED\tOLDEST\tPARKED\t")
+	if len(st.Inbox) == 0 {
+		fmt.Fprintln(tw, "(no backlog)\t0\t-\t0\t")
+	}
+	for _, c := range st.Inbox {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t\n", c.Consumer, c.Unprocessed, FormatDuration(dur(c.OldestUnprocessedAgeSeconds)), c.Parked)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(st.Queues) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "QUEUE\tVISIBLE\tIN FLIGHT\tOLDEST\tDLQ VISIBLE")
+	for _, q := range st.Queues {
+		age, dlq := "?", "no DLQ"
+		if q.OldestMessageAgeSeconds != nil {
+			age = FormatDuration(dur(*q.OldestMessageAgeSeconds))
+		}
+		if q.DLQ != nil {
+			dlq = fmt.Sprint(q.DLQ.MessagesVisible)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\n", q.URL, q.MessagesVisible, q.MessagesInFlight, age, dlq)
+	}
+	return tw.Flush()
+}
+
+func dur(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
