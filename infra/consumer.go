@@ -1,0 +1,288 @@
+package infra
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awskms"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslambdaeventsources"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awssns"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awssnssubscriptions"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awssqs"
+	"github.com/aws/constructs-go/constructs/v10"
+	"github.com/aws/jsii-runtime-go"
+	"github.com/sluicehq/sluice/internal/lambdaenv"
+)
+
+// VisibilityTimeoutFactor is the minimum ratio of the queue's visibility timeout to the consumer
+// function's timeout, as AWS recommends for SQS event sources: a message must not become visible
+// again while a (retried) invocation may still be processing it.
+const VisibilityTimeoutFactor = 6
+
+// Commit modes of the consumer (SLUICE_CONSUMER_COMMIT_MODE).
+const (
+	// CommitPerRecord commits one transaction per SQS record (the default).
+	CommitPerRecord = "per-record"
+	// CommitBatched commits a batch's records together, falling back per record on failure.
+	CommitBatched = "batched"
+)
+
+// ConsumerProps configure a Consumer.
+type ConsumerProps struct {
+	// Name is the inbox consumer name (SLUICE_CONSUMER_NAME): the first half of the inbox key and
+	// the Consumer dimension of its metrics. Must be stable: renaming it re-applies every message
+	// still in flight. Required.
+	Name string
+	// CodeDir is a directory holding the consumer's `bootstrap` (bin/consumer after `make build`). Required.
+	CodeDir string
+	// Topic is the topic to subscribe to, e.g. Outbox.Topic(). Required.
+	Topic awssns.ITopic
+	// Fifo makes the queues FIFO queues; required when Topic is a FIFO topic and forbidden when it
+	// is a standard topic. Defaults to standard queues.
+	Fifo bool
+	// FilterPolicy optionally filters the subscription on message attributes (e.g. eventType).
+	FilterPolicy map[string]awssns.SubscriptionFilter
+	// Network places the consumer in the database's VPC. Network.Vpc is required.
+	Network Network
+	// Database is how the consumer reaches PostgreSQL. Database.Secret is required.
+	Database Database
+	// CommitMode is CommitPerRecord or CommitBatched. Defaults to the consumer's default (per-record).
+	CommitMode string
+	// Environment adds environment variables to the consumer Lambda (e.g. your handler's settings).
+	Environment map[string]string
+
+	// Timeout is the consumer Lambda's timeout. Defaults to 30 seconds.
+	Timeout time.Duration
+	// MemoryMB is the consumer Lambda's memory. Defaults to 256.
+	MemoryMB int
+	// VisibilityTimeout is the queue's visibility timeout; at least VisibilityTimeoutFactor ×
+	// Timeout. Defaults to VisibilityTimeoutFactor × Timeout + MaxBatchingWindow.
+	VisibilityTimeout time.Duration
+	// MaxReceiveCount is how many receives a message gets before it moves to the DLQ. Defaults to 5.
+	MaxReceiveCount int
+	// BatchSize is the event source mapping's batch size: 1..10 (FIFO) or 1..10000 (standard;
+	// above 10 needs a batching window). Defaults to 10.
+	BatchSize int
+	// MaxBatchingWindow is how long the event source waits to fill a batch, up to 5 minutes; not
+	// supported on FIFO queues. Defaults to 0 (invoke as soon as messages arrive).
+	MaxBatchingWindow time.Duration
+	// MaxConcurrency caps concurrent consumer invocations for this queue (2..1000), protecting the
+	// database: at most MaxConcurrency × Database.MaxConns connections. Defaults to 5.
+	MaxConcurrency int
+	// RetentionPeriod is how long the queue keeps messages. Defaults to 4 days.
+	RetentionPeriod time.Duration
+	// DeadLetterRetentionPeriod is how long both DLQs keep messages. Defaults to 14 days (the maximum).
+	DeadLetterRetentionPeriod time.Duration
+	// QueueKey encrypts the queue and both DLQs. Defaults to a new customer-managed key with
+	// rotation whose policy lets SNS deliver to them. A key you pass must allow sns.amazonaws.com
+	// kms:GenerateDataKey* and kms:Decrypt.
+	QueueKey awskms.IKey
+	// LogRetention is the consumer log group's retention. Defaults to one month.
+	LogRetention awslogs.RetentionDays
+}
+
+// Consumer is an SQS queue subscribed to a topic, with DLQs, and the consumer Lambda reading it.
+type Consumer interface {
+	constructs.IConstruct
+	// Name is the inbox consumer name.
+	Name() string
+	// Queue is the queue the consumer reads.
+	Queue() awssqs.IQueue
+	// DeadLetterQueue receives messages that failed MaxReceiveCount times.
+	DeadLetterQueue() awssqs.IQueue
+	// SubscriptionDeadLetterQueue receives messages SNS could not deliver to Queue.
+	SubscriptionDeadLetterQueue() awssqs.IQueue
+	// Subscription is the SNS subscription of Queue.
+	Subscription() awssns.Subscription
+	// Function is the consumer Lambda.
+	Function() awslambda.IFunction
+	// QueueKey is the KMS key encrypting the queues.
+	QueueKey() awskms.IKey
+}
+
+type consumer struct {
+	constructs.Construct
+	name     string
+	queue    awssqs.Queue
+	dlq      awssqs.Queue
+	subDLQ   awssqs.Queue
+	sub      awssns.Subscription
+	fn       awslambda.Function
+	queueKey awskms.IKey
+}
+
+func (c *consumer) Name() string                               { return c.name }
+func (c *consumer) Queue() awssqs.IQueue                       { return c.queue }
+func (c *consumer) DeadLetterQueue() awssqs.IQueue             { return c.dlq }
+func (c *consumer) SubscriptionDeadLetterQueue() awssqs.IQueue { return c.subDLQ }
+func (c *consumer) Subscription() awssns.Subscription          { return c.sub }
+func (c *consumer) Function() awslambda.IFunction              { return c.fn }
+func (c *consumer) QueueKey() awskms.IKey                      { return c.queueKey }
+
+func (p *ConsumerProps) withDefaults() ConsumerProps {
+	out := *p
+	out.Timeout = orDefault(out.Timeout, 30*time.Second)
+	out.MemoryMB = orDefault(out.MemoryMB, 256)
+	out.VisibilityTimeout = orDefault(out.VisibilityTimeout, VisibilityTimeoutFactor*out.Timeout+out.MaxBatchingWindow)
+	out.MaxReceiveCount = orDefault(out.MaxReceiveCount, 5)
+	out.BatchSize = orDefault(out.BatchSize, 10)
+	out.MaxConcurrency = orDefault(out.MaxConcurrency, 5)
+	out.RetentionPeriod = orDefault(out.RetentionPeriod, 4*24*time.Hour)
+	out.DeadLetterRetentionPeriod = orDefault(out.DeadLetterRetentionPeriod, 14*24*time.Hour)
+	out.LogRetention = orDefault(out.LogRetention, awslogs.RetentionDays_ONE_MONTH)
+	return out
+}
+
+func (p *ConsumerProps) validate() error {
+	errs := []error{checkAssetDir("CodeDir", p.CodeDir), p.Network.validate(), p.Database.validate()}
+	if p.Name == "" {
+		errs = append(errs, errors.New("Name is required (the inbox consumer name)"))
+	}
+	if p.Topic == nil {
+		errs = append(errs, errors.New("Topic is required"))
+	} else if topicFifo := p.Topic.Fifo(); topicFifo != nil {
+		switch {
+		case p.Fifo && !*topicFifo:
+			errs = append(errs, errors.New("a FIFO consumer cannot subscribe to a standard topic: set Fifo false or use a FIFO topic"))
+		case !p.Fifo && *topicFifo:
+			errs = append(errs, errors.New("a FIFO topic can only deliver to FIFO queues: set Fifo true"))
+		}
+	}
+	if p.Timeout < time.Second || p.Timeout > 15*time.Minute {
+		errs = append(errs, fmt.Errorf("Timeout must be between 1s and 15m, got %s", p.Timeout))
+	}
+	if min := VisibilityTimeoutFactor * p.Timeout; p.VisibilityTimeout < min {
+		errs = append(errs, fmt.Errorf("VisibilityTimeout %s is shorter than %d × the function timeout (%s) = %s; messages would be redelivered while still in process",
+			p.VisibilityTimeout, VisibilityTimeoutFactor, p.Timeout, min))
+	}
+	if p.VisibilityTimeout > 12*time.Hour {
+		errs = append(errs, fmt.Errorf("VisibilityTimeout must be at most 12h, got %s", p.VisibilityTimeout))
+	}
+	if p.MaxReceiveCount < 1 {
+		errs = append(errs, fmt.Errorf("MaxReceiveCount must be at least 1, got %d", p.MaxReceiveCount))
+	}
+	maxBatch := 10000
+	if p.Fifo {
+		maxBatch = 10
+	}
+	if p.BatchSize < 1 || p.BatchSize > maxBatch {
+		errs = append(errs, fmt.Errorf("BatchSize must be between 1 and %d, got %d", maxBatch, p.BatchSize))
+	}
+	if p.BatchSize > 10 && p.MaxBatchingWindow < time.Second {
+		errs = append(errs, fmt.Errorf("BatchSize %d above 10 needs a MaxBatchingWindow of at least 1s", p.BatchSize))
+	}
+	if p.MaxBatchingWindow < 0 || p.MaxBatchingWindow > 5*time.Minute {
+		errs = append(errs, fmt.Errorf("MaxBatchingWindow must be between 0 and 5m, got %s", p.MaxBatchingWindow))
+	}
+	if p.Fifo && p.MaxBatchingWindow > 0 {
+		errs = append(errs, errors.New("MaxBatchingWindow is not supported on FIFO queues"))
+	}
+	if p.MaxConcurrency < 2 || p.MaxConcurrency > 1000 {
+		errs = append(errs, fmt.Errorf("MaxConcurrency must be between 2 and 1000, got %d", p.MaxConcurrency))
+	}
+	if p.MemoryMB < 128 {
+		errs = append(errs, fmt.Errorf("MemoryMB must be at least 128, got %d", p.MemoryMB))
+	}
+	if p.CommitMode != "" && p.CommitMode != CommitPerRecord && p.CommitMode != CommitBatched {
+		errs = append(errs, fmt.Errorf("CommitMode must be %q or %q, got %q", CommitPerRecord, CommitBatched, p.CommitMode))
+	}
+	for _, r := range []struct {
+		name string
+		d    time.Duration
+	}{{"RetentionPeriod", p.RetentionPeriod}, {"DeadLetterRetentionPeriod", p.DeadLetterRetentionPeriod}} {
+		if r.d < time.Minute || r.d > 14*24*time.Hour {
+			errs = append(errs, fmt.Errorf("%s must be between 1m and 14 days, got %s", r.name, r.d))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func seconds(d time.Duration) awscdk.Duration {
+	return awscdk.Duration_Seconds(jsii.Number(d.Seconds()))
+}
+
+// NewConsumer creates the queues, the subscription and the consumer Lambda. It panics on invalid
+// props, naming every problem.
+func NewConsumer(scope constructs.Construct, id string, props *ConsumerProps) Consumer {
+	p := props.withDefaults()
+	invalid("Consumer", id, p.validate())
+
+	c := &consumer{name: p.Name}
+	constructs.NewConstruct_Override(c, scope, &id) // c itself is the jsii construct, so it can be passed to CDK APIs
+	this := c
+
+	c.queueKey = p.QueueKey
+	if c.queueKey == nil {
+		// SqsSubscription adds the statement letting SNS encrypt what it delivers with this key.
+		c.queueKey = newKey(this, "QueueKey", "sluice consumer "+p.Name+" queue encryption")
+	}
+	queueProps := func(retention time.Duration) *awssqs.QueueProps {
+		q := &awssqs.QueueProps{
+			Encryption:          awssqs.QueueEncryption_KMS,
+			EncryptionMasterKey: c.queueKey,
+			EnforceSSL:          jsii.Bool(true),
+			RetentionPeriod:     seconds(retention),
+		}
+		if p.Fifo {
+			q.Fifo = jsii.Bool(true)
+		}
+		return q
+	}
+
+	c.dlq = awssqs.NewQueue(this, jsii.String("DeadLetterQueue"), queueProps(p.DeadLetterRetentionPeriod))
+	c.subDLQ = awssqs.NewQueue(this, jsii.String("SubscriptionDeadLetterQueue"), queueProps(p.DeadLetterRetentionPeriod))
+	qp := queueProps(p.RetentionPeriod)
+	qp.VisibilityTimeout = seconds(p.VisibilityTimeout)
+	qp.DeadLetterQueue = &awssqs.DeadLetterQueue{Queue: c.dlq, MaxReceiveCount: jsii.Number(float64(p.MaxReceiveCount))}
+	c.queue = awssqs.NewQueue(this, jsii.String("Queue"), qp)
+
+	subProps := &awssnssubscriptions.SqsSubscriptionProps{
+		RawMessageDelivery: jsii.Bool(true),
+		DeadLetterQueue:    c.subDLQ,
+	}
+	if len(p.FilterPolicy) > 0 {
+		fp := make(map[string]awssns.SubscriptionFilter, len(p.FilterPolicy))
+		for k, v := range p.FilterPolicy {
+			fp[k] = v
+		}
+		subProps.FilterPolicy = &fp
+	}
+	sub := awssnssubscriptions.NewSqsSubscription(c.queue, subProps)
+	c.sub = p.Topic.AddSubscription(sub)
+
+	env := map[string]*string{lambdaenv.ConsumerName: jsii.String(p.Name)}
+	if p.CommitMode != "" {
+		env[lambdaenv.ConsumerCommitMode] = jsii.String(p.CommitMode)
+	}
+	for k, v := range p.Environment {
+		env[k] = jsii.String(v)
+	}
+	c.fn = newGoFunction(this, "Function", goFunctionProps{
+		description:  "inbox consumer " + p.Name,
+		codeDir:      p.CodeDir,
+		timeout:      p.Timeout,
+		memoryMB:     p.MemoryMB,
+		network:      p.Network,
+		database:     p.Database,
+		environment:  env,
+		logRetention: p.LogRetention,
+	})
+	esp := &awslambdaeventsources.SqsEventSourceProps{
+		BatchSize:               jsii.Number(float64(p.BatchSize)),
+		ReportBatchItemFailures: jsii.Bool(true),
+		MaxConcurrency:          jsii.Number(float64(p.MaxConcurrency)),
+	}
+	if p.MaxBatchingWindow > 0 {
+		esp.MaxBatchingWindow = seconds(p.MaxBatchingWindow)
+	}
+	c.fn.AddEventSource(awslambdaeventsources.NewSqsEventSource(c.queue, esp))
+	suppressLambdaFindings(c.fn)
+	suppress(c.subDLQ, "AwsSolutions-SQS3",
+		"This queue is the SNS subscription's dead-letter queue (the subscription's RedrivePolicy names it); "+
+			"cdk-nag only recognises DLQs of other queues. It is alarmed on and drained with `sluice redrive`.")
+	return c
+}

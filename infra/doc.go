@@ -1,0 +1,22 @@
+// Package infra holds the AWS CDK constructs that deploy sluice, and the example stack that wires
+// them together.
+//
+// Each construct works on its own, so a team with an existing VPC and database can use just the
+// pieces it needs:
+//
+//   - [NewOutbox]: the SNS topic (standard or FIFO, KMS-encrypted) and the relay Lambda that an
+//     EventBridge schedule starts every minute.
+//   - [NewConsumer]: an SQS queue with its DLQ, a raw-delivery SNS subscription with its own DLQ,
+//     and the consumer Lambda behind an event source mapping with ReportBatchItemFailures.
+//   - [NewMigrations]: a CloudFormation custom resource that applies the embedded migrations on
+//     every deploy that changes them.
+//   - [NewMonitoring]: the alarms (to an alarm topic) and the CloudWatch dashboard, built on the
+//     metrics the Lambdas emit as EMF lines (see [MetricNamespace]).
+//
+// [NewSluiceStack] is the production-shaped example: VPC, RDS PostgreSQL, migrations, one outbox,
+// one consumer, alarms and dashboard. infra/cmd/app is the CDK app that cdk.json runs.
+//
+// Asset directories are props (a directory holding a `bootstrap` executable), so tests synthesize
+// templates without building the Lambdas. Bad props panic with a message naming the construct and
+// every problem found, which fails `cdk synth`.
+package infra

@@ -1,0 +1,499 @@
+package infra_test
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/assertions"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsec2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awssecretsmanager"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awssns"
+	"github.com/aws/jsii-runtime-go"
+	"github.com/cdklabs/cdk-nag-go/cdknag/v2"
+	"github.com/sluicehq/sluice/infra"
+	"github.com/sluicehq/sluice/internal/lambdaenv"
+	"github.com/stretchr/testify/require"
+)
+
+// These tests do not call t.Parallel: every CDK call goes through the one jsii kernel process,
+// whose initialization is not safe for concurrent use, so running them in parallel gains nothing.
+
+// assetDir returns a directory holding a dummy bootstrap, standing in for bin/<fn>.
+func assetDir(t *testing.T, fn string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), fn)
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "bootstrap"), []byte("#!/bin/sh\n# "+fn+"\n"), 0o755))
+	return dir
+}
+
+// withNag applies the AwsSolutions pack to the stack; it runs when the template is synthesized.
+func withNag(stack awscdk.Stack) {
+	awscdk.Aspects_Of(stack).Add(cdknag.NewAwsSolutionsChecks(&cdknag.NagPackProps{Verbose: jsii.Bool(true)}), nil)
+}
+
+// requireNoNagErrors fails the test with every unsuppressed AwsSolutions error.
+func requireNoNagErrors(t *testing.T, stack awscdk.Stack) {
+	t.Helper()
+	found := assertions.Annotations_FromStack(stack).FindError(jsii.String("*"), assertions.Match_StringLikeRegexp(jsii.String("AwsSolutions-.*")))
+	var msgs []string
+	for _, f := range *found {
+		msgs = append(msgs, fmt.Sprintf("%s: %v", *f.Id, f.Entry.Data))
+	}
+	require.Empty(t, msgs, "unsuppressed cdk-nag AwsSolutions errors")
+}
+
+// resources returns the template's resources of one type, by logical id.
+func resources(tmpl assertions.Template, typ string) map[string]map[string]any {
+	out := map[string]map[string]any{}
+	for id, r := range (*tmpl.ToJSON())["Resources"].(map[string]any) {
+		res := r.(map[string]any)
+		if res["Type"] == typ {
+			out[id] = res
+		}
+	}
+	return out
+}
+
+func props(r map[string]any) map[string]any { return r["Properties"].(map[string]any) }
+
+func asList(v any) []any {
+	if l, ok := v.([]any); ok {
+		return l
+	}
+	return []any{v}
+}
+
+// requireNoWildcardGrants checks that no identity policy statement allows a wildcard action
+// ("*" or "svc:*") on the "*" resource.
+func requireNoWildcardGrants(t *testing.T, tmpl assertions.Template) {
+	t.Helper()
+	var docs []any
+	for _, r := range resources(tmpl, "AWS::IAM::Policy") {
+		docs = append(docs, props(r)["PolicyDocument"])
+	}
+	for _, r := range resources(tmpl, "AWS::IAM::Role") {
+		if ps, ok := props(r)["Policies"]; ok {
+			for _, p := range ps.([]any) {
+				docs = append(docs, p.(map[string]any)["PolicyDocument"])
+			}
+		}
+	}
+	require.NotEmpty(t, docs)
+	for _, d := range docs {
+		for _, s := range d.(map[string]any)["Statement"].([]any) {
+			st := s.(map[string]any)
+			starResource := false
+			for _, r := range asList(st["Resource"]) {
+				if r == "*" {
+					starResource = true
+				}
+			}
+			for _, a := range asList(st["Action"]) {
+				action, _ := a.(string)
+				wild := action == "*" || strings.HasSuffix(action, ":*")
+				require.False(t, wild && starResource, "statement allows %s on *: %v", action, st)
+			}
+		}
+	}
+}
+
+func TestSluiceStack(t *testing.T) {
+	app := awscdk.NewApp(nil)
+	s := infra.NewSluiceStack(app, "Sluice", &infra.SluiceStackProps{
+		RelayCodeDir:    assetDir(t, "relay"),
+		ConsumerCodeDir: assetDir(t, "consumer"),
+		MigrateCodeDir:  assetDir(t, "migrate"),
+		ConsumerName:    "orders",
+		AlarmEmail:      "oncall@example.com",
+	})
+	withNag(s)
+	tmpl := assertions.Template_FromStack(s, nil)
+	var stack awscdk.Stack = s
+
+	t.Run("cdk-nag AwsSolutions: no unsuppressed errors", func(t *testing.T) {
+		requireNoNagErrors(t, stack)
+	})
+
+	t.Run("resource counts", func(t *testing.T) {
+		for typ, n := range map[string]float64{
+			"AWS::Lambda::Function":           3,
+			"AWS::SNS::Topic":                 2, // outbox topic, alarm topic
+			"AWS::SQS::Queue":                 3, // queue, DLQ, subscription DLQ
+			"AWS::SNS::Subscription":          2, // queue, alarm e-mail
+			"AWS::Lambda::EventSourceMapping": 1,
+			"AWS::Events::Rule":               1,
+			"AWS::RDS::DBInstance":            1,
+			infra.MigrationsResourceType:      1,
+			"AWS::CloudWatch::Alarm":          10,
+			"AWS::CloudWatch::Dashboard":      1,
+		} {
+			tmpl.ResourceCountIs(jsii.String(typ), jsii.Number(n))
+		}
+	})
+
+	t.Run("database: encrypted, private, TLS forced, secret credentials", func(t *testing.T) {
+		tmpl.HasResourceProperties(jsii.String("AWS::RDS::DBInstance"), map[string]any{
+			"Engine":             "postgres",
+			"StorageEncrypted":   true,
+			"PubliclyAccessible": false,
+			"MultiAZ":            true,
+			"DeletionProtection": true,
+		})
+		tmpl.HasResourceProperties(jsii.String("AWS::RDS::DBParameterGroup"), map[string]any{
+			"Parameters": map[string]any{"rds.force_ssl": "1"},
+		})
+		tmpl.ResourceCountIs(jsii.String("AWS::SecretsManager::Secret"), jsii.Number(1))
+	})
+
+	t.Run("database security group admits only the Lambdas", func(t *testing.T) {
+		lambdaSGs := map[string]bool{}
+		for _, fn := range resources(tmpl, "AWS::Lambda::Function") {
+			for _, sg := range props(fn)["VpcConfig"].(map[string]any)["SecurityGroupIds"].([]any) {
+				lambdaSGs[sg.(map[string]any)["Fn::GetAtt"].([]any)[0].(string)] = true
+			}
+		}
+		require.Len(t, lambdaSGs, 3)
+		for id, sg := range resources(tmpl, "AWS::EC2::SecurityGroup") {
+			require.NotContains(t, props(sg), "SecurityGroupIngress", "inline ingress on %s", id)
+		}
+		ingress := resources(tmpl, "AWS::EC2::SecurityGroupIngress")
+		require.Len(t, ingress, 3)
+		for id, r := range ingress {
+			p := props(r)
+			require.NotContains(t, p, "CidrIp", id)
+			src := p["SourceSecurityGroupId"].(map[string]any)["Fn::GetAtt"].([]any)[0].(string)
+			require.True(t, lambdaSGs[src], "ingress %s from %s, not a Lambda", id, src)
+			require.Contains(t, fmt.Sprint(p["FromPort"]), "Endpoint.Port", "the database's own port")
+		}
+	})
+
+	t.Run("lambdas: provided.al2023 arm64 in the VPC with the secret", func(t *testing.T) {
+		for id, fn := range resources(tmpl, "AWS::Lambda::Function") {
+			p := props(fn)
+			require.Equal(t, "provided.al2023", p["Runtime"], id)
+			require.Equal(t, []any{"arm64"}, p["Architectures"], id)
+			require.Equal(t, "bootstrap", p["Handler"], id)
+			require.Contains(t, p, "VpcConfig", id)
+			env := p["Environment"].(map[string]any)["Variables"].(map[string]any)
+			require.Regexp(t, `^map\[Ref:DatabaseSecret`, fmt.Sprint(env[lambdaenv.DatabaseSecretARN]), id)
+			require.Equal(t, "require", env[lambdaenv.DatabaseSSLMode], id)
+		}
+	})
+
+	t.Run("relay: timeout, reserved concurrency, topic map, one-minute schedule", func(t *testing.T) {
+		relayArn := assertions.NewCapture(nil)
+		tmpl.HasResourceProperties(jsii.String("AWS::Events::Rule"), map[string]any{
+			"ScheduleExpression": "rate(1 minute)",
+			"State":              "ENABLED",
+			"Targets":            []any{map[string]any{"Arn": relayArn, "RetryPolicy": map[string]any{"MaximumEventAgeInSeconds": 60.0}}},
+		})
+		relayID := (*relayArn.AsObject())["Fn::GetAtt"].([]any)[0].(string)
+		relay := resources(tmpl, "AWS::Lambda::Function")[relayID]
+		require.NotNil(t, relay, relayID)
+		p := props(relay)
+		require.Equal(t, 300.0, p["Timeout"])
+		require.Equal(t, 6.0, p["ReservedConcurrentExecutions"])
+		env := p["Environment"].(map[string]any)["Variables"].(map[string]any)
+		require.Contains(t, env, lambdaenv.TopicARNs)
+		require.Equal(t, map[string]any{"Ref": *s.GetLogicalId(s.Outbox().Topic().Node().DefaultChild().(awscdk.CfnElement))}, env[lambdaenv.DefaultTopicARN])
+		// Nothing touches the tables before the migrations ran.
+		require.Contains(t, relay["DependsOn"], *s.GetLogicalId(s.Migrations().Resource().Node().DefaultChild().(awscdk.CfnElement)))
+		tmpl.HasResourceProperties(jsii.String("AWS::Lambda::EventInvokeConfig"), map[string]any{"MaximumRetryAttempts": 0.0})
+	})
+
+	t.Run("topic and queues are KMS-encrypted and TLS-only", func(t *testing.T) {
+		for id, r := range resources(tmpl, "AWS::SNS::Topic") {
+			require.Contains(t, props(r), "KmsMasterKeyId", id)
+		}
+		for id, r := range resources(tmpl, "AWS::SQS::Queue") {
+			require.Contains(t, props(r), "KmsMasterKeyId", id)
+		}
+		tmpl.HasResourceProperties(jsii.String("AWS::SQS::QueuePolicy"), map[string]any{
+			"PolicyDocument": map[string]any{"Statement": assertions.Match_ArrayWith(&[]any{map[string]any{
+				"Action": "sqs:*", "Effect": "Deny", "Condition": map[string]any{"Bool": map[string]any{"aws:SecureTransport": "false"}},
+				"Principal": map[string]any{"AWS": "*"}, "Resource": assertions.Match_AnyValue(),
+			}})},
+		})
+		tmpl.HasResourceProperties(jsii.String("AWS::KMS::Key"), map[string]any{"EnableKeyRotation": true})
+	})
+
+	t.Run("consumer: queue, DLQ, subscription DLQ, event source mapping", func(t *testing.T) {
+		dlq := assertions.NewCapture(nil)
+		tmpl.HasResourceProperties(jsii.String("AWS::SQS::Queue"), map[string]any{
+			"VisibilityTimeout": 180.0, // 6 × 30s
+			"RedrivePolicy":     map[string]any{"deadLetterTargetArn": dlq, "maxReceiveCount": 5.0},
+		})
+		subDLQ := assertions.NewCapture(nil)
+		tmpl.HasResourceProperties(jsii.String("AWS::SNS::Subscription"), map[string]any{
+			"Protocol":           "sqs",
+			"RawMessageDelivery": true,
+			"RedrivePolicy":      map[string]any{"deadLetterTargetArn": subDLQ},
+		})
+		require.NotEqual(t, dlq.AsObject(), subDLQ.AsObject(), "the subscription has its own DLQ")
+		tmpl.HasResourceProperties(jsii.String("AWS::Lambda::EventSourceMapping"), map[string]any{
+			"FunctionResponseTypes": []any{"ReportBatchItemFailures"},
+			"BatchSize":             10.0,
+			"ScalingConfig":         map[string]any{"MaximumConcurrency": 5.0},
+		})
+		tmpl.HasResourceProperties(jsii.String("AWS::Lambda::Function"), map[string]any{
+			"Timeout": 30.0,
+			"Environment": map[string]any{"Variables": assertions.Match_ObjectLike(&map[string]any{
+				lambdaenv.ConsumerName: "orders",
+			})},
+		})
+	})
+
+	t.Run("migrations custom resource", func(t *testing.T) {
+		tmpl.HasResource(jsii.String(infra.MigrationsResourceType), map[string]any{
+			"Properties": map[string]any{
+				"ServiceToken":    map[string]any{"Fn::GetAtt": assertions.Match_AnyValue()},
+				"ServiceTimeout":  "600",
+				"CodeFingerprint": assertions.Match_StringLikeRegexp(jsii.String("^[0-9a-f]{64}$")),
+			},
+			"DependsOn": assertions.Match_ArrayWith(&[]any{assertions.Match_StringLikeRegexp(jsii.String("^Database"))}),
+		})
+	})
+
+	t.Run("alarms: thresholds and missing data", func(t *testing.T) {
+		alarm := func(metric string, p map[string]any) {
+			t.Helper()
+			p["MetricName"] = metric
+			p["AlarmActions"] = assertions.Match_ArrayWith(&[]any{map[string]any{"Ref": assertions.Match_StringLikeRegexp(jsii.String("^MonitoringAlarmTopic"))}})
+			tmpl.HasResourceProperties(jsii.String("AWS::CloudWatch::Alarm"), p)
+		}
+		alarm(infra.MetricRelayHeartbeat, map[string]any{
+			"Namespace": infra.MetricNamespace, "Dimensions": []any{map[string]any{"Name": "Service", "Value": "relay"}},
+			"ComparisonOperator": "LessThanThreshold", "Threshold": 1.0, "EvaluationPeriods": 3.0, "TreatMissingData": "breaching",
+		})
+		alarm(infra.MetricOutboxOldestPendingAge, map[string]any{
+			"Namespace": infra.MetricNamespace, "ComparisonOperator": "GreaterThanThreshold", "Threshold": 300.0, "Statistic": "Maximum",
+		})
+		alarm(infra.MetricOutboxQuarantined, map[string]any{"ComparisonOperator": "GreaterThanThreshold", "Threshold": 0.0})
+		alarm("ApproximateAgeOfOldestMessage", map[string]any{"Namespace": "AWS/SQS", "Threshold": 300.0})
+		visible := 0
+		for _, a := range resources(tmpl, "AWS::CloudWatch::Alarm") {
+			if p := props(a); p["MetricName"] == "ApproximateNumberOfMessagesVisible" {
+				require.Equal(t, 0.0, p["Threshold"])
+				require.Equal(t, "GreaterThanThreshold", p["ComparisonOperator"])
+				visible++
+			}
+		}
+		require.Equal(t, 2, visible, "DLQ and subscription DLQ alarms")
+		for _, m := range []string{"Errors", "Throttles"} {
+			n := 0
+			for _, a := range resources(tmpl, "AWS::CloudWatch::Alarm") {
+				if p := props(a); p["MetricName"] == m && p["Namespace"] == "AWS/Lambda" {
+					n++
+				}
+			}
+			require.Equal(t, 2, n, "relay and consumer %s alarms", m)
+		}
+		tmpl.HasResourceProperties(jsii.String("AWS::SNS::Subscription"), map[string]any{"Protocol": "email", "Endpoint": "oncall@example.com"})
+		require.Len(t, s.Monitoring().Alarms(), 10)
+	})
+
+	t.Run("dashboard shows the commit-to-apply latency", func(t *testing.T) {
+		body := assertions.NewCapture(nil)
+		tmpl.HasResourceProperties(jsii.String("AWS::CloudWatch::Dashboard"), map[string]any{"DashboardBody": body})
+		require.Contains(t, fmt.Sprint(body.AsObject()), infra.MetricCommitToApplyLatency)
+		require.Contains(t, fmt.Sprint(body.AsObject()), infra.MetricOutboxOldestPendingAge)
+	})
+
+	t.Run("IAM: no wildcard action on a wildcard resource", func(t *testing.T) {
+		requireNoWildcardGrants(t, tmpl)
+	})
+
+	t.Run("outputs", func(t *testing.T) {
+		outputs := (*tmpl.ToJSON())["Outputs"].(map[string]any)
+		var names []string
+		for k := range outputs {
+			names = append(names, k)
+		}
+		sort.Strings(names)
+		require.Subset(t, names, []string{"AlarmTopicArn", "ConsumerDeadLetterQueueUrl", "ConsumerQueueUrl", "DashboardName",
+			"DatabaseEndpoint", "DatabaseSecretArn", "SubscriptionDeadLetterQueueUrl", "TopicArn"})
+	})
+}
+
+// TestConstructsAlone uses the constructs without the example stack, on an existing VPC and
+// database, with a FIFO topic and non-default settings.
+func TestConstructsAlone(t *testing.T) {
+	app := awscdk.NewApp(nil)
+	stack := awscdk.NewStack(app, jsii.String("Existing"), nil)
+	vpc := awsec2.Vpc_FromVpcAttributes(stack, jsii.String("Vpc"), &awsec2.VpcAttributes{
+		VpcId:             jsii.String("vpc-0123456789abcdef0"),
+		AvailabilityZones: jsii.Strings("eu-west-1a", "eu-west-1b"),
+		PrivateSubnetIds:  jsii.Strings("subnet-a", "subnet-b"),
+	})
+	dbSG := awsec2.SecurityGroup_FromSecurityGroupId(stack, jsii.String("DbSg"), jsii.String("sg-0123456789abcdef0"), nil)
+	db := infra.Database{
+		Secret: awssecretsmanager.Secret_FromSecretCompleteArn(stack, jsii.String("Secret"),
+			jsii.String("arn:aws:secretsmanager:eu-west-1:111111111111:secret:sluice-db-AbCdEf")),
+		Connections: awsec2.NewConnections(&awsec2.ConnectionsProps{SecurityGroups: &[]awsec2.ISecurityGroup{dbSG}, DefaultPort: awsec2.Port_Tcp(jsii.Number(5433))}),
+		MaxConns:    2,
+	}
+	network := infra.Network{Vpc: vpc}
+
+	ob := infra.NewOutbox(stack, "Outbox", &infra.OutboxProps{
+		RelayCodeDir:  assetDir(t, "relay"),
+		Network:       network,
+		Database:      db,
+		Fifo:          true,
+		TopicName:     "orders",
+		LogicalTopics: []string{"orders", "payments"},
+		RelayTimeout:  2 * time.Minute,
+	})
+	c := infra.NewConsumer(stack, "Billing", &infra.ConsumerProps{
+		Name:            "billing",
+		CodeDir:         assetDir(t, "consumer"),
+		Topic:           ob.Topic(),
+		Fifo:            true,
+		Network:         network,
+		Database:        db,
+		CommitMode:      infra.CommitBatched,
+		Timeout:         time.Minute,
+		MaxReceiveCount: 3,
+		BatchSize:       5,
+		MaxConcurrency:  2,
+	})
+	infra.NewMonitoring(stack, "Monitoring", &infra.MonitoringProps{Outbox: ob, Consumers: []infra.Consumer{c}, OldestPendingAge: time.Minute})
+	withNag(stack)
+	tmpl := assertions.Template_FromStack(stack, nil)
+
+	t.Run("cdk-nag AwsSolutions: no unsuppressed errors", func(t *testing.T) {
+		requireNoNagErrors(t, stack)
+	})
+	t.Run("FIFO topic and queues", func(t *testing.T) {
+		tmpl.HasResourceProperties(jsii.String("AWS::SNS::Topic"), map[string]any{"FifoTopic": true, "TopicName": "orders.fifo"})
+		for id, q := range resources(tmpl, "AWS::SQS::Queue") {
+			require.Equal(t, true, props(q)["FifoQueue"], id)
+		}
+		tmpl.ResourceCountIs(jsii.String("AWS::SQS::Queue"), jsii.Number(3))
+		tmpl.HasResourceProperties(jsii.String("AWS::SQS::Queue"), map[string]any{
+			"VisibilityTimeout": 360.0,
+			"RedrivePolicy":     map[string]any{"deadLetterTargetArn": assertions.Match_AnyValue(), "maxReceiveCount": 3.0},
+		})
+		esm := resources(tmpl, "AWS::Lambda::EventSourceMapping")
+		require.Len(t, esm, 1)
+		for _, e := range esm {
+			require.NotContains(t, props(e), "MaximumBatchingWindowInSeconds")
+			require.Equal(t, 5.0, props(e)["BatchSize"])
+			require.Equal(t, map[string]any{"MaximumConcurrency": 2.0}, props(e)["ScalingConfig"])
+		}
+	})
+	t.Run("relay: logical topics, no default topic, overlap-sized concurrency", func(t *testing.T) {
+		topicARNs := assertions.NewCapture(nil)
+		tmpl.HasResourceProperties(jsii.String("AWS::Lambda::Function"), map[string]any{
+			"Timeout":                      120.0,
+			"ReservedConcurrentExecutions": 3.0,
+			"Environment": map[string]any{"Variables": map[string]any{
+				lambdaenv.TopicARNs:         topicARNs,
+				lambdaenv.DatabaseSecretARN: "arn:aws:secretsmanager:eu-west-1:111111111111:secret:sluice-db-AbCdEf",
+				lambdaenv.DatabaseSSLMode:   "require",
+				lambdaenv.DatabaseMaxConns:  "2",
+			}},
+		})
+		js := fmt.Sprint(topicARNs.AsObject())
+		require.Contains(t, js, `{"orders":"`)
+		require.Contains(t, js, `,"payments":"`)
+		for _, fn := range resources(tmpl, "AWS::Lambda::Function") {
+			env := props(fn)["Environment"].(map[string]any)["Variables"].(map[string]any)
+			require.NotContains(t, env, lambdaenv.DefaultTopicARN, "with LogicalTopics, unknown topics are quarantined")
+		}
+	})
+	t.Run("existing database security group gets the ingress rules", func(t *testing.T) {
+		tmpl.ResourceCountIs(jsii.String("AWS::EC2::SecurityGroupIngress"), jsii.Number(2))
+		tmpl.HasResourceProperties(jsii.String("AWS::EC2::SecurityGroupIngress"), map[string]any{
+			"GroupId": "sg-0123456789abcdef0", "FromPort": 5433.0, "ToPort": 5433.0, "IpProtocol": "tcp",
+		})
+		tmpl.HasResourceProperties(jsii.String("AWS::Lambda::Function"), map[string]any{
+			"Environment": map[string]any{"Variables": assertions.Match_ObjectLike(&map[string]any{
+				lambdaenv.ConsumerName: "billing", lambdaenv.ConsumerCommitMode: "batched",
+			})},
+		})
+	})
+	t.Run("IAM: no wildcard action on a wildcard resource", func(t *testing.T) {
+		requireNoWildcardGrants(t, tmpl)
+	})
+}
+
+// TestValidation checks that bad props fail synthesis with a message naming the problem.
+func TestValidation(t *testing.T) {
+	app := awscdk.NewApp(nil)
+	stack := awscdk.NewStack(app, jsii.String("Bad"), nil)
+	vpc := awsec2.Vpc_FromVpcAttributes(stack, jsii.String("Vpc"), &awsec2.VpcAttributes{
+		VpcId: jsii.String("vpc-0123456789abcdef0"), AvailabilityZones: jsii.Strings("eu-west-1a"), PrivateSubnetIds: jsii.Strings("subnet-a"),
+	})
+	secret := awssecretsmanager.Secret_FromSecretCompleteArn(stack, jsii.String("Secret"),
+		jsii.String("arn:aws:secretsmanager:eu-west-1:111111111111:secret:db-AbCdEf"))
+	network, db := infra.Network{Vpc: vpc}, infra.Database{Secret: secret}
+	standard := awssns.NewTopic(stack, jsii.String("Standard"), nil)
+	fifo := awssns.NewTopic(stack, jsii.String("Fifo"), &awssns.TopicProps{Fifo: jsii.Bool(true)})
+	code := assetDir(t, "fn")
+	ob := infra.NewOutbox(stack, "Outbox", &infra.OutboxProps{RelayCodeDir: code, Network: network, Database: db})
+	consumer := func(mod func(*infra.ConsumerProps)) func(id string) {
+		return func(id string) {
+			p := &infra.ConsumerProps{Name: "c", CodeDir: code, Topic: standard, Network: network, Database: db}
+			mod(p)
+			infra.NewConsumer(stack, id, p)
+		}
+	}
+
+	for _, tc := range []struct {
+		name  string
+		build func(id string)
+		want  string
+	}{
+		{"visibility timeout below 6x", consumer(func(p *infra.ConsumerProps) {
+			p.Timeout, p.VisibilityTimeout = time.Minute, 5*time.Minute
+		}), "VisibilityTimeout 5m0s is shorter than 6 × the function timeout (1m0s) = 6m0s"},
+		{"FIFO consumer on standard topic", consumer(func(p *infra.ConsumerProps) { p.Fifo = true }),
+			"a FIFO consumer cannot subscribe to a standard topic"},
+		{"standard consumer on FIFO topic", consumer(func(p *infra.ConsumerProps) { p.Topic = fifo }),
+			"a FIFO topic can only deliver to FIFO queues"},
+		{"batching window on FIFO", consumer(func(p *infra.ConsumerProps) {
+			p.Topic, p.Fifo, p.MaxBatchingWindow = fifo, true, time.Second
+		}), "MaxBatchingWindow is not supported on FIFO queues"},
+		{"max concurrency below 2", consumer(func(p *infra.ConsumerProps) { p.MaxConcurrency = 1 }),
+			"MaxConcurrency must be between 2 and 1000, got 1"},
+		{"negative max receive count", consumer(func(p *infra.ConsumerProps) { p.MaxReceiveCount = -1 }),
+			"MaxReceiveCount must be at least 1, got -1"},
+		{"missing consumer name and bootstrap", consumer(func(p *infra.ConsumerProps) { p.Name, p.CodeDir = "", t.TempDir() }),
+			"Name is required"},
+		{"negative alarm thresholds", func(id string) {
+			infra.NewMonitoring(stack, id, &infra.MonitoringProps{Outbox: ob, OldestPendingAge: -time.Second, LambdaErrors: -1})
+		}, "OldestPendingAge must not be negative, got -1s\nLambdaErrors must not be negative, got -1"},
+		{"negative queue age threshold", func(id string) {
+			infra.NewMonitoring(stack, id, &infra.MonitoringProps{Outbox: ob, QueueOldestMessageAge: -time.Minute, HeartbeatMissingMinutes: -2})
+		}, "HeartbeatMissingMinutes must not be negative, got -2\nQueueOldestMessageAge must not be negative, got -1m0s"},
+		{"relay concurrency below the schedule overlap", func(id string) {
+			infra.NewOutbox(stack, id, &infra.OutboxProps{RelayCodeDir: code, Network: network, Database: db, RelayTimeout: 5 * time.Minute, RelayReservedConcurrency: 2})
+		}, "RelayReservedConcurrency 2 is below the 5 overlapping invocations"},
+		{"relay without bootstrap, VPC or secret", func(id string) {
+			infra.NewOutbox(stack, id, &infra.OutboxProps{RelayCodeDir: t.TempDir()})
+		}, "has no bootstrap file (run `make build`)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var err error
+			func() {
+				defer func() {
+					if r := recover(); r != nil {
+						err, _ = r.(error)
+						require.NotNil(t, err, "panic value %v is not an error", r)
+					}
+				}()
+				tc.build(strings.ReplaceAll(tc.name, " ", ""))
+			}()
+			require.Error(t, err, "no validation error")
+			require.Contains(t, err.Error(), tc.want)
+			require.Contains(t, err.Error(), "invalid props")
+		})
+	}
+}

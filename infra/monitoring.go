@@ -1,0 +1,245 @@
+package infra
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatch"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatchactions"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awssns"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awssnssubscriptions"
+	"github.com/aws/aws-cdk-go/awscdk/v2/interfaces/interfacesawscloudwatch"
+	"github.com/aws/constructs-go/constructs/v10"
+	"github.com/aws/jsii-runtime-go"
+)
+
+// MonitoringProps configure Monitoring.
+type MonitoringProps struct {
+	// Outbox is the outbox to watch. Optional.
+	Outbox Outbox
+	// Consumers are the consumers to watch. Optional.
+	Consumers []Consumer
+	// AlarmTopic receives every alarm's ALARM and OK notifications. Defaults to a new
+	// KMS-encrypted topic that CloudWatch may publish to.
+	AlarmTopic awssns.ITopic
+	// AlarmEmail, when set, subscribes this address to the alarm topic (confirm the e-mail AWS sends).
+	AlarmEmail string
+	// DashboardName is the CloudWatch dashboard's name. Defaults to a generated name.
+	DashboardName string
+
+	// OldestPendingAge is the outbox oldest-pending-age alarm threshold. Defaults to 5 minutes.
+	OldestPendingAge time.Duration
+	// HeartbeatMissingMinutes is how many consecutive minutes without a relay heartbeat raise the
+	// heartbeat alarm. Defaults to 3.
+	HeartbeatMissingMinutes int
+	// QueueOldestMessageAge is the consumer queues' age-of-oldest-message alarm threshold.
+	// Defaults to 5 minutes.
+	QueueOldestMessageAge time.Duration
+	// LambdaErrors alarms when a Lambda's errors in 5 minutes exceed it. Defaults to 0 (any error).
+	LambdaErrors float64
+	// LambdaThrottles alarms when a Lambda's throttles in 5 minutes exceed it. Defaults to 0 (any throttle).
+	LambdaThrottles float64
+}
+
+// Monitoring holds the sluice alarms and dashboard.
+type Monitoring interface {
+	constructs.IConstruct
+	// AlarmTopic receives the alarm notifications.
+	AlarmTopic() awssns.ITopic
+	// Alarms are all alarms, keyed by a stable name such as "RelayHeartbeatMissing" or
+	// "orders/DeadLetterQueueNotEmpty".
+	Alarms() map[string]awscloudwatch.Alarm
+	// Dashboard is the CloudWatch dashboard.
+	Dashboard() awscloudwatch.Dashboard
+}
+
+type monitoring struct {
+	constructs.Construct
+	topic     awssns.ITopic
+	alarms    map[string]awscloudwatch.Alarm
+	dashboard awscloudwatch.Dashboard
+}
+
+func (m *monitoring) AlarmTopic() awssns.ITopic              { return m.topic }
+func (m *monitoring) Alarms() map[string]awscloudwatch.Alarm { return m.alarms }
+func (m *monitoring) Dashboard() awscloudwatch.Dashboard     { return m.dashboard }
+
+func (p *MonitoringProps) withDefaults() MonitoringProps {
+	out := *p
+	out.OldestPendingAge = orDefault(out.OldestPendingAge, 5*time.Minute)
+	out.HeartbeatMissingMinutes = orDefault(out.HeartbeatMissingMinutes, 3)
+	out.QueueOldestMessageAge = orDefault(out.QueueOldestMessageAge, 5*time.Minute)
+	return out
+}
+
+func (p *MonitoringProps) validate() error {
+	var errs []error
+	if p.OldestPendingAge < 0 {
+		errs = append(errs, fmt.Errorf("OldestPendingAge must not be negative, got %s", p.OldestPendingAge))
+	}
+	if p.HeartbeatMissingMinutes < 0 {
+		errs = append(errs, fmt.Errorf("HeartbeatMissingMinutes must not be negative, got %d", p.HeartbeatMissingMinutes))
+	}
+	if p.QueueOldestMessageAge < 0 {
+		errs = append(errs, fmt.Errorf("QueueOldestMessageAge must not be negative, got %s", p.QueueOldestMessageAge))
+	}
+	if p.LambdaErrors < 0 {
+		errs = append(errs, fmt.Errorf("LambdaErrors must not be negative, got %g", p.LambdaErrors))
+	}
+	if p.LambdaThrottles < 0 {
+		errs = append(errs, fmt.Errorf("LambdaThrottles must not be negative, got %g", p.LambdaThrottles))
+	}
+	for i, c := range p.Consumers {
+		if c == nil {
+			errs = append(errs, fmt.Errorf("Consumers[%d] is nil", i))
+		}
+	}
+	if p.Outbox == nil && len(p.Consumers) == 0 {
+		errs = append(errs, errors.New("nothing to monitor: set Outbox or Consumers"))
+	}
+	return errors.Join(errs...)
+}
+
+// NewMonitoring creates the alarms, the alarm topic (unless given) and the dashboard. It panics
+// on invalid props, naming every problem.
+func NewMonitoring(scope constructs.Construct, id string, props *MonitoringProps) Monitoring {
+	p := props.withDefaults()
+	invalid("Monitoring", id, p.validate())
+
+	m := &monitoring{alarms: map[string]awscloudwatch.Alarm{}}
+	constructs.NewConstruct_Override(m, scope, &id) // m itself is the jsii construct, so it can be passed to CDK APIs
+	this := m
+
+	m.topic = p.AlarmTopic
+	if m.topic == nil {
+		key := newKey(this, "AlarmTopicKey", "sluice alarm topic encryption")
+		// CloudWatch publishes alarm notifications with this key.
+		key.AddToResourcePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Sid:        jsii.String("AllowCloudWatchAlarms"),
+			Principals: &[]awsiam.IPrincipal{awsiam.NewServicePrincipal(jsii.String("cloudwatch.amazonaws.com"), nil)},
+			Actions:    jsii.Strings("kms:GenerateDataKey*", "kms:Decrypt"),
+			Resources:  jsii.Strings("*"),
+			Conditions: &map[string]any{"StringEquals": map[string]any{"aws:SourceAccount": awscdk.Aws_ACCOUNT_ID()}},
+		}), nil)
+		m.topic = awssns.NewTopic(this, jsii.String("AlarmTopic"), &awssns.TopicProps{
+			DisplayName: jsii.String("sluice alarms"),
+			MasterKey:   key,
+			EnforceSSL:  jsii.Bool(true),
+		})
+	}
+	if p.AlarmEmail != "" {
+		m.topic.AddSubscription(awssnssubscriptions.NewEmailSubscription(jsii.String(p.AlarmEmail), nil))
+	}
+	action := awscloudwatchactions.NewSnsAction(m.topic)
+
+	alarm := func(key, description string, metric awscloudwatch.IMetric, op awscloudwatch.ComparisonOperator, threshold float64, periods int, missing awscloudwatch.TreatMissingData) {
+		a := awscloudwatch.NewAlarm(this, jsii.String(strings.ReplaceAll(key, "/", "-")), &awscloudwatch.AlarmProps{
+			AlarmDescription:   jsii.String(description + " Runbook: docs/deploy.md#alarms"),
+			Metric:             metric,
+			ComparisonOperator: op,
+			Threshold:          jsii.Number(threshold),
+			EvaluationPeriods:  jsii.Number(float64(periods)),
+			DatapointsToAlarm:  jsii.Number(float64(periods)),
+			TreatMissingData:   missing,
+		})
+		a.AddAlarmAction(action)
+		a.AddOkAction(action)
+		m.alarms[key] = a
+	}
+	gt := awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD
+	notBreaching := awscloudwatch.TreatMissingData_NOT_BREACHING
+	fiveMin := &awscloudwatch.MetricOptions{Period: awscdk.Duration_Minutes(jsii.Number(5)), Statistic: jsii.String("Sum")}
+	lambdaAlarms := func(prefix, what string, fn interface {
+		MetricErrors(*awscloudwatch.MetricOptions) awscloudwatch.Metric
+		MetricThrottles(*awscloudwatch.MetricOptions) awscloudwatch.Metric
+	}) {
+		alarm(prefix+"Errors", what+" Lambda errors.", fn.MetricErrors(fiveMin), gt, p.LambdaErrors, 1, notBreaching)
+		alarm(prefix+"Throttles", what+" Lambda throttles.", fn.MetricThrottles(fiveMin), gt, p.LambdaThrottles, 1, notBreaching)
+	}
+
+	dash := awscloudwatch.NewDashboard(this, jsii.String("Dashboard"), &awscloudwatch.DashboardProps{
+		DashboardName: jsiiOrNil(p.DashboardName),
+	})
+	m.dashboard = dash
+	graph := func(title string, left []awscloudwatch.IMetric, threshold *float64) awscloudwatch.IWidget {
+		gp := &awscloudwatch.GraphWidgetProps{Title: jsii.String(title), Left: &left, Width: jsii.Number(8)}
+		if threshold != nil {
+			gp.LeftAnnotations = &[]*awscloudwatch.HorizontalAnnotation{{Value: threshold, Label: jsii.String("alarm")}}
+		}
+		return awscloudwatch.NewGraphWidget(gp)
+	}
+
+	if o := p.Outbox; o != nil {
+		age := RelayMetric(MetricOutboxOldestPendingAge, "Maximum")
+		alarm("OutboxOldestPendingAge", fmt.Sprintf("The oldest unpublished outbox row is older than %s: rows are committed but not published.", p.OldestPendingAge),
+			age, gt, p.OldestPendingAge.Seconds(), 2, notBreaching)
+		alarm("RelayHeartbeatMissing", fmt.Sprintf("No relay heartbeat for %d minutes: no relay is running (missing data counts as breaching).", p.HeartbeatMissingMinutes),
+			RelayMetric(MetricRelayHeartbeat, "Sum"), awscloudwatch.ComparisonOperator_LESS_THAN_THRESHOLD, 1, p.HeartbeatMissingMinutes, awscloudwatch.TreatMissingData_BREACHING)
+		alarm("OutboxQuarantined", "Quarantined outbox rows: they block their partition key until retried.",
+			RelayMetric(MetricOutboxQuarantined, "Maximum"), gt, 0, 1, notBreaching)
+		lambdaAlarms("Relay", "Relay", o.Relay())
+
+		dash.AddWidgets(
+			graph("Outbox oldest pending age (s)", []awscloudwatch.IMetric{age}, jsii.Number(p.OldestPendingAge.Seconds())),
+			graph("Outbox pending and quarantined rows", []awscloudwatch.IMetric{RelayMetric(MetricOutboxPending, "Maximum"), RelayMetric(MetricOutboxQuarantined, "Maximum")}, nil),
+			graph("Relay heartbeat", []awscloudwatch.IMetric{RelayMetric(MetricRelayHeartbeat, "Sum")}, nil),
+		)
+		dash.AddWidgets(
+			graph("Published and publish failures", []awscloudwatch.IMetric{RelayMetric(MetricPublished, "Sum"), RelayMetric(MetricPublishFailures, "Sum")}, nil),
+			graph("Relay errors and throttles", []awscloudwatch.IMetric{o.Relay().MetricErrors(fiveMin), o.Relay().MetricThrottles(fiveMin)}, nil),
+			graph("Relay concurrent executions", []awscloudwatch.IMetric{o.Relay().Metric(jsii.String("ConcurrentExecutions"), &awscloudwatch.MetricOptions{Statistic: jsii.String("Maximum")})}, nil),
+		)
+	}
+
+	for _, c := range p.Consumers {
+		n := c.Name()
+		queueAge := c.Queue().MetricApproximateAgeOfOldestMessage(&awscloudwatch.MetricOptions{Period: awscdk.Duration_Minutes(jsii.Number(1)), Statistic: jsii.String("Maximum")})
+		visible := func(q interface {
+			MetricApproximateNumberOfMessagesVisible(*awscloudwatch.MetricOptions) awscloudwatch.Metric
+		}) awscloudwatch.Metric {
+			return q.MetricApproximateNumberOfMessagesVisible(&awscloudwatch.MetricOptions{Period: awscdk.Duration_Minutes(jsii.Number(1)), Statistic: jsii.String("Maximum")})
+		}
+		dlq, subDLQ := visible(c.DeadLetterQueue()), visible(c.SubscriptionDeadLetterQueue())
+		alarm(n+"/QueueOldestMessageAge", fmt.Sprintf("Consumer %s: the oldest queued message is older than %s.", n, p.QueueOldestMessageAge),
+			queueAge, gt, p.QueueOldestMessageAge.Seconds(), 3, notBreaching)
+		alarm(n+"/DeadLetterQueueNotEmpty", fmt.Sprintf("Consumer %s: messages failed processing and are in the DLQ.", n),
+			dlq, gt, 0, 1, notBreaching)
+		alarm(n+"/SubscriptionDeadLetterQueueNotEmpty", fmt.Sprintf("Consumer %s: SNS could not deliver messages to the queue.", n),
+			subDLQ, gt, 0, 1, notBreaching)
+		lambdaAlarms(n+"/Consumer", "Consumer "+n, c.Function())
+
+		latency := func(stat string) awscloudwatch.IMetric { return ConsumerMetric(n, MetricCommitToApplyLatency, stat) }
+		dash.AddWidgets(
+			graph("Consumer "+n+": commit-to-apply latency (ms)", []awscloudwatch.IMetric{latency("p50"), latency("p99"), latency("Maximum")}, nil),
+			graph("Consumer "+n+": processed, duplicates, failures", []awscloudwatch.IMetric{
+				ConsumerMetric(n, MetricInboxProcessed, "Sum"), ConsumerMetric(n, MetricInboxDuplicates, "Sum"), ConsumerMetric(n, MetricInboxFailures, "Sum"),
+			}, nil),
+			graph("Consumer "+n+": queue oldest message age (s)", []awscloudwatch.IMetric{queueAge}, jsii.Number(p.QueueOldestMessageAge.Seconds())),
+		)
+		dash.AddWidgets(
+			graph("Consumer "+n+": DLQ and subscription DLQ depth", []awscloudwatch.IMetric{dlq, subDLQ}, jsii.Number(0)),
+			graph("Consumer "+n+": Lambda errors and throttles", []awscloudwatch.IMetric{c.Function().MetricErrors(fiveMin), c.Function().MetricThrottles(fiveMin)}, nil),
+			graph("Consumer "+n+": Lambda duration p99 (ms)", []awscloudwatch.IMetric{c.Function().MetricDuration(&awscloudwatch.MetricOptions{Statistic: jsii.String("p99")})}, nil),
+		)
+	}
+
+	alarms := make([]interfacesawscloudwatch.IAlarmRef, 0, len(m.alarms))
+	for _, k := range sortedKeys(m.alarms) {
+		alarms = append(alarms, m.alarms[k])
+	}
+	dash.AddWidgets(awscloudwatch.NewAlarmStatusWidget(&awscloudwatch.AlarmStatusWidgetProps{
+		Title: jsii.String("sluice alarms"), Alarms: &alarms, Width: jsii.Number(24),
+	}))
+	return m
+}
+
+func jsiiOrNil(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return jsii.String(s)
+}

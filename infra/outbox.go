@@ -1,0 +1,240 @@
+package infra
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsevents"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awseventstargets"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awskms"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awssns"
+	"github.com/aws/constructs-go/constructs/v10"
+	"github.com/aws/jsii-runtime-go"
+	"github.com/sluicehq/sluice/internal/lambdaenv"
+)
+
+// RelaySchedule is how often EventBridge starts a relay invocation (EventBridge's floor). Each
+// invocation keeps polling until shortly before its timeout, so invocations overlap.
+const RelaySchedule = time.Minute
+
+// OutboxProps configure an Outbox.
+type OutboxProps struct {
+	// RelayCodeDir is a directory holding the relay's `bootstrap` (bin/relay after `make build`). Required.
+	RelayCodeDir string
+	// Network places the relay in the database's VPC. Network.Vpc is required.
+	Network Network
+	// Database is how the relay reaches PostgreSQL. Database.Secret is required.
+	Database Database
+
+	// Fifo makes the topic a FIFO topic (MessageGroupId = partition_key, dedup id = event_id).
+	// Defaults to a standard topic.
+	Fifo bool
+	// TopicName is the SNS topic's physical name; ".fifo" is appended to FIFO names that lack it.
+	// Defaults to a generated name.
+	TopicName string
+	// TopicKey encrypts the topic. Defaults to a new customer-managed key with rotation.
+	TopicKey awskms.IKey
+	// LogicalTopics are the outbox_event.topic values routed to this construct's topic. When
+	// empty, the topic is the relay's default topic and receives every row not routed elsewhere.
+	LogicalTopics []string
+	// DefaultToTopic makes this construct's topic the default even when LogicalTopics is set.
+	// Defaults to false (rows with an unknown topic are quarantined) unless LogicalTopics is empty.
+	DefaultToTopic bool
+	// ExtraTopics routes further logical topics to existing SNS topics; the relay may publish to
+	// them (and use their keys, when the topic objects know them).
+	ExtraTopics map[string]awssns.ITopic
+
+	// RelayTimeout is the relay Lambda's timeout, i.e. how long one invocation keeps polling.
+	// Between 10 seconds and 15 minutes. Defaults to 5 minutes.
+	RelayTimeout time.Duration
+	// RelayStopBefore is how long before its deadline an invocation stops claiming rows; shorter
+	// than RelayTimeout. Defaults to the relay's own default (5s).
+	RelayStopBefore time.Duration
+	// RelayReservedConcurrency caps concurrent relays (and so their database connections). It must
+	// cover the overlap of scheduled invocations: at least ceil(RelayTimeout / 1 minute).
+	// Defaults to that overlap plus one.
+	RelayReservedConcurrency int
+	// RelayMemoryMB is the relay's memory. Defaults to 256.
+	RelayMemoryMB int
+	// RelayBatchSize overrides the relay's claim batch size. Defaults to the relay's default.
+	RelayBatchSize int
+	// LogRetention is the relay log group's retention. Defaults to one month.
+	LogRetention awslogs.RetentionDays
+}
+
+// Outbox is an SNS topic plus the relay Lambda that publishes committed outbox rows to it.
+type Outbox interface {
+	constructs.IConstruct
+	// Topic is the topic the relay publishes to.
+	Topic() awssns.ITopic
+	// TopicKey is the KMS key encrypting Topic.
+	TopicKey() awskms.IKey
+	// Relay is the relay Lambda.
+	Relay() awslambda.IFunction
+	// Schedule is the EventBridge rule starting the relay every minute.
+	Schedule() awsevents.Rule
+	// Fifo reports whether Topic is a FIFO topic.
+	Fifo() bool
+}
+
+type outbox struct {
+	constructs.Construct
+	topic    awssns.ITopic
+	key      awskms.IKey
+	relay    awslambda.Function
+	schedule awsevents.Rule
+	fifo     bool
+}
+
+func (o *outbox) Topic() awssns.ITopic       { return o.topic }
+func (o *outbox) TopicKey() awskms.IKey      { return o.key }
+func (o *outbox) Relay() awslambda.IFunction { return o.relay }
+func (o *outbox) Schedule() awsevents.Rule   { return o.schedule }
+func (o *outbox) Fifo() bool                 { return o.fifo }
+
+func (p *OutboxProps) withDefaults() OutboxProps {
+	out := *p
+	out.RelayTimeout = orDefault(out.RelayTimeout, 5*time.Minute)
+	if out.RelayReservedConcurrency == 0 {
+		out.RelayReservedConcurrency = minutesCeil(out.RelayTimeout) + 1
+	}
+	out.RelayMemoryMB = orDefault(out.RelayMemoryMB, 256)
+	out.LogRetention = orDefault(out.LogRetention, awslogs.RetentionDays_ONE_MONTH)
+	return out
+}
+
+func (p *OutboxProps) validate() error {
+	var errs []error
+	errs = append(errs, checkAssetDir("RelayCodeDir", p.RelayCodeDir), p.Network.validate(), p.Database.validate())
+	if p.RelayTimeout < 10*time.Second || p.RelayTimeout > 15*time.Minute {
+		errs = append(errs, fmt.Errorf("RelayTimeout must be between 10s and 15m, got %s", p.RelayTimeout))
+	}
+	if p.RelayStopBefore < 0 || (p.RelayStopBefore > 0 && p.RelayStopBefore >= p.RelayTimeout) {
+		errs = append(errs, fmt.Errorf("RelayStopBefore must be positive and shorter than RelayTimeout (%s), got %s", p.RelayTimeout, p.RelayStopBefore))
+	}
+	if need := minutesCeil(p.RelayTimeout); p.RelayReservedConcurrency < need {
+		errs = append(errs, fmt.Errorf("RelayReservedConcurrency %d is below the %d overlapping invocations a %s timeout with a 1-minute schedule needs; scheduled invocations would be throttled",
+			p.RelayReservedConcurrency, need, p.RelayTimeout))
+	}
+	if p.RelayMemoryMB < 128 {
+		errs = append(errs, fmt.Errorf("RelayMemoryMB must be at least 128, got %d", p.RelayMemoryMB))
+	}
+	if p.RelayBatchSize < 0 {
+		errs = append(errs, fmt.Errorf("RelayBatchSize must not be negative, got %d", p.RelayBatchSize))
+	}
+	seen := map[string]bool{}
+	for _, t := range p.LogicalTopics {
+		if t == "" {
+			errs = append(errs, errors.New("LogicalTopics must not contain an empty name"))
+		}
+		if seen[t] {
+			errs = append(errs, fmt.Errorf("LogicalTopics lists %q twice", t))
+		}
+		seen[t] = true
+	}
+	for name, t := range p.ExtraTopics {
+		if seen[name] {
+			errs = append(errs, fmt.Errorf("logical topic %q is both in LogicalTopics and ExtraTopics", name))
+		}
+		if t == nil || name == "" {
+			errs = append(errs, fmt.Errorf("ExtraTopics entry %q must have a name and a topic", name))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// NewOutbox creates the topic, the relay Lambda and its one-minute schedule. It panics on invalid
+// props, naming every problem.
+func NewOutbox(scope constructs.Construct, id string, props *OutboxProps) Outbox {
+	p := props.withDefaults()
+	invalid("Outbox", id, p.validate())
+
+	o := &outbox{fifo: p.Fifo}
+	constructs.NewConstruct_Override(o, scope, &id) // o itself is the jsii construct, so it can be passed to CDK APIs
+	this := o
+
+	o.key = p.TopicKey
+	if o.key == nil {
+		o.key = newKey(this, "TopicKey", "sluice outbox topic encryption")
+	}
+	topicProps := &awssns.TopicProps{
+		Fifo:       jsii.Bool(p.Fifo),
+		MasterKey:  o.key,
+		EnforceSSL: jsii.Bool(true),
+	}
+	if p.TopicName != "" {
+		name := p.TopicName
+		if p.Fifo && (len(name) < 5 || name[len(name)-5:] != ".fifo") {
+			name += ".fifo"
+		}
+		topicProps.TopicName = jsii.String(name)
+	}
+	o.topic = awssns.NewTopic(this, jsii.String("Topic"), topicProps)
+
+	topicMap := map[string]any{}
+	for _, t := range p.LogicalTopics {
+		topicMap[t] = o.topic.TopicArn()
+	}
+	extra := make([]string, 0, len(p.ExtraTopics))
+	for name := range p.ExtraTopics {
+		extra = append(extra, name)
+	}
+	sort.Strings(extra)
+	for _, name := range extra {
+		topicMap[name] = p.ExtraTopics[name].TopicArn()
+	}
+	env := map[string]*string{
+		lambdaenv.TopicARNs: awscdk.Stack_Of(this).ToJsonString(topicMap, nil),
+	}
+	if len(p.LogicalTopics) == 0 || p.DefaultToTopic {
+		env[lambdaenv.DefaultTopicARN] = o.topic.TopicArn()
+	}
+	if p.RelayStopBefore > 0 {
+		env[lambdaenv.RelayStopBefore] = jsii.String(p.RelayStopBefore.String())
+	}
+	if p.RelayBatchSize > 0 {
+		env[lambdaenv.RelayBatchSize] = jsii.String(fmt.Sprint(p.RelayBatchSize))
+	}
+
+	o.relay = newGoFunction(this, "Relay", goFunctionProps{
+		description:         "outbox relay",
+		codeDir:             p.RelayCodeDir,
+		timeout:             p.RelayTimeout,
+		memoryMB:            p.RelayMemoryMB,
+		reservedConcurrency: p.RelayReservedConcurrency,
+		network:             p.Network,
+		database:            p.Database,
+		environment:         env,
+		logRetention:        p.LogRetention,
+	})
+	// The schedule starts a fresh invocation every minute; retrying a failed one would only add
+	// a duplicate poller.
+	o.relay.ConfigureAsyncInvoke(&awslambda.EventInvokeConfigOptions{
+		RetryAttempts: jsii.Number(0),
+		MaxEventAge:   awscdk.Duration_Minutes(jsii.Number(1)),
+	})
+	o.topic.GrantPublish(o.relay)
+	for _, name := range extra {
+		p.ExtraTopics[name].GrantPublish(o.relay)
+	}
+
+	o.schedule = awsevents.NewRule(this, jsii.String("RelaySchedule"), &awsevents.RuleProps{
+		Description: jsii.String("Starts a sluice relay invocation every minute; invocations overlap."),
+		Schedule:    awsevents.Schedule_Rate(awscdk.Duration_Minutes(jsii.Number(RelaySchedule.Minutes()))),
+		Targets: &[]awsevents.IRuleTarget{awseventstargets.NewLambdaFunction(o.relay, &awseventstargets.LambdaFunctionProps{
+			RetryAttempts: jsii.Number(2),
+			MaxEventAge:   awscdk.Duration_Minutes(jsii.Number(1)),
+		})},
+	})
+	suppressLambdaFindings(o.relay)
+	suppress(o.relay, "AwsSolutions-IAM5",
+		"Publishing to a KMS-encrypted SNS topic needs kms:GenerateDataKey* (GenerateDataKey and its variants); "+
+			"the statement is limited to the topic keys' ARNs, as Topic.GrantPublish writes it.",
+		"Action::kms:GenerateDataKey*")
+	return o
+}
