@@ -79,7 +79,10 @@ func FormatDuration(d time.Duration) string {
 	case d < 24*time.Hour:
 		return fmt.Sprintf("%dh%dm", int(d.Hours()), int(d.Minutes())%60)
 	}
-	return fmt.Sprintf("%dd%dh", int(d.Hours())/24, int(d.Hours())%24)
+	if h := int(d.Hours()) % 24; h != 0 {
+		return fmt.Sprintf("%dd%dh", int(d.Hours())/24, h)
+	}
+	return fmt.Sprintf("%dd", int(d.Hours())/24)
 }
 
 // durationValue is a pflag.Value accepting ParseDuration's syntax.
