@@ -36,6 +36,14 @@ test: deps lint ## Run every test (real PostgreSQL and SNS/SQS endpoint, started
 fuzz: ## Fuzz the inbox message parser briefly (seed corpus in pkg/inbox/testdata).
 	$(GO) test -run='^$$' -fuzz=FuzzParse -fuzztime=15s ./pkg/inbox
 
+# The benchmark harness is its own Go module in bench/; it starts its own PostgreSQL unless
+# DATABASE_URL or TEST_DATABASE_URL is set. Not part of `make test`.
+BENCH_FLAGS ?= -out ../BENCHMARKS.md -chart ../docs/bench.png -chart-ref docs/bench.png
+
+.PHONY: bench
+bench: ## Benchmark sluice against its peers and the machine (about 15 min); writes BENCHMARKS.md and docs/bench.png.
+	cd bench && $(GO) run . $(BENCH_FLAGS) -command "go run . $(BENCH_FLAGS)"
+
 .PHONY: build
 build: ## Build the Lambda binaries into bin/<fn>/bootstrap (linux/arm64).
 	@for fn in relay consumer; do \

@@ -1,0 +1,188 @@
+// Command sluicebench measures sluice against its peers and against the machine's limit, and
+// writes BENCHMARKS.md and a chart of the results.
+//
+// It is its own Go module (github.com/sluicehq/sluice/bench) so that the peers it measures
+// (watermill-sql's forwarder) and the plotting library stay out of sluice's module graph.
+// Run it with `make bench` from the repository root, or directly:
+//
+//	cd bench && go run . -out ../BENCHMARKS.md -chart ../docs/bench.png
+//
+// It uses the PostgreSQL named by DATABASE_URL (or TEST_DATABASE_URL), in a database of its own
+// that it creates and drops; without either it starts a throwaway cluster from the machine's
+// PostgreSQL binaries. Every comparison is measured side by side in the same run and reported
+// as a ratio as well, because absolute numbers on a shared machine drift.
+//
+// The suites:
+//
+//  1. relay throughput: sluice's relay (1 and 4 instances), the textbook relay, watermill-sql's
+//     forwarder and the claim+mark ceiling, with a publisher stub of 0 ms and 10 ms per call;
+//  2. producer overhead: a business transaction with and without outbox.Write, and bulk writes;
+//  3. consumer throughput with 10% duplicates: inbox per-record vs batched commits;
+//  4. end-to-end commit-to-apply latency through the local AWS (reported as not measured while
+//     the Lambdas and their local runner are not in the repository);
+//  5. scale: claim latency with published rows retained, purge throughput, sizes after a purge.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	var (
+		out       = flag.String("out", "BENCHMARKS.md", "where to write the report")
+		chart     = flag.String("chart", "bench.png", "where to write the chart (PNG)")
+		chartRef  = flag.String("chart-ref", "", "how the report links the chart (defaults to -chart)")
+		quick     = flag.Bool("quick", false, "reduced sizes, for developing the harness (numbers are not the reported ones)")
+		only      = flag.String("only", "", "comma-separated suites to run (relay,producer,consumer,e2e,scale); default all")
+		command   = flag.String("command", "", "the command line to print in the report (defaults to this process's)")
+		verbosity = flag.Bool("v", false, "log progress of every run")
+	)
+	flag.Parse()
+
+	level := slog.LevelInfo
+	if *verbosity {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	// The libraries under test log through slog.Default: keep their chatter (e.g. relay warnings)
+	// out of the progress output unless something is wrong.
+	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	sizes := fullSizes()
+	if *quick {
+		sizes = quickSizes()
+	}
+	cmdline := *command
+	if cmdline == "" {
+		cmdline = strings.Join(os.Args, " ")
+	}
+	ref := *chartRef
+	if ref == "" {
+		ref = *chart
+	}
+	if err := run(ctx, log, runOptions{
+		Out: *out, Chart: *chart, ChartRef: ref, Sizes: sizes, Only: *only, Command: cmdline,
+	}); err != nil {
+		fmt.Fprintln(os.Stderr, "sluicebench:", err)
+		os.Exit(1)
+	}
+}
+
+type runOptions struct {
+	Out, Chart, ChartRef string
+	Sizes                Sizes
+	Only                 string
+	Command              string
+}
+
+// Sizes are the workload sizes of one run.
+type Sizes struct {
+	// Name is "full" or "quick".
+	Name string
+	// RelayRows and RelayKeys: the pending rows and partition keys of each relay run.
+	RelayRows, RelayKeys int
+	// PeerTimeBox bounds the runs of the peers (textbook relay, watermill) that cannot drain
+	// RelayRows in reasonable time: their throughput is measured over this window.
+	PeerTimeBox time.Duration
+	// RelayTimeout bounds any single relay run.
+	RelayTimeout time.Duration
+	// ProducerTx is the number of business transactions of each kind (with and without the outbox).
+	ProducerTx int
+	// BulkEvents per transaction and BulkRepeats transactions.
+	BulkEvents, BulkRepeats int
+	// ConsumerDeliveries per run (10% of them duplicates).
+	ConsumerDeliveries int
+	// ScaleRetained: the published rows retained for the claim-latency runs, ascending.
+	ScaleRetained []int
+	// ScalePending: the pending rows claimed at each scale.
+	ScalePending int
+}
+
+func fullSizes() Sizes {
+	return Sizes{
+		Name: "full", RelayRows: 100_000, RelayKeys: 1_000, PeerTimeBox: 15 * time.Second, RelayTimeout: 4 * time.Minute,
+		ProducerTx: 5_000, BulkEvents: 10_000, BulkRepeats: 10,
+		ConsumerDeliveries: 20_000,
+		ScaleRetained:      []int{0, 1_000_000, 5_000_000}, ScalePending: 20_000,
+	}
+}
+
+func quickSizes() Sizes {
+	return Sizes{
+		Name: "quick", RelayRows: 10_000, RelayKeys: 1_000, PeerTimeBox: 3 * time.Second, RelayTimeout: time.Minute,
+		ProducerTx: 300, BulkEvents: 10_000, BulkRepeats: 2,
+		ConsumerDeliveries: 2_000,
+		ScaleRetained:      []int{0, 100_000, 300_000}, ScalePending: 5_000,
+	}
+}
+
+func run(ctx context.Context, log *slog.Logger, o runOptions) error {
+	started := time.Now()
+	env, err := openEnv(ctx, log)
+	if err != nil {
+		return err
+	}
+	defer env.Close()
+
+	rep := &Report{Sizes: o.Sizes, Command: o.Command, Started: started, ChartRef: o.ChartRef}
+	rep.Machine = describeMachine(ctx, env)
+	want := func(name string) bool {
+		if o.Only == "" {
+			return true
+		}
+		for _, s := range strings.Split(o.Only, ",") {
+			if strings.TrimSpace(s) == name {
+				return true
+			}
+		}
+		return false
+	}
+	suites := []struct {
+		name string
+		fn   func(context.Context, *slog.Logger, *Env, Sizes, *Report) error
+	}{
+		{"relay", runRelaySuite},
+		{"producer", runProducerSuite},
+		{"consumer", runConsumerSuite},
+		{"e2e", runE2ESuite},
+		{"scale", runScaleSuite},
+	}
+	for _, s := range suites {
+		if !want(s.name) {
+			continue
+		}
+		t0 := time.Now()
+		log.Info("suite start", "suite", s.name)
+		if err := s.fn(ctx, log, env, o.Sizes, rep); err != nil {
+			return fmt.Errorf("suite %s: %w", s.name, err)
+		}
+		log.Info("suite done", "suite", s.name, "took", time.Since(t0).Round(time.Millisecond))
+		rep.SuiteTimes = append(rep.SuiteTimes, suiteTime{s.name, time.Since(t0)})
+	}
+	rep.Finished = time.Now()
+	rep.LoadEnd = loadAverage()
+	if err := writeChart(o.Chart, rep); err != nil {
+		return fmt.Errorf("write chart: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(o.Out), 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(o.Out, []byte(rep.Markdown()), 0o644); err != nil {
+		return fmt.Errorf("write report: %w", err)
+	}
+	log.Info("report written", "out", o.Out, "chart", o.Chart, "took", time.Since(started).Round(time.Second))
+	return nil
+}

@@ -1,0 +1,157 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sluicehq/sluice/pkg/outbox"
+)
+
+// ProducerResult is the producer-side suite's outcome.
+type ProducerResult struct {
+	// Plain and WithOutbox are the latencies of the business transaction without and with
+	// the outbox write, measured alternately (one of each per iteration) on one connection.
+	Plain, WithOutbox Latencies
+	// NoNotify is WithOutbox with the outbox's NOTIFY trigger disabled: a diagnostic.
+	NoNotify Latencies
+	// Bulk holds the events/s of each bulk transaction (BulkEvents events via outbox.Write).
+	Bulk       []float64
+	BulkEvents int
+}
+
+// Latencies summarises a sample of durations.
+type Latencies struct {
+	N                        int
+	Mean, P50, P95, P99, Max time.Duration
+}
+
+func summarize(d []time.Duration) Latencies {
+	if len(d) == 0 {
+		return Latencies{}
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	var sum time.Duration
+	for _, v := range s {
+		sum += v
+	}
+	q := func(p float64) time.Duration { return s[min(len(s)-1, int(p*float64(len(s))))] }
+	return Latencies{N: len(s), Mean: sum / time.Duration(len(s)), P50: q(0.50), P95: q(0.95), P99: q(0.99), Max: s[len(s)-1]}
+}
+
+const createOrders = `CREATE TABLE IF NOT EXISTS bench_order (
+	id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	customer_id text        NOT NULL,
+	total_cents bigint      NOT NULL,
+	currency    text        NOT NULL,
+	created_at  timestamptz NOT NULL DEFAULT now()
+)`
+
+// runProducerSuite measures what the outbox adds to a producer: the business transaction
+// "insert an order" (BEGIN; INSERT ... RETURNING id; COMMIT) with and without outbox.Write of
+// one OrderCreated event, and bulk writes of BulkEvents events in one transaction.
+func runProducerSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, rep *Report) error {
+	pool, _, err := env.NewDatabase(ctx, "producer", 4, nil)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, createOrders); err != nil {
+		return err
+	}
+	res := &ProducerResult{BulkEvents: sz.BulkEvents}
+
+	// Warm up both paths (connections, prepared statements, caches).
+	for i := range 200 {
+		if _, err := orderTx(ctx, pool, i%2 == 0, i); err != nil {
+			return err
+		}
+	}
+	// Three variants, rotated so that none benefits systematically from its position:
+	// 0 = order only, 1 = order + outbox.Write, 2 = the same with the NOTIFY trigger disabled.
+	samples := make([][]time.Duration, 3)
+	for i := range sz.ProducerTx {
+		for k := range 3 {
+			variant := (i + k) % 3
+			if variant == 2 {
+				if _, err := pool.Exec(ctx, "ALTER TABLE outbox_event DISABLE TRIGGER outbox_event_notify"); err != nil {
+					return err
+				}
+			}
+			d, err := orderTx(ctx, pool, variant > 0, i)
+			if err != nil {
+				return err
+			}
+			if variant == 2 {
+				if _, err := pool.Exec(ctx, "ALTER TABLE outbox_event ENABLE TRIGGER outbox_event_notify"); err != nil {
+					return err
+				}
+			}
+			samples[variant] = append(samples[variant], d)
+		}
+	}
+	plain, with := samples[0], samples[1]
+	res.NoNotify = summarize(samples[2])
+	res.Plain, res.WithOutbox = summarize(plain), summarize(with)
+	log.Info("producer", "plain_p50", res.Plain.P50, "outbox_p50", res.WithOutbox.P50, "plain_mean", res.Plain.Mean, "outbox_mean", res.WithOutbox.Mean)
+
+	for r := range sz.BulkRepeats {
+		msgs := make([]outbox.Message, sz.BulkEvents)
+		for i := range msgs {
+			id := strconv.Itoa(r*sz.BulkEvents + i)
+			msgs[i] = outbox.Message{Topic: "orders", AggregateType: "order", AggregateID: "o-" + id, EventType: "OrderCreated",
+				Payload: json.RawMessage(`{"orderId":"o-` + id + `","customerId":"c-42","totalCents":1299,"currency":"EUR","schemaVersion":1}`)}
+		}
+		start := time.Now()
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		if _, err := outbox.Write(ctx, tx, msgs...); err != nil {
+			_ = tx.Rollback(ctx)
+			return fmt.Errorf("bulk write: %w", err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return err
+		}
+		res.Bulk = append(res.Bulk, float64(sz.BulkEvents)/time.Since(start).Seconds())
+	}
+	log.Info("producer bulk", "events/s", res.Bulk)
+	rep.Producer = res
+	return nil
+}
+
+// orderTx runs one business transaction and returns its duration.
+func orderTx(ctx context.Context, pool *pgxpool.Pool, withOutbox bool, i int) (time.Duration, error) {
+	start := time.Now()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	var id int64
+	cust := "c-" + strconv.Itoa(i%977)
+	if err := tx.QueryRow(ctx, "INSERT INTO bench_order (customer_id, total_cents, currency) VALUES ($1, $2, 'EUR') RETURNING id",
+		cust, 1299+i%100).Scan(&id); err != nil {
+		return 0, err
+	}
+	if withOutbox {
+		oid := "o-" + strconv.FormatInt(id, 10)
+		_, err := outbox.Write(ctx, tx, outbox.Message{Topic: "orders", AggregateType: "order", AggregateID: oid, EventType: "OrderCreated",
+			Payload: json.RawMessage(`{"orderId":"` + oid + `","customerId":"` + cust + `","totalCents":1299,"currency":"EUR","schemaVersion":1}`)})
+		if err != nil {
+			return 0, err
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, err
+	}
+	return time.Since(start), nil
+}

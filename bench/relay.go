@@ -1,0 +1,473 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/components/forwarder"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sluicehq/sluice/pkg/outbox"
+)
+
+// RelayResult is one relay run: Events published in Elapsed.
+type RelayResult struct {
+	// Name of the contender, e.g. "sluice (1 relay)".
+	Name string
+	// Delay is the publisher stub's delay per call.
+	Delay time.Duration
+	// Events the broker stub acknowledged (and, for drains, the database marked published).
+	Events  int
+	Elapsed time.Duration
+	// TimeBoxed: the run was stopped after the time box, not drained.
+	TimeBoxed bool
+	// Note carries what the reader needs to interpret the row.
+	Note string
+}
+
+// Rate is the throughput in events per second.
+func (r RelayResult) Rate() float64 {
+	if r.Elapsed <= 0 {
+		return 0
+	}
+	return float64(r.Events) / r.Elapsed.Seconds()
+}
+
+// The contenders' names, used by the report and the chart.
+const (
+	nameSluice1   = "sluice relay, defaults, 1 instance"
+	nameSluice4   = "sluice relay, defaults, 4 instances"
+	nameTextbook  = "textbook relay"
+	nameWatermill = "watermill-sql v4 forwarder"
+	nameCeiling1  = "ceiling: claim+mark only, 1 worker"
+	nameCeiling4  = "ceiling: claim+mark only, 4 workers"
+)
+
+// textbookBatch is the textbook relay's SELECT ... FOR UPDATE LIMIT.
+const textbookBatch = 100
+
+// ceilingBatch is the ceiling loop's claim size: sluice's default BatchSize.
+const ceilingBatch = 1000
+
+func runRelaySuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, rep *Report) error {
+	pool, _, err := env.NewDatabase(ctx, "relay", 16, nil)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	n, keys := sz.RelayRows, sz.RelayKeys
+	for _, delay := range []time.Duration{0, 10 * time.Millisecond} {
+		runs := []struct {
+			name string
+			fn   func() (RelayResult, error)
+		}{
+			{nameCeiling1, func() (RelayResult, error) { return runCeiling(ctx, pool, n, 1, sz.RelayTimeout) }},
+			{nameCeiling4, func() (RelayResult, error) { return runCeiling(ctx, pool, n, 4, sz.RelayTimeout) }},
+			{nameSluice1, func() (RelayResult, error) { return runSluice(ctx, pool, n, 1, delay, sz.RelayTimeout) }},
+			{nameSluice4, func() (RelayResult, error) { return runSluice(ctx, pool, n, 4, delay, sz.RelayTimeout) }},
+			{nameTextbook, func() (RelayResult, error) { return runTextbook(ctx, pool, n, delay, sz.PeerTimeBox) }},
+			{nameWatermill, func() (RelayResult, error) { return runWatermill(ctx, pool, n, keys, delay, sz.PeerTimeBox) }},
+		}
+		for _, r := range runs {
+			if delay > 0 && (r.name == nameCeiling1 || r.name == nameCeiling4) {
+				continue // the ceiling publishes nothing: the delay does not apply
+			}
+			if r.name != nameWatermill {
+				if err := seedOutbox(ctx, pool, n, keys, 0); err != nil {
+					return err
+				}
+			}
+			res, err := r.fn()
+			if err != nil {
+				return fmt.Errorf("%s, %s delay: %w", r.name, delay, err)
+			}
+			res.Name, res.Delay = r.name, delay
+			log.Info("relay run", "name", res.Name, "delay", delay, "events", res.Events,
+				"elapsed", res.Elapsed.Round(time.Millisecond), "events/s", int(res.Rate()), "timeboxed", res.TimeBoxed)
+			rep.Relay = append(rep.Relay, res)
+		}
+	}
+	return nil
+}
+
+// seedOutbox empties outbox_event and inserts n pending rows spread round-robin over keys
+// partition keys (row i belongs to key i mod keys, as interleaved producers would write them),
+// with a small JSON payload. Event ids are time-ordered like the writer's UUIDv7. It ends with
+// VACUUM ANALYZE so every run starts from the same physical state.
+func seedOutbox(ctx context.Context, pool *pgxpool.Pool, n, keys int, idBase int64) error {
+	if _, err := pool.Exec(ctx, "TRUNCATE outbox_event RESTART IDENTITY"); err != nil {
+		return fmt.Errorf("truncate outbox: %w", err)
+	}
+	if err := insertOutboxRows(ctx, pool, idBase, n, keys, false); err != nil {
+		return err
+	}
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_event"); err != nil {
+		return fmt.Errorf("vacuum outbox: %w", err)
+	}
+	return nil
+}
+
+// insertOutboxRows inserts n rows numbered from idBase+1 (the number makes the event id and
+// the key). published rows are inserted as published 30 days ago, as retained history.
+func insertOutboxRows(ctx context.Context, pool *pgxpool.Pool, idBase int64, n, keys int, published bool) error {
+	stamp := "NULL::timestamptz"
+	created := "now()"
+	if published {
+		stamp = "now() - interval '30 days'"
+		created = "now() - interval '30 days'"
+	}
+	_, err := pool.Exec(ctx, `
+		INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload, created_at, published_at)
+		SELECT (lpad(to_hex(i), 12, '0') || '7000' || '8' || substr(md5(i::text), 1, 15))::uuid,
+		       'orders', 'order', 'o-' || (i % $3), 'OrderCreated', 'k-' || (i % $3),
+		       jsonb_build_object('orderId', i, 'customerId', 'c-' || (i % 977), 'totalCents', 1299, 'currency', 'EUR', 'schemaVersion', 1),
+		       `+created+`, `+stamp+`
+		FROM generate_series($1::bigint + 1, $1::bigint + $2) AS i`, idBase, n, keys)
+	if err != nil {
+		return fmt.Errorf("insert %d outbox rows: %w", n, err)
+	}
+	return nil
+}
+
+func pendingCount(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
+	var n int64
+	err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox_event WHERE published_at IS NULL").Scan(&n)
+	return n, err
+}
+
+// sleepCtx waits d, or less when ctx ends. A zero d returns at once.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// stubPublisher is an in-process broker for sluice's relay: every PublishBatch call waits Delay
+// (one request's latency, whatever the number of entries) and acknowledges every event.
+type stubPublisher struct {
+	Delay  time.Duration
+	events atomic.Int64
+	calls  atomic.Int64
+}
+
+var _ outbox.Publisher = (*stubPublisher)(nil)
+
+// PublishBatch implements outbox.Publisher.
+func (p *stubPublisher) PublishBatch(ctx context.Context, _ string, events []*outbox.Event) []error {
+	errs := make([]error, len(events))
+	p.calls.Add(1)
+	if err := sleepCtx(ctx, p.Delay); err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
+	p.events.Add(int64(len(events)))
+	return errs
+}
+
+// runSluice runs `instances` relays (outbox.Relay.Run, defaults except for the stub publisher)
+// on the seeded outbox and measures the time until every row is marked published in the database.
+func runSluice(ctx context.Context, pool *pgxpool.Pool, n, instances int, delay, timeout time.Duration) (RelayResult, error) {
+	pub := &stubPublisher{Delay: delay}
+	runCtx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	relays := make([]*outbox.Relay, instances)
+	for i := range relays {
+		r, err := outbox.NewRelay(pool, outbox.RelayConfig{Publisher: pub, Topics: map[string]string{"orders": "arn:aws:sns:us-east-1:000000000000:orders"}})
+		if err != nil {
+			return RelayResult{}, err
+		}
+		relays[i] = r
+	}
+	var wg sync.WaitGroup
+	start := time.Now()
+	for _, r := range relays {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = r.Run(runCtx) }()
+	}
+	// Wait until the stub has acknowledged n events, then until the database agrees.
+	var elapsed time.Duration
+	err := func() error {
+		for pub.events.Load() < int64(n) {
+			if err := sleepCtx(runCtx, 2*time.Millisecond); err != nil {
+				return fmt.Errorf("sluice relay acknowledged %d of %d events before the timeout: %w", pub.events.Load(), n, err)
+			}
+		}
+		for {
+			left, err := pendingCount(runCtx, pool)
+			if err != nil {
+				return err
+			}
+			if left == 0 {
+				elapsed = time.Since(start)
+				return nil
+			}
+			if err := sleepCtx(runCtx, 5*time.Millisecond); err != nil {
+				return fmt.Errorf("%d rows still pending at the timeout: %w", left, err)
+			}
+		}
+	}()
+	cancel()
+	wg.Wait()
+	if err != nil {
+		return RelayResult{}, err
+	}
+	res := RelayResult{Events: n, Elapsed: elapsed}
+	if dup := pub.events.Load() - int64(n); dup > 0 {
+		res.Note = fmt.Sprintf("%d duplicate publishes", dup)
+	}
+	return res, nil
+}
+
+// runTextbook is the relay most outbox articles show: one transaction selects a batch with
+// FOR UPDATE (holding the rows' locks while it publishes), publishes each row with one Publish
+// call, updates each row one by one, and commits. It runs until the outbox is drained or the
+// time box ends (after the batch in progress commits).
+func runTextbook(ctx context.Context, pool *pgxpool.Pool, n int, delay, box time.Duration) (RelayResult, error) {
+	start := time.Now()
+	done := 0
+	for done < n && time.Since(start) < box {
+		k, err := textbookBatchOnce(ctx, pool, delay)
+		if err != nil {
+			return RelayResult{}, err
+		}
+		if k == 0 {
+			break
+		}
+		done += k
+	}
+	res := RelayResult{Events: done, Elapsed: time.Since(start), TimeBoxed: done < n}
+	if res.TimeBoxed {
+		res.Note = fmt.Sprintf("time-boxed: %d of %d rows in %s", done, n, res.Elapsed.Round(time.Millisecond))
+	}
+	return res, nil
+}
+
+func textbookBatchOnce(ctx context.Context, pool *pgxpool.Pool, delay time.Duration) (int, error) {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	rows, err := tx.Query(ctx, `SELECT id, event_id, topic, event_type, payload::text FROM outbox_event
+		WHERE published_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE`, textbookBatch)
+	if err != nil {
+		return 0, err
+	}
+	type row struct {
+		id                         int64
+		eventID, topic, evType, pl string
+	}
+	var batch []row
+	for rows.Next() {
+		var r row
+		if err := rows.Scan(&r.id, &r.eventID, &r.topic, &r.evType, &r.pl); err != nil {
+			return 0, err
+		}
+		batch = append(batch, r)
+	}
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	for _, r := range batch {
+		if err := sleepCtx(ctx, delay); err != nil { // one Publish call per row
+			return 0, err
+		}
+		if _, err := tx.Exec(ctx, "UPDATE outbox_event SET published_at = now() WHERE id = $1", r.id); err != nil {
+			return 0, err
+		}
+	}
+	return len(batch), tx.Commit(ctx)
+}
+
+// runCeiling is the most this PostgreSQL can do for a relay without publishing anything: each
+// of `workers` loops claims the next ceilingBatch unpublished rows with FOR UPDATE SKIP LOCKED
+// (reading the columns a relay publishes), marks them published with one UPDATE ... = ANY,
+// and commits, until the outbox is empty.
+func runCeiling(ctx context.Context, pool *pgxpool.Pool, n, workers int, timeout time.Duration) (RelayResult, error) {
+	runCtx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var (
+		total atomic.Int64
+		wg    sync.WaitGroup
+		errMu sync.Mutex
+		first error
+	)
+	start := time.Now()
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for runCtx.Err() == nil {
+				k, err := ceilingOnce(runCtx, pool)
+				if err != nil {
+					errMu.Lock()
+					first = errors.Join(first, err)
+					errMu.Unlock()
+					return
+				}
+				if k == 0 {
+					return
+				}
+				total.Add(int64(k))
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if first != nil {
+		return RelayResult{}, first
+	}
+	if int(total.Load()) != n {
+		return RelayResult{}, fmt.Errorf("ceiling marked %d rows, want %d", total.Load(), n)
+	}
+	return RelayResult{Events: n, Elapsed: elapsed}, nil
+}
+
+func ceilingOnce(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	rows, err := tx.Query(ctx, `SELECT id, event_id, topic, aggregate_type, aggregate_id, event_type, partition_key,
+		       payload::text, headers, created_at, attempts
+		FROM outbox_event WHERE published_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, ceilingBatch)
+	if err != nil {
+		return 0, err
+	}
+	var ids []int64
+	for rows.Next() {
+		var (
+			id                                   int64
+			eventID                              [16]byte
+			topic, aggT, aggID, evType, key, pay string
+			headers                              []byte
+			created                              time.Time
+			attempts                             int
+		)
+		if err := rows.Scan(&id, &eventID, &topic, &aggT, &aggID, &evType, &key, &pay, &headers, &created, &attempts); err != nil {
+			return 0, err
+		}
+		ids = append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	if _, err := tx.Exec(ctx, "UPDATE outbox_event SET published_at = now() WHERE id = ANY($1)", ids); err != nil {
+		return 0, err
+	}
+	return len(ids), tx.Commit(ctx)
+}
+
+// watermillTopic is the forwarder's topic (its messages table is watermill_<topic>).
+const watermillTopic = "sluice_bench_forwarder"
+
+// stubWatermillPublisher is the forwarder's output: every Publish call waits Delay and counts
+// its messages.
+type stubWatermillPublisher struct {
+	Delay  time.Duration
+	events atomic.Int64
+}
+
+func (p *stubWatermillPublisher) Publish(_ string, msgs ...*message.Message) error {
+	time.Sleep(p.Delay)
+	p.events.Add(int64(len(msgs)))
+	return nil
+}
+
+func (p *stubWatermillPublisher) Close() error { return nil }
+
+// runWatermill seeds n events through watermill's forwarder publisher (the outbox side: SQL
+// publisher, PostgreSQL default schema) and runs watermill's forwarder (SQL subscriber with the
+// default schema and offsets adapters, all defaults) into a stub publisher with the delay, until
+// every event is forwarded or the time box ends.
+func runWatermill(ctx context.Context, pool *pgxpool.Pool, n, keys int, delay, box time.Duration) (RelayResult, error) {
+	schema := wsql.DefaultPostgreSQLSchema{}
+	offsets := wsql.DefaultPostgreSQLOffsetsAdapter{}
+	for _, t := range []string{schema.MessagesTable(watermillTopic), offsets.MessagesOffsetsTable(watermillTopic)} {
+		if _, err := pool.Exec(ctx, "DROP TABLE IF EXISTS "+t); err != nil {
+			return RelayResult{}, err
+		}
+	}
+	db := wsql.BeginnerFromPgx(pool)
+	logger := watermill.NopLogger{}
+	sub, err := wsql.NewSubscriber(db, wsql.SubscriberConfig{SchemaAdapter: schema, OffsetsAdapter: offsets, InitializeSchema: true}, logger)
+	if err != nil {
+		return RelayResult{}, err
+	}
+	defer sub.Close()
+	if err := sub.SubscribeInitialize(watermillTopic); err != nil {
+		return RelayResult{}, fmt.Errorf("initialise watermill schema: %w", err)
+	}
+	sqlPub, err := wsql.NewPublisher(db, wsql.PublisherConfig{SchemaAdapter: schema}, logger)
+	if err != nil {
+		return RelayResult{}, err
+	}
+	fwdPub := forwarder.NewPublisher(sqlPub, forwarder.PublisherConfig{ForwarderTopic: watermillTopic})
+	const chunk = 1000
+	for i := 0; i < n; i += chunk {
+		msgs := make([]*message.Message, 0, chunk)
+		for j := i; j < min(n, i+chunk); j++ {
+			m := message.NewMessage(watermill.NewUUID(),
+				[]byte(fmt.Sprintf(`{"orderId": %d, "customerId": "c-%d", "totalCents": 1299, "currency": "EUR", "schemaVersion": 1}`, j+1, (j+1)%977)))
+			m.Metadata.Set("partition_key", fmt.Sprintf("k-%d", (j+1)%keys))
+			msgs = append(msgs, m)
+		}
+		if err := fwdPub.Publish("orders", msgs...); err != nil {
+			return RelayResult{}, fmt.Errorf("seed watermill outbox: %w", err)
+		}
+	}
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+schema.MessagesTable(watermillTopic)); err != nil {
+		return RelayResult{}, err
+	}
+
+	out := &stubWatermillPublisher{Delay: delay}
+	fwd, err := forwarder.NewForwarder(sub, out, logger, forwarder.Config{ForwarderTopic: watermillTopic, CloseTimeout: 5 * time.Second})
+	if err != nil {
+		return RelayResult{}, err
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 1)
+	start := time.Now()
+	go func() { errc <- fwd.Run(runCtx) }()
+	for out.events.Load() < int64(n) && time.Since(start) < box {
+		if err := sleepCtx(ctx, 2*time.Millisecond); err != nil {
+			return RelayResult{}, err
+		}
+	}
+	got, elapsed := out.events.Load(), time.Since(start)
+	cancel()
+	_ = fwd.Close()
+	<-errc
+	res := RelayResult{Events: int(min(got, int64(n))), Elapsed: elapsed, TimeBoxed: got < int64(n)}
+	if res.TimeBoxed {
+		res.Note = fmt.Sprintf("time-boxed: %d of %d events in %s", got, n, elapsed.Round(time.Millisecond))
+	}
+	return res, nil
+}
+
+// Compile-time check that the pool fits watermill's pgx adapter.
+var _ wsql.Conn = (*pgxpool.Pool)(nil)

@@ -1,0 +1,241 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sluicehq/sluice/pkg/outbox"
+)
+
+// ScaleResult is the scale suite's outcome.
+type ScaleResult struct {
+	Claims []ClaimResult
+	Purge  PurgeResult
+}
+
+// ClaimResult is the claim latency with Retained published rows in the table.
+type ClaimResult struct {
+	Label    string
+	Retained int
+	// Latency of the relay's claim statements that returned rows, timed at the client.
+	Latency Latencies
+	// Explain is EXPLAIN (ANALYZE, BUFFERS) of one claim of ScalePending rows, and ExplainTime
+	// its reported execution time.
+	Explain     string
+	ExplainTime string
+}
+
+// PurgeResult is one retention purge of the retained rows.
+type PurgeResult struct {
+	Deleted int64
+	Elapsed time.Duration
+	// Sizes before the purge, right after it, and after a plain VACUUM.
+	Before, After, AfterVacuum RelSize
+}
+
+// Rate is rows deleted per second.
+func (p PurgeResult) Rate() float64 { return float64(p.Deleted) / p.Elapsed.Seconds() }
+
+// RelSize is outbox_event's size.
+type RelSize struct {
+	Rows         int64
+	Table, Index int64 // bytes: heap (with TOAST and maps) and all indexes
+}
+
+// claimTracer times the relay's claim statement (recognised by its text) on every connection
+// of the pool, and keeps its SQL and arguments for EXPLAIN.
+type claimTracer struct {
+	mu   sync.Mutex
+	durs []time.Duration
+	sql  string
+	args []any
+}
+
+type traceKey struct{}
+
+func isClaim(sql string) bool {
+	return strings.Contains(sql, "WITH cand AS") && strings.Contains(sql, "SKIP LOCKED")
+}
+
+func (t *claimTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if !isClaim(data.SQL) {
+		return ctx
+	}
+	t.mu.Lock()
+	t.sql, t.args = data.SQL, data.Args
+	t.mu.Unlock()
+	return context.WithValue(ctx, traceKey{}, time.Now())
+}
+
+func (t *claimTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryEndData) {
+	start, ok := ctx.Value(traceKey{}).(time.Time)
+	if !ok || data.Err != nil || data.CommandTag.RowsAffected() == 0 {
+		return
+	}
+	t.mu.Lock()
+	t.durs = append(t.durs, time.Since(start))
+	t.mu.Unlock()
+}
+
+func (t *claimTracer) take() []time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	d := t.durs
+	t.durs = nil
+	return d
+}
+
+// runScaleSuite measures the relay's claim latency with 0 and millions of published rows
+// retained, then purges the retained rows with outbox.Purge and records the table's size.
+func runScaleSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, rep *Report) error {
+	tracer := &claimTracer{}
+	pool, _, err := env.NewDatabase(ctx, "scale", 8, tracer)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	res := &ScaleResult{}
+	// Relay rows use ids far above the retained history's.
+	const pendingBase = int64(1) << 40
+
+	// One tiny drain to capture the claim statement for EXPLAIN.
+	if err := insertOutboxRows(ctx, pool, pendingBase, 10, 10, false); err != nil {
+		return err
+	}
+	if _, err := drain(ctx, pool); err != nil {
+		return err
+	}
+	_ = tracer.take()
+
+	retained := 0
+	measure := func(label string) error {
+		if _, err := pool.Exec(ctx, "DELETE FROM outbox_event WHERE created_at > now() - interval '1 day'"); err != nil {
+			return err
+		}
+		if _, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_event"); err != nil {
+			return err
+		}
+		if err := insertOutboxRows(ctx, pool, pendingBase, sz.ScalePending, 1000, false); err != nil {
+			return err
+		}
+		if _, err := pool.Exec(ctx, "ANALYZE outbox_event"); err != nil {
+			return err
+		}
+		cr := ClaimResult{Label: label, Retained: retained}
+		plan, execTime, err := explainClaim(ctx, pool, tracer)
+		if err != nil {
+			return err
+		}
+		cr.Explain, cr.ExplainTime = plan, execTime
+		st, err := drain(ctx, pool)
+		if err != nil {
+			return err
+		}
+		if st.Published != sz.ScalePending {
+			return fmt.Errorf("scale %s: relay published %d of %d", label, st.Published, sz.ScalePending)
+		}
+		cr.Latency = summarize(tracer.take())
+		log.Info("claim latency", "label", label, "retained", retained, "claims", cr.Latency.N, "p50", cr.Latency.P50, "mean", cr.Latency.Mean, "explain", execTime)
+		res.Claims = append(res.Claims, cr)
+		return nil
+	}
+	for _, target := range sz.ScaleRetained {
+		if target > retained {
+			t0 := time.Now()
+			if err := insertOutboxRows(ctx, pool, int64(retained), target-retained, 1000, true); err != nil {
+				return err
+			}
+			log.Info("retained rows inserted", "rows", target-retained, "took", time.Since(t0).Round(time.Millisecond))
+			retained = target
+		}
+		if err := measure(fmt.Sprintf("%d retained", retained)); err != nil {
+			return err
+		}
+	}
+
+	// Purge cycle: every retained row is 30 days old; a 7-day retention deletes them all.
+	if _, err := pool.Exec(ctx, "DELETE FROM outbox_event WHERE created_at > now() - interval '1 day'"); err != nil {
+		return err
+	}
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_event"); err != nil {
+		return err
+	}
+	if res.Purge.Before, err = relSize(ctx, pool); err != nil {
+		return err
+	}
+	t0 := time.Now()
+	deleted, err := outbox.Purge(ctx, pool, 7*24*time.Hour, nil)
+	if err != nil {
+		return err
+	}
+	res.Purge.Deleted, res.Purge.Elapsed = deleted, time.Since(t0)
+	if res.Purge.After, err = relSize(ctx, pool); err != nil {
+		return err
+	}
+	if _, err := pool.Exec(ctx, "VACUUM outbox_event"); err != nil {
+		return err
+	}
+	if res.Purge.AfterVacuum, err = relSize(ctx, pool); err != nil {
+		return err
+	}
+	log.Info("purge", "deleted", deleted, "took", res.Purge.Elapsed.Round(time.Millisecond), "rows/s", int(res.Purge.Rate()))
+	retained = 0
+	if err := measure("after the purge and VACUUM"); err != nil {
+		return err
+	}
+	rep.Scale = res
+	return nil
+}
+
+// drain publishes every pending row with sluice's relay (defaults, 0 ms stub publisher).
+func drain(ctx context.Context, pool *pgxpool.Pool) (outbox.Stats, error) {
+	r, err := outbox.NewRelay(pool, outbox.RelayConfig{Publisher: &stubPublisher{}, Topics: map[string]string{"orders": "arn:aws:sns:us-east-1:000000000000:orders"}})
+	if err != nil {
+		return outbox.Stats{}, err
+	}
+	return r.RunOnce(ctx)
+}
+
+// explainClaim runs EXPLAIN (ANALYZE, BUFFERS) of the relay's claim statement, as the relay
+// last sent it, in a transaction it rolls back (the claim is an UPDATE).
+func explainClaim(ctx context.Context, pool *pgxpool.Pool, t *claimTracer) (plan, execTime string, err error) {
+	t.mu.Lock()
+	sql, args := t.sql, t.args
+	t.mu.Unlock()
+	if sql == "" {
+		return "", "", fmt.Errorf("no claim statement captured")
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return "", "", err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+sql, args...)
+	if err != nil {
+		return "", "", fmt.Errorf("explain claim: %w", err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return "", "", fmt.Errorf("explain claim: %w", err)
+	}
+	for _, l := range lines {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "Execution Time: "); ok {
+			execTime = v
+		}
+	}
+	return strings.Join(lines, "\n"), execTime, nil
+}
+
+func relSize(ctx context.Context, pool *pgxpool.Pool) (RelSize, error) {
+	var s RelSize
+	err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM outbox_event), pg_table_size('outbox_event'), pg_indexes_size('outbox_event')`).
+		Scan(&s.Rows, &s.Table, &s.Index)
+	return s, err
+}
