@@ -44,6 +44,10 @@ BENCH_FLAGS ?= -out ../BENCHMARKS.md -chart ../docs/bench.png -chart-ref docs/be
 bench: ## Benchmark sluice against its peers and the machine (about 15 min); writes BENCHMARKS.md and docs/bench.png.
 	cd bench && $(GO) run . $(BENCH_FLAGS) -command "go run . $(BENCH_FLAGS)"
 
+.PHONY: cli
+cli: ## Build the sluice operator CLI into bin/sluice (this machine's OS and architecture).
+	CGO_ENABLED=0 $(GO) build -trimpath -o bin/sluice ./cmd/sluice
+
 .PHONY: build
 build: ## Build the Lambda binaries into bin/<fn>/bootstrap (linux/arm64).
 	@for fn in relay consumer; do \
