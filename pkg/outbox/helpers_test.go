@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -132,7 +133,7 @@ func (b *bundle) relay(t *testing.T, mutate ...func(*outbox.RelayConfig)) *outbo
 		PollInterval:   50 * time.Millisecond,
 		Lease:          5 * time.Second,
 		PublishTimeout: 2 * time.Second,
-		Logger:         slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Logger:         testLogger(),
 	}
 	for _, m := range mutate {
 		m(&cfg)
@@ -178,4 +179,12 @@ func drainUntil(t *testing.T, r *outbox.Relay, cond func() bool) {
 		require.NoError(t, err)
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// testLogger discards relay logs unless RELAY_DEBUG is set.
+func testLogger() *slog.Logger {
+	if os.Getenv("RELAY_DEBUG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }

@@ -31,14 +31,18 @@ type RelayConfig struct {
 	// DefaultTopic receives rows whose topic is not in Topics. Defaults to none: such rows are
 	// quarantined with an "unknown topic" error.
 	DefaultTopic string
-	// BatchSize is the most rows one claim takes. Defaults to 1000.
+	// BatchSize is the most rows one claim takes. Defaults to 500.
 	BatchSize int
 	// MaxPerKey is the most rows of one partition key one claim takes; a key's rows are
 	// published one after another, so a smaller value spreads a claim over more keys.
 	// Defaults to 10.
 	MaxPerKey int
-	// PublishConcurrency is the number of PublishBatch calls in flight. Defaults to 32.
+	// PublishConcurrency is the number of PublishBatch calls in flight. Defaults to 64.
 	PublishConcurrency int
+	// Pipelines is the number of claim-publish-record rounds this relay runs at once, so that
+	// claiming overlaps publishing. Each round takes keys the others do not hold.
+	// Defaults to 2.
+	Pipelines int
 	// PublishTimeout bounds one PublishBatch call. Defaults to 10 seconds.
 	PublishTimeout time.Duration
 	// Lease is how long claimed rows (and so their partition keys) belong to this relay before
@@ -73,9 +77,10 @@ func (c RelayConfig) WithDefaults() RelayConfig {
 			*i = v
 		}
 	}
-	defInt(&c.BatchSize, 1000)
+	defInt(&c.BatchSize, 500)
 	defInt(&c.MaxPerKey, 10)
-	defInt(&c.PublishConcurrency, 32)
+	defInt(&c.PublishConcurrency, 64)
+	defInt(&c.Pipelines, 2)
 	defInt(&c.MaxAttempts, 10)
 	def(&c.PublishTimeout, 10*time.Second)
 	def(&c.Lease, 30*time.Second)
@@ -102,7 +107,7 @@ func (c RelayConfig) validate() error {
 			errs = append(errs, fmt.Errorf("Topics has an empty name or destination (%q: %q)", k, v))
 		}
 	}
-	positive := map[string]int{"BatchSize": c.BatchSize, "MaxPerKey": c.MaxPerKey, "PublishConcurrency": c.PublishConcurrency, "MaxAttempts": c.MaxAttempts}
+	positive := map[string]int{"BatchSize": c.BatchSize, "MaxPerKey": c.MaxPerKey, "PublishConcurrency": c.PublishConcurrency, "Pipelines": c.Pipelines, "MaxAttempts": c.MaxAttempts}
 	for name, v := range positive {
 		if v < 1 {
 			errs = append(errs, fmt.Errorf("%s must be positive, got %d", name, v))
@@ -129,10 +134,12 @@ func (c RelayConfig) validate() error {
 // Relay publishes committed outbox rows. Any number of relays, in one process or many, may
 // run against the same database.
 type Relay struct {
-	pool    *pgxpool.Pool
-	cfg     RelayConfig
-	log     *slog.Logger
-	metrics *emf.Logger
+	// inFlight bounds PublishBatch calls across pipelines.
+	inFlight chan struct{}
+	pool     *pgxpool.Pool
+	cfg      RelayConfig
+	log      *slog.Logger
+	metrics  *emf.Logger
 }
 
 // NewRelay returns a Relay over pool with cfg.
@@ -144,7 +151,7 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	r := &Relay{pool: pool, cfg: cfg, log: cfg.Logger.With("component", "relay")}
+	r := &Relay{pool: pool, cfg: cfg, log: cfg.Logger.With("component", "relay"), inFlight: make(chan struct{}, cfg.PublishConcurrency)}
 	if cfg.Metrics != nil {
 		r.metrics = emf.New(cfg.Metrics, map[string]string{"Service": "relay"})
 	}
@@ -175,19 +182,49 @@ func (s *Stats) add(o Stats) {
 
 // RunOnce drains the outbox: it claims and publishes until no claimable row is left (rows in
 // backoff, quarantined, or leased by another relay are not claimable), then returns.
+// Pipelines rounds run at once, so one round's claim overlaps another's publishing.
 func (r *Relay) RunOnce(ctx context.Context) (Stats, error) {
-	var total Stats
-	for ctx.Err() == nil {
-		s, err := r.round(ctx)
-		total.add(s)
-		if err != nil {
-			return total, err
-		}
-		if s.Claimed == 0 {
-			break
-		}
+	var (
+		mu    sync.Mutex
+		cond  = sync.NewCond(&mu)
+		busy  int // pipelines in a round that claimed rows
+		total Stats
+		errs  []error
+		wg    sync.WaitGroup
+	)
+	for range r.cfg.Pipelines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				mu.Lock()
+				busy++
+				mu.Unlock()
+				s, err := r.round(ctx)
+				mu.Lock()
+				busy--
+				total.add(s)
+				cond.Broadcast()
+				if err != nil {
+					errs = append(errs, err)
+					mu.Unlock()
+					return
+				}
+				if s.Claimed == 0 {
+					// Nothing free now; if another pipeline is mid-round, its keys come free
+					// when it finishes: wait for that, else the outbox is drained.
+					if busy == 0 || len(errs) > 0 {
+						mu.Unlock()
+						return
+					}
+					cond.Wait()
+				}
+				mu.Unlock()
+			}
+		}()
 	}
-	return total, nil
+	wg.Wait()
+	return total, errors.Join(errs...)
 }
 
 // Run relays until ctx ends: it drains, then waits for a notification of new rows (LISTEN on
@@ -325,12 +362,14 @@ WITH cand AS (
     SELECT r.id FROM locked l CROSS JOIN LATERAL (
         SELECT o.id, row_number() OVER (ORDER BY o.id) AS rn FROM outbox_event o
         WHERE o.partition_key = l.partition_key AND o.published_at IS NULL AND o.id >= l.id
-        ORDER BY o.id LIMIT $3) r
+        ORDER BY o.id
+        -- No key needs more rows than its share of the batch.
+        LIMIT (SELECT least($3, ceil($2::float8 / greatest(count(*), 1)))::int FROM locked)) r
     ORDER BY r.rn, l.id
     LIMIT $2
 )
 UPDATE outbox_event e SET available_at = now() + $4 * interval '1 millisecond'
-FROM picked p WHERE e.id = p.id
+WHERE e.id = ANY (ARRAY (SELECT id FROM picked))
 RETURNING e.id, e.event_id, e.topic, e.aggregate_type, e.aggregate_id, e.event_type,
           e.partition_key, e.payload::text, e.headers, e.created_at, e.attempts`
 
@@ -384,6 +423,10 @@ func looseHeaders(raw []byte) map[string]string {
 // outcome is what happened to one claimed row in a round.
 type outcome struct {
 	event *Event
+	// dest is the SNS topic ARN, or destErr why there is none; size is the message's SNS size.
+	dest    string
+	destErr error
+	size    int
 	// done: the broker acknowledged it. err: the attempt failed. Neither: not attempted.
 	done bool
 	err  error
@@ -392,13 +435,21 @@ type outcome struct {
 }
 
 func (r *Relay) round(ctx context.Context) (Stats, error) {
+	start := time.Now()
 	events, err := r.claim(ctx)
+	if err != nil && ctx.Err() != nil {
+		return Stats{}, nil // stopping: not a failure
+	}
 	if err != nil || len(events) == 0 {
 		return Stats{}, err
 	}
+	claimed := time.Now()
 	outcomes := r.publish(ctx, events)
+	published := time.Now()
 	st, err := r.settle(context.WithoutCancel(ctx), outcomes)
 	st.Claimed, st.Rounds = len(events), 1
+	r.log.Debug("relay round", "claimed", st.Claimed, "published", st.Published, "retrying", st.Retrying, "quarantined", st.Quarantined,
+		"claim_ms", claimed.Sub(start).Milliseconds(), "publish_ms", published.Sub(claimed).Milliseconds(), "settle_ms", time.Since(published).Milliseconds())
 	return st, err
 }
 
@@ -415,7 +466,11 @@ func (r *Relay) publish(ctx context.Context, events []*Event) []*outcome {
 	lanes := map[string]*lane{}
 	var ready []*lane
 	for i, e := range events {
-		o := &outcome{event: e}
+		o := &outcome{event: e, size: messageSize(e)}
+		o.dest, o.destErr = r.destination(e)
+		if o.destErr == nil && o.size > MaxMessageBytes {
+			o.destErr = Permanent(fmt.Errorf("message is %d bytes, above SNS's %d", o.size, MaxMessageBytes))
+		}
 		outcomes[i] = o
 		l := lanes[e.PartitionKey]
 		if l == nil {
@@ -441,32 +496,31 @@ func (r *Relay) publish(ctx context.Context, events []*Event) []*outcome {
 		}
 		l.next = len(l.rows)
 	}
-	// takeBatch removes up to 10 lanes whose next rows share one destination and fit one request.
+	// takeBatch removes up to 10 lanes whose next rows share one destination and fit one
+	// request, scanning the ready lanes only until the batch is full.
 	takeBatch := func() (string, []*lane) {
 		var (
 			dest  string
 			batch []*lane
 			size  int
-			rest  = ready[:0]
+			rest  []*lane
+			i     int
 		)
-		for _, l := range ready {
-			e := l.rows[l.next].event
-			d, err := r.destination(e)
-			if err == nil && messageSize(e) > MaxMessageBytes {
-				err = Permanent(fmt.Errorf("message is %d bytes, above SNS's %d", messageSize(e), MaxMessageBytes))
-			}
+		for i = 0; i < len(ready) && len(batch) < 10; i++ {
+			l := ready[i]
+			o := l.rows[l.next]
 			switch {
-			case err != nil:
-				failLane(l, err)
-			case len(batch) < 10 && (dest == "" || d == dest) && size+messageSize(e) <= MaxMessageBytes:
-				dest = d
-				size += messageSize(e)
+			case o.destErr != nil:
+				failLane(l, o.destErr)
+			case (dest == "" || o.dest == dest) && size+o.size <= MaxMessageBytes:
+				dest = o.dest
+				size += o.size
 				batch = append(batch, l)
 			default:
 				rest = append(rest, l)
 			}
 		}
-		ready = rest
+		ready = append(rest, ready[i:]...)
 		return dest, batch
 	}
 
@@ -492,9 +546,11 @@ func (r *Relay) publish(ctx context.Context, events []*Event) []*outcome {
 			for i, l := range batch {
 				batchEvents[i] = l.rows[l.next].event
 			}
+			r.inFlight <- struct{}{}
 			pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 			errs := r.cfg.Publisher.PublishBatch(pctx, dest, batchEvents)
 			cancel()
+			<-r.inFlight
 			if len(errs) != len(batch) {
 				errs = fillErrors(len(batch), fmt.Errorf("publisher returned %d results for %d events", len(errs), len(batch)))
 			}
