@@ -56,6 +56,26 @@ func writeChart(path string, rep *Report) error {
 		bars.LineStyle.Width = 0
 		bars.Offset = vg.Length(float64(i)-0.5) * w
 		p.Add(bars)
+		// Value labels above the bars.
+		var xys plotter.XYs
+		var texts []string
+		for j, v := range vals {
+			if v > 0 {
+				xys = append(xys, plotter.XY{X: float64(j) + (float64(i)-0.5)*0.26, Y: v + 0.05})
+				texts = append(texts, humanRate(math.Pow(10, v)))
+			}
+		}
+		if len(xys) > 0 {
+			lbl, err := plotter.NewLabels(plotter.XYLabels{XYs: xys, Labels: texts})
+			if err != nil {
+				return err
+			}
+			for k := range lbl.TextStyle {
+				lbl.TextStyle[k].XAlign = -0.5
+				lbl.TextStyle[k].Font.Size = vg.Points(8)
+			}
+			p.Add(lbl)
+		}
 		p.Legend.Add(fmt.Sprintf("publisher delay %d ms per call", d.ms), bars)
 	}
 	labels := make([]string, len(chartContenders))
@@ -63,6 +83,7 @@ func writeChart(path string, rep *Report) error {
 		labels[i] = c.label
 	}
 	p.NominalX(labels...)
+	p.X.Min, p.X.Max = -0.6, float64(len(chartContenders))-0.4
 	top := math.Ceil(maxExp + 0.3)
 	p.Y.Min, p.Y.Max = 0, top
 	var ticks []plot.Tick
@@ -80,6 +101,13 @@ func writeChart(path string, rep *Report) error {
 		return err
 	}
 	return p.Save(9*vg.Inch, 5*vg.Inch, path)
+}
+
+func humanRate(v float64) string {
+	if v >= 1e3 {
+		return fmt.Sprintf("%.1fk", v/1e3)
+	}
+	return fmt.Sprintf("%.0f", v)
 }
 
 func humanCount(v float64) string {

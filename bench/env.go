@@ -132,7 +132,7 @@ type Machine struct {
 func describeMachine(ctx context.Context, env *Env) Machine {
 	m := Machine{
 		Cores: runtime.NumCPU(), Go: runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH,
-		CPU: firstMatch("/proc/cpuinfo", "model name"), Memory: firstMatch("/proc/meminfo", "MemTotal"),
+		CPU: firstMatch("/proc/cpuinfo", "model name"), Memory: memTotal(),
 		PGSource: env.Source, LoadStart: loadAverage(), Code: codeVersion(ctx),
 	}
 	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
@@ -167,6 +167,14 @@ func codeVersion(ctx context.Context) string {
 		v += " with uncommitted changes in: " + strings.Join(strings.Fields(strings.ReplaceAll(string(st), "\n", " ")), " ")
 	}
 	return v
+}
+
+func memTotal() string {
+	var kb float64
+	if _, err := fmt.Sscanf(firstMatch("/proc/meminfo", "MemTotal"), "%f kB", &kb); err != nil {
+		return "unknown"
+	}
+	return fmt.Sprintf("%.1f GiB", kb/(1<<20))
 }
 
 func firstMatch(file, key string) string {

@@ -97,6 +97,8 @@ type Sizes struct {
 	// PeerTimeBox bounds the runs of the peers (textbook relay, watermill) that cannot drain
 	// RelayRows in reasonable time: their throughput is measured over this window.
 	PeerTimeBox time.Duration
+	// RelayRepeats is how often each relay contender runs (the best run is kept).
+	RelayRepeats int
 	// RelayTimeout bounds any single relay run.
 	RelayTimeout time.Duration
 	// ProducerTx is the number of business transactions of each kind (with and without the outbox).
@@ -113,7 +115,7 @@ type Sizes struct {
 
 func fullSizes() Sizes {
 	return Sizes{
-		Name: "full", RelayRows: 100_000, RelayKeys: 1_000, PeerTimeBox: 15 * time.Second, RelayTimeout: 4 * time.Minute,
+		Name: "full", RelayRows: 100_000, RelayKeys: 1_000, PeerTimeBox: 15 * time.Second, RelayRepeats: 2, RelayTimeout: 4 * time.Minute,
 		ProducerTx: 5_000, BulkEvents: 10_000, BulkRepeats: 10,
 		ConsumerDeliveries: 20_000,
 		ScaleRetained:      []int{0, 1_000_000, 5_000_000}, ScalePending: 20_000,
@@ -122,7 +124,7 @@ func fullSizes() Sizes {
 
 func quickSizes() Sizes {
 	return Sizes{
-		Name: "quick", RelayRows: 10_000, RelayKeys: 1_000, PeerTimeBox: 3 * time.Second, RelayTimeout: time.Minute,
+		Name: "quick", RelayRows: 10_000, RelayKeys: 1_000, PeerTimeBox: 3 * time.Second, RelayRepeats: 2, RelayTimeout: time.Minute,
 		ProducerTx: 300, BulkEvents: 10_000, BulkRepeats: 2,
 		ConsumerDeliveries: 2_000,
 		ScaleRetained:      []int{0, 100_000, 300_000}, ScalePending: 5_000,

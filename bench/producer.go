@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sluicehq/sluice/pkg/outbox"
@@ -19,8 +20,12 @@ type ProducerResult struct {
 	// Plain and WithOutbox are the latencies of the business transaction without and with
 	// the outbox write, measured alternately (one of each per iteration) on one connection.
 	Plain, WithOutbox Latencies
-	// NoNotify is WithOutbox with the outbox's NOTIFY trigger disabled: a diagnostic.
-	NoNotify Latencies
+	// NoNotify is WithOutbox with the outbox's NOTIFY trigger disabled, and PlainInsert the order
+	// plus a hand-written single-row INSERT INTO outbox_event ... VALUES (trigger enabled):
+	// diagnostics that split the added cost.
+	NoNotify, PlainInsert Latencies
+	// NoNotifyBase is the order alone, measured in the same block as NoNotify.
+	NoNotifyBase Latencies
 	// Bulk holds the events/s of each bulk transaction (BulkEvents events via outbox.Write).
 	Bulk       []float64
 	BulkEvents int
@@ -70,36 +75,53 @@ func runProducerSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes,
 
 	// Warm up both paths (connections, prepared statements, caches).
 	for i := range 200 {
-		if _, err := orderTx(ctx, pool, i%2 == 0, i); err != nil {
+		if _, err := orderTx(ctx, pool, i%4, i); err != nil {
 			return err
 		}
 	}
 	// Three variants, rotated so that none benefits systematically from its position:
-	// 0 = order only, 1 = order + outbox.Write, 2 = the same with the NOTIFY trigger disabled.
-	samples := make([][]time.Duration, 3)
+	// 0 = order only, 1 = order + outbox.Write, 3 = order + a plain single-row INSERT of the outbox row.
+	variants := []int{0, 1, 3}
+	samples := map[int][]time.Duration{}
 	for i := range sz.ProducerTx {
-		for k := range 3 {
-			variant := (i + k) % 3
-			if variant == 2 {
-				if _, err := pool.Exec(ctx, "ALTER TABLE outbox_event DISABLE TRIGGER outbox_event_notify"); err != nil {
-					return err
-				}
-			}
-			d, err := orderTx(ctx, pool, variant > 0, i)
+		for k := range variants {
+			v := variants[(i+k)%len(variants)]
+			d, err := orderTx(ctx, pool, v, i)
 			if err != nil {
 				return err
 			}
-			if variant == 2 {
-				if _, err := pool.Exec(ctx, "ALTER TABLE outbox_event ENABLE TRIGGER outbox_event_notify"); err != nil {
-					return err
-				}
-			}
-			samples[variant] = append(samples[variant], d)
+			samples[v] = append(samples[v], d)
 		}
 	}
-	plain, with := samples[0], samples[1]
-	res.NoNotify = summarize(samples[2])
-	res.Plain, res.WithOutbox = summarize(plain), summarize(with)
+	res.Plain, res.WithOutbox, res.PlainInsert = summarize(samples[0]), summarize(samples[1]), summarize(samples[3])
+
+	// Diagnostic block: the same pair with the NOTIFY trigger disabled (once, for the whole
+	// block: ALTER TABLE invalidates cached plans, so it must not sit between measured transactions).
+	if _, err := pool.Exec(ctx, "ALTER TABLE outbox_event DISABLE TRIGGER outbox_event_notify"); err != nil {
+		return err
+	}
+	var base, noNotify []time.Duration
+	for i := range sz.ProducerTx/2 + 100 {
+		for k := range 2 {
+			v := (i + k) % 2
+			d, err := orderTx(ctx, pool, v, i)
+			if err != nil {
+				return err
+			}
+			if i < 100 {
+				continue // warm-up after the ALTER
+			}
+			if v == 0 {
+				base = append(base, d)
+			} else {
+				noNotify = append(noNotify, d)
+			}
+		}
+	}
+	if _, err := pool.Exec(ctx, "ALTER TABLE outbox_event ENABLE TRIGGER outbox_event_notify"); err != nil {
+		return err
+	}
+	res.NoNotifyBase, res.NoNotify = summarize(base), summarize(noNotify)
 	log.Info("producer", "plain_p50", res.Plain.P50, "outbox_p50", res.WithOutbox.P50, "plain_mean", res.Plain.Mean, "outbox_mean", res.WithOutbox.Mean)
 
 	for r := range sz.BulkRepeats {
@@ -128,8 +150,9 @@ func runProducerSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes,
 	return nil
 }
 
-// orderTx runs one business transaction and returns its duration.
-func orderTx(ctx context.Context, pool *pgxpool.Pool, withOutbox bool, i int) (time.Duration, error) {
+// orderTx runs one business transaction and returns its duration. variant 0 is the order alone,
+// 1 adds outbox.Write, 3 adds a hand-written single-row INSERT of the same outbox row.
+func orderTx(ctx context.Context, pool *pgxpool.Pool, variant int, i int) (time.Duration, error) {
 	start := time.Now()
 	tx, err := pool.Begin(ctx)
 	if err != nil {
@@ -142,8 +165,15 @@ func orderTx(ctx context.Context, pool *pgxpool.Pool, withOutbox bool, i int) (t
 		cust, 1299+i%100).Scan(&id); err != nil {
 		return 0, err
 	}
-	if withOutbox {
-		oid := "o-" + strconv.FormatInt(id, 10)
+	oid := "o-" + strconv.FormatInt(id, 10)
+	switch variant {
+	case 3:
+		if _, err := tx.Exec(ctx, `INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload)
+			VALUES ($1, 'orders', 'order', $2, 'OrderCreated', $2, $3)`, uuid.Must(uuid.NewV7()), oid,
+			`{"orderId":"`+oid+`","customerId":"`+cust+`","totalCents":1299,"currency":"EUR","schemaVersion":1}`); err != nil {
+			return 0, err
+		}
+	case 1:
 		_, err := outbox.Write(ctx, tx, outbox.Message{Topic: "orders", AggregateType: "order", AggregateID: oid, EventType: "OrderCreated",
 			Payload: json.RawMessage(`{"orderId":"` + oid + `","customerId":"` + cust + `","totalCents":1299,"currency":"EUR","schemaVersion":1}`)})
 		if err != nil {

@@ -31,6 +31,8 @@ type RelayResult struct {
 	TimeBoxed bool
 	// Note carries what the reader needs to interpret the row.
 	Note string
+	// Runs are the rates of every repeat; the result is the best of them.
+	Runs []float64
 }
 
 // Rate is the throughput in events per second.
@@ -77,23 +79,48 @@ func runRelaySuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, re
 			{nameTextbook, func() (RelayResult, error) { return runTextbook(ctx, pool, n, delay, sz.PeerTimeBox) }},
 			{nameWatermill, func() (RelayResult, error) { return runWatermill(ctx, pool, n, keys, delay, sz.PeerTimeBox) }},
 		}
-		for _, r := range runs {
-			if delay > 0 && (r.name == nameCeiling1 || r.name == nameCeiling4) {
-				continue // the ceiling publishes nothing: the delay does not apply
-			}
-			if r.name != nameWatermill {
-				if err := seedOutbox(ctx, pool, n, keys, 0); err != nil {
-					return err
+		best := map[string]*RelayResult{}
+		// Every contender runs RelayRepeats times, interleaved with the others, and keeps its
+		// best run: noise from other work on the machine only ever slows a run down. The peers at
+		// 10 ms run once: they spend their time in the delay, not competing for the machine.
+		for rep := range sz.RelayRepeats {
+			for _, r := range runs {
+				isCeiling := r.name == nameCeiling1 || r.name == nameCeiling4
+				isPeer := r.name == nameTextbook || r.name == nameWatermill
+				if delay > 0 && isCeiling {
+					continue // the ceiling publishes nothing: the delay does not apply
 				}
+				if delay > 0 && isPeer && rep > 0 {
+					continue
+				}
+				if r.name != nameWatermill {
+					if err := seedOutbox(ctx, pool, n, keys, 0); err != nil {
+						return err
+					}
+				}
+				res, err := r.fn()
+				if err != nil {
+					return fmt.Errorf("%s, %s delay: %w", r.name, delay, err)
+				}
+				res.Name, res.Delay = r.name, delay
+				log.Info("relay run", "name", res.Name, "delay", delay, "repeat", rep+1, "events", res.Events,
+					"elapsed", res.Elapsed.Round(time.Millisecond), "events/s", int(res.Rate()), "timeboxed", res.TimeBoxed)
+				b := best[r.name]
+				if b == nil {
+					b = &res
+					best[r.name] = b
+				} else if res.Rate() > b.Rate() {
+					runs := b.Runs
+					*b = res
+					b.Runs = runs
+				}
+				b.Runs = append(b.Runs, res.Rate())
 			}
-			res, err := r.fn()
-			if err != nil {
-				return fmt.Errorf("%s, %s delay: %w", r.name, delay, err)
+		}
+		for _, r := range runs {
+			if b := best[r.name]; b != nil {
+				rep.Relay = append(rep.Relay, *b)
 			}
-			res.Name, res.Delay = r.name, delay
-			log.Info("relay run", "name", res.Name, "delay", delay, "events", res.Events,
-				"elapsed", res.Elapsed.Round(time.Millisecond), "events/s", int(res.Rate()), "timeboxed", res.TimeBoxed)
-			rep.Relay = append(rep.Relay, res)
 		}
 	}
 	return nil
