@@ -81,6 +81,8 @@ type RedriveOptions struct {
 	// Visibility is how long a received message stays hidden while it is being moved.
 	// Defaults to 2 minutes.
 	Visibility time.Duration
+	// PollInterval is how often a message move task's progress is read. Defaults to 2 seconds.
+	PollInterval time.Duration
 	// Progress receives progress output (a bar when TTY is true, lines otherwise). Defaults to none.
 	Progress io.Writer
 	TTY      bool
@@ -107,6 +109,9 @@ func Redrive(ctx context.Context, c SQSAPI, opts RedriveOptions) (RedriveResult,
 	}
 	if opts.Progress == nil {
 		opts.Progress = io.Discard
+	}
+	if opts.PollInterval <= 0 {
+		opts.PollInterval = 2 * time.Second
 	}
 	dlq, err := describeQueue(ctx, c, opts.DLQ)
 	if err != nil {
@@ -217,7 +222,7 @@ func moveTask(ctx context.Context, c SQSAPI, dlq, dest queueInfo, opts RedriveOp
 		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(2 * time.Second):
+		case <-time.After(opts.PollInterval):
 		}
 	}
 }
