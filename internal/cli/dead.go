@@ -204,6 +204,9 @@ would be retried and changes nothing.`,
 						return fmt.Errorf("outbox rows %s are not quarantined; nothing retried", strings.Join(missing, ", "))
 					}
 				}
+				if len(chosen) == 0 {
+					fmt.Fprintln(a.io.Out, "no quarantined outbox rows to retry")
+				}
 				for _, r := range chosen {
 					fmt.Fprintf(a.io.Out, "%s outbox row %d (%s %s, key %s)\n", verb, r.ID, r.Topic, r.EventType, r.PartitionKey)
 				}
@@ -260,10 +263,11 @@ would be retried and changes nothing.`,
 					add(byID[id])
 				}
 			}
+			if len(chosen) == 0 {
+				fmt.Fprintln(a.io.Out, "no parked inbox rows to retry")
+				return nil
+			}
 			if dryRun {
-				if len(chosen) == 0 && consumer != "" {
-					fmt.Fprintf(a.io.Out, "no parked inbox rows for consumer %q\n", consumer)
-				}
 				return nil
 			}
 			slices.Sort(order)
@@ -275,9 +279,7 @@ would be retried and changes nothing.`,
 				}
 				total += n
 			}
-			if len(order) > 0 || consumer != "" {
-				fmt.Fprintf(a.io.Out, "released %d parked inbox rows for the processor\n", total)
-			}
+			fmt.Fprintf(a.io.Out, "released %d parked inbox rows for the processor\n", total)
 			return nil
 		},
 	}
