@@ -18,6 +18,14 @@ const (
 	RelayStopBefore = "SLUICE_RELAY_STOP_BEFORE"
 	// RelayBatchSize overrides the relay's claim batch size.
 	RelayBatchSize = "SLUICE_RELAY_BATCH_SIZE"
+	// RelayLease overrides outbox.RelayConfig.Lease (Go duration): how long a crashed relay's
+	// claimed rows wait before another relay takes them over. Defaults to the package's 30s.
+	RelayLease = "SLUICE_RELAY_LEASE"
+	// RelayPublishTimeout overrides outbox.RelayConfig.PublishTimeout (Go duration); it must stay
+	// below RelayLease. Defaults to the package's 10s.
+	RelayPublishTimeout = "SLUICE_RELAY_PUBLISH_TIMEOUT"
+	// RelayBackoffBase overrides outbox.RelayConfig.BackoffBase (Go duration). Defaults to the package's 1s.
+	RelayBackoffBase = "SLUICE_RELAY_BACKOFF_BASE"
 	// ConsumerName is the inbox consumer name (the first half of the inbox key).
 	ConsumerName = "SLUICE_CONSUMER_NAME"
 	// ConsumerCommitMode is "per-record" (default) or "batched".

@@ -1,0 +1,158 @@
+package localrun
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/sns"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+
+	"github.com/sluicehq/sluice/internal/demoapp"
+	"github.com/sluicehq/sluice/internal/lambdaenv"
+	"github.com/sluicehq/sluice/internal/localaws"
+)
+
+// StackOptions configure a Stack: the demo pipeline with the real relay and consumer binaries.
+type StackOptions struct {
+	// RIE is the emulator binary and BinDir holds <fn>/bootstrap built for this machine. Required.
+	RIE, BinDir string
+	// DatabaseURL is the migrated database both functions use. Required.
+	DatabaseURL string
+	// Endpoint is the SNS/SQS endpoint (fauxqs or LocalStack). Required.
+	Endpoint string
+	// RelaySNSEndpoint is the endpoint the relay publishes through, e.g. a FaultProxy in front of
+	// Endpoint. Defaults to Endpoint.
+	RelaySNSEndpoint string
+	// Name prefixes the AWS resources. Required.
+	Name string
+	// FIFO uses a FIFO topic and queues.
+	FIFO bool
+	// MaxReceiveCount and VisibilityTimeout shape the queue (see PipelineOptions).
+	MaxReceiveCount   int
+	VisibilityTimeout time.Duration
+	// RelayInstances and ConsumerInstances are each function's concurrency. Default to 2.
+	RelayInstances, ConsumerInstances int
+	// RelayTimeout is the relay's function timeout and RelayEvery its schedule. Default to 10s
+	// and 4s: a compressed version of AWS's 1-minute schedule, with overlapping invocations.
+	RelayTimeout, RelayEvery time.Duration
+	// RelayEnv and ConsumerEnv add environment variables (KEY=VALUE) to each function.
+	RelayEnv, ConsumerEnv []string
+	// Log receives the emulators' and the functions' output. Defaults to discarding it.
+	Log io.Writer
+	// Logger receives the drivers' warnings. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Stack is a running local pipeline.
+type Stack struct {
+	// Pipeline is the topic, queue and DLQ.
+	Pipeline Pipeline
+	// Relay and Consumer are the running functions.
+	Relay, Consumer *Function
+	// Schedule and Source are the drivers.
+	Schedule *Schedule
+	Source   *EventSource
+	// SNS and SQS are clients for Endpoint.
+	SNS *sns.Client
+	SQS *sqs.Client
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// StartStack creates the pipeline's resources and starts both functions and their drivers.
+func StartStack(ctx context.Context, o StackOptions) (*Stack, error) {
+	if o.RelaySNSEndpoint == "" {
+		o.RelaySNSEndpoint = o.Endpoint
+	}
+	o.RelayInstances = orInt(o.RelayInstances, 2)
+	o.ConsumerInstances = orInt(o.ConsumerInstances, 2)
+	if o.RelayTimeout == 0 {
+		o.RelayTimeout = 10 * time.Second
+	}
+	if o.RelayEvery == 0 {
+		o.RelayEvery = 4 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	cfg, err := localaws.Config(ctx, o.Endpoint)
+	if err != nil {
+		return nil, err
+	}
+	s := &Stack{SNS: sns.NewFromConfig(cfg), SQS: sqs.NewFromConfig(cfg)}
+	s.Pipeline, err = CreatePipeline(ctx, s.SNS, s.SQS, PipelineOptions{Name: o.Name, FIFO: o.FIFO,
+		MaxReceiveCount: o.MaxReceiveCount, VisibilityTimeout: o.VisibilityTimeout})
+	if err != nil {
+		return nil, fmt.Errorf("create the pipeline's resources: %w", err)
+	}
+	topics, _ := json.Marshal(map[string]string{demoapp.Topic: s.Pipeline.TopicARN})
+	awsEnv := func(endpoint string) []string {
+		return []string{"AWS_ENDPOINT_URL=" + endpoint, "AWS_REGION=" + localaws.Region(),
+			"AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test"}
+	}
+	relayEnv := append(awsEnv(o.RelaySNSEndpoint),
+		lambdaenv.DatabaseURL+"="+withAppName(o.DatabaseURL, "sluice-relay"), lambdaenv.TopicARNs+"="+string(topics),
+		lambdaenv.RelayStopBefore+"=2s", lambdaenv.RelayLease+"=4s", lambdaenv.RelayPublishTimeout+"=3s",
+		lambdaenv.RelayBackoffBase+"=200ms")
+	s.Relay, err = StartFunction(ctx, FunctionOptions{Name: "sluice-relay", RIE: o.RIE, Bootstrap: filepath.Join(o.BinDir, "relay", "bootstrap"),
+		Env: append(relayEnv, o.RelayEnv...), Timeout: o.RelayTimeout, Instances: o.RelayInstances, Log: o.Log})
+	if err != nil {
+		return nil, err
+	}
+	consumerEnv := append(awsEnv(o.Endpoint), lambdaenv.DatabaseURL+"="+withAppName(o.DatabaseURL, "sluice-consumer"))
+	s.Consumer, err = StartFunction(ctx, FunctionOptions{Name: "sluice-consumer", RIE: o.RIE, Bootstrap: filepath.Join(o.BinDir, "consumer", "bootstrap"),
+		Env: append(consumerEnv, o.ConsumerEnv...), Timeout: 30 * time.Second, Instances: o.ConsumerInstances, Log: o.Log})
+	if err != nil {
+		s.Relay.Stop()
+		return nil, err
+	}
+	s.Schedule = &Schedule{Function: s.Relay, Every: o.RelayEvery, Logger: o.Logger}
+	s.Source = &EventSource{SQS: s.SQS, QueueURL: s.Pipeline.QueueURL, QueueARN: s.Pipeline.QueueARN, Function: s.Consumer, Logger: o.Logger}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	s.cancel = cancel
+	s.wg.Add(2)
+	go func() { defer s.wg.Done(); s.Schedule.Run(runCtx) }()
+	go func() { defer s.wg.Done(); s.Source.Run(runCtx) }()
+	return s, nil
+}
+
+// Stop stops the drivers (letting running invocations end), then the functions.
+func (s *Stack) Stop() {
+	s.cancel()
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+	}
+	s.Relay.Stop()
+	s.Consumer.Stop()
+	s.wg.Wait()
+}
+
+// withAppName sets application_name on a PostgreSQL URL, so tests can find a function's sessions.
+func withAppName(dbURL, name string) string {
+	u, err := url.Parse(dbURL)
+	if err != nil || u.Scheme == "" {
+		return dbURL
+	}
+	q := u.Query()
+	q.Set("application_name", name)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+func orInt(v, def int) int {
+	if v == 0 {
+		return def
+	}
+	return v
+}

@@ -1,0 +1,107 @@
+// Command relay is sluice's relay Lambda. An EventBridge schedule invokes it (once a minute is
+// EventBridge's floor); each invocation drains the outbox and keeps polling, woken early by
+// LISTEN/NOTIFY, until SLUICE_RELAY_STOP_BEFORE (default 5s) before its deadline, so events
+// are published within a second although the schedule fires once a minute. Overlapping
+// invocations are safe (rows are leased with SKIP LOCKED).
+//
+// Configuration (read once per cold start, see internal/lambdaenv): DATABASE_URL, or
+// DATABASE_SECRET_ARN naming the RDS Secrets Manager secret; DATABASE_MAX_CONNS;
+// SLUICE_TOPIC_ARNS and SLUICE_DEFAULT_TOPIC_ARN; SLUICE_RELAY_STOP_BEFORE,
+// SLUICE_RELAY_BATCH_SIZE, SLUICE_RELAY_LEASE, SLUICE_RELAY_PUBLISH_TIMEOUT and
+// SLUICE_RELAY_BACKOFF_BASE. AWS clients honour AWS_ENDPOINT_URL.
+//
+// Build: GOOS=linux GOARCH=arm64 CGO_ENABLED=0 go build -tags lambda.norpc -trimpath -o bin/relay/bootstrap ./lambdas/relay
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/aws/aws-lambda-go/lambda"
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
+	"github.com/aws/aws-sdk-go-v2/service/sns"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sluicehq/sluice/internal/lambdaenv"
+	"github.com/sluicehq/sluice/pkg/outbox"
+)
+
+func main() {
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("function", "relay")
+	h, pool, err := wire(context.Background(), os.Getenv, log)
+	if err != nil {
+		log.Error("relay cold start failed", "error", err)
+		os.Exit(1)
+	}
+	lambda.StartWithOptions(h.Handle, lambda.WithEnableSIGTERM(pool.Close))
+}
+
+// wire builds everything once per cold start: AWS config, database pool, SNS publisher, relay.
+func wire(ctx context.Context, getenv lambdaenv.Getenv, log *slog.Logger) (*handler, *pgxpool.Pool, error) {
+	awsCfg, err := config.LoadDefaultConfig(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("load AWS config: %w", err)
+	}
+	var secrets lambdaenv.SecretGetter
+	if getenv(lambdaenv.DatabaseURL) == "" {
+		secrets = secretsmanager.NewFromConfig(awsCfg)
+	}
+	dbURL, err := lambdaenv.DatabaseURLFrom(ctx, getenv, secrets)
+	if err != nil {
+		return nil, nil, err
+	}
+	poolCfg, err := lambdaenv.PoolConfig(dbURL, getenv)
+	if err != nil {
+		return nil, nil, err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("create database pool: %w", err)
+	}
+	relayCfg, stopBefore, err := relayConfig(getenv)
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	relayCfg.Publisher = outbox.NewSNSPublisher(sns.NewFromConfig(awsCfg))
+	relayCfg.Metrics = os.Stdout
+	relayCfg.Logger = log
+	relay, err := outbox.NewRelay(pool, relayCfg)
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return &handler{relay: relay, lag: pool, stopBefore: stopBefore, log: log}, pool, nil
+}
+
+// relayConfig reads the relay's settings from the environment (without the Publisher, Metrics
+// and Logger, which need clients) and the stop-before margin.
+func relayConfig(getenv lambdaenv.Getenv) (outbox.RelayConfig, time.Duration, error) {
+	var cfg outbox.RelayConfig
+	var err error
+	if cfg.Topics, cfg.DefaultTopic, err = lambdaenv.Topics(getenv); err != nil {
+		return cfg, 0, err
+	}
+	if v := getenv(lambdaenv.RelayBatchSize); v != "" {
+		if cfg.BatchSize, err = strconv.Atoi(v); err != nil || cfg.BatchSize < 1 {
+			return cfg, 0, fmt.Errorf("%s must be a positive integer, got %q", lambdaenv.RelayBatchSize, v)
+		}
+	}
+	for name, d := range map[string]*time.Duration{
+		lambdaenv.RelayLease: &cfg.Lease, lambdaenv.RelayPublishTimeout: &cfg.PublishTimeout, lambdaenv.RelayBackoffBase: &cfg.BackoffBase,
+	} {
+		if *d, err = lambdaenv.Duration(getenv, name, 0); err != nil {
+			return cfg, 0, err
+		}
+	}
+	stopBefore, err := lambdaenv.Duration(getenv, lambdaenv.RelayStopBefore, defaultStopBefore)
+	if err != nil {
+		return cfg, 0, err
+	}
+	return cfg, stopBefore, nil
+}
