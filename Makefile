@@ -8,13 +8,16 @@ NODE_STAMP := $(NODE_TOOLS)/node_modules/.installed
 GOTEST     ?= $(GO) test -count=1 -timeout 14m
 # Runs a command with a throwaway PostgreSQL and fauxqs unless TEST_DATABASE_URL / AWS_ENDPOINT_URL are set.
 DEVENV     := $(GO) run ./internal/cmd/devenv --
+# The AWS Lambda runtime interface emulator that runs the real bootstraps locally (not a module dependency).
+RIE_MODULE := github.com/aws/aws-lambda-runtime-interface-emulator/cmd/aws-lambda-rie@v0.0.0-20261030222936-bef5c4ba774d
+RIE        := .cache/bin/aws-lambda-rie
 
 .PHONY: help
 help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: deps
-deps: $(NODE_STAMP) ## Install Go modules and the pinned npm tools (fauxqs, aws-cdk).
+deps: $(NODE_STAMP) $(RIE) ## Install Go modules, the pinned npm tools (fauxqs, aws-cdk) and the Lambda emulator.
 	$(GO) mod download
 
 $(NODE_STAMP): $(NODE_TOOLS)/package-lock.json
@@ -50,7 +53,7 @@ cli: ## Build the sluice operator CLI into bin/sluice (this machine's OS and arc
 
 .PHONY: build
 build: ## Build the Lambda binaries into bin/<fn>/bootstrap (linux/arm64).
-	@for fn in relay consumer; do \
+	@for fn in relay consumer migrate; do \
 	  if [ -f lambdas/$$fn/main.go ]; then \
 	    echo "build bin/$$fn/bootstrap"; \
 	    GOOS=linux GOARCH=arm64 CGO_ENABLED=0 $(GO) build -tags lambda.norpc -trimpath -ldflags='-s -w' -o bin/$$fn/bootstrap ./lambdas/$$fn || exit 1; \
@@ -61,6 +64,17 @@ build: ## Build the Lambda binaries into bin/<fn>/bootstrap (linux/arm64).
 synth: deps ## Build the Lambdas and synthesize the CDK stack into cdk.out (pinned aws-cdk CLI).
 	$(MAKE) build
 	$(NODE_TOOLS)/node_modules/.bin/cdk synth --quiet
+
+$(RIE):
+	GOBIN=$(CURDIR)/.cache/bin GOFLAGS=-mod=mod $(GO) install $(RIE_MODULE)
+
+.PHONY: demo
+demo: deps ## Run the whole pipeline locally with the real Lambdas and verify it (ARGS="-n 2000 -rate 500 -fifo").
+	$(GO) run ./internal/cmd/demo $(ARGS)
+
+.PHONY: test-localstack
+test-localstack: deps ## Run the end-to-end suite against a running LocalStack at AWS_ENDPOINT_URL (default http://localhost:4566).
+	AWS_ENDPOINT_URL=$${AWS_ENDPOINT_URL:-http://localhost:4566} $(DEVENV) $(GOTEST) -v ./e2e/...
 
 .PHONY: clean
 clean: ## Remove build output.

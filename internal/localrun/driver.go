@@ -82,7 +82,9 @@ func (s *Schedule) Run(ctx context.Context) {
 }
 
 // Invocations returns the number of invocations made and of those that failed.
-func (s *Schedule) Invocations() (total, failed int64) { return s.invocations.Load(), s.failures.Load() }
+func (s *Schedule) Invocations() (total, failed int64) {
+	return s.invocations.Load(), s.failures.Load()
+}
 
 // EventSource plays the SQS event source mapping with ReportBatchItemFailures: pollers
 // long-poll the queue, invoke the function with each batch, and delete only the records the
@@ -256,4 +258,3 @@ func sleep(ctx context.Context, d time.Duration) {
 	case <-time.After(d):
 	}
 }
-
