@@ -1,0 +1,154 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/internal/demoapp"
+	"github.com/sluicehq/sluice/internal/localaws"
+	"github.com/sluicehq/sluice/internal/localrun"
+	"github.com/sluicehq/sluice/internal/testdb"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+var (
+	binOnce        sync.Once
+	rieBin, binDir string
+	binErr         error
+)
+
+// binaries builds the relay and consumer for this machine once per test binary.
+func binaries(t *testing.T) (string, string) {
+	t.Helper()
+	binOnce.Do(func() {
+		ctx := context.Background()
+		root, err := localaws.RepoRoot()
+		if err != nil {
+			binErr = err
+			return
+		}
+		if rieBin, binErr = localrun.EnsureRIE(ctx, root); binErr != nil {
+			return
+		}
+		dir, err := os.MkdirTemp("", "sluice-e2e-bin-")
+		if err != nil {
+			binErr = err
+			return
+		}
+		binDir, binErr = localrun.BuildLambdas(ctx, root, dir)
+	})
+	require.NoError(t, binErr)
+	return rieBin, binDir
+}
+
+// bundle is one test's pipeline: its own database, resources and function instances.
+type bundle struct {
+	ctx    context.Context
+	dbURL  string
+	pool   *pgxpool.Pool
+	stack  *localrun.Stack
+	prefix string
+	fifo   bool
+	// written counts orders committed by place.
+	written int
+}
+
+// setup starts a pipeline on a fresh database; mod adjusts the stack options.
+func setup(t *testing.T, mod func(*localrun.StackOptions)) *bundle {
+	t.Helper()
+	rie, bins := binaries(t)
+	ctx := context.Background()
+	dbURL := testdb.URL(t)
+	pool, err := pgxpool.New(ctx, dbURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.NoError(t, demoapp.ApplySchema(ctx, pool))
+
+	name := fmt.Sprintf("e2e-%s-%x", strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-")), rand.Uint32())
+	if len(name) > 60 {
+		name = name[len(name)-60:]
+	}
+	logPath := filepath.Join(t.TempDir(), "functions.log")
+	logFile, err := os.Create(logPath)
+	require.NoError(t, err)
+	o := localrun.StackOptions{RIE: rie, BinDir: bins, DatabaseURL: dbURL, Endpoint: localaws.TestEndpoint(t), Name: name,
+		VisibilityTimeout: 3 * time.Second, MaxReceiveCount: 5, RelayEvery: 3 * time.Second, RelayTimeout: 8 * time.Second, Log: logFile}
+	if mod != nil {
+		mod(&o)
+	}
+	st, err := localrun.StartStack(ctx, o)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		st.Stop()
+		st.Pipeline.Delete(context.Background(), st.SNS, st.SQS)
+		logFile.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			if len(b) > 20000 {
+				b = b[len(b)-20000:]
+			}
+			t.Logf("function logs (tail):\n%s", b)
+		}
+	})
+	return &bundle{ctx: ctx, dbURL: dbURL, pool: pool, stack: st, prefix: name + "-", fifo: o.FIFO}
+}
+
+// place commits n orders over customers, one every interval; adjust may add test hooks.
+func (b *bundle) place(t *testing.T, n, customers int, every time.Duration, adjust func(i int, o *demoapp.OrderCreated)) {
+	t.Helper()
+	seq := map[int]int{}
+	for i := range n {
+		c := i % customers
+		seq[c]++
+		o := demoapp.OrderCreated{OrderID: fmt.Sprintf("%s%05d", b.prefix, b.written), Customer: fmt.Sprintf("c%02d", c), Seq: seq[c],
+			AmountCents: int64(100 + i), Currency: "EUR"}
+		if adjust != nil {
+			adjust(i, &o)
+		}
+		_, err := demoapp.PlaceOrder(b.ctx, b.pool, o)
+		require.NoError(t, err)
+		b.written++
+		if every > 0 {
+			time.Sleep(every)
+		}
+	}
+}
+
+// waitApplied waits (up to limit, a liveness bound, not a performance assertion) until every
+// placed order is in the ledger, then checks that every committed event was applied exactly once.
+func (b *bundle) waitApplied(t *testing.T, limit time.Duration) demoapp.Verification {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	var p demoapp.Progress
+	var err error
+	for time.Now().Before(deadline) {
+		p, err = demoapp.ProgressOf(b.ctx, b.pool, b.prefix)
+		require.NoError(t, err)
+		if p.Applied >= b.written {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// Anything still in flight (a duplicate publish, a redelivery) gets a moment to land.
+	time.Sleep(time.Second)
+	v, err := demoapp.Verify(b.ctx, b.pool, b.prefix)
+	require.NoError(t, err)
+	t.Logf("produced %d, exactly once %d, lost %d, twice %d, out of order %d, p50 %s, p99 %s; event source %+v",
+		v.Produced, v.ExactlyOnce, v.Lost, v.AppliedTwice, v.OrderViolations, v.P50, v.P99, b.stack.Source.Stats())
+	require.Equal(t, b.written, v.Produced, "orders committed")
+	require.Equal(t, b.written, v.Events, "one outbox event per order")
+	require.Empty(t, v.Problems(b.fifo), "every committed event applied exactly once (progress %+v)", p)
+	require.True(t, v.OK(b.fifo))
+	return v
+}
