@@ -25,6 +25,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -46,6 +47,8 @@ func main() {
 		only      = flag.String("only", "", "comma-separated suites to run (relay,producer,consumer,e2e,scale); default all")
 		command   = flag.String("command", "", "the command line to print in the report (defaults to this process's)")
 		verbosity = flag.Bool("v", false, "log progress of every run")
+		results   = flag.String("results", "results.json", "where to save the raw results as JSON (empty: nowhere)")
+		renderIn  = flag.String("render", "", "only render the report and chart from a results JSON file of an earlier run")
 	)
 	flag.Parse()
 
@@ -73,9 +76,26 @@ func main() {
 	if ref == "" {
 		ref = *chart
 	}
-	if err := run(ctx, log, runOptions{
-		Out: *out, Chart: *chart, ChartRef: ref, Sizes: sizes, Only: *only, Command: cmdline,
-	}); err != nil {
+	opts := runOptions{Out: *out, Chart: *chart, ChartRef: ref, Results: *results, Sizes: sizes, Only: *only, Command: cmdline}
+	if *renderIn != "" {
+		b, err := os.ReadFile(*renderIn)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "sluicebench:", err)
+			os.Exit(1)
+		}
+		var rep Report
+		if err := json.Unmarshal(b, &rep); err != nil {
+			fmt.Fprintln(os.Stderr, "sluicebench: read results:", err)
+			os.Exit(1)
+		}
+		rep.ChartRef = ref
+		if err := render(&rep, opts); err != nil {
+			fmt.Fprintln(os.Stderr, "sluicebench:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if err := run(ctx, log, opts); err != nil {
 		fmt.Fprintln(os.Stderr, "sluicebench:", err)
 		os.Exit(1)
 	}
@@ -83,9 +103,11 @@ func main() {
 
 type runOptions struct {
 	Out, Chart, ChartRef string
-	Sizes                Sizes
-	Only                 string
-	Command              string
+	// Results is where the raw results are saved as JSON (for -render); empty for nowhere.
+	Results string
+	Sizes   Sizes
+	Only    string
+	Command string
 }
 
 // Sizes are the workload sizes of one run.
@@ -107,6 +129,8 @@ type Sizes struct {
 	BulkEvents, BulkRepeats int
 	// ConsumerDeliveries per run (10% of them duplicates).
 	ConsumerDeliveries int
+	// E2EDuration is how long the end-to-end suite produces at each rate.
+	E2EDuration time.Duration
 	// ScaleRetained: the published rows retained for the claim-latency runs, ascending.
 	ScaleRetained []int
 	// ScalePending: the pending rows claimed at each scale.
@@ -117,8 +141,8 @@ func fullSizes() Sizes {
 	return Sizes{
 		Name: "full", RelayRows: 100_000, RelayKeys: 1_000, PeerTimeBox: 15 * time.Second, RelayRepeats: 2, RelayTimeout: 4 * time.Minute,
 		ProducerTx: 5_000, BulkEvents: 10_000, BulkRepeats: 10,
-		ConsumerDeliveries: 20_000,
-		ScaleRetained:      []int{0, 1_000_000, 5_000_000}, ScalePending: 20_000,
+		ConsumerDeliveries: 20_000, E2EDuration: 20 * time.Second,
+		ScaleRetained: []int{0, 1_000_000, 5_000_000}, ScalePending: 20_000,
 	}
 }
 
@@ -126,8 +150,8 @@ func quickSizes() Sizes {
 	return Sizes{
 		Name: "quick", RelayRows: 10_000, RelayKeys: 1_000, PeerTimeBox: 3 * time.Second, RelayRepeats: 2, RelayTimeout: time.Minute,
 		ProducerTx: 300, BulkEvents: 10_000, BulkRepeats: 2,
-		ConsumerDeliveries: 2_000,
-		ScaleRetained:      []int{0, 100_000, 300_000}, ScalePending: 5_000,
+		ConsumerDeliveries: 2_000, E2EDuration: 5 * time.Second,
+		ScaleRetained: []int{0, 100_000, 300_000}, ScalePending: 5_000,
 	}
 }
 
@@ -176,6 +200,20 @@ func run(ctx context.Context, log *slog.Logger, o runOptions) error {
 	}
 	rep.Finished = time.Now()
 	rep.LoadEnd = loadAverage()
+	if o.Results != "" {
+		b, err := json.MarshalIndent(rep, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(o.Results, b, 0o644); err != nil {
+			return fmt.Errorf("write results: %w", err)
+		}
+	}
+	return render(rep, o)
+}
+
+// render writes the chart and the report of rep.
+func render(rep *Report, o runOptions) error {
 	if err := writeChart(o.Chart, rep); err != nil {
 		return fmt.Errorf("write chart: %w", err)
 	}
@@ -185,6 +223,5 @@ func run(ctx context.Context, log *slog.Logger, o runOptions) error {
 	if err := os.WriteFile(o.Out, []byte(rep.Markdown()), 0o644); err != nil {
 		return fmt.Errorf("write report: %w", err)
 	}
-	log.Info("report written", "out", o.Out, "chart", o.Chart, "took", time.Since(started).Round(time.Second))
 	return nil
 }

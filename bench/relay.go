@@ -56,7 +56,7 @@ const (
 // textbookBatch is the textbook relay's SELECT ... FOR UPDATE LIMIT.
 const textbookBatch = 100
 
-// ceilingBatch is the ceiling loop's claim size: sluice's default BatchSize.
+// ceilingBatch is the ceiling loop's claim size.
 const ceilingBatch = 1000
 
 func runRelaySuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, rep *Report) error {
@@ -67,6 +67,9 @@ func runRelaySuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, re
 	defer pool.Close()
 
 	n, keys := sz.RelayRows, sz.RelayKeys
+	d := outbox.RelayConfig{}.WithDefaults()
+	rep.RelayDefaults = fmt.Sprintf("BatchSize %d, MaxPerKey %d, PublishConcurrency %d, Lease %s, PollInterval %s",
+		d.BatchSize, d.MaxPerKey, d.PublishConcurrency, d.Lease, d.PollInterval)
 	for _, delay := range []time.Duration{0, 10 * time.Millisecond} {
 		runs := []struct {
 			name string

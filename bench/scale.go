@@ -29,6 +29,8 @@ type ClaimResult struct {
 	Retained int
 	// Latency of the relay's claim statements that returned rows, timed at the client.
 	Latency Latencies
+	// Settle is the latency of the relay's settle batches (marking rows published), timed at the client.
+	Settle Latencies
 	// Explain is EXPLAIN (ANALYZE, BUFFERS) of one claim of ScalePending rows, and ExplainTime
 	// its reported execution time.
 	Explain     string
@@ -59,6 +61,36 @@ type claimTracer struct {
 	durs []time.Duration
 	sql  string
 	args []any
+	// settles are the durations of the relay's settle batches (every pgx.Batch on the pool).
+	settles []time.Duration
+}
+
+type batchKey struct{}
+
+var _ pgx.BatchTracer = (*claimTracer)(nil)
+
+func (t *claimTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return context.WithValue(ctx, batchKey{}, time.Now())
+}
+
+func (t *claimTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+
+func (t *claimTracer) TraceBatchEnd(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchEndData) {
+	start, ok := ctx.Value(batchKey{}).(time.Time)
+	if !ok || data.Err != nil {
+		return
+	}
+	t.mu.Lock()
+	t.settles = append(t.settles, time.Since(start))
+	t.mu.Unlock()
+}
+
+func (t *claimTracer) takeSettles() []time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	d := t.settles
+	t.settles = nil
+	return d
 }
 
 type traceKey struct{}
@@ -115,7 +147,7 @@ func runScaleSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, re
 	if _, err := drain(ctx, pool); err != nil {
 		return err
 	}
-	_ = tracer.take()
+	_, _ = tracer.take(), tracer.takeSettles()
 
 	retained := 0
 	measure := func(label string) error {
@@ -126,7 +158,7 @@ func runScaleSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, re
 			return err
 		}
 		cr := ClaimResult{Label: label, Retained: retained}
-		var durs []time.Duration
+		var durs, settles []time.Duration
 		// scaleRounds backlogs in a row; the first warms the caches up and is not counted.
 		for round := range scaleRounds {
 			if err := insertOutboxRows(ctx, pool, pendingBase+int64(round)*int64(sz.ScalePending), sz.ScalePending, 1000, false); err != nil {
@@ -149,11 +181,13 @@ func runScaleSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, re
 			if st.Published != sz.ScalePending {
 				return fmt.Errorf("scale %s: relay published %d of %d", label, st.Published, sz.ScalePending)
 			}
-			if d := tracer.take(); round > 0 {
+			d, st2 := tracer.take(), tracer.takeSettles()
+			if round > 0 {
 				durs = append(durs, d...)
+				settles = append(settles, st2...)
 			}
 		}
-		cr.Latency = summarize(durs)
+		cr.Latency, cr.Settle = summarize(durs), summarize(settles)
 		log.Info("claim latency", "label", label, "retained", retained, "claims", cr.Latency.N, "p50", cr.Latency.P50, "mean", cr.Latency.Mean, "explain", cr.ExplainTime)
 		res.Claims = append(res.Claims, cr)
 		return nil
