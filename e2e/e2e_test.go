@@ -73,6 +73,9 @@ func TestSNSFailingAndThrottling(t *testing.T) {
 	require.Positive(t, s.Throttled)
 	require.Positive(t, s.Unavailable)
 	require.Positive(t, s.LostResponses)
+	// A lost response means a batch was published and published again: the consumer saw more
+	// deliveries than events, and the inbox kept each to one application (waitApplied).
+	require.Greater(t, b.stack.Source.Stats().Deleted, int64(b.written), "duplicates were delivered")
 }
 
 // The database connections of the relay and the consumer are terminated (pg_terminate_backend)

@@ -1,0 +1,97 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sns"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/internal/lambdaenv"
+	"github.com/sluicehq/sluice/internal/localaws"
+	"github.com/sluicehq/sluice/internal/testdb"
+	"github.com/sluicehq/sluice/pkg/outbox"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+func scheduledEvent(t *testing.T) events.EventBridgeEvent {
+	t.Helper()
+	raw, err := os.ReadFile("testdata/scheduled_event.json")
+	require.NoError(t, err)
+	var ev events.EventBridgeEvent
+	require.NoError(t, json.Unmarshal(raw, &ev))
+	back, err := json.Marshal(ev)
+	require.NoError(t, err)
+	require.JSONEq(t, string(raw), string(back), "the fixture round-trips through events.EventBridgeEvent")
+	return ev
+}
+
+func TestScheduledEventFixtureRoundTrips(t *testing.T) {
+	t.Parallel()
+	ev := scheduledEvent(t)
+	require.Equal(t, "Scheduled Event", ev.DetailType)
+	require.Equal(t, "aws.events", ev.Source)
+}
+
+// The handler publishes what is pending and returns stopBefore ahead of the deadline.
+func TestHandleRunsUntilShortlyBeforeTheDeadline(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	snsc := sns.NewFromConfig(localaws.TestConfig(t))
+	topic, err := snsc.CreateTopic(ctx, &sns.CreateTopicInput{Name: aws.String("relay-handler-test")})
+	require.NoError(t, err)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	for range 5 {
+		_, err = outbox.Write(ctx, tx, outbox.Message{Topic: "orders", EventType: "OrderCreated", AggregateID: "o-1", Payload: []byte(`{"n":1}`)})
+		require.NoError(t, err)
+	}
+	require.NoError(t, tx.Commit(ctx))
+
+	relay, err := outbox.NewRelay(pool, outbox.RelayConfig{Publisher: outbox.NewSNSPublisher(snsc),
+		Topics: map[string]string{"orders": aws.ToString(topic.TopicArn)}, PollInterval: 100 * time.Millisecond})
+	require.NoError(t, err)
+	h := &handler{relay: relay, lag: pool, stopBefore: time.Second, log: slog.New(slog.DiscardHandler)}
+	deadline := time.Now().Add(2500 * time.Millisecond)
+	ictx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	res, err := h.Handle(ictx, scheduledEvent(t))
+	require.NoError(t, err)
+	require.Zero(t, res.Pending, "everything was published")
+	require.Zero(t, res.Quarantined)
+	require.True(t, time.Now().Before(deadline), "returned before the invocation deadline")
+	out, err := json.Marshal(res)
+	require.NoError(t, err)
+	require.Contains(t, string(out), `"pending":0`)
+}
+
+func TestRelayConfigFromEnvironment(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{
+		lambdaenv.TopicARNs: `{"orders":"arn:aws:sns:eu-west-1:1:orders"}`, lambdaenv.RelayBatchSize: "50",
+		lambdaenv.RelayLease: "4s", lambdaenv.RelayPublishTimeout: "3s", lambdaenv.RelayStopBefore: "2s",
+	}
+	cfg, stop, err := relayConfig(func(k string) string { return env[k] })
+	require.NoError(t, err)
+	require.Equal(t, 50, cfg.BatchSize)
+	require.Equal(t, 4*time.Second, cfg.Lease)
+	require.Equal(t, 3*time.Second, cfg.PublishTimeout)
+	require.Equal(t, 2*time.Second, stop)
+	require.Equal(t, "arn:aws:sns:eu-west-1:1:orders", cfg.Topics["orders"])
+
+	_, stop, err = relayConfig(func(k string) string { return map[string]string{lambdaenv.DefaultTopicARN: "arn:x"}[k] })
+	require.NoError(t, err)
+	require.Equal(t, defaultStopBefore, stop)
+
+	env[lambdaenv.RelayBatchSize] = "many"
+	_, _, err = relayConfig(func(k string) string { return env[k] })
+	require.ErrorContains(t, err, lambdaenv.RelayBatchSize)
+}
