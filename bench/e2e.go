@@ -46,6 +46,10 @@ type E2ERun struct {
 // e2eProducers commit orders concurrently (a single producer could not sustain 1,000/s here).
 const e2eProducers = 8
 
+// e2eConsumers is the consumer function's concurrency: the five batches at once with which
+// the SQS event source mapping starts.
+const e2eConsumers = 5
+
 // runE2ESuite measures commit-to-apply latency through the local AWS: the fauxqs emulator (or
 // the endpoint in AWS_ENDPOINT_URL), the real relay and consumer bootstraps under the Lambda
 // runtime interface emulator with their EventBridge and SQS drivers (internal/localrun, the
@@ -88,15 +92,16 @@ func runE2ESuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, rep 
 	}
 	defer os.RemoveAll(binDir)
 	opts := localrun.StackOptions{RIE: rie, BinDir: binDir, DatabaseURL: dbURL, Endpoint: endpoint,
-		Name: fmt.Sprintf("sluice-bench-%d", os.Getpid()), Log: io.Discard, Logger: log}
+		Name: fmt.Sprintf("sluice-bench-%d", os.Getpid()), Log: io.Discard, Logger: log,
+		ConsumerInstances: e2eConsumers}
 	st, err := localrun.StartStack(ctx, opts)
 	if err != nil {
 		return blocked(fmt.Errorf("start the local stack: %w", err))
 	}
 	defer st.Stop()
 	res := E2EResult{Measured: true, Setup: fmt.Sprintf("endpoint %s; relay: 2 instances, scheduled every 4 s with a 10 s timeout "+
-		"(localrun's compressed EventBridge schedule; each invocation keeps polling until shortly before its timeout); consumer: 2 instances, "+
-		"SQS batches of up to 10, standard topic and queue with raw delivery", endpoint)}
+		"(localrun's compressed EventBridge schedule; each invocation keeps polling until shortly before its timeout); consumer: %d instances (the SQS event source mapping starts with 5 concurrent batches), "+
+		"SQS batches of up to 10, standard topic and queue with raw delivery", endpoint, e2eConsumers)}
 	for i, rate := range []int{100, 1000} {
 		run, err := e2eRun(ctx, pool, fmt.Sprintf("b%d-%d-", os.Getpid(), i), rate, sz.E2EDuration)
 		if err != nil {
