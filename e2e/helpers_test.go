@@ -6,8 +6,10 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -41,12 +43,16 @@ func binaries(t *testing.T) (string, string) {
 		if rieBin, binErr = localrun.EnsureRIE(ctx, root); binErr != nil {
 			return
 		}
-		dir, err := os.MkdirTemp("", "sluice-e2e-bin-")
-		if err != nil {
-			binErr = err
-			return
+		// One directory per test process under .cache (gitignored); those of finished runs are removed.
+		base := filepath.Join(root, ".cache", "e2e-bin")
+		if old, _ := filepath.Glob(filepath.Join(base, "*")); len(old) > 0 {
+			for _, d := range old {
+				if pid, err := strconv.Atoi(filepath.Base(d)); err == nil && syscall.Kill(pid, 0) != nil {
+					_ = os.RemoveAll(d)
+				}
+			}
 		}
-		binDir, binErr = localrun.BuildLambdas(ctx, root, dir)
+		binDir, binErr = localrun.BuildLambdas(ctx, root, filepath.Join(base, strconv.Itoa(os.Getpid())))
 	})
 	require.NoError(t, binErr)
 	return rieBin, binDir
