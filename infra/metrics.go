@@ -4,50 +4,52 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatch"
 	"github.com/aws/jsii-runtime-go"
+
+	"github.com/sluicehq/sluice/internal/emf"
 )
 
 // MetricNamespace is the CloudWatch namespace of every metric the sluice Lambdas emit as EMF.
-const MetricNamespace = "Sluice"
+const MetricNamespace = emf.Namespace
 
 // Dimension names and values of the sluice metrics. Relay metrics carry exactly the dimension
 // set {Service=relay}; consumer metrics carry {Service=consumer, Consumer=<consumer name>}.
 const (
 	// DimensionService is the dimension naming the emitting Lambda kind.
-	DimensionService = "Service"
+	DimensionService = emf.DimensionService
 	// DimensionConsumer is the dimension naming the inbox consumer (SLUICE_CONSUMER_NAME).
-	DimensionConsumer = "Consumer"
+	DimensionConsumer = emf.DimensionConsumer
 	// ServiceRelay is the DimensionService value of relay metrics.
-	ServiceRelay = "relay"
+	ServiceRelay = emf.ServiceRelay
 	// ServiceConsumer is the DimensionService value of consumer metrics.
-	ServiceConsumer = "consumer"
+	ServiceConsumer = emf.ServiceConsumer
 )
 
 // Relay metric names.
 const (
 	// MetricOutboxPending is the number of unpublished, unquarantined outbox rows (Count).
-	MetricOutboxPending = "OutboxPending"
+	MetricOutboxPending = emf.OutboxPending
 	// MetricOutboxOldestPendingAge is the age of the oldest unpublished row (Seconds).
-	MetricOutboxOldestPendingAge = "OutboxOldestPendingAgeSeconds"
+	MetricOutboxOldestPendingAge = emf.OutboxOldestPendingAge
 	// MetricOutboxQuarantined is the number of quarantined outbox rows (Count).
-	MetricOutboxQuarantined = "OutboxQuarantined"
+	MetricOutboxQuarantined = emf.OutboxQuarantined
 	// MetricRelayHeartbeat is emitted at least once a minute by every running relay (Count).
-	MetricRelayHeartbeat = "RelayHeartbeat"
+	MetricRelayHeartbeat = emf.RelayHeartbeat
 	// MetricPublished counts messages the broker acknowledged (Count).
-	MetricPublished = "Published"
+	MetricPublished = emf.Published
 	// MetricPublishFailures counts failed publish attempts (Count).
-	MetricPublishFailures = "PublishFailures"
+	MetricPublishFailures = emf.PublishFailures
 )
 
 // Consumer metric names.
 const (
 	// MetricInboxProcessed counts messages applied and committed (Count).
-	MetricInboxProcessed = "InboxProcessed"
+	MetricInboxProcessed = emf.InboxProcessed
 	// MetricInboxDuplicates counts messages skipped because the inbox already had them (Count).
-	MetricInboxDuplicates = "InboxDuplicates"
+	MetricInboxDuplicates = emf.InboxDuplicates
 	// MetricInboxFailures counts records reported as failed to SQS (Count).
-	MetricInboxFailures = "InboxFailures"
+	MetricInboxFailures = emf.InboxFailures
 	// MetricCommitToApplyLatency is the time from the outbox row's commit to the inbox commit (Milliseconds).
-	MetricCommitToApplyLatency = "CommitToApplyLatency"
+	MetricCommitToApplyLatency = emf.CommitToApplyLatency
 )
 
 // RelayMetric returns a relay metric (one of the Metric* relay names) with the given statistic

@@ -146,7 +146,7 @@ func New(db Beginner, cfg Config) (*Consumer, error) {
 	}
 	var m *emf.Logger
 	if cfg.Metrics != nil {
-		m = emf.New(cfg.Metrics, map[string]string{"Service": "consumer", "Consumer": cfg.Consumer})
+		m = emf.New(cfg.Metrics, map[string]string{emf.DimensionService: emf.ServiceConsumer, emf.DimensionConsumer: cfg.Consumer})
 	}
 	return &Consumer{
 		db:      db,
@@ -491,14 +491,14 @@ func classify(err error) error {
 
 // Metric names written by the Consumer and the Processor, with dimensions Service and Consumer.
 const (
-	MetricProcessed  = "InboxProcessed"  // handlers applied and committed (Count)
-	MetricSkipped    = "InboxSkipped"    // unknown event types recorded without effect (Count)
-	MetricDuplicates = "InboxDuplicates" // deliveries found in the inbox (Count)
-	MetricFailures   = "InboxFailures"   // records or attempts that failed (Count)
-	MetricStored     = "InboxStored"     // messages stored by the Async mode (Count)
-	MetricParked     = "InboxParked"     // rows the Processor parked (Count)
+	MetricProcessed  = emf.InboxProcessed  // handlers applied and committed (Count)
+	MetricSkipped    = emf.InboxSkipped    // unknown event types recorded without effect (Count)
+	MetricDuplicates = emf.InboxDuplicates // deliveries found in the inbox (Count)
+	MetricFailures   = emf.InboxFailures   // records or attempts that failed (Count)
+	MetricStored     = emf.InboxStored     // messages stored by the Async mode (Count)
+	MetricParked     = emf.InboxParked     // rows the Processor parked (Count)
 	// MetricCommitToApplyLatency is now minus the createdAt attribute, per applied message (Milliseconds).
-	MetricCommitToApplyLatency = "InboxCommitToApplyLatency"
+	MetricCommitToApplyLatency = emf.CommitToApplyLatency
 )
 
 func (c *Consumer) emit(rep Report, msgs []Message) {

@@ -103,7 +103,7 @@ func NewProcessor(db Beginner, cfg ProcessorConfig) (*Processor, error) {
 	}
 	var m *emf.Logger
 	if cfg.Metrics != nil {
-		m = emf.New(cfg.Metrics, map[string]string{"Service": "inbox-processor", "Consumer": cfg.Consumer})
+		m = emf.New(cfg.Metrics, map[string]string{emf.DimensionService: emf.ServiceInboxProcessor, emf.DimensionConsumer: cfg.Consumer})
 	}
 	return &Processor{db: db, cfg: cfg, log: cfg.Logger.With("consumer", cfg.Consumer), metrics: m}, nil
 }

@@ -153,7 +153,7 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 	}
 	r := &Relay{pool: pool, cfg: cfg, log: cfg.Logger.With("component", "relay"), inFlight: make(chan struct{}, cfg.PublishConcurrency)}
 	if cfg.Metrics != nil {
-		r.metrics = emf.New(cfg.Metrics, map[string]string{"Service": "relay"})
+		r.metrics = emf.New(cfg.Metrics, map[string]string{emf.DimensionService: emf.ServiceRelay})
 	}
 	return r, nil
 }
@@ -312,15 +312,15 @@ func (r *Relay) emitMetrics(ctx context.Context, s Stats) {
 	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	ms := []emf.Metric{
-		{Name: "RelayHeartbeat", Unit: emf.Count, Value: 1},
-		{Name: "Published", Unit: emf.Count, Value: float64(s.Published)},
-		{Name: "PublishFailures", Unit: emf.Count, Value: float64(s.Retrying + s.Quarantined)},
+		{Name: emf.RelayHeartbeat, Unit: emf.Count, Value: 1},
+		{Name: emf.Published, Unit: emf.Count, Value: float64(s.Published)},
+		{Name: emf.PublishFailures, Unit: emf.Count, Value: float64(s.Retrying + s.Quarantined)},
 	}
 	if lag, err := LagOf(lctx, r.pool); err == nil {
 		ms = append(ms,
-			emf.Metric{Name: "OutboxPending", Unit: emf.Count, Value: float64(lag.Pending)},
-			emf.Metric{Name: "OutboxOldestPendingAgeSeconds", Unit: emf.Seconds, Value: lag.OldestPendingAge.Seconds()},
-			emf.Metric{Name: "OutboxQuarantined", Unit: emf.Count, Value: float64(lag.Quarantined)},
+			emf.Metric{Name: emf.OutboxPending, Unit: emf.Count, Value: float64(lag.Pending)},
+			emf.Metric{Name: emf.OutboxOldestPendingAge, Unit: emf.Seconds, Value: lag.OldestPendingAge.Seconds()},
+			emf.Metric{Name: emf.OutboxQuarantined, Unit: emf.Count, Value: float64(lag.Quarantined)},
 		)
 	} else {
 		r.log.Warn("read outbox lag", "error", err)
