@@ -92,7 +92,7 @@ func runE2ESuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, rep 
 	}
 	defer os.RemoveAll(binDir)
 	opts := localrun.StackOptions{RIE: rie, BinDir: binDir, DatabaseURL: dbURL, Endpoint: endpoint,
-		Name: fmt.Sprintf("sluice-bench-%d", os.Getpid()), Log: io.Discard, Logger: log,
+		Name: fmt.Sprintf("sluice-bench-%d", os.Getpid()), Log: e2eLog(), Logger: log,
 		ConsumerInstances: e2eConsumers}
 	st, err := localrun.StartStack(ctx, opts)
 	if err != nil {
@@ -194,4 +194,15 @@ func e2eRun(ctx context.Context, pool *pgxpool.Pool, prefix string, rate int, d 
 	run.P50, run.P95, run.P99, run.Max = ms(p50), ms(p95), ms(p99), ms(pmax)
 	run.PubP50, run.PubP99 = ms(pub50), ms(pub99)
 	return run, nil
+}
+
+// e2eLog is where the local stack's output goes: the file named by SLUICE_BENCH_E2E_LOG, for
+// diagnosing a run, else nowhere.
+func e2eLog() io.Writer {
+	if p := os.Getenv("SLUICE_BENCH_E2E_LOG"); p != "" {
+		if f, err := os.Create(p); err == nil {
+			return f
+		}
+	}
+	return io.Discard
 }
