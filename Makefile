@@ -41,7 +41,7 @@ fuzz: ## Fuzz the inbox message parser briefly (seed corpus in pkg/inbox/testdat
 
 # The benchmark harness is its own Go module in bench/; it starts its own PostgreSQL unless
 # DATABASE_URL or TEST_DATABASE_URL is set. Not part of `make test`.
-BENCH_FLAGS ?= -out ../BENCHMARKS.md -chart ../docs/bench.png -chart-ref docs/bench.png
+BENCH_FLAGS ?= -out ../BENCHMARKS.md -chart ../docs/bench.png -chart-ref docs/bench.png -results results.json
 
 .PHONY: bench
 bench: ## Benchmark sluice against its peers and the machine (about 7 min here); writes BENCHMARKS.md and docs/bench.png.

@@ -47,7 +47,7 @@ func main() {
 		only      = flag.String("only", "", "comma-separated suites to run (relay,producer,consumer,e2e,scale); default all")
 		command   = flag.String("command", "", "the command line to print in the report (defaults to this process's)")
 		verbosity = flag.Bool("v", false, "log progress of every run")
-		results   = flag.String("results", "results.json", "where to save the raw results as JSON (empty: nowhere)")
+		results   = flag.String("results", "", "where to save the raw results as JSON, for -render (make bench: bench/results.json)")
 		renderIn  = flag.String("render", "", "only render the report and chart from a results JSON file of an earlier run")
 	)
 	flag.Parse()
