@@ -14,14 +14,14 @@ CREATE TABLE outbox_event (
     created_at      timestamptz NOT NULL DEFAULT now(),
     published_at    timestamptz NULL,
     -- Relay bookkeeping.
-    -- available_at: the row (and so its partition_key) is not claimable before this time.
-    -- It holds a relay's lease while the row is being published, and the backoff after a failure.
+    -- available_at: the row (and so its partition_key) is not claimable before this time:
+    -- the backoff after a failed publish attempt.
     available_at    timestamptz NULL,
     attempts        integer     NOT NULL DEFAULT 0,
     last_error      text        NULL,
     quarantined_at  timestamptz NULL
 )
--- Room on each page lets lease and backoff updates (available_at is in no index) stay HOT.
+-- Room on each page lets backoff and retry updates (available_at is in no index) stay HOT.
 WITH (fillfactor = 80);
 
 -- The relay's scan: unpublished rows in id order. Its size follows the backlog, not the table.

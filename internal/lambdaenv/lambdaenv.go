@@ -18,8 +18,8 @@ const (
 	RelayStopBefore = "SLUICE_RELAY_STOP_BEFORE"
 	// RelayBatchSize overrides the relay's claim batch size.
 	RelayBatchSize = "SLUICE_RELAY_BATCH_SIZE"
-	// RelayLease overrides outbox.RelayConfig.Lease (Go duration): how long a crashed relay's
-	// claimed rows wait before another relay takes them over. Defaults to the package's 30s.
+	// RelayLease overrides outbox.RelayConfig.Lease (Go duration): the most one relay round may
+	// hold its partition keys (a hung relay's keys come free after it). Defaults to the package's 30s.
 	RelayLease = "SLUICE_RELAY_LEASE"
 	// RelayPublishTimeout overrides outbox.RelayConfig.PublishTimeout (Go duration); it must stay
 	// below RelayLease. Defaults to the package's 10s.

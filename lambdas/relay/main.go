@@ -2,7 +2,7 @@
 // EventBridge's floor); each invocation drains the outbox and keeps polling, woken early by
 // LISTEN/NOTIFY, until SLUICE_RELAY_STOP_BEFORE (default 5s) before its deadline, so events
 // are published within a second although the schedule fires once a minute. Overlapping
-// invocations are safe (rows are leased with SKIP LOCKED).
+// invocations are safe (each round locks its keys with SKIP LOCKED).
 //
 // Configuration (read once per cold start, see internal/lambdaenv): DATABASE_URL, or
 // DATABASE_SECRET_ARN naming the RDS Secrets Manager secret; DATABASE_MAX_CONNS;

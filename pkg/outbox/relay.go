@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -45,8 +46,10 @@ type RelayConfig struct {
 	Pipelines int
 	// PublishTimeout bounds one PublishBatch call. Defaults to 10 seconds.
 	PublishTimeout time.Duration
-	// Lease is how long claimed rows (and so their partition keys) belong to this relay before
-	// another relay may take them over, should this one die. Defaults to 30 seconds.
+	// Lease bounds how long one round holds its partition keys: publishing stops at three
+	// quarters of it, and PostgreSQL ends the relay's session if it sits idle in the round's
+	// transaction longer (a hung or frozen relay), which releases its keys. A relay that dies
+	// releases them at once with its connection. Defaults to 30 seconds.
 	Lease time.Duration
 	// MaxAttempts is the number of failed publish attempts after which a row is quarantined.
 	// Defaults to 10.
@@ -120,7 +123,7 @@ func (c RelayConfig) validate() error {
 		}
 	}
 	if c.Lease > 0 && c.PublishTimeout >= c.Lease {
-		errs = append(errs, fmt.Errorf("Lease (%s) must be longer than PublishTimeout (%s), or another relay could take over rows still being published", c.Lease, c.PublishTimeout))
+		errs = append(errs, fmt.Errorf("Lease (%s) must be longer than PublishTimeout (%s): a round's publishing stops at three quarters of the lease", c.Lease, c.PublishTimeout))
 	}
 	if c.BackoffMax < c.BackoffBase {
 		errs = append(errs, fmt.Errorf("BackoffMax (%s) must not be below BackoffBase (%s)", c.BackoffMax, c.BackoffBase))
@@ -160,7 +163,7 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 
 // Stats counts what a relay did.
 type Stats struct {
-	// Claimed is the number of rows leased.
+	// Claimed is the number of rows claimed.
 	Claimed int
 	// Published is the number of rows the broker acknowledged and that were marked published.
 	Published int
@@ -181,7 +184,7 @@ func (s *Stats) add(o Stats) {
 }
 
 // RunOnce drains the outbox: it claims and publishes until no claimable row is left (rows in
-// backoff, quarantined, or leased by another relay are not claimable), then returns.
+// backoff, quarantined, or held by another relay's round are not claimable), then returns.
 // Pipelines rounds run at once, so one round's claim overlaps another's publishing.
 func (r *Relay) RunOnce(ctx context.Context) (Stats, error) {
 	var (
@@ -328,10 +331,12 @@ func (r *Relay) emitMetrics(ctx context.Context, s Stats) {
 	r.metrics.Emit(ms...)
 }
 
-// claimSQL leases up to $2 rows, at most $3 per partition key, taking only keys whose oldest
-// unpublished row is claimable (not leased, not backing off, not quarantined): so a key is
-// published by one relay at a time, in id order. Only the heads are locked (SKIP LOCKED), so
-// concurrent claims never wait on each other.
+// claimSQL returns up to $2 rows, at most $3 per partition key, taking only keys whose oldest
+// unpublished row is claimable (not locked by another relay's round, not backing off, not
+// quarantined). It locks only those oldest rows, the heads, FOR UPDATE SKIP LOCKED: the round's
+// transaction holds them while it publishes, so a key belongs to one relay at a time and its rows
+// go out in id order, concurrent claims never wait on each other, and a relay that dies releases
+// its keys with its connection.
 const claimSQL = `
 WITH cand AS (
     SELECT e.id, e.partition_key
@@ -358,23 +363,25 @@ WITH cand AS (
       AND e.published_at IS NULL AND e.quarantined_at IS NULL
       AND (e.available_at IS NULL OR e.available_at <= now())
     FOR UPDATE SKIP LOCKED
+), share AS (
+    -- No key needs more rows than its share of the batch; with as many keys as the batch holds,
+    -- the heads alone fill it and no key's later rows are read.
+    SELECT least($3, ceil($2::float8 / greatest(count(*), 1)))::int - 1 AS extra FROM locked
 ), picked AS (
-    SELECT r.id FROM locked l CROSS JOIN LATERAL (
-        SELECT o.id, row_number() OVER (ORDER BY o.id) AS rn FROM outbox_event o
-        WHERE o.partition_key = l.partition_key AND o.published_at IS NULL AND o.id >= l.id
-        ORDER BY o.id
-        -- No key needs more rows than its share of the batch.
-        LIMIT (SELECT least($3, ceil($2::float8 / greatest(count(*), 1)))::int FROM locked)) r
-    ORDER BY r.rn, l.id
-    LIMIT $2
+    SELECT l.id, 1::bigint AS rn, l.id AS head FROM locked l
+    UNION ALL
+    SELECT r.id, r.rn, l.id FROM locked l CROSS JOIN LATERAL (
+        SELECT o.id, 1 + row_number() OVER (ORDER BY o.id) AS rn FROM outbox_event o
+        WHERE o.partition_key = l.partition_key AND o.published_at IS NULL AND o.id > l.id
+        ORDER BY o.id LIMIT (SELECT extra FROM share)) r
 )
-UPDATE outbox_event e SET available_at = now() + $4 * interval '1 millisecond'
-WHERE e.id = ANY (ARRAY (SELECT id FROM picked))
-RETURNING e.id, e.event_id, e.topic, e.aggregate_type, e.aggregate_id, e.event_type,
-          e.partition_key, e.payload::text, e.headers, e.created_at, e.attempts`
+SELECT e.id, e.event_id, e.topic, e.aggregate_type, e.aggregate_id, e.event_type,
+       e.partition_key, e.payload::text, e.headers, e.created_at, e.attempts
+FROM outbox_event e
+WHERE e.id = ANY (ARRAY (SELECT id FROM picked ORDER BY rn, head LIMIT $2))`
 
-func (r *Relay) claim(ctx context.Context) ([]*Event, error) {
-	rows, err := r.pool.Query(ctx, claimSQL, 2*r.cfg.BatchSize, r.cfg.BatchSize, r.cfg.MaxPerKey, r.cfg.Lease.Milliseconds())
+func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([]*Event, error) {
+	rows, err := tx.Query(ctx, claimSQL, 2*r.cfg.BatchSize, r.cfg.BatchSize, r.cfg.MaxPerKey)
 	if err != nil {
 		return nil, fmt.Errorf("claim outbox rows: %w", err)
 	}
@@ -434,19 +441,40 @@ type outcome struct {
 	afterFailure *outcome
 }
 
+// round claims, publishes and records one batch inside one transaction that holds the claimed
+// keys' head rows locked: BEGIN, claim, publish (no statement runs meanwhile), record, COMMIT.
+// PostgreSQL ends the session should it stay idle in that transaction longer than Lease (a hung
+// or frozen relay), which releases the keys; publishing stops at three quarters of it.
 func (r *Relay) round(ctx context.Context) (Stats, error) {
 	start := time.Now()
-	events, err := r.claim(ctx)
+	tx, err := r.pool.Begin(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return Stats{}, nil // stopping: not a failure
+		}
+		return Stats{}, fmt.Errorf("begin relay round: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, "SELECT set_config('idle_in_transaction_session_timeout', $1, true)",
+		strconv.FormatInt(r.cfg.Lease.Milliseconds(), 10)); err != nil {
+		if ctx.Err() != nil {
+			return Stats{}, nil
+		}
+		return Stats{}, fmt.Errorf("begin relay round: %w", err)
+	}
+	events, err := r.claim(ctx, tx)
 	if err != nil && ctx.Err() != nil {
-		return Stats{}, nil // stopping: not a failure
+		return Stats{}, nil
 	}
 	if err != nil || len(events) == 0 {
 		return Stats{}, err
 	}
 	claimed := time.Now()
-	outcomes := r.publish(ctx, events)
+	pctx, cancel := context.WithTimeout(ctx, r.cfg.Lease*3/4)
+	outcomes := r.publish(pctx, events)
+	cancel()
 	published := time.Now()
-	st, err := r.settle(context.WithoutCancel(ctx), outcomes)
+	st, err := r.settle(context.WithoutCancel(ctx), tx, outcomes)
 	st.Claimed, st.Rounds = len(events), 1
 	r.log.Debug("relay round", "claimed", st.Claimed, "published", st.Published, "retrying", st.Retrying, "quarantined", st.Quarantined,
 		"claim_ms", claimed.Sub(start).Milliseconds(), "publish_ms", published.Sub(claimed).Milliseconds(), "settle_ms", time.Since(published).Milliseconds())
@@ -605,10 +633,11 @@ func (r *Relay) backoff(attempts int) time.Duration {
 	return d/2 + rand.N(d/2+1)
 }
 
-// settle records a round's outcomes in one round trip: acknowledged rows become published;
-// a failed row backs off (its key's later rows wait with it) or is quarantined (its key's later
-// rows are released and stay blocked behind it); rows never attempted are released.
-func (r *Relay) settle(ctx context.Context, outcomes []*outcome) (Stats, error) {
+// settle records a round's outcomes in its transaction and commits: acknowledged rows become
+// published; a failed row backs off (its key's later rows wait with it) or is quarantined (its
+// key's later rows stay blocked behind it); rows never attempted are left as they were. The
+// commit releases the keys.
+func (r *Relay) settle(ctx context.Context, tx pgx.Tx, outcomes []*outcome) (Stats, error) {
 	var (
 		st                 Stats
 		published          []int64
@@ -642,15 +671,11 @@ func (r *Relay) settle(ctx context.Context, outcomes []*outcome) (Stats, error) 
 		}
 	}
 	for _, o := range outcomes {
-		if o.done || o.err != nil {
-			continue
+		// Rows behind a row that backs off wait as long, so the claim's scan skips them.
+		if !o.done && o.err == nil && o.afterFailure != nil && delayOf[o.afterFailure] >= 0 {
+			holdIDs = append(holdIDs, o.event.ID)
+			holdDelay = append(holdDelay, delayOf[o.afterFailure])
 		}
-		delay := int64(-1) // released
-		if o.afterFailure != nil {
-			delay = delayOf[o.afterFailure]
-		}
-		holdIDs = append(holdIDs, o.event.ID)
-		holdDelay = append(holdDelay, delay)
 	}
 	st.Published = len(published)
 
@@ -667,18 +692,24 @@ func (r *Relay) settle(ctx context.Context, outcomes []*outcome) (Stats, error) 
 			WHERE o.id = f.id AND o.published_at IS NULL`, failIDs, failErr, failQuarantine, failDelay)
 	}
 	if len(holdIDs) > 0 {
-		b.Queue(`UPDATE outbox_event o SET available_at = CASE WHEN h.delay_ms < 0 THEN NULL ELSE now() + h.delay_ms * interval '1 millisecond' END
+		b.Queue(`UPDATE outbox_event o SET available_at = now() + h.delay_ms * interval '1 millisecond'
 			FROM unnest($1::bigint[], $2::bigint[]) AS h(id, delay_ms)
 			WHERE o.id = h.id AND o.published_at IS NULL`, holdIDs, holdDelay)
 	}
-	if b.Len() == 0 {
-		return st, nil
-	}
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := r.pool.SendBatch(sctx, b).Close(); err != nil {
-		// The leases expire and the rows are claimed again: duplicates are possible, loss is not.
-		return st, fmt.Errorf("record publish outcomes of %d rows: %w", len(outcomes), err)
+	err := func() error {
+		if b.Len() > 0 {
+			if err := tx.SendBatch(sctx, b).Close(); err != nil {
+				return err
+			}
+		}
+		return tx.Commit(sctx)
+	}()
+	if err != nil {
+		// The transaction is gone, and with it the locks: the rows are claimed again and
+		// published a second time. Duplicates are possible, loss is not.
+		return Stats{}, fmt.Errorf("record publish outcomes of %d rows: %w", len(outcomes), err)
 	}
 	return st, nil
 }
