@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -129,4 +130,36 @@ func Duration(getenv Getenv, name string, def time.Duration) (time.Duration, err
 		return 0, fmt.Errorf("%s must be a non-negative Go duration such as 5s, got %q", name, v)
 	}
 	return d, nil
+}
+
+// ResolveDatabaseURL is DatabaseURLFrom with a Secrets Manager client built from the default
+// AWS configuration, only when DATABASE_URL is unset and the secret must be read.
+func ResolveDatabaseURL(ctx context.Context, getenv Getenv) (string, error) {
+	var secrets SecretGetter
+	if getenv(DatabaseURL) == "" {
+		awsCfg, err := config.LoadDefaultConfig(ctx)
+		if err != nil {
+			return "", fmt.Errorf("load AWS config: %w", err)
+		}
+		secrets = secretsmanager.NewFromConfig(awsCfg)
+	}
+	return DatabaseURLFrom(ctx, getenv, secrets)
+}
+
+// OpenPool resolves the database URL (ResolveDatabaseURL) and opens a pool capped at
+// DATABASE_MAX_CONNS connections: what every sluice Lambda does once per cold start.
+func OpenPool(ctx context.Context, getenv Getenv) (*pgxpool.Pool, error) {
+	url, err := ResolveDatabaseURL(ctx, getenv)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := PoolConfig(url, getenv)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("create database pool: %w", err)
+	}
+	return pool, nil
 }

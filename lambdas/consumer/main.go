@@ -18,8 +18,6 @@ import (
 	"os"
 
 	"github.com/aws/aws-lambda-go/lambda"
-	"github.com/aws/aws-sdk-go-v2/config"
-	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sluicehq/sluice/internal/demoapp"
@@ -42,25 +40,9 @@ func main() {
 
 // wire builds everything once per cold start: database pool, the demo tables, router, consumer.
 func wire(ctx context.Context, getenv lambdaenv.Getenv, log *slog.Logger) (*inbox.Consumer, *pgxpool.Pool, error) {
-	var secrets lambdaenv.SecretGetter
-	if getenv(lambdaenv.DatabaseURL) == "" {
-		awsCfg, err := config.LoadDefaultConfig(ctx)
-		if err != nil {
-			return nil, nil, fmt.Errorf("load AWS config: %w", err)
-		}
-		secrets = secretsmanager.NewFromConfig(awsCfg)
-	}
-	dbURL, err := lambdaenv.DatabaseURLFrom(ctx, getenv, secrets)
+	pool, err := lambdaenv.OpenPool(ctx, getenv)
 	if err != nil {
 		return nil, nil, err
-	}
-	poolCfg, err := lambdaenv.PoolConfig(dbURL, getenv)
-	if err != nil {
-		return nil, nil, err
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
-	if err != nil {
-		return nil, nil, fmt.Errorf("create database pool: %w", err)
 	}
 	c, err := newConsumer(ctx, pool, getenv, log)
 	if err != nil {

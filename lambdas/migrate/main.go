@@ -9,14 +9,11 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"os"
 
 	"github.com/aws/aws-lambda-go/cfn"
 	"github.com/aws/aws-lambda-go/lambda"
-	"github.com/aws/aws-sdk-go-v2/config"
-	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 
 	"github.com/sluicehq/sluice/internal/lambdaenv"
 )
@@ -33,15 +30,7 @@ func main() {
 
 // wire reads the database URL once per cold start.
 func wire(ctx context.Context, getenv lambdaenv.Getenv, log *slog.Logger) (*handler, error) {
-	var secrets lambdaenv.SecretGetter
-	if getenv(lambdaenv.DatabaseURL) == "" {
-		awsCfg, err := config.LoadDefaultConfig(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("load AWS config: %w", err)
-		}
-		secrets = secretsmanager.NewFromConfig(awsCfg)
-	}
-	url, err := lambdaenv.DatabaseURLFrom(ctx, getenv, secrets)
+	url, err := lambdaenv.ResolveDatabaseURL(ctx, getenv)
 	if err != nil {
 		return nil, err
 	}

@@ -23,7 +23,6 @@ import (
 
 	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/aws/aws-sdk-go-v2/config"
-	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 	"github.com/aws/aws-sdk-go-v2/service/sns"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -47,21 +46,9 @@ func wire(ctx context.Context, getenv lambdaenv.Getenv, log *slog.Logger) (*hand
 	if err != nil {
 		return nil, nil, fmt.Errorf("load AWS config: %w", err)
 	}
-	var secrets lambdaenv.SecretGetter
-	if getenv(lambdaenv.DatabaseURL) == "" {
-		secrets = secretsmanager.NewFromConfig(awsCfg)
-	}
-	dbURL, err := lambdaenv.DatabaseURLFrom(ctx, getenv, secrets)
+	pool, err := lambdaenv.OpenPool(ctx, getenv)
 	if err != nil {
 		return nil, nil, err
-	}
-	poolCfg, err := lambdaenv.PoolConfig(dbURL, getenv)
-	if err != nil {
-		return nil, nil, err
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
-	if err != nil {
-		return nil, nil, fmt.Errorf("create database pool: %w", err)
 	}
 	relayCfg, stopBefore, err := relayConfig(getenv)
 	if err != nil {
