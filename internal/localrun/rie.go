@@ -140,6 +140,7 @@ type FunctionError struct {
 	Body string
 }
 
+// Error gives the status and the function's error body.
 func (e *FunctionError) Error() string {
 	return fmt.Sprintf("function failed (status %d): %s", e.Status, strings.TrimSpace(e.Body))
 }

@@ -64,6 +64,7 @@ type ValidationError struct {
 	Problem string
 }
 
+// Error names the message, the field and the problem.
 func (e *ValidationError) Error() string {
 	return fmt.Sprintf("outbox message %d: %s: %s", e.Index, e.Field, e.Problem)
 }
