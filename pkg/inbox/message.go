@@ -10,18 +10,20 @@ import (
 	"unicode/utf8"
 
 	"github.com/aws/aws-lambda-go/events"
+
+	"github.com/sluicehq/sluice/internal/wire"
 )
 
 // Names of the message attributes sluice's relay publishes (see the contract, "The message on
 // the wire"). Every other string attribute is a header.
 const (
-	AttrMessageID     = "messageId"
-	AttrEventType     = "eventType"
-	AttrAggregateType = "aggregateType"
-	AttrAggregateID   = "aggregateId"
-	AttrCreatedAt     = "createdAt"
+	AttrMessageID     = wire.MessageID
+	AttrEventType     = wire.EventType
+	AttrAggregateType = wire.AggregateType
+	AttrAggregateID   = wire.AggregateID
+	AttrCreatedAt     = wire.CreatedAt
 	// AttrTraceparent is the W3C trace context header, carried as an attribute.
-	AttrTraceparent = "traceparent"
+	AttrTraceparent = wire.Traceparent
 )
 
 // IDSource tells where a message's dedup key came from.

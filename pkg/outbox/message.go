@@ -10,6 +10,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+
+	"github.com/sluicehq/sluice/internal/wire"
 )
 
 // SNS limits that shape what the writer accepts.
@@ -22,11 +24,11 @@ const (
 
 // Attribute names of the wire contract, carried on every published message.
 const (
-	AttrMessageID     = "messageId"
-	AttrEventType     = "eventType"
-	AttrAggregateType = "aggregateType"
-	AttrAggregateID   = "aggregateId"
-	AttrCreatedAt     = "createdAt"
+	AttrMessageID     = wire.MessageID
+	AttrEventType     = wire.EventType
+	AttrAggregateType = wire.AggregateType
+	AttrAggregateID   = wire.AggregateID
+	AttrCreatedAt     = wire.CreatedAt
 )
 
 // reservedAttributes are the contract's attributes; headers may not reuse their names.

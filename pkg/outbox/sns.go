@@ -15,6 +15,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sns"
 	"github.com/aws/aws-sdk-go-v2/service/sns/types"
 	"github.com/aws/smithy-go"
+
+	"github.com/sluicehq/sluice/internal/wire"
 )
 
 // snsBatchPublisher is the one SNS call the relay needs.
@@ -128,9 +130,9 @@ func headerOrder(h map[string]string) []string {
 	}
 	rank := func(k string) int {
 		switch k {
-		case "traceparent":
+		case wire.Traceparent:
 			return 0
-		case "tracestate":
+		case wire.Tracestate:
 			return 1
 		}
 		return 2

@@ -1,0 +1,20 @@
+// Package wire names the message attributes of sluice's wire contract, shared by the relay that
+// publishes them (pkg/outbox) and the consumers that read them (pkg/inbox).
+package wire
+
+// String message attributes carried on every published message.
+const (
+	// MessageID is the outbox event_id: the consumers' dedup key and the FIFO deduplication id.
+	MessageID = "messageId"
+	// EventType is the event's type, e.g. OrderCreated.
+	EventType = "eventType"
+	// AggregateType and AggregateID say what produced the event.
+	AggregateType = "aggregateType"
+	AggregateID   = "aggregateId"
+	// CreatedAt is the outbox row's created_at, RFC 3339 in UTC.
+	CreatedAt = "createdAt"
+	// Traceparent is the W3C trace context header, carried as an attribute when the producer set it.
+	Traceparent = "traceparent"
+	// Tracestate is the W3C trace state header.
+	Tracestate = "tracestate"
+)
