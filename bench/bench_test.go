@@ -86,3 +86,42 @@ func TestRenderCommittedResults(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// CPU use is per group in cores over the window; the machine's busy share scales to its cores.
+func TestCPUBetween(t *testing.T) {
+	t.Parallel()
+	t0 := time.Unix(0, 0)
+	a := cpuSnapshot{at: t0, ticks: map[int]uint64{1: 100, 2: 50}, waitNS: map[int]uint64{1: 0, 2: 0},
+		group: map[int]string{1: "x", 2: "y"}, busy: 0, total: 0}
+	b := cpuSnapshot{at: t0.Add(2 * time.Second), ticks: map[int]uint64{1: 200, 2: 60, 3: 20}, waitNS: map[int]uint64{1: 1e9, 2: 0, 3: 0},
+		group: map[int]string{1: "x", 2: "y", 3: "y"}, busy: 100, total: 200}
+	g, _, _ := cpuBetween(a, b)
+	if len(g) != 2 || g[0].Group != "x" || g[0].Cores != 0.5 || g[0].RunQueue != 0.5 || g[1].Procs != 2 || g[1].Cores < 0.149 || g[1].Cores > 0.151 {
+		t.Fatalf("cpuBetween = %+v", g)
+	}
+}
+
+// A run of some suites merged onto a full run replaces just those suites and says so.
+func TestMergeOnto(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("results.json")
+	if err != nil {
+		t.Skip("no results.json")
+	}
+	var base Report
+	if err := json.Unmarshal(b, &base); err != nil {
+		t.Fatal(err)
+	}
+	part := &Report{Sizes: fullSizes(), Producer: &ProducerResult{BulkEvents: 1}, ProducerDurable: &ProducerResult{Durable: true},
+		SuiteTimes: []suiteTime{{"producer", time.Second}}}
+	rep, err := mergeOnto("results.json", part)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Producer.BulkEvents != 1 || rep.ProducerDurable == nil || len(rep.Relay) != len(base.Relay) || len(rep.Merged) != len(base.Merged)+1 {
+		t.Fatalf("merge kept the wrong suites: %+v", rep.Merged)
+	}
+	if md := rep.Markdown(); !strings.Contains(md, "re-run on") {
+		t.Error("the merged report does not say which suites were re-run")
+	}
+}

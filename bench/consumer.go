@@ -28,6 +28,8 @@ type ConsumerResult struct {
 	// them); FirstFailure is the first such failure.
 	Redelivered  int
 	FirstFailure string
+	// Durable says the run was on the durable server (commits wait for their WAL flush).
+	Durable bool
 }
 
 // maxRedeliveries bounds how often a failed record is processed again before the run fails.
@@ -46,8 +48,23 @@ const consumerDupEvery = 10
 // runConsumerSuite measures inbox.Consumer.Process on SQS batches with 10% duplicate
 // deliveries, in the per-record and batched commit modes, side by side, for batch sizes 10 (the
 // SQS event source's default) and 100. The handler inserts one row (the effect) in the inbox's
-// transaction.
+// transaction. It runs on the fast-commit server, then on the durable one (commits wait for
+// their WAL flush, as in production), which is where batching commits can pay off.
 func runConsumerSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, rep *Report) error {
+	if err := measureConsumer(ctx, log, env, sz, rep); err != nil {
+		return err
+	}
+	denv, err := env.DurableEnv(ctx)
+	if err != nil {
+		return err
+	}
+	if err := measureConsumer(ctx, log, denv, sz, rep); err != nil {
+		return fmt.Errorf("durable: %w", err)
+	}
+	return nil
+}
+
+func measureConsumer(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, rep *Report) error {
 	pool, _, err := env.NewDatabase(ctx, "consumer", consumerWorkers+2, nil)
 	if err != nil {
 		return err
@@ -86,8 +103,8 @@ func runConsumerSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes,
 			if applied != unique {
 				return fmt.Errorf("%s, batch %d: %d effects applied for %d unique messages", mode, batchSize, applied, unique)
 			}
-			res.Mode, res.BatchSize = mode.String(), batchSize
-			log.Info("consumer run", "mode", res.Mode, "batch", batchSize, "deliveries", res.Deliveries, "dups", res.Duplicates,
+			res.Mode, res.BatchSize, res.Durable = mode.String(), batchSize, env.Durable
+			log.Info("consumer run", "durable", env.Durable, "mode", res.Mode, "batch", batchSize, "deliveries", res.Deliveries, "dups", res.Duplicates,
 				"elapsed", res.Elapsed.Round(time.Millisecond), "msg/s", int(res.Rate()))
 			rep.Consumer = append(rep.Consumer, res)
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sync"
@@ -27,6 +28,8 @@ type E2EResult struct {
 	Runs []E2ERun
 	// Setup describes the local stack.
 	Setup string
+	// Probes measure the SNS endpoint alone (before the runs, the stack idle).
+	Probes []SNSProbe
 }
 
 // E2ERun is commit-to-apply latency at one offered rate.
@@ -41,6 +44,12 @@ type E2ERun struct {
 	// PubP50 and PubP99 split off the relay's share: created_at to published_at (the moment the
 	// relay recorded SNS's acknowledgement).
 	PubP50, PubP99 time.Duration
+	// SNS is the relay's SNS calls while producing (timed by a proxy between the relay and the endpoint).
+	SNS SNSCalls
+	// CPU is what each of this run's processes used while producing, in cores; MachineBusy is the
+	// machine's busy cores (of runtime.NumCPU) and Others the part used by processes not of this run.
+	CPU                 []ProcCPU
+	MachineBusy, Others float64
 }
 
 // e2eProducers commit orders concurrently (a single producer could not sustain 1,000/s here).
@@ -91,7 +100,12 @@ func runE2ESuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, rep 
 		return blocked(err)
 	}
 	defer os.RemoveAll(binDir)
-	opts := localrun.StackOptions{RIE: rie, BinDir: binDir, DatabaseURL: dbURL, Endpoint: endpoint,
+	proxy, err := startTimingProxy(endpoint)
+	if err != nil {
+		return err
+	}
+	defer proxy.Close()
+	opts := localrun.StackOptions{RIE: rie, BinDir: binDir, DatabaseURL: dbURL, Endpoint: endpoint, RelaySNSEndpoint: proxy.URL,
 		Name: fmt.Sprintf("sluice-bench-%d", os.Getpid()), Log: e2eLog(), Logger: log,
 		ConsumerInstances: e2eConsumers}
 	st, err := localrun.StartStack(ctx, opts)
@@ -101,13 +115,32 @@ func runE2ESuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, rep 
 	defer st.Stop()
 	res := E2EResult{Measured: true, Setup: fmt.Sprintf("endpoint %s; relay: 2 instances, scheduled every 4 s with a 10 s timeout "+
 		"(localrun's compressed EventBridge schedule; each invocation keeps polling until shortly before its timeout); consumer: %d instances (the SQS event source mapping starts with 5 concurrent batches), "+
-		"SQS batches of up to 10, standard topic and queue with raw delivery", endpoint, e2eConsumers)}
+		"SQS batches of up to 10, standard topic and queue with raw delivery; the relay reaches the endpoint through a timing proxy in the harness", endpoint, e2eConsumers)}
+	for i, callers := range []int{4, 16} {
+		pr := probeSNS(ctx, endpoint, fmt.Sprintf("sluice-bench-probe-%d-%d", os.Getpid(), i), callers, e2eProbeDuration(sz))
+		log.Info("SNS probe", "callers", callers, "calls", pr.Calls.Calls, "calls/s", int(pr.Calls.PerSec), "p50", pr.Calls.Latency.P50, "p99", pr.Calls.Latency.P99, "error", pr.Err)
+		res.Probes = append(res.Probes, pr)
+	}
+	dbName := filepath.Base(dbURLPath(dbURL))
 	for i, rate := range []int{100, 1000} {
-		run, err := e2eRun(ctx, pool, fmt.Sprintf("b%d-%d-", os.Getpid(), i), rate, sz.E2EDuration)
+		proxy.take(time.Second) // drop the calls made before this run
+		var diag e2eDiag
+		before := takeCPUSnapshot(dbName)
+		run, err := e2eRun(ctx, pool, fmt.Sprintf("b%d-%d-", os.Getpid(), i), rate, sz.E2EDuration, func(producing time.Duration) {
+			after := takeCPUSnapshot(dbName)
+			run := proxy.take(producing)
+			cpu, busy, others := cpuBetween(before, after)
+			diag = e2eDiag{run, cpu, busy, others}
+		})
 		if err != nil {
 			return err
 		}
-		log.Info("end-to-end", "rate", rate, "produced", run.Produced, "applied", run.Applied, "p50", run.P50, "p95", run.P95, "p99", run.P99)
+		run.SNS, run.CPU, run.MachineBusy, run.Others = diag.sns, diag.cpu, diag.busy, diag.others
+		log.Info("end-to-end", "rate", rate, "produced", run.Produced, "applied", run.Applied, "p50", run.P50, "p95", run.P95, "p99", run.P99,
+			"relay_sns_calls/s", int(run.SNS.PerSec), "sns_p50", run.SNS.Latency.P50, "sns_p99", run.SNS.Latency.P99, "machine_busy_cores", fmt.Sprintf("%.2f", run.MachineBusy))
+		for _, c := range run.CPU {
+			log.Info("end-to-end cpu", "rate", rate, "group", c.Group, "cores", fmt.Sprintf("%.2f", c.Cores), "procs", c.Procs)
+		}
 		res.Runs = append(res.Runs, run)
 	}
 	rep.E2E = res
@@ -119,7 +152,7 @@ func runE2ESuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, rep 
 // transaction's created_at (outbox_event, now() of that transaction) to the ledger entry's
 // applied_at (clock_timestamp() inside the consumer's applying transaction). Both clocks are
 // the same PostgreSQL server's.
-func e2eRun(ctx context.Context, pool *pgxpool.Pool, prefix string, rate int, d time.Duration) (E2ERun, error) {
+func e2eRun(ctx context.Context, pool *pgxpool.Pool, prefix string, rate int, d time.Duration, onProduced func(producing time.Duration)) (E2ERun, error) {
 	n := int(float64(rate) * d.Seconds())
 	var (
 		produced atomic.Int64
@@ -160,6 +193,7 @@ func e2eRun(ctx context.Context, pool *pgxpool.Pool, prefix string, rate int, d 
 	close(work)
 	wg.Wait()
 	elapsed := time.Since(start)
+	onProduced(elapsed) // the diagnostics' window: the producing phase
 	if firstErr != nil {
 		return E2ERun{}, fmt.Errorf("produce: %w", firstErr)
 	}
@@ -194,6 +228,29 @@ func e2eRun(ctx context.Context, pool *pgxpool.Pool, prefix string, rate int, d 
 	run.P50, run.P95, run.P99, run.Max = ms(p50), ms(p95), ms(p99), ms(pmax)
 	run.PubP50, run.PubP99 = ms(pub50), ms(pub99)
 	return run, nil
+}
+
+// e2eDiag is what the diagnostics saw while one rate was produced.
+type e2eDiag struct {
+	sns          SNSCalls
+	cpu          []ProcCPU
+	busy, others float64
+}
+
+// e2eProbeDuration is how long each SNS probe publishes.
+func e2eProbeDuration(sz Sizes) time.Duration {
+	if sz.Name == "full" {
+		return 5 * time.Second
+	}
+	return 2 * time.Second
+}
+
+func dbURLPath(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return ""
+	}
+	return p.Path
 }
 
 // e2eLog is where the local stack's output goes: the file named by SLUICE_BENCH_E2E_LOG, for

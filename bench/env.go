@@ -25,10 +25,41 @@ type Env struct {
 	// AdminURL connects to the server's maintenance database.
 	AdminURL string
 	// Source says where the server came from, for the report.
-	Source  string
+	Source string
+	// Durable says commits wait for their WAL flush (synchronous_commit=on on every connection,
+	// and fsync on when the harness started the server), as on a production server.
+	Durable bool
+	// durable is the server for the durable runs (see DurableEnv), once opened.
+	durable *Env
 	cluster *pgcluster.Cluster
 	dbs     []string
 	log     *slog.Logger
+}
+
+// DurableEnv returns the server for the durable-commit runs of the producer and consumer suites,
+// opening it on first use. The default throwaway cluster runs with fsync, synchronous_commit and
+// full_page_writes off, so a commit costs next to nothing there, unlike on RDS; the durable runs
+// get a second throwaway cluster with all three on (pgcluster.Options.Durable). With a server
+// named by DATABASE_URL it is that server, with synchronous_commit=on on every connection
+// (fsync is server-wide: the report shows what the server has).
+func (e *Env) DurableEnv(ctx context.Context) (*Env, error) {
+	if e.Durable {
+		return e, nil
+	}
+	if e.durable != nil {
+		return e.durable, nil
+	}
+	if e.cluster == nil {
+		e.durable = &Env{AdminURL: e.AdminURL, Source: e.Source + ", with synchronous_commit=on per session", Durable: true, log: e.log}
+		return e.durable, nil
+	}
+	e.log.Info("starting a second, durable throwaway PostgreSQL cluster (fsync, synchronous_commit, full_page_writes on)")
+	c, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true})
+	if err != nil {
+		return nil, fmt.Errorf("start the durable PostgreSQL cluster: %w", err)
+	}
+	e.durable = &Env{AdminURL: c.URL, Source: "a second throwaway cluster started by the harness (internal/pgcluster, Durable)", Durable: true, cluster: c, log: e.log}
+	return e.durable, nil
 }
 
 // openEnv uses DATABASE_URL or TEST_DATABASE_URL when set, else starts a throwaway cluster.
@@ -50,6 +81,9 @@ func openEnv(ctx context.Context, log *slog.Logger) (*Env, error) {
 func (e *Env) Close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	if e.durable != nil {
+		e.durable.Close()
+	}
 	if e.cluster != nil {
 		e.cluster.Stop()
 		return
@@ -69,6 +103,9 @@ func (e *Env) Close() {
 // NewDatabase creates a database named sluice_bench_<suite>_<pid>, migrates it, and returns a
 // pool on it with maxConns connections (and the tracer, when not nil).
 func (e *Env) NewDatabase(ctx context.Context, suite string, maxConns int32, tracer pgx.QueryTracer) (*pgxpool.Pool, string, error) {
+	if e.Durable {
+		suite += "_durable"
+	}
 	name := fmt.Sprintf("sluice_bench_%s_%d", suite, os.Getpid())
 	admin, err := pgx.Connect(ctx, e.AdminURL)
 	if err != nil {
@@ -104,6 +141,9 @@ func (e *Env) NewDatabase(ctx context.Context, suite string, maxConns int32, tra
 		return nil, "", err
 	}
 	cfg.MaxConns = maxConns
+	if e.Durable {
+		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
+	}
 	if tracer != nil {
 		cfg.ConnConfig.Tracer = tracer
 	}
@@ -124,7 +164,10 @@ type Machine struct {
 	Postgres   string
 	PGSettings string
 	PGSource   string
-	LoadStart  string
+	// PGSettingsDurable and PGSourceDurable describe the server of the durable runs, if any.
+	PGSettingsDurable string
+	PGSourceDurable   string
+	LoadStart         string
 	// Code is the sluice commit measured, and whether the working tree differed from it.
 	Code string
 }
@@ -138,20 +181,38 @@ func describeMachine(ctx context.Context, env *Env) Machine {
 	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
 		m.Kernel = "Linux " + strings.TrimSpace(string(b))
 	}
-	conn, err := pgx.Connect(ctx, env.AdminURL)
-	if err == nil {
-		defer conn.Close(ctx)
-		_ = conn.QueryRow(ctx, "SELECT version()").Scan(&m.Postgres)
-		var parts []string
-		for _, s := range []string{"fsync", "synchronous_commit", "full_page_writes", "shared_buffers", "max_wal_size"} {
-			var v string
-			if conn.QueryRow(ctx, "SELECT current_setting($1)", s).Scan(&v) == nil {
-				parts = append(parts, s+"="+v)
-			}
-		}
-		m.PGSettings = strings.Join(parts, ", ")
+	m.Postgres, m.PGSettings = serverSettings(ctx, env.AdminURL, false)
+	if env.durable != nil {
+		_, m.PGSettingsDurable = serverSettings(ctx, env.durable.AdminURL, true)
+		m.PGSourceDurable = env.durable.Source
 	}
 	return m
+}
+
+// serverSettings reads a server's version and the settings that decide what a commit costs
+// (with synchronous_commit=on for the session when durable, as the durable runs set it).
+func serverSettings(ctx context.Context, adminURL string, durable bool) (version, settings string) {
+	cfg, err := pgx.ParseConfig(adminURL)
+	if err != nil {
+		return "", ""
+	}
+	if durable {
+		cfg.RuntimeParams["synchronous_commit"] = "on"
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return "", ""
+	}
+	defer conn.Close(ctx)
+	_ = conn.QueryRow(ctx, "SELECT version()").Scan(&version)
+	var parts []string
+	for _, s := range []string{"fsync", "synchronous_commit", "full_page_writes", "wal_sync_method", "shared_buffers", "max_wal_size"} {
+		var v string
+		if conn.QueryRow(ctx, "SELECT current_setting($1)", s).Scan(&v) == nil {
+			parts = append(parts, s+"="+v)
+		}
+	}
+	return version, strings.Join(parts, ", ")
 }
 
 // codeVersion names the commit of the main module (the parent directory, via the replace

@@ -7,6 +7,12 @@
 //
 //	cd bench && go run . -out ../BENCHMARKS.md -chart ../docs/bench.png
 //
+// Some suites can be re-run at full size and merged into the committed results (the report then
+// says which sections come from which run):
+//
+//	go run . -only producer,consumer -results /tmp/part.json -out /tmp/x.md -chart /tmp/x.png
+//	go run . -render /tmp/part.json -base results.json -results results.json -out ../BENCHMARKS.md -chart /tmp/x.png -chart-ref docs/bench.png
+//
 // It uses the PostgreSQL named by DATABASE_URL (or TEST_DATABASE_URL), in a database of its own
 // that it creates and drops; without either it starts a throwaway cluster from the machine's
 // PostgreSQL binaries. Every comparison is measured side by side in the same run and reported
@@ -18,8 +24,10 @@
 //     forwarder and the claim+mark ceiling, with a publisher stub of 0 ms and 10 ms per call;
 //  2. producer overhead: a business transaction with and without outbox.Write, and bulk writes;
 //  3. consumer throughput with 10% duplicates: inbox per-record vs batched commits;
-//  4. end-to-end commit-to-apply latency through the local AWS (reported as not measured while
-//     the Lambdas and their local runner are not in the repository);
+//     both run on the fast-commit server and again on a durable one (fsync and synchronous
+//     commit on, see Env.DurableEnv), on which their targets are judged;
+//  4. end-to-end commit-to-apply latency through the local AWS (fauxqs, the Lambdas under the
+//     runtime interface emulator), with diagnostics of where the time goes (e2ediag.go);
 //  5. scale: claim latency with published rows retained, purge throughput, sizes after a purge.
 package main
 
@@ -47,8 +55,9 @@ func main() {
 		only      = flag.String("only", "", "comma-separated suites to run (relay,producer,consumer,e2e,scale); default all")
 		command   = flag.String("command", "", "the command line to print in the report (defaults to this process's)")
 		verbosity = flag.Bool("v", false, "log progress of every run")
-		results   = flag.String("results", "", "where to save the raw results as JSON, for -render (make bench: bench/results.json)")
+		results   = flag.String("results", "", "where to save the raw results as JSON, for -render (make bench: bench/results.json); with -render and -base, the merged results")
 		renderIn  = flag.String("render", "", "only render the report and chart from a results JSON file of an earlier run")
+		base      = flag.String("base", "", "with -render of a run of some suites (-only): take the other suites' results from this results file")
 	)
 	flag.Parse()
 
@@ -89,6 +98,24 @@ func main() {
 			os.Exit(1)
 		}
 		rep.ChartRef = ref
+		if *base != "" {
+			merged, err := mergeOnto(*base, &rep)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "sluicebench:", err)
+				os.Exit(1)
+			}
+			rep = *merged
+		}
+		if *base != "" && *results != "" {
+			b, err := json.MarshalIndent(rep, "", "  ")
+			if err == nil {
+				err = os.WriteFile(*results, b, 0o644)
+			}
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "sluicebench: write merged results:", err)
+				os.Exit(1)
+			}
+		}
 		if err := render(&rep, opts); err != nil {
 			fmt.Fprintln(os.Stderr, "sluicebench:", err)
 			os.Exit(1)
@@ -164,7 +191,6 @@ func run(ctx context.Context, log *slog.Logger, o runOptions) error {
 	defer env.Close()
 
 	rep := &Report{Sizes: o.Sizes, Command: o.Command, Started: started, ChartRef: o.ChartRef}
-	rep.Machine = describeMachine(ctx, env)
 	want := func(name string) bool {
 		if o.Only == "" {
 			return true
@@ -176,6 +202,12 @@ func run(ctx context.Context, log *slog.Logger, o runOptions) error {
 		}
 		return false
 	}
+	if want("producer") || want("consumer") {
+		if _, err := env.DurableEnv(ctx); err != nil {
+			return err
+		}
+	}
+	rep.Machine = describeMachine(ctx, env)
 	suites := []struct {
 		name string
 		fn   func(context.Context, *slog.Logger, *Env, Sizes, *Report) error
@@ -224,4 +256,56 @@ func render(rep *Report, o runOptions) error {
 		return fmt.Errorf("write report: %w", err)
 	}
 	return nil
+}
+
+// mergeOnto loads the results file base and replaces the suites that part ran (see -only) with
+// part's results, noting in the report which run each section comes from.
+func mergeOnto(base string, part *Report) (*Report, error) {
+	b, err := os.ReadFile(base)
+	if err != nil {
+		return nil, err
+	}
+	var rep Report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return nil, fmt.Errorf("read %s: %w", base, err)
+	}
+	if part.Sizes.Name != rep.Sizes.Name {
+		return nil, fmt.Errorf("cannot merge a %s run onto a %s run", part.Sizes.Name, rep.Sizes.Name)
+	}
+	var names []string
+	for _, st := range part.SuiteTimes {
+		names = append(names, st.Name)
+		switch st.Name {
+		case "relay":
+			rep.Relay, rep.RelayDefaults = part.Relay, part.RelayDefaults
+		case "producer":
+			rep.Producer, rep.ProducerDurable = part.Producer, part.ProducerDurable
+		case "consumer":
+			rep.Consumer = part.Consumer
+		case "e2e":
+			rep.E2E = part.E2E
+		case "scale":
+			rep.Scale = part.Scale
+		}
+		replaced := false
+		for i := range rep.SuiteTimes {
+			if rep.SuiteTimes[i].Name == st.Name {
+				rep.SuiteTimes[i], replaced = st, true
+			}
+		}
+		if !replaced {
+			rep.SuiteTimes = append(rep.SuiteTimes, st)
+		}
+	}
+	if part.Machine.PGSettingsDurable != "" {
+		rep.Machine.PGSettingsDurable, rep.Machine.PGSourceDurable = part.Machine.PGSettingsDurable, part.Machine.PGSourceDurable
+	}
+	list := strings.Join(names, ", ")
+	if len(names) > 1 {
+		list = strings.Join(names[:len(names)-1], ", ") + " and " + names[len(names)-1]
+	}
+	rep.Merged = append(rep.Merged, fmt.Sprintf("the %s suites were re-run on %s UTC (%s; load average %s at the start, %s at the end; %s; `%s`)",
+		list, part.Started.UTC().Format("2006-01-02 15:04"), part.Finished.Sub(part.Started).Round(time.Second),
+		part.Machine.LoadStart, part.LoadEnd, part.Machine.Code, part.Command))
+	return &rep, nil
 }

@@ -29,6 +29,8 @@ type ProducerResult struct {
 	// Bulk holds the events/s of each bulk transaction (BulkEvents events via outbox.Write).
 	Bulk       []float64
 	BulkEvents int
+	// Durable says the run was on the durable server (commits wait for their WAL flush).
+	Durable bool
 }
 
 // Latencies summarises a sample of durations.
@@ -61,22 +63,39 @@ const createOrders = `CREATE TABLE IF NOT EXISTS bench_order (
 
 // runProducerSuite measures what the outbox adds to a producer: the business transaction
 // "insert an order" (BEGIN; INSERT ... RETURNING id; COMMIT) with and without outbox.Write of
-// one OrderCreated event, and bulk writes of BulkEvents events in one transaction.
+// one OrderCreated event, and bulk writes of BulkEvents events in one transaction; first on the
+// fast-commit server, then on the durable one (commits wait for their WAL flush, as in production).
 func runProducerSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, rep *Report) error {
-	pool, _, err := env.NewDatabase(ctx, "producer", 4, nil)
+	res, err := measureProducer(ctx, log, env, sz)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	if _, err := pool.Exec(ctx, createOrders); err != nil {
+	rep.Producer = res
+	denv, err := env.DurableEnv(ctx)
+	if err != nil {
 		return err
 	}
-	res := &ProducerResult{BulkEvents: sz.BulkEvents}
+	if rep.ProducerDurable, err = measureProducer(ctx, log, denv, sz); err != nil {
+		return fmt.Errorf("durable: %w", err)
+	}
+	return nil
+}
+
+func measureProducer(ctx context.Context, log *slog.Logger, env *Env, sz Sizes) (*ProducerResult, error) {
+	pool, _, err := env.NewDatabase(ctx, "producer", 4, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, createOrders); err != nil {
+		return nil, err
+	}
+	res := &ProducerResult{BulkEvents: sz.BulkEvents, Durable: env.Durable}
 
 	// Warm up both paths (connections, prepared statements, caches).
 	for i := range 200 {
 		if _, err := orderTx(ctx, pool, i%4, i); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	// Three variants, rotated so that none benefits systematically from its position:
@@ -88,7 +107,7 @@ func runProducerSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes,
 			v := variants[(i+k)%len(variants)]
 			d, err := orderTx(ctx, pool, v, i)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			samples[v] = append(samples[v], d)
 		}
@@ -98,7 +117,7 @@ func runProducerSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes,
 	// Diagnostic block: the same pair with the NOTIFY trigger disabled (once, for the whole
 	// block: ALTER TABLE invalidates cached plans, so it must not sit between measured transactions).
 	if _, err := pool.Exec(ctx, "ALTER TABLE outbox_event DISABLE TRIGGER outbox_event_notify"); err != nil {
-		return err
+		return nil, err
 	}
 	var base, noNotify []time.Duration
 	for i := range sz.ProducerTx/2 + 100 {
@@ -106,7 +125,7 @@ func runProducerSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes,
 			v := (i + k) % 2
 			d, err := orderTx(ctx, pool, v, i)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			if i < 100 {
 				continue // warm-up after the ALTER
@@ -119,10 +138,10 @@ func runProducerSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes,
 		}
 	}
 	if _, err := pool.Exec(ctx, "ALTER TABLE outbox_event ENABLE TRIGGER outbox_event_notify"); err != nil {
-		return err
+		return nil, err
 	}
 	res.NoNotifyBase, res.NoNotify = summarize(base), summarize(noNotify)
-	log.Info("producer", "plain_p50", res.Plain.P50, "outbox_p50", res.WithOutbox.P50, "plain_mean", res.Plain.Mean, "outbox_mean", res.WithOutbox.Mean)
+	log.Info("producer", "durable", env.Durable, "plain_p50", res.Plain.P50, "outbox_p50", res.WithOutbox.P50, "plain_mean", res.Plain.Mean, "outbox_mean", res.WithOutbox.Mean)
 
 	for r := range sz.BulkRepeats {
 		msgs := make([]outbox.Message, sz.BulkEvents)
@@ -134,20 +153,19 @@ func runProducerSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes,
 		start := time.Now()
 		tx, err := pool.Begin(ctx)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if _, err := outbox.Write(ctx, tx, msgs...); err != nil {
 			_ = tx.Rollback(ctx)
-			return fmt.Errorf("bulk write: %w", err)
+			return nil, fmt.Errorf("bulk write: %w", err)
 		}
 		if err := tx.Commit(ctx); err != nil {
-			return err
+			return nil, err
 		}
 		res.Bulk = append(res.Bulk, float64(sz.BulkEvents)/time.Since(start).Seconds())
 	}
-	log.Info("producer bulk", "events/s", res.Bulk)
-	rep.Producer = res
-	return nil
+	log.Info("producer bulk", "durable", env.Durable, "events/s", res.Bulk)
+	return res, nil
 }
 
 // orderTx runs one business transaction and returns its duration. variant 0 is the order alone,

@@ -29,6 +29,11 @@ type Options struct {
 	Log io.Writer
 	// MaxConnections is the server's max_connections. Defaults to 400.
 	MaxConnections int
+	// Durable runs the server with fsync=on, synchronous_commit=on and full_page_writes=on, so a
+	// commit waits for its WAL flush as on a production server. The default (false) turns all
+	// three off, which makes commits nearly free: right for tests, wrong for measuring what a
+	// commit costs (the benchmark harness starts a second, durable cluster for that).
+	Durable bool
 }
 
 // Cluster is a running throwaway PostgreSQL server.
@@ -128,10 +133,14 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if out, err := initdb.CombinedOutput(); err != nil {
 		return fail(fmt.Errorf("initdb: %w: %s", err, out))
 	}
+	durability := "off"
+	if opts.Durable {
+		durability = "on"
+	}
 	c.cmd = exec.Command(filepath.Join(bin, "postgres"), "-D", data,
 		"-p", strconv.Itoa(opts.Port), "-k", dir, "-c", "listen_addresses=127.0.0.1",
 		"-c", "max_connections="+strconv.Itoa(opts.MaxConnections),
-		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+		"-c", "fsync="+durability, "-c", "synchronous_commit="+durability, "-c", "full_page_writes="+durability,
 		"-c", "shared_buffers=256MB", "-c", "max_wal_size=4GB", "-c", "log_min_messages=warning")
 	// Own process group: a terminal's Ctrl-C reaches us, and we stop the server in order.
 	// Pdeathsig stops it should this process die without cleaning up.
