@@ -30,6 +30,9 @@ const (
 	ConsumerName = "SLUICE_CONSUMER_NAME"
 	// ConsumerCommitMode is "per-record" (default) or "batched".
 	ConsumerCommitMode = "SLUICE_CONSUMER_COMMIT_MODE"
+	// LogLevel is the functions' slog level: debug, info (default), warn or error. At debug the
+	// relay logs each round's claim, publish and record times.
+	LogLevel = "SLUICE_LOG_LEVEL"
 	// DatabaseMaxConns caps the pgx pool per Lambda instance. Defaults to 4.
 	DatabaseMaxConns = "DATABASE_MAX_CONNS"
 )

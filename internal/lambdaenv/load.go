@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
+	"os"
 	"strconv"
 	"time"
 
@@ -162,4 +164,16 @@ func OpenPool(ctx context.Context, getenv Getenv) (*pgxpool.Pool, error) {
 		return nil, fmt.Errorf("create database pool: %w", err)
 	}
 	return pool, nil
+}
+
+// Logger returns the functions' JSON logger on stderr at SLUICE_LOG_LEVEL (default info), with a
+// "function" attribute. An unknown level is reported once and info is used.
+func Logger(getenv Getenv, function string) *slog.Logger {
+	var level slog.Level
+	bad := level.UnmarshalText([]byte(getenv(LogLevel))) != nil && getenv(LogLevel) != ""
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("function", function)
+	if bad {
+		log.Warn("unknown log level; using info", "variable", LogLevel, "value", getenv(LogLevel))
+	}
+	return log
 }

@@ -2,6 +2,7 @@ package lambdaenv
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -59,4 +60,13 @@ func TestTopicsAndDurations(t *testing.T) {
 	require.Equal(t, int32(7), cfg.MaxConns)
 	_, err = PoolConfig("postgres://a@localhost/db", env(map[string]string{DatabaseMaxConns: "0"}))
 	require.ErrorContains(t, err, DatabaseMaxConns)
+}
+
+func TestLoggerLevelFromTheEnvironment(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	require.True(t, Logger(env(map[string]string{LogLevel: "debug"}), "relay").Enabled(ctx, slog.LevelDebug))
+	require.False(t, Logger(env(nil), "relay").Enabled(ctx, slog.LevelDebug), "info by default")
+	require.False(t, Logger(env(map[string]string{LogLevel: "loud"}), "relay").Enabled(ctx, slog.LevelDebug), "unknown level: info")
+	require.False(t, Logger(env(map[string]string{LogLevel: "warn"}), "relay").Enabled(ctx, slog.LevelInfo))
 }

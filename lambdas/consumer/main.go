@@ -29,7 +29,7 @@ import (
 const defaultConsumerName = "orders-ledger"
 
 func main() {
-	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("function", "consumer")
+	log := lambdaenv.Logger(os.Getenv, "consumer")
 	c, pool, err := wire(context.Background(), os.Getenv, log)
 	if err != nil {
 		log.Error("consumer cold start failed", "error", err)

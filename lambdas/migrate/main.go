@@ -19,7 +19,7 @@ import (
 )
 
 func main() {
-	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("function", "migrate")
+	log := lambdaenv.Logger(os.Getenv, "migrate")
 	h, err := wire(context.Background(), os.Getenv, log)
 	if err != nil {
 		log.Error("migrate cold start failed", "error", err)

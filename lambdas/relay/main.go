@@ -31,7 +31,7 @@ import (
 )
 
 func main() {
-	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("function", "relay")
+	log := lambdaenv.Logger(os.Getenv, "relay")
 	h, pool, err := wire(context.Background(), os.Getenv, log)
 	if err != nil {
 		log.Error("relay cold start failed", "error", err)
