@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sluicehq/sluice/pkg/outbox"
@@ -26,6 +27,10 @@ type ProducerResult struct {
 	NoNotify, PlainInsert Latencies
 	// NoNotifyBase is the order alone, measured in the same block as NoNotify.
 	NoNotifyBase Latencies
+	// QueuedBase is the order alone sent as a one-statement pgx.Batch (the order id made by the
+	// client), and Queued the same batch with outbox.Queue's insert in it: the outbox row travels in
+	// the business statement's round trip.
+	QueuedBase, Queued Latencies
 	// Bulk holds the events/s of each bulk transaction (BulkEvents events via outbox.Write).
 	Bulk       []float64
 	BulkEvents int
@@ -94,13 +99,14 @@ func measureProducer(ctx context.Context, log *slog.Logger, env *Env, sz Sizes) 
 
 	// Warm up both paths (connections, prepared statements, caches).
 	for i := range 200 {
-		if _, err := orderTx(ctx, pool, i%4, i); err != nil {
+		if _, err := orderTx(ctx, pool, i%6, i); err != nil {
 			return nil, err
 		}
 	}
-	// Three variants, rotated so that none benefits systematically from its position:
-	// 0 = order only, 1 = order + outbox.Write, 3 = order + a plain single-row INSERT of the outbox row.
-	variants := []int{0, 1, 3}
+	// Five variants, rotated so that none benefits systematically from its position:
+	// 0 = order only, 1 = order + outbox.Write, 3 = order + a plain single-row INSERT of the outbox row,
+	// 4 = order only in a pgx.Batch, 5 = the same batch with outbox.Queue.
+	variants := []int{0, 1, 3, 4, 5}
 	samples := map[int][]time.Duration{}
 	for i := range sz.ProducerTx {
 		for k := range variants {
@@ -113,6 +119,7 @@ func measureProducer(ctx context.Context, log *slog.Logger, env *Env, sz Sizes) 
 		}
 	}
 	res.Plain, res.WithOutbox, res.PlainInsert = summarize(samples[0]), summarize(samples[1]), summarize(samples[3])
+	res.QueuedBase, res.Queued = summarize(samples[4]), summarize(samples[5])
 
 	// Diagnostic block: the same pair with the NOTIFY trigger disabled (once, for the whole
 	// block: ALTER TABLE invalidates cached plans, so it must not sit between measured transactions).
@@ -179,6 +186,26 @@ func orderTx(ctx context.Context, pool *pgxpool.Pool, variant int, i int) (time.
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	var id int64
 	cust := "c-" + strconv.Itoa(i%977)
+	if variant >= 4 {
+		// The order's id is made by the client, so the outbox row needs no answer from the
+		// order's insert and both statements go in one round trip.
+		oid := uuid.Must(uuid.NewV7()).String()
+		b := &pgx.Batch{}
+		b.Queue("INSERT INTO bench_order (customer_id, total_cents, currency) VALUES ($1, $2, 'EUR')", cust, 1299+i%100)
+		if variant == 5 {
+			if _, err := outbox.Queue(b, outbox.Message{Topic: "orders", AggregateType: "order", AggregateID: oid, EventType: "OrderCreated",
+				Payload: json.RawMessage(`{"orderId":"` + oid + `","customerId":"` + cust + `","totalCents":1299,"currency":"EUR","schemaVersion":1}`)}); err != nil {
+				return 0, err
+			}
+		}
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return 0, err
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return 0, err
+		}
+		return time.Since(start), nil
+	}
 	if err := tx.QueryRow(ctx, "INSERT INTO bench_order (customer_id, total_cents, currency) VALUES ($1, $2, 'EUR') RETURNING id",
 		cust, 1299+i%100).Scan(&id); err != nil {
 		return 0, err

@@ -78,28 +78,9 @@ var columns = []string{"event_id", "topic", "aggregate_type", "aggregate_id", "e
 
 // Write is the package-level Write with this Writer's configuration.
 func (w *Writer) Write(ctx context.Context, tx Executor, msgs ...Message) ([]Message, error) {
-	if len(msgs) == 0 {
-		return nil, nil
-	}
-	prepared := make([]Message, len(msgs))
-	headers := make([][]byte, len(msgs))
-	for i, m := range msgs {
-		p, err := m.prepare(i, w.cfg.MaxMessageBytes)
-		if err != nil {
-			return nil, err
-		}
-		if size := wireSize(p); size > w.cfg.MaxMessageBytes {
-			return nil, &ValidationError{Index: i, Field: "Payload", Problem: fmt.Sprintf("message is %d bytes with its attributes, above the publishable %d bytes", size, w.cfg.MaxMessageBytes)}
-		}
-		h := p.Headers
-		if h == nil {
-			h = map[string]string{}
-		}
-		hb, err := json.Marshal(h)
-		if err != nil {
-			return nil, fmt.Errorf("encode headers of message %d: %w", i, err)
-		}
-		prepared[i], headers[i] = p, hb
+	prepared, headers, err := w.prepare(msgs)
+	if err != nil || len(prepared) == 0 {
+		return nil, err
 	}
 	if len(prepared) >= w.cfg.CopyThreshold {
 		_, err := tx.CopyFrom(ctx, pgx.Identifier{"outbox_event"}, columns, pgx.CopyFromSlice(len(prepared), func(i int) ([]any, error) {
@@ -111,22 +92,72 @@ func (w *Writer) Write(ctx context.Context, tx Executor, msgs ...Message) ([]Mes
 		}
 		return prepared, nil
 	}
+	if _, err := tx.Exec(ctx, insertSQL, insertArgs(prepared, headers)...); err != nil {
+		return nil, fmt.Errorf("insert %d outbox rows: %w", len(prepared), err)
+	}
+	return prepared, nil
+}
+
+// Queue adds the insert of msgs to b, so that it travels in the same round trip as the
+// statements you queue beside it; send b inside your transaction (tx.SendBatch). It validates
+// like Write, before anything is queued, and returns the messages as they will be written; a
+// database error surfaces when the batch's results are read or closed.
+func Queue(b *pgx.Batch, msgs ...Message) ([]Message, error) {
+	return defaultWriter.Queue(b, msgs...)
+}
+
+// Queue is the package-level Queue with this Writer's configuration.
+func (w *Writer) Queue(b *pgx.Batch, msgs ...Message) ([]Message, error) {
+	prepared, headers, err := w.prepare(msgs)
+	if err != nil || len(prepared) == 0 {
+		return nil, err
+	}
+	b.Queue(insertSQL, insertArgs(prepared, headers)...)
+	return prepared, nil
+}
+
+// prepare validates msgs, fills their defaults and encodes their headers.
+func (w *Writer) prepare(msgs []Message) ([]Message, [][]byte, error) {
+	prepared := make([]Message, len(msgs))
+	headers := make([][]byte, len(msgs))
+	for i, m := range msgs {
+		p, err := m.prepare(i, w.cfg.MaxMessageBytes)
+		if err != nil {
+			return nil, nil, err
+		}
+		if size := wireSize(p); size > w.cfg.MaxMessageBytes {
+			return nil, nil, &ValidationError{Index: i, Field: "Payload", Problem: fmt.Sprintf("message is %d bytes with its attributes, above the publishable %d bytes", size, w.cfg.MaxMessageBytes)}
+		}
+		h := p.Headers
+		if h == nil {
+			h = map[string]string{}
+		}
+		hb, err := json.Marshal(h)
+		if err != nil {
+			return nil, nil, fmt.Errorf("encode headers of message %d: %w", i, err)
+		}
+		prepared[i], headers[i] = p, hb
+	}
+	return prepared, headers, nil
+}
+
+// insertSQL inserts any number of rows in one statement from parallel arrays.
+const insertSQL = `INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload, headers)
+	SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::jsonb[], $8::jsonb[])`
+
+// insertArgs turns prepared messages into insertSQL's arrays.
+func insertArgs(prepared []Message, headers [][]byte) []any {
+	n := len(prepared)
 	var (
-		ids                               = make([]uuid.UUID, len(prepared))
-		topics, aggTypes, aggIDs, evTypes = make([]string, len(prepared)), make([]string, len(prepared)), make([]string, len(prepared)), make([]string, len(prepared))
-		keys, payloads, hdrs              = make([]string, len(prepared)), make([]string, len(prepared)), make([]string, len(prepared))
+		ids                               = make([]uuid.UUID, n)
+		topics, aggTypes, aggIDs, evTypes = make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		keys, payloads, hdrs              = make([]string, n), make([]string, n), make([]string, n)
 	)
 	for i, m := range prepared {
 		ids[i], topics[i], aggTypes[i], aggIDs[i], evTypes[i] = m.EventID, m.Topic, m.AggregateType, m.AggregateID, m.EventType
 		keys[i], payloads[i], hdrs[i] = m.PartitionKey, string(m.Payload), string(headers[i])
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload, headers)
-		SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::jsonb[], $8::jsonb[])`,
-		ids, topics, aggTypes, aggIDs, evTypes, keys, payloads, hdrs)
-	if err != nil {
-		return nil, fmt.Errorf("insert %d outbox rows: %w", len(prepared), err)
-	}
-	return prepared, nil
+	return []any{ids, topics, aggTypes, aggIDs, evTypes, keys, payloads, hdrs}
 }
 
 // wireSize estimates the size SNS counts for m: body plus attribute names, types and values.

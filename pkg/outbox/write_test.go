@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/pkg/outbox"
@@ -104,4 +105,29 @@ func TestWriterConfigIsValidated(t *testing.T) {
 	require.NoError(t, err)
 	_, err = w.Write(context.Background(), nil, outbox.Message{Topic: "t", EventType: "E", Payload: json.RawMessage(`"` + strings.Repeat("x", 2000) + `"`)})
 	require.ErrorContains(t, err, "above the publishable 1024 bytes")
+}
+
+func TestQueueSendsTheOutboxInsertWithTheBusinessStatement(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	_, err := b.pool.Exec(ctx, `CREATE TABLE orders (id text PRIMARY KEY)`)
+	require.NoError(t, err)
+
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	batch := &pgx.Batch{}
+	batch.Queue(`INSERT INTO orders (id) VALUES ('o-7')`)
+	written, err := outbox.Queue(batch, outbox.Message{Topic: testTopic, AggregateType: "order", AggregateID: "o-7", EventType: "OrderCreated", Payload: json.RawMessage(`{}`)})
+	require.NoError(t, err)
+	require.Len(t, written, 1)
+	require.NoError(t, tx.SendBatch(ctx, batch).Close(), "one round trip for both statements")
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, 1, b.countWhere(t, "event_id = '"+written[0].EventID.String()+"' AND partition_key = 'o-7'"))
+
+	// Invalid input is refused before anything is queued.
+	batch = &pgx.Batch{}
+	_, err = outbox.Queue(batch, outbox.Message{Topic: testTopic, EventType: "E", Payload: json.RawMessage(`nope`)})
+	require.ErrorIs(t, err, outbox.ErrInvalidMessage)
+	require.Zero(t, batch.Len())
 }
