@@ -27,7 +27,10 @@ type Mode int
 const (
 	// PerRecord applies each record in its own transaction. The default.
 	PerRecord Mode = iota
-	// Batched applies the whole batch in one transaction with a SAVEPOINT per record.
+	// Batched applies the whole batch in one transaction: one statement inserts the batch's
+	// inbox rows, the handlers of the new messages run in that transaction, and it commits once.
+	// A handler failure makes the consumer roll back and apply the batch again with a SAVEPOINT
+	// per record, so the failing record rolls back alone (see runBatched).
 	Batched
 	// Async only stores each message (payload and attributes) in inbox_event and acknowledges;
 	// a Processor applies it later.
@@ -353,74 +356,6 @@ func (c *Consumer) applyInTx(ctx context.Context, msg Message) (Outcome, error) 
 		return Failed, fmt.Errorf("message %s: %w: %w", msg.ID, ErrCommit, err)
 	}
 	return out, nil
-}
-
-func (b *batch) runBatched(ctx context.Context, recs []events.SQSMessage, msgs []Message, perr []error) {
-	var (
-		tx      pgx.Tx
-		pending []int // records whose work succeeded, waiting for the batch commit
-		broken  error // set when the batch transaction can no longer be used
-	)
-	defer func() {
-		if tx != nil {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-		}
-	}()
-	for i, rec := range recs {
-		if broken != nil {
-			b.fail(i, rec, broken)
-			continue
-		}
-		if err := b.precheck(ctx, rec, perr[i]); err != nil {
-			b.fail(i, rec, err)
-			continue
-		}
-		if tx == nil {
-			var err error
-			if tx, err = b.c.db.Begin(ctx); err != nil {
-				broken = fmt.Errorf("begin batch: %w", err)
-				tx = nil
-				b.fail(i, rec, broken)
-				continue
-			}
-		}
-		sp, err := tx.Begin(ctx) // SAVEPOINT
-		if err != nil {
-			broken = fmt.Errorf("savepoint: %w", err)
-			b.fail(i, rec, broken)
-			continue
-		}
-		out, err := b.c.apply(ctx, sp, msgs[i])
-		if err == nil {
-			if cerr := sp.Commit(ctx); cerr != nil { // RELEASE SAVEPOINT
-				err = fmt.Errorf("message %s: release savepoint: %w", msgs[i].ID, cerr)
-			}
-		}
-		if err != nil {
-			if rerr := sp.Rollback(context.WithoutCancel(ctx)); rerr != nil { // ROLLBACK TO SAVEPOINT
-				broken = fmt.Errorf("batch transaction unusable after message %s failed: %w", msgs[i].ID, rerr)
-			}
-			b.fail(i, rec, err)
-			continue
-		}
-		b.results[i].Outcome = out
-		pending = append(pending, i)
-	}
-	if tx == nil {
-		return
-	}
-	var cerr error
-	if broken != nil {
-		cerr = broken
-	} else if err := tx.Commit(ctx); err != nil {
-		cerr = fmt.Errorf("batch: %w: %w", ErrCommit, err)
-	}
-	tx = nil
-	if cerr != nil {
-		for _, i := range pending {
-			b.results[i].Outcome, b.results[i].Err = Failed, cerr
-		}
-	}
 }
 
 const insertSync = `

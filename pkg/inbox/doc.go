@@ -11,8 +11,10 @@
 // Three modes share that contract (see [Mode] and docs/inbox.md for when to use which):
 //
 //   - [PerRecord]: one transaction per record. The default.
-//   - [Batched]: one transaction per batch with a SAVEPOINT per record; a failing record rolls
-//     back alone and the batch commits once.
+//   - [Batched]: one transaction per batch: one statement inserts the batch's inbox rows (in key
+//     order, so concurrent batches cannot deadlock on them), the handlers run, the batch commits
+//     once. When a handler fails, the batch is applied again with a SAVEPOINT per record, so the
+//     failing record rolls back alone.
 //   - [Async]: the consumer only stores the full message and acknowledges; a [Processor] drains
 //     the stored rows with FOR UPDATE SKIP LOCKED, applies each in its own transaction, retries
 //     with backoff and parks rows that keep failing. [ListParked], [RetryParked] and [Stats]

@@ -12,7 +12,10 @@ import (
 // Handler applies one message inside the open transaction tx, which also holds the message's
 // inbox row. Do every database effect through tx and neither commit nor roll it back: the
 // consumer commits after the handler returns nil and rolls back (inbox row included) when it
-// returns an error or panics. In the batched mode tx is a savepoint of the batch transaction.
+// returns an error or panics. In the batched mode tx is the batch transaction, or a savepoint
+// of it: after a handler of the batch fails, the consumer rolls the batch back and applies it
+// again with a savepoint per record, so a handler can run twice for one delivery (its database
+// effects are committed once).
 //
 // Side effects outside the database (HTTP calls, e-mails) are not covered by the transaction
 // and may happen more than once; make them idempotent or put them in an outbox.

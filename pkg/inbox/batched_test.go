@@ -1,0 +1,143 @@
+package inbox_test
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/pkg/inbox"
+)
+
+// Concurrent batches that deliver the same message ids in opposite orders: the batched mode
+// inserts a batch's inbox rows sorted by key, so the batches wait for each other instead of
+// deadlocking (40P01), and every message is applied once.
+func TestBatchedConcurrentSharedIDsDoNotDeadlock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := inbox.NewRouter(inbox.FailUnknown)
+	r.Handle("Scripted", func(ctx context.Context, tx pgx.Tx, msg inbox.Message) error {
+		time.Sleep(20 * time.Millisecond) // hold the inbox keys while the other batches arrive
+		return scripted("billing")(ctx, tx, msg)
+	})
+	const instances = 4
+	var (
+		wg   sync.WaitGroup
+		reps = make([]inbox.Report, instances)
+	)
+	for i := range instances {
+		c, err := inbox.New(b.pool, inbox.Config{Consumer: "billing", Router: r, Mode: inbox.Batched, Logger: quiet})
+		require.NoError(t, err)
+		recs := []events.SQSMessage{rec("m1", script{N: 1}), rec("m2", script{N: 2}), rec("m3", script{N: 3}), rec("m4", script{N: 4})}
+		if i%2 == 1 {
+			slices.Reverse(recs)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			reps[i] = c.Process(context.Background(), batchOf(recs...))
+		}()
+	}
+	wg.Wait()
+	applied := 0
+	for _, rep := range reps {
+		for _, res := range rep.Results {
+			require.NotEqual(t, inbox.Failed, res.Outcome, "%v", res.Err)
+			if res.Outcome == inbox.Applied {
+				applied++
+			}
+		}
+	}
+	require.Equal(t, 4, applied)
+	require.Equal(t, []string{"billing/m1/1", "billing/m2/2", "billing/m3/3", "billing/m4/4"}, dbState(t, b.pool).Effects)
+}
+
+// After a handler fails, the batched mode rolls back and applies the batch again with a
+// savepoint per record: the handlers before the failure run again, their effects commit once,
+// and the records after it run once.
+func TestBatchedRetriesWithSavepointsAfterAFailure(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var calls sync.Map
+	r := inbox.NewRouter(inbox.FailUnknown)
+	r.Handle("Scripted", func(ctx context.Context, tx pgx.Tx, msg inbox.Message) error {
+		n, _ := calls.LoadOrStore(msg.ID, new(atomic.Int32))
+		n.(*atomic.Int32).Add(1)
+		return scripted("c")(ctx, tx, msg)
+	})
+	c, err := inbox.New(b.pool, inbox.Config{Consumer: "c", Router: r, Mode: inbox.Batched, Logger: quiet})
+	require.NoError(t, err)
+	rep := c.Process(context.Background(), batchOf(rec("m1", script{N: 1}), rec("m2", script{N: 2, Fail: "error"}), rec("m3", script{N: 3})))
+	require.Equal(t, []string{"sqs-m1:applied", "sqs-m2:failed", "sqs-m3:applied"}, outcomes(rep))
+	got := map[string]int32{}
+	calls.Range(func(k, v any) bool { got[k.(string)] = v.(*atomic.Int32).Load(); return true })
+	require.Equal(t, map[string]int32{"m1": 2, "m2": 2, "m3": 1}, got)
+	require.Equal(t, state{
+		Inbox:   []string{"c/m1/true", "c/m3/true"},
+		Effects: []string{"c/m1/1", "c/m3/3"},
+	}, dbState(t, b.pool))
+}
+
+// A handler that swallows a failed statement and returns nil leaves the transaction aborted.
+// In both modes only that record fails; in the batched mode the others still commit.
+func TestSwallowedStatementErrorFailsOnlyItsRecord(t *testing.T) {
+	t.Parallel()
+	forModes(t, func(t *testing.T, mode inbox.Mode) {
+		b := setup(t)
+		r := inbox.NewRouter(inbox.FailUnknown)
+		r.Handle("Scripted", func(ctx context.Context, tx pgx.Tx, msg inbox.Message) error {
+			if err := scripted("c")(ctx, tx, msg); err != nil {
+				return err
+			}
+			if msg.ID == "m2" {
+				_, _ = tx.Exec(ctx, `SELECT 1/0`) // error ignored: the transaction is aborted
+			}
+			return nil
+		})
+		c, err := inbox.New(b.pool, inbox.Config{Consumer: "c", Router: r, Mode: mode, Logger: quiet})
+		require.NoError(t, err)
+		for _, ev := range []events.SQSEvent{
+			batchOf(rec("m1", script{N: 1}), rec("m2", script{N: 2}), rec("m3", script{N: 3})),
+			batchOf(rec("m4", script{N: 4}), rec("m2", script{N: 2})), // the culprit last
+		} {
+			rep := c.Process(context.Background(), ev)
+			for _, res := range rep.Results {
+				if res.MessageID == "m2" {
+					require.Equal(t, inbox.Failed, res.Outcome)
+				} else {
+					require.Equal(t, inbox.Applied, res.Outcome, "%v", res.Err)
+				}
+			}
+		}
+		require.Equal(t, state{
+			Inbox:   []string{"c/m1/true", "c/m3/true", "c/m4/true"},
+			Effects: []string{"c/m1/1", "c/m3/3", "c/m4/4"},
+		}, dbState(t, b.pool))
+	})
+}
+
+// With StorePayload, a payload PostgreSQL cannot store fails the batch's one insert; the batched
+// mode then inserts record by record, so only that record fails, as in the per-record mode.
+func TestUnstorablePayloadFailsAloneInBothModes(t *testing.T) {
+	t.Parallel()
+	forModes(t, func(t *testing.T, mode inbox.Mode) {
+		b := setup(t)
+		c, err := inbox.New(b.pool, inbox.Config{Consumer: "c", Router: router("c"), Mode: mode, StorePayload: true, Logger: quiet})
+		require.NoError(t, err)
+		nul := record("sqs-nul", `{"n":7,"s":"\u0000"}`, map[string]string{"messageId": "nul", "eventType": "Scripted"})
+		rep := c.Process(context.Background(), batchOf(rec("m1", script{N: 1}), nul, rec("m2", script{N: 2})))
+		require.Equal(t, []string{"sqs-m1:applied", "sqs-nul:failed", "sqs-m2:applied"}, outcomes(rep))
+		require.ErrorIs(t, rep.Results[1].Err, inbox.ErrBadMessage)
+		require.Equal(t, state{
+			Inbox:   []string{"c/m1/true", "c/m2/true"},
+			Effects: []string{"c/m1/1", "c/m2/2"},
+		}, dbState(t, b.pool))
+		require.Equal(t, 2, count(t, b.pool, `SELECT count(*) FROM inbox_event WHERE payload IS NOT NULL`))
+	})
+}
