@@ -201,9 +201,10 @@ func (r *Relay) RunOnce(ctx context.Context) (Stats, error) {
 			defer wg.Done()
 			for ctx.Err() == nil {
 				mu.Lock()
+				others := busy
 				busy++
 				mu.Unlock()
-				s, err := r.round(ctx)
+				s, err := r.round(ctx, others)
 				mu.Lock()
 				busy--
 				total.add(s)
@@ -364,9 +365,10 @@ WITH cand AS (
       AND (e.available_at IS NULL OR e.available_at <= now())
     FOR UPDATE SKIP LOCKED
 ), share AS (
-    -- No key needs more rows than its share of the batch; with as many keys as the batch holds,
-    -- the heads alone fill it and no key's later rows are read.
-    SELECT least($3, ceil($2::float8 / greatest(count(*), 1)))::int - 1 AS extra FROM locked
+    -- Every key gets the same share of the batch (a round lasts as long as its longest key's
+    -- chain of calls, so none may get more); with as many keys as the batch holds, the heads
+    -- alone fill it and no key's later rows are read.
+    SELECT least($3, greatest(1, floor($2::float8 / greatest(count(*), 1))))::int - 1 AS extra FROM locked
 ), picked AS (
     SELECT l.id, 1::bigint AS rn, l.id AS head FROM locked l
     UNION ALL
@@ -380,8 +382,11 @@ SELECT e.id, e.event_id, e.topic, e.aggregate_type, e.aggregate_id, e.event_type
 FROM outbox_event e
 WHERE e.id = ANY (ARRAY (SELECT id FROM picked ORDER BY rn, head LIMIT $2))`
 
-func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([]*Event, error) {
-	rows, err := tx.Query(ctx, claimSQL, 2*r.cfg.BatchSize, r.cfg.BatchSize, r.cfg.MaxPerKey)
+// claim runs claimSQL in tx. It scans twice the batch of oldest rows for free keys, and a batch
+// more for each of this relay's other rounds in flight: their keys' rows fill the front of the
+// backlog, and a round that found only those would wait for them instead of overlapping.
+func (r *Relay) claim(ctx context.Context, tx pgx.Tx, others int) ([]*Event, error) {
+	rows, err := tx.Query(ctx, claimSQL, (2+others)*r.cfg.BatchSize, r.cfg.BatchSize, r.cfg.MaxPerKey)
 	if err != nil {
 		return nil, fmt.Errorf("claim outbox rows: %w", err)
 	}
@@ -445,7 +450,7 @@ type outcome struct {
 // keys' head rows locked: BEGIN, claim, publish (no statement runs meanwhile), record, COMMIT.
 // PostgreSQL ends the session should it stay idle in that transaction longer than Lease (a hung
 // or frozen relay), which releases the keys; publishing stops at three quarters of it.
-func (r *Relay) round(ctx context.Context) (Stats, error) {
+func (r *Relay) round(ctx context.Context, others int) (Stats, error) {
 	start := time.Now()
 	tx, err := r.pool.Begin(ctx)
 	if err != nil {
@@ -462,7 +467,7 @@ func (r *Relay) round(ctx context.Context) (Stats, error) {
 		}
 		return Stats{}, fmt.Errorf("begin relay round: %w", err)
 	}
-	events, err := r.claim(ctx, tx)
+	events, err := r.claim(ctx, tx, others)
 	if err != nil && ctx.Err() != nil {
 		return Stats{}, nil
 	}
@@ -476,7 +481,11 @@ func (r *Relay) round(ctx context.Context) (Stats, error) {
 	published := time.Now()
 	st, err := r.settle(context.WithoutCancel(ctx), tx, outcomes)
 	st.Claimed, st.Rounds = len(events), 1
-	r.log.Debug("relay round", "claimed", st.Claimed, "published", st.Published, "retrying", st.Retrying, "quarantined", st.Quarantined,
+	keys := map[string]bool{}
+	for _, e := range events {
+		keys[e.PartitionKey] = true
+	}
+	r.log.Debug("relay round", "claimed", st.Claimed, "keys", len(keys), "published", st.Published, "retrying", st.Retrying, "quarantined", st.Quarantined,
 		"claim_ms", claimed.Sub(start).Milliseconds(), "publish_ms", published.Sub(claimed).Milliseconds(), "settle_ms", time.Since(published).Milliseconds())
 	return st, err
 }
