@@ -44,7 +44,7 @@ fuzz: ## Fuzz the inbox message parser briefly (seed corpus in pkg/inbox/testdat
 BENCH_FLAGS ?= -out ../BENCHMARKS.md -chart ../docs/bench.png -chart-ref docs/bench.png -results results.json
 
 .PHONY: bench
-bench: ## Benchmark sluice against its peers and the machine (about 7 min here); writes BENCHMARKS.md and docs/bench.png.
+bench: ## Benchmark sluice against its peers and the machine (about 7 min); writes BENCHMARKS.md and docs/bench.png.
 	cd bench && $(GO) run . $(BENCH_FLAGS) -command "go run . $(BENCH_FLAGS)"
 
 .PHONY: cli

@@ -197,7 +197,7 @@ func (r *Report) Markdown() string {
 	}
 	w("| Load average (1/5/15 min) | %s at the start, %s at the end |\n", m.LoadStart, r.LoadEnd)
 	w("| Code measured | %s |\n\n", m.Code)
-	w("The machine was shared with other engineers' builds and tests during the run (see the load average): " +
+	w("Anything else running on the machine during the run shows in the load average above (the end-to-end section measures it per process): " +
 		"the harness, PostgreSQL and the other work all competed for the same cores. PostgreSQL runs on the same machine as " +
 		"the harness (no network latency), with fsync and synchronous commit off (the throwaway cluster's settings), so commits cost " +
 		"much less than on RDS.")
