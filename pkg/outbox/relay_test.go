@@ -295,15 +295,19 @@ func TestHungRelayLosesItsKeysAfterTheLease(t *testing.T) {
 
 	// Relay A's broker call hangs, ignoring cancellation, far beyond A's lease: A sits idle in
 	// its round's transaction, like a frozen Lambda sandbox.
-	release := make(chan struct{})
+	release, started := make(chan struct{}), make(chan struct{}, 100)
 	hung := newRecorder()
-	hung.fail = func(*outbox.Event) error { <-release; return nil }
+	hung.fail = func(*outbox.Event) error { started <- struct{}{}; <-release; return nil }
 	a, err := outbox.NewRelay(b.pool, outbox.RelayConfig{Publisher: hung, Topics: map[string]string{testTopic: testARN},
 		Lease: time.Second, PublishTimeout: 500 * time.Millisecond, PublishConcurrency: 1, Pipelines: 1, Logger: testLogger()})
 	require.NoError(t, err)
 	aDone := make(chan error, 1)
 	go func() { _, err := a.RunOnce(context.Background()); aDone <- err }()
-	time.Sleep(200 * time.Millisecond)
+	select {
+	case <-started: // A claimed and is publishing
+	case <-time.After(10 * time.Second):
+		t.Fatal("relay A never published")
+	}
 
 	// While A holds the keys, relay B finds nothing; once PostgreSQL ends A's idle session
 	// (after the lease), B publishes everything.
