@@ -94,22 +94,12 @@ func (b *batch) runBulk(ctx context.Context, recs []events.SQSMessage, msgs []Me
 		}
 	}()
 	for i, rec := range recs {
-		if broken != nil {
-			b.fail(i, rec, broken)
+		ok, began := b.ready(ctx, i, rec, perr[i], &tx, &broken)
+		if !ok {
 			continue
 		}
-		if err := b.precheck(ctx, rec, perr[i]); err != nil {
-			b.fail(i, rec, err)
-			continue
-		}
-		if tx == nil {
+		if began {
 			var err error
-			if tx, err = b.c.db.Begin(ctx); err != nil {
-				broken = fmt.Errorf("begin batch: %w", err)
-				tx = nil
-				b.fail(i, rec, broken)
-				continue
-			}
 			if rows, err = b.c.insertBatch(ctx, tx, b.runnable(i, recs, msgs, perr)); err != nil {
 				b.c.log.WarnContext(ctx, "inbox: batch insert failed, inserting record by record", "error", err.Error())
 				return bulkInsertFailed
@@ -309,22 +299,8 @@ func (b *batch) runEach(ctx context.Context, recs []events.SQSMessage, msgs []Me
 		}
 	}()
 	for i, rec := range recs {
-		if broken != nil {
-			b.fail(i, rec, broken)
+		if ok, _ := b.ready(ctx, i, rec, perr[i], &tx, &broken); !ok {
 			continue
-		}
-		if err := b.precheck(ctx, rec, perr[i]); err != nil {
-			b.fail(i, rec, err)
-			continue
-		}
-		if tx == nil {
-			var err error
-			if tx, err = b.c.db.Begin(ctx); err != nil {
-				broken = fmt.Errorf("begin batch: %w", err)
-				tx = nil
-				b.fail(i, rec, broken)
-				continue
-			}
 		}
 		// The savepoint is driven by hand, as in callInSavepoint.
 		if _, err := tx.Exec(ctx, "SAVEPOINT inbox_record"); err != nil {
@@ -365,4 +341,29 @@ func (b *batch) runEach(ctx context.Context, recs []events.SQSMessage, msgs []Me
 			b.results[i].Outcome, b.results[i].Err = Failed, cerr
 		}
 	}
+}
+
+// ready reports whether record i may run in the batch's transaction, failing it when the
+// transaction is broken or the record's prechecks (parse error, blocked FIFO group, deadline)
+// say no, and begins the transaction for the first record that may run (began).
+func (b *batch) ready(ctx context.Context, i int, rec events.SQSMessage, perr error, tx *pgx.Tx, broken *error) (ok, began bool) {
+	if *broken != nil {
+		b.fail(i, rec, *broken)
+		return false, false
+	}
+	if err := b.precheck(ctx, rec, perr); err != nil {
+		b.fail(i, rec, err)
+		return false, false
+	}
+	if *tx != nil {
+		return true, false
+	}
+	t, err := b.c.db.Begin(ctx)
+	if err != nil {
+		*broken = fmt.Errorf("begin batch: %w", err)
+		b.fail(i, rec, *broken)
+		return false, false
+	}
+	*tx = t
+	return true, true
 }
