@@ -356,13 +356,15 @@ WITH cand AS (
     SELECT h.id FROM heads h
     WHERE NOT EXISTS (SELECT 1 FROM outbox_event o
                       WHERE o.partition_key = h.partition_key AND o.published_at IS NULL AND o.id < h.id)
-    ORDER BY h.id
-    LIMIT $2
 ), locked AS (
+    -- The limit counts rows actually locked, so a claim racing another one takes the next free
+    -- keys instead of the leftovers of the same first ones.
     SELECT e.id, e.partition_key FROM outbox_event e
     WHERE e.id IN (SELECT id FROM free)
       AND e.published_at IS NULL AND e.quarantined_at IS NULL
       AND (e.available_at IS NULL OR e.available_at <= now())
+    ORDER BY e.id
+    LIMIT $2
     FOR UPDATE SKIP LOCKED
 ), share AS (
     -- Every key gets the same share of the batch (a round lasts as long as its longest key's
@@ -382,11 +384,11 @@ SELECT e.id, e.event_id, e.topic, e.aggregate_type, e.aggregate_id, e.event_type
 FROM outbox_event e
 WHERE e.id = ANY (ARRAY (SELECT id FROM picked ORDER BY rn, head LIMIT $2))`
 
-// claim runs claimSQL in tx. It scans twice the batch of oldest rows for free keys, and a batch
-// more for each of this relay's other rounds in flight: their keys' rows fill the front of the
-// backlog, and a round that found only those would wait for them instead of overlapping.
+// claim runs claimSQL in tx. It scans twice the batch of oldest rows for free keys, and two
+// batches more for each of this relay's other rounds in flight: their keys' rows fill the front
+// of the backlog, and a round that found only those would wait for them instead of overlapping.
 func (r *Relay) claim(ctx context.Context, tx pgx.Tx, others int) ([]*Event, error) {
-	rows, err := tx.Query(ctx, claimSQL, (2+others)*r.cfg.BatchSize, r.cfg.BatchSize, r.cfg.MaxPerKey)
+	rows, err := tx.Query(ctx, claimSQL, (2+2*others)*r.cfg.BatchSize, r.cfg.BatchSize, r.cfg.MaxPerKey)
 	if err != nil {
 		return nil, fmt.Errorf("claim outbox rows: %w", err)
 	}
@@ -485,7 +487,7 @@ func (r *Relay) round(ctx context.Context, others int) (Stats, error) {
 	for _, e := range events {
 		keys[e.PartitionKey] = true
 	}
-	r.log.Debug("relay round", "claimed", st.Claimed, "keys", len(keys), "published", st.Published, "retrying", st.Retrying, "quarantined", st.Quarantined,
+	r.log.Debug("relay round", "others", others, "claimed", st.Claimed, "keys", len(keys), "published", st.Published, "retrying", st.Retrying, "quarantined", st.Quarantined,
 		"claim_ms", claimed.Sub(start).Milliseconds(), "publish_ms", published.Sub(claimed).Milliseconds(), "settle_ms", time.Since(published).Milliseconds())
 	return st, err
 }
