@@ -4,28 +4,21 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
-	"os"
 	"testing"
 
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/fixture"
 	"github.com/sluicehq/sluice/internal/lambdaenv"
 	"github.com/sluicehq/sluice/internal/testdb"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
 
-func fixture(t *testing.T) events.SQSEvent {
+func sqsEvent(t *testing.T) events.SQSEvent {
 	t.Helper()
-	raw, err := os.ReadFile("testdata/sqs_order_created.json")
-	require.NoError(t, err)
-	var ev events.SQSEvent
-	require.NoError(t, json.Unmarshal(raw, &ev))
-	back, err := json.Marshal(ev)
-	require.NoError(t, err)
-	require.JSONEq(t, string(raw), string(back), "the fixture round-trips through events.SQSEvent")
-	return ev
+	return fixture.Load[events.SQSEvent](t, "testdata/sqs_order_created.json")
 }
 
 // A delivery is applied once: the ledger entry and the projection commit with the inbox row,
@@ -37,7 +30,7 @@ func TestHandleSQSAppliesOnceAndDeduplicates(t *testing.T) {
 	env := map[string]string{lambdaenv.ConsumerName: "ledger-test"}
 	c, err := newConsumer(ctx, pool, func(k string) string { return env[k] }, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
-	ev := fixture(t)
+	ev := sqsEvent(t)
 
 	for range 2 {
 		resp, err := c.HandleSQS(ctx, ev)
@@ -64,7 +57,7 @@ func TestHandleSQSReportsOnlyTheFailedRecord(t *testing.T) {
 	pool := testdb.Pool(t)
 	c, err := newConsumer(ctx, pool, func(string) string { return "" }, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
-	ev := fixture(t)
+	ev := sqsEvent(t)
 	bad := ev.Records[0]
 	bad.MessageId = "poison-sqs-id"
 	bad.Body = `{"order_id":"fixture-0002","customer":"c02","seq":1,"amount_cents":1,"currency":"XTS"}`

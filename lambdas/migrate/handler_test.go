@@ -2,15 +2,14 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"log/slog"
-	"os"
 	"testing"
 
 	"github.com/aws/aws-lambda-go/cfn"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/fixture"
 	"github.com/sluicehq/sluice/internal/lambdaenv"
 	"github.com/sluicehq/sluice/internal/testdb"
 	"github.com/sluicehq/sluice/migrations"
@@ -20,14 +19,7 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 
 func createEvent(t *testing.T) cfn.Event {
 	t.Helper()
-	raw, err := os.ReadFile("testdata/cfn_create.json")
-	require.NoError(t, err)
-	var ev cfn.Event
-	require.NoError(t, json.Unmarshal(raw, &ev))
-	back, err := json.Marshal(ev)
-	require.NoError(t, err)
-	require.JSONEq(t, string(raw), string(back), "the fixture round-trips through cfn.Event")
-	return ev
+	return fixture.Load[cfn.Event](t, "testdata/cfn_create.json")
 }
 
 // Create and Update apply the migrations (idempotently); Delete leaves the tables alone.

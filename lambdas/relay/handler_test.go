@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
-	"os"
 	"testing"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sns"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/fixture"
 	"github.com/sluicehq/sluice/internal/lambdaenv"
 	"github.com/sluicehq/sluice/internal/localaws"
 	"github.com/sluicehq/sluice/internal/testdb"
@@ -23,14 +23,7 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 
 func scheduledEvent(t *testing.T) events.EventBridgeEvent {
 	t.Helper()
-	raw, err := os.ReadFile("testdata/scheduled_event.json")
-	require.NoError(t, err)
-	var ev events.EventBridgeEvent
-	require.NoError(t, json.Unmarshal(raw, &ev))
-	back, err := json.Marshal(ev)
-	require.NoError(t, err)
-	require.JSONEq(t, string(raw), string(back), "the fixture round-trips through events.EventBridgeEvent")
-	return ev
+	return fixture.Load[events.EventBridgeEvent](t, "testdata/scheduled_event.json")
 }
 
 func TestScheduledEventFixtureRoundTrips(t *testing.T) {

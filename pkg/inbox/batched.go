@@ -138,24 +138,8 @@ func (b *batch) runBulk(ctx context.Context, recs []events.SQSMessage, msgs []Me
 		}
 		pending = append(pending, i)
 	}
-	if tx == nil {
-		return bulkDone
-	}
-	var cerr error
-	if broken != nil {
-		cerr = broken // the deferred Rollback ends the transaction and releases the connection
-	} else if err := b.c.deleteFree(ctx, tx, rows); err != nil {
-		cerr = fmt.Errorf("batch: %w: %w", ErrCommit, err)
-	} else {
-		if err := tx.Commit(ctx); err != nil {
-			cerr = fmt.Errorf("batch: %w: %w", ErrCommit, err)
-		}
-		tx = nil
-	}
-	if cerr != nil {
-		for _, i := range pending {
-			b.results[i].Outcome, b.results[i].Err = Failed, cerr
-		}
+	if tx != nil {
+		b.commit(ctx, tx, pending, broken, func() error { return b.c.deleteFree(ctx, tx, rows) })
 	}
 	return bulkDone
 }
@@ -324,17 +308,26 @@ func (b *batch) runEach(ctx context.Context, recs []events.SQSMessage, msgs []Me
 		b.results[i].Outcome = out
 		pending = append(pending, i)
 	}
-	if tx == nil {
-		return
+	if tx != nil {
+		b.commit(ctx, tx, pending, broken, nil)
 	}
-	var cerr error
-	if broken != nil {
-		cerr = broken // the deferred Rollback ends the transaction and releases the connection
-	} else {
+}
+
+// commit ends a batch's transaction: it runs before (when given) and commits, unless the
+// transaction broke earlier. When it does not commit, every pending record (whose work
+// succeeded and waited for the commit) fails with the reason; the callers' deferred Rollback
+// then ends the transaction and releases its connection.
+func (b *batch) commit(ctx context.Context, tx pgx.Tx, pending []int, broken error, before func() error) {
+	cerr := broken
+	if cerr == nil && before != nil {
+		if err := before(); err != nil {
+			cerr = fmt.Errorf("batch: %w: %w", ErrCommit, err)
+		}
+	}
+	if cerr == nil {
 		if err := tx.Commit(ctx); err != nil {
 			cerr = fmt.Errorf("batch: %w: %w", ErrCommit, err)
 		}
-		tx = nil
 	}
 	if cerr != nil {
 		for _, i := range pending {

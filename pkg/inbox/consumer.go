@@ -147,15 +147,11 @@ func New(db Beginner, cfg Config) (*Consumer, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	var m *emf.Logger
-	if cfg.Metrics != nil {
-		m = emf.New(cfg.Metrics, map[string]string{emf.DimensionService: emf.ServiceConsumer, emf.DimensionConsumer: cfg.Consumer})
-	}
 	return &Consumer{
 		db:      db,
 		cfg:     cfg,
 		log:     cfg.Logger.With("consumer", cfg.Consumer),
-		metrics: m,
+		metrics: metricsFor(cfg.Metrics, emf.ServiceConsumer, cfg.Consumer),
 		now:     time.Now,
 	}, nil
 }

@@ -101,11 +101,17 @@ func NewProcessor(db Beginner, cfg ProcessorConfig) (*Processor, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	var m *emf.Logger
-	if cfg.Metrics != nil {
-		m = emf.New(cfg.Metrics, map[string]string{emf.DimensionService: emf.ServiceInboxProcessor, emf.DimensionConsumer: cfg.Consumer})
+	return &Processor{db: db, cfg: cfg, log: cfg.Logger.With("consumer", cfg.Consumer),
+		metrics: metricsFor(cfg.Metrics, emf.ServiceInboxProcessor, cfg.Consumer)}, nil
+}
+
+// metricsFor returns the EMF writer of one inbox consumer's metrics, or nil (no metrics, no
+// work) when w is nil.
+func metricsFor(w io.Writer, service, consumer string) *emf.Logger {
+	if w == nil {
+		return nil
 	}
-	return &Processor{db: db, cfg: cfg, log: cfg.Logger.With("consumer", cfg.Consumer), metrics: m}, nil
+	return emf.New(w, map[string]string{emf.DimensionService: service, emf.DimensionConsumer: consumer})
 }
 
 // ProcessStats counts what one Drain did.
