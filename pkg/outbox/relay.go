@@ -454,7 +454,9 @@ type outcome struct {
 // or frozen relay), which releases the keys; publishing stops at three quarters of it.
 func (r *Relay) round(ctx context.Context, others int) (Stats, error) {
 	start := time.Now()
-	tx, err := r.pool.Begin(ctx)
+	// One round trip opens the transaction and bounds how long it may sit idle.
+	tx, err := r.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: "BEGIN; SET LOCAL idle_in_transaction_session_timeout = " +
+		strconv.FormatInt(r.cfg.Lease.Milliseconds(), 10)})
 	if err != nil {
 		if ctx.Err() != nil {
 			return Stats{}, nil // stopping: not a failure
@@ -462,13 +464,6 @@ func (r *Relay) round(ctx context.Context, others int) (Stats, error) {
 		return Stats{}, fmt.Errorf("begin relay round: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := tx.Exec(ctx, "SELECT set_config('idle_in_transaction_session_timeout', $1, true)",
-		strconv.FormatInt(r.cfg.Lease.Milliseconds(), 10)); err != nil {
-		if ctx.Err() != nil {
-			return Stats{}, nil
-		}
-		return Stats{}, fmt.Errorf("begin relay round: %w", err)
-	}
 	events, err := r.claim(ctx, tx, others)
 	if err != nil && ctx.Err() != nil {
 		return Stats{}, nil
@@ -483,12 +478,15 @@ func (r *Relay) round(ctx context.Context, others int) (Stats, error) {
 	published := time.Now()
 	st, err := r.settle(context.WithoutCancel(ctx), tx, outcomes)
 	st.Claimed, st.Rounds = len(events), 1
-	keys := map[string]bool{}
-	for _, e := range events {
-		keys[e.PartitionKey] = true
+	if r.log.Enabled(ctx, slog.LevelDebug) {
+		keys := map[string]bool{}
+		for _, e := range events {
+			keys[e.PartitionKey] = true
+		}
+		r.log.Debug("relay round", "others", others, "claimed", st.Claimed, "keys", len(keys), "published", st.Published,
+			"retrying", st.Retrying, "quarantined", st.Quarantined, "claim_ms", claimed.Sub(start).Milliseconds(),
+			"publish_ms", published.Sub(claimed).Milliseconds(), "settle_ms", time.Since(published).Milliseconds())
 	}
-	r.log.Debug("relay round", "others", others, "claimed", st.Claimed, "keys", len(keys), "published", st.Published, "retrying", st.Retrying, "quarantined", st.Quarantined,
-		"claim_ms", claimed.Sub(start).Milliseconds(), "publish_ms", published.Sub(claimed).Milliseconds(), "settle_ms", time.Since(published).Milliseconds())
 	return st, err
 }
 
