@@ -17,22 +17,25 @@ help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: deps
-deps: $(NODE_STAMP) $(RIE) ## Install Go modules, the pinned npm tools (fauxqs, aws-cdk) and the Lambda emulator.
+deps: $(NODE_STAMP) $(RIE) ## Install Go modules (root and infra/), the pinned npm tools (fauxqs, aws-cdk) and the Lambda emulator.
 	$(GO) mod download
+	cd infra && $(GO) mod download
 
 $(NODE_STAMP): $(NODE_TOOLS)/package-lock.json
 	cd $(NODE_TOOLS) && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
 .PHONY: lint
-lint: ## gofmt check and go vet.
+lint: ## gofmt check and go vet (root module and infra/).
 	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './tools/*'))"; \
 	  if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	cd infra && $(GO) vet ./...
 
 .PHONY: test
-test: deps lint ## Run every test (real PostgreSQL and SNS/SQS endpoint, started on demand).
+test: deps lint ## Run every test (real PostgreSQL and SNS/SQS endpoint, started on demand), then infra/'s template tests.
 	$(DEVENV) $(GOTEST) ./...
+	cd infra && $(GOTEST) ./...
 	$(MAKE) fuzz
 
 .PHONY: fuzz
