@@ -8,7 +8,8 @@ const (
 	// DatabaseSecretARN names a Secrets Manager secret in the RDS JSON shape
 	// ({"host","port","username","password","dbname"}), read once per cold start.
 	DatabaseSecretARN = "DATABASE_SECRET_ARN"
-	// DatabaseSSLMode is the sslmode used with DatabaseSecretARN. Defaults to "require".
+	// DatabaseSSLMode is the sslmode used with DatabaseSecretARN. Defaults to DefaultSSLMode
+	// ("verify-full"): the server certificate must chain to DatabaseSSLRootCert and name the host.
 	DatabaseSSLMode = "DATABASE_SSLMODE"
 	// TopicARNs is a JSON object mapping logical topic names (outbox_event.topic) to SNS topic ARNs.
 	TopicARNs = "SLUICE_TOPIC_ARNS"
@@ -35,4 +36,22 @@ const (
 	LogLevel = "SLUICE_LOG_LEVEL"
 	// DatabaseMaxConns caps the pgx pool per Lambda instance. Defaults to 4.
 	DatabaseMaxConns = "DATABASE_MAX_CONNS"
+	// DatabaseSSLRootCert is the PEM file of certificate authorities that sign the database's
+	// server certificate (the RDS CA bundle, which also holds the roots of RDS Proxy's
+	// certificates), used with DatabaseSecretARN; "system" uses the operating system's trust
+	// store. Defaults to none: the system's trust store, which lacks the RDS CAs.
+	DatabaseSSLRootCert = "DATABASE_SSLROOTCERT"
+	// DatabaseHost replaces the secret's host (and DatabasePort its port), e.g. with an RDS Proxy
+	// endpoint. Defaults to the secret's.
+	DatabaseHost = "DATABASE_HOST"
+	// DatabasePort replaces the secret's port. Defaults to the secret's.
+	DatabasePort = "DATABASE_PORT"
+	// DatabaseQueryExecMode is pgx's default query execution mode: cache_statement (the default:
+	// named prepared statements, cached per connection), cache_describe, describe_exec, exec or
+	// simple_protocol. Behind RDS Proxy use exec or simple_protocol: named prepared statements
+	// pin each client connection to one database connection.
+	DatabaseQueryExecMode = "DATABASE_QUERY_EXEC_MODE"
+	// DatabaseSecretRefresh is the shortest time between two re-reads of DatabaseSecretARN after
+	// a connection attempt failed (Go duration). Defaults to 5s.
+	DatabaseSecretRefresh = "DATABASE_SECRET_REFRESH"
 )

@@ -6,13 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/url"
 	"os"
 	"strconv"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -28,18 +25,11 @@ type SecretGetter interface {
 
 var _ SecretGetter = (*secretsmanager.Client)(nil)
 
-// rdsSecret is the JSON shape of an RDS-generated Secrets Manager secret.
-type rdsSecret struct {
-	Host     string          `json:"host"`
-	Port     json.RawMessage `json:"port"`
-	Username string          `json:"username"`
-	Password string          `json:"password"`
-	DBName   string          `json:"dbname"`
-}
-
-// DatabaseURLFrom returns the PostgreSQL URL: DATABASE_URL when set, otherwise one built from the
-// Secrets Manager secret named by DATABASE_SECRET_ARN (read with secrets, once) with
-// sslmode DATABASE_SSLMODE (default "require").
+// DatabaseURLFrom returns the PostgreSQL URL: DATABASE_URL when set (used as it is: local runs
+// and tests may connect without TLS), otherwise one built from the Secrets Manager secret named by
+// DATABASE_SECRET_ARN (read with secrets, once) with sslmode DATABASE_SSLMODE (default
+// DefaultSSLMode, "verify-full") and sslrootcert DATABASE_SSLROOTCERT; DATABASE_HOST and
+// DATABASE_PORT replace the secret's host and port (an RDS Proxy endpoint).
 func DatabaseURLFrom(ctx context.Context, getenv Getenv, secrets SecretGetter) (string, error) {
 	if u := getenv(DatabaseURL); u != "" {
 		return u, nil
@@ -51,55 +41,35 @@ func DatabaseURLFrom(ctx context.Context, getenv Getenv, secrets SecretGetter) (
 	if secrets == nil {
 		return "", errors.New("a Secrets Manager client is needed to read " + DatabaseSecretARN)
 	}
-	out, err := secrets.GetSecretValue(ctx, &secretsmanager.GetSecretValueInput{SecretId: aws.String(arn)})
+	s, err := readSecret(ctx, secrets, arn, "")
 	if err != nil {
-		return "", fmt.Errorf("read database secret %s: %w", arn, err)
+		return "", err
 	}
-	var s rdsSecret
-	if err := json.Unmarshal([]byte(aws.ToString(out.SecretString)), &s); err != nil {
-		return "", fmt.Errorf("database secret %s is not RDS secret JSON: %w", arn, err)
-	}
-	port := "5432"
-	if len(s.Port) > 0 {
-		var n int
-		var str string
-		switch {
-		case json.Unmarshal(s.Port, &n) == nil:
-			port = strconv.Itoa(n)
-		case json.Unmarshal(s.Port, &str) == nil && str != "":
-			port = str
-		}
-	}
-	if s.Host == "" || s.Username == "" {
-		return "", fmt.Errorf("database secret %s lacks host or username", arn)
-	}
-	sslmode := getenv(DatabaseSSLMode)
-	if sslmode == "" {
-		sslmode = "require"
-	}
-	db := s.DBName
-	if db == "" {
-		db = "postgres"
-	}
-	u := url.URL{Scheme: "postgres", User: url.UserPassword(s.Username, s.Password), Host: net.JoinHostPort(s.Host, port),
-		Path: "/" + db, RawQuery: "sslmode=" + url.QueryEscape(sslmode)}
-	return u.String(), nil
+	return s.url(getenv), nil
 }
 
-// PoolConfig parses url into a pool configuration capped at DATABASE_MAX_CONNS (default 4)
-// connections, so that concurrent Lambda instances do not exhaust the database.
+// PoolConfig parses url into a pool configuration capped at DATABASE_MAX_CONNS (default
+// DefaultMaxConns) connections, so that concurrent Lambda instances do not exhaust the database,
+// with DATABASE_QUERY_EXEC_MODE as pgx's default query execution mode when set.
 func PoolConfig(url string, getenv Getenv) (*pgxpool.Config, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("parse database URL: %w", err)
 	}
-	cfg.MaxConns = 4
+	cfg.MaxConns = DefaultMaxConns
 	if v := getenv(DatabaseMaxConns); v != "" {
 		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			return nil, fmt.Errorf("%s must be a positive integer, got %q", DatabaseMaxConns, v)
+		if err != nil || n < 1 || n > 10000 {
+			return nil, fmt.Errorf("%s must be a positive integer up to 10000, got %q", DatabaseMaxConns, v)
 		}
 		cfg.MaxConns = int32(n)
+	}
+	if v := getenv(DatabaseQueryExecMode); v != "" {
+		mode, ok := queryExecModes[v]
+		if !ok {
+			return nil, fmt.Errorf("%s must be one of cache_statement, cache_describe, describe_exec, exec or simple_protocol, got %q", DatabaseQueryExecMode, v)
+		}
+		cfg.ConnConfig.DefaultQueryExecMode = mode
 	}
 	cfg.MaxConnIdleTime = 5 * time.Minute
 	return cfg, nil
@@ -139,31 +109,39 @@ func Duration(getenv Getenv, name string, def time.Duration) (time.Duration, err
 func ResolveDatabaseURL(ctx context.Context, getenv Getenv) (string, error) {
 	var secrets SecretGetter
 	if getenv(DatabaseURL) == "" {
-		awsCfg, err := config.LoadDefaultConfig(ctx)
+		c, err := secretsClient(ctx)
 		if err != nil {
-			return "", fmt.Errorf("load AWS config: %w", err)
+			return "", err
 		}
-		secrets = secretsmanager.NewFromConfig(awsCfg)
+		secrets = c
 	}
 	return DatabaseURLFrom(ctx, getenv, secrets)
 }
 
-// OpenPool resolves the database URL (ResolveDatabaseURL) and opens a pool capped at
-// DATABASE_MAX_CONNS connections: what every sluice Lambda does once per cold start.
+// OpenPool opens a pool capped at DATABASE_MAX_CONNS connections: what every sluice Lambda does
+// once per cold start. With DATABASE_URL it connects to that URL. With DATABASE_SECRET_ARN it
+// reads the secret once and then again whenever a new connection is needed after an attempt that
+// did not succeed (at most every DATABASE_SECRET_REFRESH), trying the secret's AWSPENDING version
+// when AWSCURRENT still holds the credentials that failed: a warm Lambda keeps connecting through
+// a rotation of the secret.
 func OpenPool(ctx context.Context, getenv Getenv) (*pgxpool.Pool, error) {
-	url, err := ResolveDatabaseURL(ctx, getenv)
-	if err != nil {
-		return nil, err
+	var secrets SecretGetter
+	if getenv(DatabaseURL) == "" {
+		c, err := secretsClient(ctx)
+		if err != nil {
+			return nil, err
+		}
+		secrets = c
 	}
-	cfg, err := PoolConfig(url, getenv)
+	return openPool(ctx, getenv, secrets)
+}
+
+func secretsClient(ctx context.Context) (*secretsmanager.Client, error) {
+	awsCfg, err := config.LoadDefaultConfig(ctx)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("load AWS config: %w", err)
 	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("create database pool: %w", err)
-	}
-	return pool, nil
+	return secretsmanager.NewFromConfig(awsCfg), nil
 }
 
 // Logger returns the functions' JSON logger on stderr at SLUICE_LOG_LEVEL (default info), with a

@@ -30,7 +30,12 @@ func TestDatabaseURLPrefersDatabaseURLThenBuildsFromTheRDSSecret(t *testing.T) {
 	secret := fixedSecret(`{"host":"db.internal","port":5432,"username":"sluice","password":"p@ss/word","dbname":"app","engine":"postgres"}`)
 	u, err = DatabaseURLFrom(ctx, env(map[string]string{DatabaseSecretARN: "arn:secret"}), secret)
 	require.NoError(t, err)
-	require.Equal(t, "postgres://sluice:p%40ss%2Fword@db.internal:5432/app?sslmode=require", u)
+	require.Equal(t, "postgres://sluice:p%40ss%2Fword@db.internal:5432/app?sslmode=verify-full", u, "TLS verified by default")
+
+	u, err = DatabaseURLFrom(ctx, env(map[string]string{DatabaseSecretARN: "arn:secret", DatabaseSSLRootCert: "/opt/sluice/rds-ca-bundle.pem",
+		DatabaseHost: "proxy.internal", DatabasePort: "6432"}), secret)
+	require.NoError(t, err)
+	require.Equal(t, "postgres://sluice:p%40ss%2Fword@proxy.internal:6432/app?sslmode=verify-full&sslrootcert=%2Fopt%2Fsluice%2Frds-ca-bundle.pem", u)
 
 	_, err = DatabaseURLFrom(ctx, env(nil), nil)
 	require.ErrorContains(t, err, "no database configured")
