@@ -25,6 +25,9 @@ const (
 	Published = "Published"
 	// PublishFailures counts failed publish attempts (Count).
 	PublishFailures = "PublishFailures"
+	// DestinationsDown is the number of destinations a relay backs off as a whole because
+	// every call to them fails (Count).
+	DestinationsDown = "DestinationsDown"
 )
 
 // Inbox metric names (consumer and asynchronous processor).

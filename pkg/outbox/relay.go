@@ -2,26 +2,46 @@ package outbox
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"sort"
-	"strconv"
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sluicehq/sluice/internal/emf"
 )
 
-// NotifyChannel is the PostgreSQL channel on which inserts into outbox_event wake relays.
-const NotifyChannel = "sluice_outbox"
+// Defaults and bounds of RelayConfig, exported so that the Lambda's and the CLI's settings can
+// quote them.
+const (
+	DefaultBatchSize          = 500
+	DefaultMaxPerKey          = 10
+	DefaultPublishConcurrency = 64
+	DefaultPipelines          = 2
+	DefaultPublishTimeout     = 10 * time.Second
+	DefaultLease              = 30 * time.Second
+	DefaultMaxAttempts        = 10
+	DefaultBackoffBase        = time.Second
+	DefaultBackoffMax         = 5 * time.Minute
+	DefaultOutageLimit        = 24 * time.Hour
+	DefaultPollInterval       = 50 * time.Millisecond
+	DefaultRescanInterval     = time.Second
+	DefaultMetricsInterval    = 30 * time.Second
+	DefaultMaxRoundBytes      = 16 << 20
+
+	// MaxBatchSize, MaxPerKeyLimit, MaxPublishConcurrency and MaxPipelines bound the settings:
+	// larger values make rounds hold more keys (PostgreSQL lock-table entries) and memory than
+	// any measured gain.
+	MaxBatchSize          = 10000
+	MaxPerKeyLimit        = 1000
+	MaxPublishConcurrency = 1024
+	MaxPipelines          = 16
+)
 
 // RelayConfig configures a Relay. Zero fields take the defaults stated on each.
 type RelayConfig struct {
@@ -32,34 +52,57 @@ type RelayConfig struct {
 	// DefaultTopic receives rows whose topic is not in Topics. Defaults to none: such rows are
 	// quarantined with an "unknown topic" error.
 	DefaultTopic string
-	// BatchSize is the most rows one claim takes. Defaults to 500.
+	// BatchSize is the most rows one round takes, and the most partition keys it holds.
+	// Defaults to 500; at most MaxBatchSize.
 	BatchSize int
-	// MaxPerKey is the most rows of one partition key one claim takes; a key's rows are
-	// published one after another, so a smaller value spreads a claim over more keys.
-	// Defaults to 10.
+	// MaxPerKey is the most rows of one partition key one round takes; a key's rows are
+	// published one after another, so a smaller value spreads a round over more keys.
+	// Defaults to 10; at most MaxPerKeyLimit.
 	MaxPerKey int
 	// PublishConcurrency is the number of PublishBatch calls in flight. Defaults to 64.
 	PublishConcurrency int
 	// Pipelines is the number of claim-publish-record rounds this relay runs at once, so that
-	// claiming overlaps publishing. Each round takes keys the others do not hold.
-	// Defaults to 2.
+	// one round's database work overlaps another's publishing. Each round holds keys the others
+	// do not. Defaults to 2.
 	Pipelines int
+	// MaxRoundBytes bounds the payload bytes one round holds in memory; a round takes rows in
+	// the order it would publish them until the next would exceed it (a single row larger than
+	// the budget still goes out alone). The relay Lambda derives it from its memory size.
+	// Defaults to 16 MiB.
+	MaxRoundBytes int
+	// MaxMessageBytes is the largest message the destination accepts, payload and attributes
+	// together; a larger row is quarantined without being read into memory. Defaults to
+	// MaxMessageBytes (256 KiB, SNS's limit).
+	MaxMessageBytes int
 	// PublishTimeout bounds one PublishBatch call. Defaults to 10 seconds.
 	PublishTimeout time.Duration
 	// Lease bounds how long one round holds its partition keys: publishing stops at three
-	// quarters of it, and PostgreSQL ends the relay's session if it sits idle in the round's
-	// transaction longer (a hung or frozen relay), which releases its keys. A relay that dies
-	// releases them at once with its connection. Defaults to 30 seconds.
+	// quarters of it, every statement of the round is cancelled after half of it, and
+	// PostgreSQL ends the relay's session if it sits idle in the round's transaction longer (a
+	// hung or frozen relay), which releases its keys. A relay that dies releases them when
+	// PostgreSQL sees its connection close, within a second even mid-statement (PostgreSQL 14
+	// and later). Defaults to 30 seconds.
 	Lease time.Duration
 	// MaxAttempts is the number of failed publish attempts after which a row is quarantined.
-	// Defaults to 10.
+	// Only failures of the row count: while its whole destination fails (nothing sent there
+	// succeeds), the destination backs off instead. Defaults to 10.
 	MaxAttempts int
-	// BackoffBase and BackoffMax bound the exponential backoff (with jitter) between attempts.
-	// Default to 1 second and 5 minutes.
+	// BackoffBase and BackoffMax bound the exponential backoff (with jitter) between attempts
+	// of a row, and between probes of a failing destination. Default to 1 second and 5 minutes.
 	BackoffBase time.Duration
 	BackoffMax  time.Duration
-	// PollInterval is how often Run looks for rows when no notification woke it. Defaults to 1 second.
+	// OutageLimit is how long a row may keep failing because its whole destination fails
+	// before it is quarantined all the same, so that a destination that never recovers shows
+	// up in `sluice dead list`. Defaults to 24 hours.
+	OutageLimit time.Duration
+	// PollInterval is how often Run looks for newly committed rows: one primary-key lookup,
+	// whatever the backlog. Defaults to 50 milliseconds.
 	PollInterval time.Duration
+	// RescanInterval is how often Run walks every pending partition key (one index descent
+	// each), to pick up what polling cannot see: keys released by a relay that died, rows
+	// whose backoff ended, rows made pending again by hand. A walk that takes long is spaced
+	// out further. Defaults to 1 second.
+	RescanInterval time.Duration
 	// MetricsInterval is how often Run emits the heartbeat and lag metrics. Defaults to 30 seconds.
 	MetricsInterval time.Duration
 	// Metrics receives Embedded Metric Format lines (a Lambda passes os.Stdout). Defaults to none.
@@ -70,33 +113,38 @@ type RelayConfig struct {
 
 // WithDefaults returns c with every zero field set to its default.
 func (c RelayConfig) WithDefaults() RelayConfig {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
 	defInt := func(i *int, v int) {
 		if *i == 0 {
 			*i = v
 		}
 	}
-	defInt(&c.BatchSize, 500)
-	defInt(&c.MaxPerKey, 10)
-	defInt(&c.PublishConcurrency, 64)
-	defInt(&c.Pipelines, 2)
-	defInt(&c.MaxAttempts, 10)
-	def(&c.PublishTimeout, 10*time.Second)
-	def(&c.Lease, 30*time.Second)
-	def(&c.BackoffBase, time.Second)
-	def(&c.BackoffMax, 5*time.Minute)
-	def(&c.PollInterval, time.Second)
-	def(&c.MetricsInterval, 30*time.Second)
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	defInt(&c.BatchSize, DefaultBatchSize)
+	defInt(&c.MaxPerKey, DefaultMaxPerKey)
+	defInt(&c.PublishConcurrency, DefaultPublishConcurrency)
+	defInt(&c.Pipelines, DefaultPipelines)
+	defInt(&c.MaxAttempts, DefaultMaxAttempts)
+	defInt(&c.MaxRoundBytes, DefaultMaxRoundBytes)
+	defInt(&c.MaxMessageBytes, MaxMessageBytes)
+	def(&c.PublishTimeout, DefaultPublishTimeout)
+	def(&c.Lease, DefaultLease)
+	def(&c.BackoffBase, DefaultBackoffBase)
+	def(&c.BackoffMax, DefaultBackoffMax)
+	def(&c.OutageLimit, DefaultOutageLimit)
+	def(&c.PollInterval, DefaultPollInterval)
+	def(&c.RescanInterval, DefaultRescanInterval)
+	def(&c.MetricsInterval, DefaultMetricsInterval)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 	return c
 }
 
+// validate reports every problem at once, in field order.
 func (c RelayConfig) validate() error {
 	var errs []error
 	if c.Publisher == nil {
@@ -105,25 +153,48 @@ func (c RelayConfig) validate() error {
 	if len(c.Topics) == 0 && c.DefaultTopic == "" {
 		errs = append(errs, errors.New("Topics or DefaultTopic is required: nothing could be published"))
 	}
-	for k, v := range c.Topics {
-		if k == "" || v == "" {
-			errs = append(errs, fmt.Errorf("Topics has an empty name or destination (%q: %q)", k, v))
+	for _, k := range sortedKeys(c.Topics) {
+		if k == "" || c.Topics[k] == "" {
+			errs = append(errs, fmt.Errorf("Topics has an empty name or destination (%q: %q)", k, c.Topics[k]))
 		}
 	}
-	positive := map[string]int{"BatchSize": c.BatchSize, "MaxPerKey": c.MaxPerKey, "PublishConcurrency": c.PublishConcurrency, "Pipelines": c.Pipelines, "MaxAttempts": c.MaxAttempts}
-	for name, v := range positive {
-		if v < 1 {
-			errs = append(errs, fmt.Errorf("%s must be positive, got %d", name, v))
+	ints := []struct {
+		name     string
+		v, lo, hi int
+	}{
+		{"BatchSize", c.BatchSize, 1, MaxBatchSize},
+		{"MaxPerKey", c.MaxPerKey, 1, MaxPerKeyLimit},
+		{"PublishConcurrency", c.PublishConcurrency, 1, MaxPublishConcurrency},
+		{"Pipelines", c.Pipelines, 1, MaxPipelines},
+		{"MaxAttempts", c.MaxAttempts, 1, 1000},
+		{"MaxRoundBytes", c.MaxRoundBytes, 64 << 10, 1 << 30},
+		{"MaxMessageBytes", c.MaxMessageBytes, 1024, 64 << 20},
+	}
+	for _, f := range ints {
+		if f.v < f.lo || f.v > f.hi {
+			errs = append(errs, fmt.Errorf("%s must be between %d and %d, got %d", f.name, f.lo, f.hi, f.v))
 		}
 	}
-	durations := map[string]time.Duration{"PublishTimeout": c.PublishTimeout, "Lease": c.Lease, "BackoffBase": c.BackoffBase, "BackoffMax": c.BackoffMax, "PollInterval": c.PollInterval, "MetricsInterval": c.MetricsInterval}
-	for name, v := range durations {
-		if v <= 0 {
-			errs = append(errs, fmt.Errorf("%s must be positive, got %s", name, v))
+	durations := []struct {
+		name     string
+		v, lo, hi time.Duration
+	}{
+		{"PublishTimeout", c.PublishTimeout, time.Millisecond, 15 * time.Minute},
+		{"Lease", c.Lease, 100 * time.Millisecond, time.Hour},
+		{"BackoffBase", c.BackoffBase, time.Millisecond, 24 * time.Hour},
+		{"BackoffMax", c.BackoffMax, time.Millisecond, 24 * time.Hour},
+		{"OutageLimit", c.OutageLimit, time.Second, 365 * 24 * time.Hour},
+		{"PollInterval", c.PollInterval, time.Millisecond, time.Hour},
+		{"RescanInterval", c.RescanInterval, time.Millisecond, 24 * time.Hour},
+		{"MetricsInterval", c.MetricsInterval, time.Millisecond, 24 * time.Hour},
+	}
+	for _, f := range durations {
+		if f.v < f.lo || f.v > f.hi {
+			errs = append(errs, fmt.Errorf("%s must be between %s and %s, got %s", f.name, f.lo, f.hi, f.v))
 		}
 	}
-	if c.Lease > 0 && c.PublishTimeout >= c.Lease {
-		errs = append(errs, fmt.Errorf("Lease (%s) must be longer than PublishTimeout (%s): a round's publishing stops at three quarters of the lease", c.Lease, c.PublishTimeout))
+	if c.Lease > 0 && c.PublishTimeout >= c.Lease*3/4 {
+		errs = append(errs, fmt.Errorf("Lease (%s) must be longer than PublishTimeout (%s) by a third: a round's publishing stops at three quarters of the lease", c.Lease, c.PublishTimeout))
 	}
 	if c.BackoffMax < c.BackoffBase {
 		errs = append(errs, fmt.Errorf("BackoffMax (%s) must not be below BackoffBase (%s)", c.BackoffMax, c.BackoffBase))
@@ -135,15 +206,24 @@ func (c RelayConfig) validate() error {
 }
 
 // Relay publishes committed outbox rows. Any number of relays, in one process or many, may
-// run against the same database.
+// run against the same database. One Relay runs one RunOnce or Run at a time.
 type Relay struct {
+	pool    *pgxpool.Pool
+	cfg     RelayConfig
+	log     *slog.Logger
+	metrics *emf.Logger
 	// inFlight bounds PublishBatch calls across pipelines.
 	inFlight chan struct{}
-	pool     *pgxpool.Pool
-	cfg      RelayConfig
-	log      *slog.Logger
-	metrics  *emf.Logger
+	book     *keyBook
+	dests    *destinations
+	watch    *watcher
 }
+
+// bookCapacity bounds the keys a relay schedules at once; the rest wait for a later sweep.
+const bookCapacity = 200_000
+
+// floorCapacity bounds how many drained keys' floors a relay remembers.
+const floorCapacity = 100_000
 
 // NewRelay returns a Relay over pool with cfg.
 func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
@@ -154,24 +234,44 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	r := &Relay{pool: pool, cfg: cfg, log: cfg.Logger.With("component", "relay"), inFlight: make(chan struct{}, cfg.PublishConcurrency)}
+	r := &Relay{
+		pool:     pool,
+		cfg:      cfg,
+		log:      cfg.Logger.With("component", "relay"),
+		inFlight: make(chan struct{}, cfg.PublishConcurrency),
+		book:     newKeyBook(bookCapacity, floorCapacity),
+		dests:    newDestinations(cfg.BackoffBase, cfg.BackoffMax, jitter),
+	}
+	r.watch = newWatcher(r)
 	if cfg.Metrics != nil {
 		r.metrics = emf.New(cfg.Metrics, map[string]string{emf.DimensionService: emf.ServiceRelay})
 	}
 	return r, nil
 }
 
+// jitter returns a random duration in [0, d].
+func jitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	return rand.N(d + 1)
+}
+
 // Stats counts what a relay did.
 type Stats struct {
-	// Claimed is the number of rows claimed.
+	// Claimed is the number of rows rounds took to publish.
 	Claimed int
 	// Published is the number of rows the broker acknowledged and that were marked published.
 	Published int
 	// Retrying is the number of rows whose attempt failed and that will be retried after a backoff.
 	Retrying int
-	// Quarantined is the number of rows quarantined (too many attempts or a permanent error).
+	// Outage is the number of rows whose attempt failed because their whole destination failed:
+	// not counted as attempts; the destination backs off.
+	Outage int
+	// Quarantined is the number of rows quarantined (too many attempts, a permanent error, a row
+	// that cannot be read or published, or an outage longer than OutageLimit).
 	Quarantined int
-	// Rounds is the number of claims made.
+	// Rounds is the number of rounds that held keys.
 	Rounds int
 }
 
@@ -179,18 +279,102 @@ func (s *Stats) add(o Stats) {
 	s.Claimed += o.Claimed
 	s.Published += o.Published
 	s.Retrying += o.Retrying
+	s.Outage += o.Outage
 	s.Quarantined += o.Quarantined
 	s.Rounds += o.Rounds
 }
 
-// RunOnce drains the outbox: it claims and publishes until no claimable row is left (rows in
-// backoff, quarantined, or held by another relay's round are not claimable), then returns.
-// Pipelines rounds run at once, so one round's claim overlaps another's publishing.
+// RunOnce drains the outbox: it walks every pending partition key, then claims and publishes
+// until no claimable row is left (rows in backoff, quarantined, behind such a row, held by
+// another relay's round, or of a destination that backs off are not claimable), then returns.
 func (r *Relay) RunOnce(ctx context.Context) (Stats, error) {
+	if err := r.watch.start(ctx); err != nil {
+		return Stats{}, err
+	}
+	if err := r.watch.poll(ctx); err != nil {
+		return Stats{}, err
+	}
+	if err := r.watch.sweep(ctx); err != nil {
+		return Stats{}, err
+	}
+	return r.pipelines(ctx, true)
+}
+
+// Run relays until ctx ends: it walks every pending key, then publishes what is due while
+// polling for new rows every PollInterval and walking all pending keys every RescanInterval.
+// Database errors are logged and retried; Run returns nil when ctx ends.
+func (r *Relay) Run(ctx context.Context) error {
+	for ctx.Err() == nil {
+		err := r.watch.start(ctx)
+		if err == nil {
+			break
+		}
+		r.log.Error("relay cannot start; retrying", "error", err)
+		sleep(ctx, r.cfg.PollInterval*10)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		r.watch.run(ctx)
+	}()
+	var (
+		mu     sync.Mutex
+		window Stats
+	)
+	if r.metrics != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := time.NewTicker(r.cfg.MetricsInterval)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					mu.Lock()
+					s := window
+					window = Stats{}
+					mu.Unlock()
+					r.emitMetrics(ctx, s)
+				}
+			}
+		}()
+	}
+	_, _ = r.pipelinesReporting(ctx, false, func(s Stats) {
+		mu.Lock()
+		window.add(s)
+		mu.Unlock()
+	})
+	wg.Wait()
+	if r.metrics != nil {
+		r.emitMetrics(context.WithoutCancel(ctx), window)
+	}
+	return nil
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// pipelines runs Pipelines round loops over the keys the book makes due. With untilIdle, it
+// returns once no key is due and no round is in flight (and a pipeline stops at its first
+// error); otherwise it runs until ctx ends, waiting for the book between rounds.
+func (r *Relay) pipelines(ctx context.Context, untilIdle bool) (Stats, error) {
+	return r.pipelinesReporting(ctx, untilIdle, nil)
+}
+
+func (r *Relay) pipelinesReporting(ctx context.Context, untilIdle bool, report func(Stats)) (Stats, error) {
 	var (
 		mu    sync.Mutex
-		cond  = sync.NewCond(&mu)
-		busy  int // pipelines in a round that claimed rows
+		idle  = sync.NewCond(&mu)
+		busy  int
 		total Stats
 		errs  []error
 		wg    sync.WaitGroup
@@ -200,30 +384,53 @@ func (r *Relay) RunOnce(ctx context.Context) (Stats, error) {
 		go func() {
 			defer wg.Done()
 			for ctx.Err() == nil {
-				mu.Lock()
-				others := busy
-				busy++
-				mu.Unlock()
-				s, err := r.round(ctx, others)
-				mu.Lock()
-				busy--
-				total.add(s)
-				cond.Broadcast()
-				if err != nil {
-					errs = append(errs, err)
-					mu.Unlock()
-					return
-				}
-				if s.Claimed == 0 {
-					// Nothing free now; if another pipeline is mid-round, its keys come free
-					// when it finishes: wait for that, else the outbox is drained.
+				keys := r.book.take(r.cfg.BatchSize, time.Now())
+				if len(keys) == 0 {
+					if !untilIdle {
+						r.waitForWork(ctx)
+						continue
+					}
+					mu.Lock()
 					if busy == 0 || len(errs) > 0 {
+						idle.Broadcast()
 						mu.Unlock()
 						return
 					}
-					cond.Wait()
+					idle.Wait() // a round in flight may hand keys back
+					mu.Unlock()
+					continue
+				}
+				mu.Lock()
+				busy++
+				mu.Unlock()
+				st, err := r.round(ctx, keys)
+				if report != nil {
+					report(st)
+				}
+				mu.Lock()
+				busy--
+				total.add(st)
+				idle.Broadcast()
+				if err != nil && ctx.Err() == nil {
+					if untilIdle {
+						errs = append(errs, err)
+						mu.Unlock()
+						return
+					}
+					r.log.Error("relay round failed; retrying", "error", err)
+					mu.Unlock()
+					sleep(ctx, r.cfg.PollInterval)
+					continue
 				}
 				mu.Unlock()
+				if untilIdle {
+					if err := r.watch.pollIfDue(ctx); err != nil && ctx.Err() == nil {
+						mu.Lock()
+						errs = append(errs, err)
+						mu.Unlock()
+						return
+					}
+				}
 			}
 		}()
 	}
@@ -231,84 +438,19 @@ func (r *Relay) RunOnce(ctx context.Context) (Stats, error) {
 	return total, errors.Join(errs...)
 }
 
-// Run relays until ctx ends: it drains, then waits for a notification of new rows (LISTEN on
-// NotifyChannel) or PollInterval, and drains again. Database errors are logged and retried;
-// Run returns nil when ctx ends.
-func (r *Relay) Run(ctx context.Context) error {
-	wake := make(chan struct{}, 1)
-	listenCtx, stopListening := context.WithCancel(ctx)
-	defer stopListening()
-	go r.listen(listenCtx, wake)
-
-	var window Stats
-	lastMetrics := time.Time{}
-	for ctx.Err() == nil {
-		s, err := r.RunOnce(ctx)
-		window.add(s)
-		if err != nil && ctx.Err() == nil {
-			r.log.Error("relay round failed; retrying", "error", err)
-		}
-		if r.metrics != nil && time.Since(lastMetrics) >= r.cfg.MetricsInterval {
-			r.emitMetrics(ctx, window)
-			window, lastMetrics = Stats{}, time.Now()
-		}
-		timer := time.NewTimer(r.cfg.PollInterval)
-		select {
-		case <-ctx.Done():
-		case <-wake:
-		case <-timer.C:
-		}
-		timer.Stop()
+// waitForWork blocks until the book may have a due key: a change, the next due time, or at
+// most a poll interval.
+func (r *Relay) waitForWork(ctx context.Context) {
+	wait := r.cfg.PollInterval
+	if at, ok := r.book.nextDue(); ok {
+		wait = min(wait, max(time.Until(at), time.Millisecond))
 	}
-	if r.metrics != nil {
-		r.emitMetrics(context.WithoutCancel(ctx), window)
-	}
-	return nil
-}
-
-// listen holds a connection on LISTEN NotifyChannel and signals wake on each notification,
-// reconnecting after errors. Polling covers any gap.
-func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
-	signal := func() {
-		select {
-		case wake <- struct{}{}:
-		default:
-		}
-	}
-	for ctx.Err() == nil {
-		err := func() error {
-			conn, err := r.pool.Acquire(ctx)
-			if err != nil {
-				return err
-			}
-			defer conn.Release()
-			if _, err := conn.Exec(ctx, "LISTEN "+NotifyChannel); err != nil {
-				return err
-			}
-			defer func() {
-				// Return the connection clean, or drop it when that is impossible.
-				uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-				defer cancel()
-				if _, err := conn.Exec(uctx, "UNLISTEN *"); err != nil {
-					_ = conn.Conn().Close(uctx)
-				}
-			}()
-			for {
-				if _, err := conn.Conn().WaitForNotification(ctx); err != nil {
-					return err
-				}
-				signal()
-			}
-		}()
-		if ctx.Err() != nil {
-			return
-		}
-		r.log.Warn("relay listener lost its connection; polling until it reconnects", "error", err)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(r.cfg.PollInterval):
-		}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-r.book.changed:
+	case <-t.C:
 	}
 }
 
@@ -318,7 +460,8 @@ func (r *Relay) emitMetrics(ctx context.Context, s Stats) {
 	ms := []emf.Metric{
 		{Name: emf.RelayHeartbeat, Unit: emf.Count, Value: 1},
 		{Name: emf.Published, Unit: emf.Count, Value: float64(s.Published)},
-		{Name: emf.PublishFailures, Unit: emf.Count, Value: float64(s.Retrying + s.Quarantined)},
+		{Name: emf.PublishFailures, Unit: emf.Count, Value: float64(s.Retrying + s.Quarantined + s.Outage)},
+		{Name: emf.DestinationsDown, Unit: emf.Count, Value: float64(len(r.dests.down()))},
 	}
 	if lag, err := LagOf(lctx, r.pool); err == nil {
 		ms = append(ms,
@@ -332,131 +475,29 @@ func (r *Relay) emitMetrics(ctx context.Context, s Stats) {
 	r.metrics.Emit(ms...)
 }
 
-// claimSQL returns up to $2 rows, at most $3 per partition key, taking only keys whose oldest
-// unpublished row is claimable (not locked by another relay's round, not backing off, not
-// quarantined). It locks only those oldest rows, the heads, FOR UPDATE SKIP LOCKED: the round's
-// transaction holds them while it publishes, so a key belongs to one relay at a time and its rows
-// go out in id order, concurrent claims never wait on each other, and a relay that dies releases
-// its keys with its connection.
-const claimSQL = `
-WITH cand AS (
-    SELECT e.id, e.partition_key
-    FROM outbox_event e
-    WHERE e.published_at IS NULL
-      AND e.quarantined_at IS NULL
-      AND (e.available_at IS NULL OR e.available_at <= now())
-      AND NOT EXISTS (SELECT 1 FROM outbox_event q
-                      WHERE q.quarantined_at IS NOT NULL AND q.published_at IS NULL
-                        AND q.partition_key = e.partition_key)
-    ORDER BY e.id
-    LIMIT $1
-), heads AS (
-    SELECT DISTINCT ON (partition_key) partition_key, id FROM cand ORDER BY partition_key, id
-), free AS (
-    SELECT h.id FROM heads h
-    WHERE NOT EXISTS (SELECT 1 FROM outbox_event o
-                      WHERE o.partition_key = h.partition_key AND o.published_at IS NULL AND o.id < h.id)
-), locked AS (
-    -- The limit counts rows actually locked, so a claim racing another one takes the next free
-    -- keys instead of the leftovers of the same first ones.
-    SELECT e.id, e.partition_key FROM outbox_event e
-    WHERE e.id IN (SELECT id FROM free)
-      AND e.published_at IS NULL AND e.quarantined_at IS NULL
-      AND (e.available_at IS NULL OR e.available_at <= now())
-    ORDER BY e.id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-), share AS (
-    -- Every key gets the same share of the batch (a round lasts as long as its longest key's
-    -- chain of calls, so none may get more); with as many keys as the batch holds, the heads
-    -- alone fill it and no key's later rows are read.
-    SELECT least($3, greatest(1, floor($2::float8 / greatest(count(*), 1))))::int - 1 AS extra FROM locked
-), picked AS (
-    SELECT l.id, 1::bigint AS rn, l.id AS head FROM locked l
-    UNION ALL
-    SELECT r.id, r.rn, l.id FROM locked l CROSS JOIN LATERAL (
-        SELECT o.id, 1 + row_number() OVER (ORDER BY o.id) AS rn FROM outbox_event o
-        WHERE o.partition_key = l.partition_key AND o.published_at IS NULL AND o.id > l.id
-        ORDER BY o.id LIMIT (SELECT extra FROM share)) r
-)
-SELECT e.id, e.event_id, e.topic, e.aggregate_type, e.aggregate_id, e.event_type,
-       e.partition_key, e.payload::text, e.headers, e.created_at, e.attempts
-FROM outbox_event e
-WHERE e.id = ANY (ARRAY (SELECT id FROM picked ORDER BY rn, head LIMIT $2))`
+// DestinationsDown returns the destinations this relay currently backs off as a whole.
+func (r *Relay) DestinationsDown() []DestinationOutage { return r.dests.down() }
 
-// claim runs claimSQL in tx. It scans twice the batch of oldest rows for free keys, and two
-// batches more for each of this relay's other rounds in flight: their keys' rows fill the front
-// of the backlog, and a round that found only those would wait for them instead of overlapping.
-func (r *Relay) claim(ctx context.Context, tx pgx.Tx, others int) ([]*Event, error) {
-	rows, err := tx.Query(ctx, claimSQL, (2+2*others)*r.cfg.BatchSize, r.cfg.BatchSize, r.cfg.MaxPerKey)
-	if err != nil {
-		return nil, fmt.Errorf("claim outbox rows: %w", err)
-	}
-	var events []*Event
-	for rows.Next() {
-		var (
-			e       Event
-			payload string
-			headers []byte
-			evID    uuid.UUID
-		)
-		if err := rows.Scan(&e.ID, &evID, &e.Topic, &e.AggregateType, &e.AggregateID, &e.EventType,
-			&e.PartitionKey, &payload, &headers, &e.CreatedAt, &e.Attempts); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("read claimed outbox row: %w", err)
-		}
-		e.EventID, e.Payload = evID, []byte(payload)
-		if err := json.Unmarshal(headers, &e.Headers); err != nil {
-			// Headers written by plain SQL may hold non-string values: keep what is usable.
-			e.Headers = looseHeaders(headers)
-		}
-		events = append(events, &e)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("claim outbox rows: %w", err)
-	}
-	sort.Slice(events, func(i, j int) bool { return events[i].ID < events[j].ID })
-	return events, nil
-}
-
-// looseHeaders keeps the string-valued entries of a headers object.
-func looseHeaders(raw []byte) map[string]string {
-	var any map[string]any
-	if json.Unmarshal(raw, &any) != nil {
-		return nil
-	}
-	out := map[string]string{}
-	for k, v := range any {
-		if s, ok := v.(string); ok {
-			out[k] = s
-		}
-	}
-	return out
-}
-
-// outcome is what happened to one claimed row in a round.
-type outcome struct {
-	event *Event
-	// dest is the SNS topic ARN, or destErr why there is none; size is the message's SNS size.
-	dest    string
-	destErr error
-	size    int
-	// done: the broker acknowledged it. err: the attempt failed. Neither: not attempted.
-	done bool
-	err  error
-	// afterFailure: not attempted because an earlier row of its key failed.
-	afterFailure *outcome
-}
-
-// round claims, publishes and records one batch inside one transaction that holds the claimed
-// keys' head rows locked: BEGIN, claim, publish (no statement runs meanwhile), record, COMMIT.
-// PostgreSQL ends the session should it stay idle in that transaction longer than Lease (a hung
-// or frozen relay), which releases the keys; publishing stops at three quarters of it.
-func (r *Relay) round(ctx context.Context, others int) (Stats, error) {
+// round claims keys, publishes their rows and records the outcomes inside one transaction
+// that holds the keys' advisory locks: BEGIN, lock, read, publish (no statement runs
+// meanwhile), record, COMMIT. Whatever happens, the keys go back to the book with what the
+// round learned about them.
+func (r *Relay) round(ctx context.Context, keys []claimKey) (st Stats, err error) {
 	start := time.Now()
-	// One round trip opens the transaction and bounds how long it may sit idle.
-	tx, err := r.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: "BEGIN; SET LOCAL idle_in_transaction_session_timeout = " +
-		strconv.FormatInt(r.cfg.Lease.Milliseconds(), 10)})
+	verdicts := map[string]keyResult{}
+	defer func() {
+		results := make([]keyResult, 0, len(keys))
+		for _, k := range keys {
+			v, ok := verdicts[k.key]
+			if !ok || err != nil {
+				v = keyResult{key: k.key, verdict: verdictRelease}
+			}
+			results = append(results, v)
+		}
+		r.book.settle(results, time.Now())
+	}()
+
+	tx, err := r.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: roundSettings(r.cfg.Lease, r.watch.checkConnection)})
 	if err != nil {
 		if ctx.Err() != nil {
 			return Stats{}, nil // stopping: not a failure
@@ -464,161 +505,187 @@ func (r *Relay) round(ctx context.Context, others int) (Stats, error) {
 		return Stats{}, fmt.Errorf("begin relay round: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	events, err := r.claim(ctx, tx, others)
-	if err != nil && ctx.Err() != nil {
+
+	locked, err := r.lockKeys(ctx, tx, keys)
+	if err != nil {
+		return Stats{}, r.quiet(ctx, err)
+	}
+	busyUntil := time.Now().Add(r.cfg.PollInterval)
+	var mine []claimKey
+	for _, k := range keys {
+		if locked[k.key] {
+			mine = append(mine, k)
+		} else {
+			verdicts[k.key] = keyResult{key: k.key, verdict: verdictWait, until: busyUntil}
+		}
+	}
+	if len(mine) == 0 {
 		return Stats{}, nil
 	}
-	if err != nil || len(events) == 0 {
-		return Stats{}, err
+	perKey := max(1, min(r.cfg.MaxPerKey, r.cfg.BatchSize/len(mine)))
+	rows, err := r.readRows(ctx, tx, mine, perKey)
+	if err != nil {
+		return Stats{}, r.quiet(ctx, err)
 	}
+	plan := r.planRound(mine, rows, perKey)
 	claimed := time.Now()
-	pctx, cancel := context.WithTimeout(ctx, r.cfg.Lease*3/4)
-	outcomes := r.publish(pctx, events)
+
+	pctx, cancel := context.WithDeadline(ctx, start.Add(r.cfg.Lease*3/4))
+	r.publish(pctx, start, plan.outcomes)
 	cancel()
 	published := time.Now()
-	st, err := r.settle(context.WithoutCancel(ctx), tx, outcomes)
-	st.Claimed, st.Rounds = len(events), 1
-	if r.log.Enabled(ctx, slog.LevelDebug) {
-		keys := map[string]bool{}
-		for _, e := range events {
-			keys[e.PartitionKey] = true
+
+	st, err = r.settle(context.WithoutCancel(ctx), tx, plan.outcomes)
+	st.Rounds = 1
+	if err == nil {
+		for k, v := range plan.verdicts(time.Now()) {
+			verdicts[k] = v
 		}
-		r.log.Debug("relay round", "others", others, "claimed", st.Claimed, "keys", len(keys), "published", st.Published,
-			"retrying", st.Retrying, "quarantined", st.Quarantined, "claim_ms", claimed.Sub(start).Milliseconds(),
-			"publish_ms", published.Sub(claimed).Milliseconds(), "settle_ms", time.Since(published).Milliseconds())
+	}
+	if r.log.Enabled(ctx, slog.LevelDebug) {
+		r.log.Debug("relay round", "keys", len(keys), "locked", len(mine), "claimed", st.Claimed, "published", st.Published,
+			"retrying", st.Retrying, "outage", st.Outage, "quarantined", st.Quarantined,
+			"claim_ms", claimed.Sub(start).Milliseconds(), "publish_ms", published.Sub(claimed).Milliseconds(),
+			"settle_ms", time.Since(published).Milliseconds())
 	}
 	return st, err
 }
 
-// lane is the claimed rows of one partition key, published strictly one after another.
-type lane struct {
-	rows []*outcome
-	next int
+// quiet drops err when ctx ended: a stopping relay's cancelled statement is not a failure.
+func (r *Relay) quiet(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
 }
 
-// publish sends the claimed events, each partition key's rows in id order and never two rows
-// of one key in flight at once, with up to PublishConcurrency batches in flight.
-func (r *Relay) publish(ctx context.Context, events []*Event) []*outcome {
-	outcomes := make([]*outcome, len(events))
-	lanes := map[string]*lane{}
-	var ready []*lane
-	for i, e := range events {
-		o := &outcome{event: e, size: messageSize(e)}
-		o.dest, o.destErr = r.destination(e)
-		if o.destErr == nil && o.size > MaxMessageBytes {
-			o.destErr = Permanent(fmt.Errorf("message is %d bytes, above SNS's %d", o.size, MaxMessageBytes))
-		}
-		outcomes[i] = o
-		l := lanes[e.PartitionKey]
-		if l == nil {
-			l = &lane{}
-			lanes[e.PartitionKey] = l
-			ready = append(ready, l)
-		}
-		l.rows = append(l.rows, o)
+// lockKeys takes the advisory locks of the keys no other round holds.
+func (r *Relay) lockKeys(ctx context.Context, tx pgx.Tx, keys []claimKey) (map[string]bool, error) {
+	names := make([]string, len(keys))
+	for i, k := range keys {
+		names[i] = k.key
 	}
+	rows, err := tx.Query(ctx, lockKeysSQL, names)
+	if err != nil {
+		return nil, fmt.Errorf("lock partition keys: %w", err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("lock partition keys: %w", err)
+	}
+	locked := make(map[string]bool, len(got))
+	for _, k := range got {
+		locked[k] = true
+	}
+	return locked, nil
+}
 
-	var (
-		mu       sync.Mutex
-		cond     = sync.NewCond(&mu)
-		inFlight int
-		wg       sync.WaitGroup
-	)
-	// failLane records err for the lane's current row and parks the rest of the lane behind it.
-	failLane := func(l *lane, err error) {
-		cur := l.rows[l.next]
-		cur.err = err
-		for _, later := range l.rows[l.next+1:] {
-			later.afterFailure = cur
-		}
-		l.next = len(l.rows)
-	}
-	// takeBatch removes up to 10 lanes whose next rows share one destination and fit one
-	// request, scanning the ready lanes only until the batch is full.
-	takeBatch := func() (string, []*lane) {
-		var (
-			dest  string
-			batch []*lane
-			size  int
-			rest  []*lane
-			i     int
-		)
-		for i = 0; i < len(ready) && len(batch) < 10; i++ {
-			l := ready[i]
-			o := l.rows[l.next]
-			switch {
-			case o.destErr != nil:
-				failLane(l, o.destErr)
-			case (dest == "" || o.dest == dest) && size+o.size <= MaxMessageBytes:
-				dest = o.dest
-				size += o.size
-				batch = append(batch, l)
-			default:
-				rest = append(rest, l)
-			}
-		}
-		ready = append(rest, ready[i:]...)
-		return dest, batch
-	}
-
-	worker := func() {
-		defer wg.Done()
-		mu.Lock()
-		defer mu.Unlock()
-		for {
-			for len(ready) == 0 && inFlight > 0 {
-				cond.Wait()
-			}
-			if len(ready) == 0 || ctx.Err() != nil {
-				cond.Broadcast()
-				return
-			}
-			dest, batch := takeBatch()
-			if len(batch) == 0 {
-				continue
-			}
-			inFlight++
-			mu.Unlock()
-			batchEvents := make([]*Event, len(batch))
-			for i, l := range batch {
-				batchEvents[i] = l.rows[l.next].event
-			}
-			r.inFlight <- struct{}{}
-			pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
-			errs := r.cfg.Publisher.PublishBatch(pctx, dest, batchEvents)
-			cancel()
-			<-r.inFlight
-			if len(errs) != len(batch) {
-				errs = fillErrors(len(batch), fmt.Errorf("publisher returned %d results for %d events", len(errs), len(batch)))
-			}
-			mu.Lock()
-			inFlight--
-			stopping := ctx.Err() != nil
-			for i, l := range batch {
-				if errs[i] != nil && stopping {
-					// Cut short by our own shutdown: not an attempt. The row is released.
-					l.next = len(l.rows)
-					continue
-				}
-				if errs[i] != nil {
-					failLane(l, errs[i])
-					continue
-				}
-				l.rows[l.next].done = true
-				l.next++
-				if l.next < len(l.rows) {
-					ready = append(ready, l)
-				}
-			}
-			cond.Broadcast()
-		}
-	}
-	for range r.cfg.PublishConcurrency {
+// publish sends the round's outcomes lane by lane (see laneSet) with up to PublishConcurrency
+// calls in flight across the relay's rounds.
+func (r *Relay) publish(ctx context.Context, roundStart time.Time, outcomes []*outcome) {
+	set := newLaneSet(outcomes, maxBatchEntries, r.cfg.MaxMessageBytes, func(dest string) (bool, time.Time) {
+		return r.dests.admit(dest, time.Now())
+	})
+	stopping := func() bool { return ctx.Err() != nil }
+	var wg sync.WaitGroup
+	for range min(r.cfg.PublishConcurrency, len(set.ready)) {
 		wg.Add(1)
-		go worker()
+		go func() {
+			defer wg.Done()
+			for {
+				dest, batch, ok := set.next(stopping)
+				if !ok {
+					return
+				}
+				set.finish(batch, r.call(ctx, roundStart, dest, batch))
+			}
+		}()
 	}
 	wg.Wait()
-	return outcomes
+}
+
+// maxBatchEntries is the most entries of one PublishBatch call (SNS's limit).
+const maxBatchEntries = 10
+
+// call publishes the current rows of batch's lanes to dest and judges the answer: a call whose
+// every entry was refused as permanent is asked again entry by entry (the refusal may be the
+// request's, not each row's); a call whose every entry failed with a retryable error while
+// nothing sent to dest succeeded since those rows began failing (or since the round began, for
+// a first failure) is the destination's failure, not the rows'.
+func (r *Relay) call(ctx context.Context, roundStart time.Time, dest string, batch []*lane) []callResult {
+	events := make([]*Event, len(batch))
+	since := roundStart
+	for i, l := range batch {
+		o := l.current()
+		events[i] = o.event
+		if fs := o.row.failingSince; fs != nil && fs.Before(since) {
+			since = *fs
+		}
+	}
+	errs := r.send(ctx, dest, events)
+	if len(events) > 1 && allPermanent(errs) && ctx.Err() == nil {
+		for i := range events {
+			errs[i] = r.send(ctx, dest, events[i:i+1])[0]
+		}
+	}
+	results := make([]callResult, len(batch))
+	stopping := ctx.Err() != nil
+	answered, allRetryable := false, true
+	for i, err := range errs {
+		switch {
+		case err == nil:
+			answered = true
+		case stopping:
+			results[i].cancelled = true
+			allRetryable = false
+		case IsPermanent(err):
+			answered = true // the destination refused the row: it works
+			results[i].err = err
+		default:
+			results[i].err = err
+		}
+	}
+	now := time.Now()
+	switch {
+	case answered:
+		r.dests.succeeded(dest, now)
+	case !allRetryable:
+		r.dests.abandoned(dest)
+	default:
+		if retryAt, outage := r.dests.failedWhole(dest, since, now, errs[0]); outage {
+			for i := range results {
+				results[i].outage, results[i].retryAt = true, retryAt
+			}
+		}
+	}
+	return results
+}
+
+func allPermanent(errs []error) bool {
+	for _, err := range errs {
+		if err == nil || !IsPermanent(err) {
+			return false
+		}
+	}
+	return true
+}
+
+// send makes one PublishBatch call, bounded by PublishTimeout, waiting for a free slot among
+// PublishConcurrency.
+func (r *Relay) send(ctx context.Context, dest string, events []*Event) []error {
+	select {
+	case r.inFlight <- struct{}{}:
+	case <-ctx.Done():
+		return fillErrors(len(events), ctx.Err())
+	}
+	defer func() { <-r.inFlight }()
+	pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	defer cancel()
+	errs := r.cfg.Publisher.PublishBatch(pctx, dest, events)
+	if len(errs) != len(events) {
+		errs = fillErrors(len(events), fmt.Errorf("publisher returned %d results for %d events", len(errs), len(events)))
+	}
+	return errs
 }
 
 func (r *Relay) destination(e *Event) (string, error) {
@@ -628,7 +695,7 @@ func (r *Relay) destination(e *Event) (string, error) {
 	if r.cfg.DefaultTopic != "" {
 		return r.cfg.DefaultTopic, nil
 	}
-	return "", Permanent(fmt.Errorf("unknown topic %q: no SNS topic is configured for it", e.Topic))
+	return "", Permanent(fmt.Errorf("unknown topic %q: no destination is configured for it", e.Topic))
 }
 
 // backoff returns the delay before attempt number attempts+1: exponential, capped, with jitter
@@ -639,93 +706,5 @@ func (r *Relay) backoff(attempts int) time.Duration {
 		d *= 2
 	}
 	d = min(d, r.cfg.BackoffMax)
-	return d/2 + rand.N(d/2+1)
-}
-
-// settle records a round's outcomes in its transaction and commits: acknowledged rows become
-// published; a failed row backs off (its key's later rows wait with it) or is quarantined (its
-// key's later rows stay blocked behind it); rows never attempted are left as they were. The
-// commit releases the keys.
-func (r *Relay) settle(ctx context.Context, tx pgx.Tx, outcomes []*outcome) (Stats, error) {
-	var (
-		st                 Stats
-		published          []int64
-		failIDs, failDelay []int64
-		failErr            []string
-		failQuarantine     []bool
-		holdIDs, holdDelay []int64
-		delayOf            = map[*outcome]int64{}
-	)
-	for _, o := range outcomes {
-		switch {
-		case o.done:
-			published = append(published, o.event.ID)
-		case o.err != nil:
-			quarantine := IsPermanent(o.err) || o.event.Attempts+1 >= r.cfg.MaxAttempts
-			delay := int64(-1)
-			if quarantine {
-				st.Quarantined++
-				r.log.Warn("outbox row quarantined", "id", o.event.ID, "event_id", o.event.EventID, "topic", o.event.Topic,
-					"partition_key", o.event.PartitionKey, "attempts", o.event.Attempts+1, "error", o.err)
-			} else {
-				st.Retrying++
-				delay = r.backoff(o.event.Attempts + 1).Milliseconds()
-				r.log.Info("outbox row publish failed; will retry", "id", o.event.ID, "attempts", o.event.Attempts+1, "retry_in_ms", delay, "error", o.err)
-			}
-			delayOf[o] = delay
-			failIDs = append(failIDs, o.event.ID)
-			failErr = append(failErr, truncate(o.err.Error(), 2000))
-			failQuarantine = append(failQuarantine, quarantine)
-			failDelay = append(failDelay, max(delay, 0))
-		}
-	}
-	for _, o := range outcomes {
-		// Rows behind a row that backs off wait as long, so the claim's scan skips them.
-		if !o.done && o.err == nil && o.afterFailure != nil && delayOf[o.afterFailure] >= 0 {
-			holdIDs = append(holdIDs, o.event.ID)
-			holdDelay = append(holdDelay, delayOf[o.afterFailure])
-		}
-	}
-	st.Published = len(published)
-
-	b := &pgx.Batch{}
-	if len(published) > 0 {
-		b.Queue(`UPDATE outbox_event SET published_at = now(), available_at = NULL, last_error = NULL
-			WHERE id = ANY($1) AND published_at IS NULL`, published)
-	}
-	if len(failIDs) > 0 {
-		b.Queue(`UPDATE outbox_event o SET attempts = o.attempts + 1, last_error = f.err,
-				quarantined_at = CASE WHEN f.quarantine THEN now() END,
-				available_at = CASE WHEN f.quarantine THEN NULL ELSE now() + f.delay_ms * interval '1 millisecond' END
-			FROM unnest($1::bigint[], $2::text[], $3::bool[], $4::bigint[]) AS f(id, err, quarantine, delay_ms)
-			WHERE o.id = f.id AND o.published_at IS NULL`, failIDs, failErr, failQuarantine, failDelay)
-	}
-	if len(holdIDs) > 0 {
-		b.Queue(`UPDATE outbox_event o SET available_at = now() + h.delay_ms * interval '1 millisecond'
-			FROM unnest($1::bigint[], $2::bigint[]) AS h(id, delay_ms)
-			WHERE o.id = h.id AND o.published_at IS NULL`, holdIDs, holdDelay)
-	}
-	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	err := func() error {
-		if b.Len() > 0 {
-			if err := tx.SendBatch(sctx, b).Close(); err != nil {
-				return err
-			}
-		}
-		return tx.Commit(sctx)
-	}()
-	if err != nil {
-		// The transaction is gone, and with it the locks: the rows are claimed again and
-		// published a second time. Duplicates are possible, loss is not.
-		return Stats{}, fmt.Errorf("record publish outcomes of %d rows: %w", len(outcomes), err)
-	}
-	return st, nil
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n]
+	return d/2 + jitter(d/2)
 }

@@ -163,11 +163,25 @@ func GroupID(key string) string {
 	return "sha256-" + hex.EncodeToString(sum[:])
 }
 
-// messageSize is the size SNS counts for a published event: body plus attributes.
-func messageSize(e *Event) int {
-	n := len(e.Payload)
+// attributesSize is the size SNS counts for a published event's attributes: names, types
+// and values. The message's size is the payload's length plus this.
+func attributesSize(e *Event) int {
+	n := 0
 	for k, v := range Attributes(e) {
 		n += len(k) + len(aws.ToString(v.DataType)) + len(aws.ToString(v.StringValue))
 	}
 	return n
+}
+
+// droppedHeaders returns the valid headers of e that do not fit SNS's attribute limit after
+// the contract's attributes (rows written with plain SQL; Write refuses such messages).
+func droppedHeaders(e *Event) []string {
+	attrs := Attributes(e)
+	var dropped []string
+	for _, k := range headerOrder(e.Headers) {
+		if _, ok := attrs[k]; !ok && checkHeaderName(k) == "" && checkAttrValue(e.Headers[k]) == "" {
+			dropped = append(dropped, k)
+		}
+	}
+	return dropped
 }

@@ -1,0 +1,198 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// How the relay reads the outbox. Every statement here is bounded by construction: index scans
+// with LIMITs, one index descent per partition key visited, never a plan whose cost depends on
+// the planner's row estimates (the transactions also disable sequential scans, bitmap scans
+// and hash and merge joins, so stale statistics cannot choose them). See docs/outbox.md, "How
+// a round works".
+
+// planGuards make the planner use the indexes whatever the statistics say: every statement
+// here has an index plan, so disabling the alternatives costs nothing when statistics are
+// fresh and prevents nested loops over sequential scans when they are not.
+const planGuards = "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; " +
+	"SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off"
+
+// roundSettings opens a round's transaction: every statement bounded to half the lease, idle
+// time bounded by the lease, and the plan guards.
+func roundSettings(lease time.Duration, checkConnection bool) string {
+	q := "BEGIN; SET LOCAL idle_in_transaction_session_timeout = " + strconv.FormatInt(lease.Milliseconds(), 10) +
+		"; SET LOCAL statement_timeout = " + strconv.FormatInt((lease/2).Milliseconds(), 10) + "; " + planGuards
+	if checkConnection {
+		// A statement still running when the relay died (SIGKILL, lost host) is cancelled within a
+		// second instead of running to its end while holding the relay's keys.
+		q += "; SET LOCAL client_connection_check_interval = 1000"
+	}
+	return q
+}
+
+// pollSQL returns rows committed since the relay last looked: those after its frontier in id
+// order, and those whose ids it saw missing (transactions that had not committed yet).
+const pollSQL = `
+(SELECT id, partition_key FROM outbox_event WHERE id > $1 ORDER BY id LIMIT $2)
+UNION ALL
+(SELECT id, partition_key FROM outbox_event WHERE id = ANY($3::bigint[]) AND id <= $1)`
+
+// epochSQL reads the counter that operator actions bump.
+const epochSQL = `SELECT admin_epoch FROM outbox_control`
+
+// maxIDSQL starts a relay's frontier at the newest row: older rows are found by its sweep.
+const maxIDSQL = `SELECT coalesce(max(id), 0) FROM outbox_event`
+
+// sweepSQL walks the pending keys after $1 (inclusive when $2) in key order, one index descent
+// per key on outbox_event_pending_key_idx, up to $3 keys, and reports each key's head row: its
+// first pending row, whether quarantined, and until when it backs off. A key's other rows are
+// never read, however many wait behind its head.
+func sweepSQL(bounded bool) string {
+	upper := ""
+	if bounded {
+		upper = " AND o.partition_key < $4"
+	}
+	return `
+WITH RECURSIVE walk(partition_key, id, quarantined, available_at, n) AS (
+    (SELECT o.partition_key, o.id, o.quarantined_at IS NOT NULL, o.available_at, 1
+     FROM outbox_event o
+     WHERE o.published_at IS NULL AND (o.partition_key > $1 OR ($2 AND o.partition_key = $1))` + upper + `
+     ORDER BY o.partition_key, o.id LIMIT 1)
+    UNION ALL
+    SELECT nx.partition_key, nx.id, nx.quarantined, nx.available_at, w.n + 1
+    FROM walk w CROSS JOIN LATERAL (
+        SELECT o.partition_key, o.id, o.quarantined_at IS NOT NULL AS quarantined, o.available_at
+        FROM outbox_event o
+        WHERE o.published_at IS NULL AND o.partition_key > w.partition_key` + upper + `
+        ORDER BY o.partition_key, o.id LIMIT 1) nx
+    WHERE w.n < $3
+)
+SELECT partition_key, id, quarantined, available_at, now() FROM walk`
+}
+
+var (
+	sweepOpenSQL    = sweepSQL(false)
+	sweepBoundedSQL = sweepSQL(true)
+)
+
+// lockKeysSQL takes a transaction-scoped advisory lock per partition key (a 64-bit hash of the
+// key), skipping keys another round holds. The lock is what makes a key belong to one relay at
+// a time, whichever of its rows is the head, even when a row with a lower id commits late. It
+// lives in PostgreSQL's shared lock table and ends with the transaction or the session.
+const lockKeysSQL = `SELECT k FROM unnest($1::text[]) AS k WHERE pg_try_advisory_xact_lock(hashtextextended(k, 5433))`
+
+// readSQL reads, in a snapshot taken after the keys were locked, up to $3 rows per key after
+// the key's floor, and the payloads that fit the round's byte budget. Lengths are measured
+// before anything is sent: a payload is rendered only when it cannot explode (numbers such as
+// 1e131071 print in full, so jsonb's text can be thousands of times its stored size), rows too
+// large to publish are reported by size, and payloads beyond the budget ($4 bytes, counted in
+// the order rows would be published: every key's first row, then second rows, ...) stay in the
+// database for the next round. The payload column of a row is -1 in len when its stored size
+// exceeds $6, -2 when it holds numbers that expand without bound.
+const readSQL = `
+WITH chain AS (
+    SELECT r.*, k.ord FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS k(key, floor, ord)
+    CROSS JOIN LATERAL (
+        SELECT e.id, e.event_id, e.topic, e.aggregate_type, e.aggregate_id, e.event_type, e.partition_key,
+               e.headers, e.created_at, e.attempts, e.failing_since, e.quarantined_at IS NOT NULL AS quarantined,
+               CASE WHEN e.available_at > now() THEN e.available_at END AS waiting_until,
+               CASE WHEN pg_column_size(e.payload) > $6 THEN -1
+                    WHEN jsonb_path_exists(e.payload, 'strict $.** ? (@.type() == "number" && (@ >= 1e100 || @ <= -1e100 || (@ != 0 && @ > -1e-100 && @ < 1e-100)))')
+                      OR (pg_column_size(e.payload) > 16384 AND EXISTS (
+                          SELECT 1 FROM jsonb_path_query(e.payload, 'strict $.** ? (@.type() == "number" && @ == 0)') z
+                          WHERE scale(z::numeric) > 100)) THEN -2
+                    ELSE octet_length(e.payload::text) END AS len
+        FROM outbox_event e
+        WHERE e.partition_key = k.key AND e.published_at IS NULL AND e.id > k.floor
+        ORDER BY e.id LIMIT $3) r
+), ranked AS (
+    SELECT c.*, row_number() OVER (PARTITION BY c.ord ORDER BY c.id) AS rn FROM chain c
+), budget AS (
+    SELECT r.*, sum(CASE WHEN r.len BETWEEN 0 AND $5 THEN r.len ELSE 0 END)
+                OVER (ORDER BY r.rn, r.ord ROWS UNBOUNDED PRECEDING) AS spent
+    FROM ranked r
+)
+SELECT b.id, b.event_id, b.topic, b.aggregate_type, b.aggregate_id, b.event_type, b.partition_key, b.headers,
+       b.created_at, b.attempts, b.failing_since, b.quarantined, b.waiting_until, b.len,
+       CASE WHEN b.len BETWEEN 0 AND $5 AND b.spent - b.len < $4
+            THEN (SELECT e.payload::text FROM outbox_event e WHERE e.id = b.id) END
+FROM budget b ORDER BY b.ord, b.id`
+
+// claimedRow is a row a round read, with what the read learned about it.
+type claimedRow struct {
+	Event
+	quarantined  bool
+	waitingUntil *time.Time
+	failingSince *time.Time
+	// payloadLen is the jsonb text's length in bytes; -1: stored payload too large to render,
+	// -2: it holds numbers that print without bound.
+	payloadLen int
+	// loaded: the payload was read (it fit the round's budget).
+	loaded bool
+}
+
+// readRows runs readSQL for keys (locked by tx) and returns their rows, each key's in id order,
+// keys in the order given.
+func (r *Relay) readRows(ctx context.Context, tx pgx.Tx, keys []claimKey, perKey int) ([]*claimedRow, error) {
+	names := make([]string, len(keys))
+	floors := make([]int64, len(keys))
+	for i, k := range keys {
+		names[i], floors[i] = k.key, k.floor
+	}
+	rows, err := tx.Query(ctx, readSQL, names, floors, perKey, r.cfg.MaxRoundBytes, r.cfg.MaxMessageBytes, maxStoredPayload(r.cfg.MaxMessageBytes))
+	if err != nil {
+		return nil, fmt.Errorf("read claimed outbox rows: %w", err)
+	}
+	defer rows.Close()
+	var out []*claimedRow
+	for rows.Next() {
+		var (
+			c       claimedRow
+			headers []byte
+			payload *string
+			evID    uuid.UUID
+		)
+		if err := rows.Scan(&c.ID, &evID, &c.Topic, &c.AggregateType, &c.AggregateID, &c.EventType, &c.PartitionKey,
+			&headers, &c.CreatedAt, &c.Attempts, &c.failingSince, &c.quarantined, &c.waitingUntil, &c.payloadLen, &payload); err != nil {
+			return nil, fmt.Errorf("read claimed outbox row: %w", err)
+		}
+		c.EventID = evID
+		if payload != nil {
+			c.Payload, c.loaded = []byte(*payload), true
+		}
+		if err := json.Unmarshal(headers, &c.Headers); err != nil {
+			// Headers written by plain SQL may hold non-string values: keep what is usable.
+			c.Headers = looseHeaders(headers)
+		}
+		out = append(out, &c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read claimed outbox rows: %w", err)
+	}
+	return out, nil
+}
+
+// maxStoredPayload is the largest stored (possibly compressed) payload the relay renders to
+// measure: beyond it the row cannot be a publishable message whatever it holds.
+func maxStoredPayload(maxMessage int) int { return 4 * maxMessage }
+
+// looseHeaders keeps the string-valued entries of a headers object.
+func looseHeaders(raw []byte) map[string]string {
+	var any map[string]any
+	if json.Unmarshal(raw, &any) != nil {
+		return nil
+	}
+	out := map[string]string{}
+	for k, v := range any {
+		if s, ok := v.(string); ok {
+			out[k] = s
+		}
+	}
+	return out
+}

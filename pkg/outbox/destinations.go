@@ -1,0 +1,132 @@
+package outbox
+
+import (
+	"sync"
+	"time"
+)
+
+// destinations tracks, per destination, whether it is failing as a whole (an outage, a wrong
+// topic policy, a missing topic): a destination that fails a call while nothing sent to it
+// succeeds is backed off as a whole, so its rows neither burn attempts nor hold the relay's
+// rounds, and one call at a time probes it until it answers again. Rows of other destinations
+// are not affected.
+type destinations struct {
+	mu         sync.Mutex
+	state      map[string]*destState
+	base, max  time.Duration
+	jitterFrac func(time.Duration) time.Duration
+}
+
+type destState struct {
+	// failures counts consecutive failed probes; 0 means healthy.
+	failures int
+	// retryAt is when the next probe may go out; probing: one is in flight.
+	retryAt time.Time
+	probing bool
+	// lastSuccess is when a call to the destination last had an acknowledged entry.
+	lastSuccess time.Time
+	// downSince is when the current outage began (zero when healthy).
+	downSince time.Time
+	lastErr   string
+}
+
+func newDestinations(base, max time.Duration, jitter func(time.Duration) time.Duration) *destinations {
+	return &destinations{state: map[string]*destState{}, base: base, max: max, jitterFrac: jitter}
+}
+
+func (d *destinations) get(dest string) *destState {
+	s := d.state[dest]
+	if s == nil {
+		s = &destState{}
+		d.state[dest] = s
+	}
+	return s
+}
+
+// admit decides whether a call to dest may go out now: a healthy destination admits every call;
+// a failing one admits a single probe call once its backoff ended. Otherwise it returns when the
+// rows may be tried again.
+func (d *destinations) admit(dest string, now time.Time) (bool, time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := d.get(dest)
+	switch {
+	case s.failures == 0:
+		return true, time.Time{}
+	case s.probing:
+		// Another round's probe is out: look again once it can have answered.
+		return false, now.Add(d.base)
+	case !now.Before(s.retryAt):
+		s.probing = true
+		return true, time.Time{}
+	default:
+		return false, s.retryAt
+	}
+}
+
+// succeeded records that dest answered a call: at least one entry was acknowledged, or the
+// entries were refused one by one (the destination works; those rows are at fault).
+func (d *destinations) succeeded(dest string, now time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := d.get(dest)
+	*s = destState{lastSuccess: now}
+}
+
+// failedWhole records a call to dest whose every entry failed with a retryable error. It
+// reports an outage, and when to probe again, when the failure is the destination's: nothing
+// sent to it succeeded since since. Then the destination backs off as a whole. When other
+// calls to it succeed, the rows are to blame and it reports false.
+func (d *destinations) failedWhole(dest string, since, now time.Time, err error) (time.Time, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := d.get(dest)
+	if s.failures == 0 && s.lastSuccess.After(since) {
+		return time.Time{}, false
+	}
+	if s.failures == 0 {
+		s.downSince = now
+	}
+	s.failures++
+	s.probing = false
+	delay := d.base
+	for i := 1; i < s.failures && delay < d.max; i++ {
+		delay *= 2
+	}
+	delay = min(delay, d.max)
+	s.retryAt = now.Add(delay/2 + d.jitterFrac(delay/2))
+	s.lastErr = truncateText(err.Error(), 500)
+	return s.retryAt, true
+}
+
+// abandoned ends a probe that never completed (the round stopped first).
+func (d *destinations) abandoned(dest string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if s := d.state[dest]; s != nil {
+		s.probing = false
+	}
+}
+
+// down returns the failing destinations with when each outage began and its last error.
+func (d *destinations) down() []DestinationOutage {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []DestinationOutage
+	for dest, s := range d.state {
+		if s.failures > 0 {
+			out = append(out, DestinationOutage{Destination: dest, Since: s.downSince, RetryAt: s.retryAt, LastError: s.lastErr})
+		}
+	}
+	return out
+}
+
+// DestinationOutage describes a destination the relay currently backs off as a whole.
+type DestinationOutage struct {
+	// Destination is the topic ARN (or other destination) that fails.
+	Destination string
+	// Since is when its calls started failing; RetryAt when the next probe goes out.
+	Since, RetryAt time.Time
+	// LastError is the last failure, as the broker reported it.
+	LastError string
+}

@@ -1,0 +1,178 @@
+package outbox
+
+import (
+	"sync"
+	"time"
+)
+
+// outcome is what happened to one claimed row in a round.
+type outcome struct {
+	event *Event
+	row   *claimedRow
+	// dest is the destination (SNS topic ARN), or unpublishable says why the row cannot be sent
+	// at all (unknown topic, too large, unreadable payload); size is the message's wire size.
+	dest          string
+	unpublishable error
+	size          int
+	// done: the broker acknowledged it. err: the attempt failed; outage: because the whole
+	// destination failed, which does not count as an attempt of the row. Neither: not attempted.
+	done   bool
+	err    error
+	outage bool
+	// deferredUntil: not attempted because its destination backs off until then.
+	deferredUntil time.Time
+	// afterFailure: not attempted because an earlier row of its key failed.
+	afterFailure *outcome
+	// Set when the outcome is recorded: the failed row was quarantined, or may be tried again
+	// at retryAt.
+	quarantined bool
+	retryAt     time.Time
+}
+
+// lane is the claimed rows of one partition key, published strictly one after another.
+type lane struct {
+	rows []*outcome
+	next int
+}
+
+func (l *lane) current() *outcome { return l.rows[l.next] }
+
+// fail records err for the lane's current row and ends the lane: the rows behind it wait. An
+// outage (the destination's failure) is retried when the destination is, at retryAt.
+func (l *lane) fail(err error, outage bool, retryAt time.Time) {
+	cur := l.current()
+	cur.err, cur.outage = err, outage
+	if outage {
+		cur.deferredUntil = retryAt
+	}
+	for _, later := range l.rows[l.next+1:] {
+		later.afterFailure = cur
+	}
+	l.next = len(l.rows)
+}
+
+// laneSet schedules one round's publish calls. Each call carries the next row of up to
+// maxEntries lanes that share a destination and fit maxBytes together; a lane is never in two
+// calls at once and its next row goes out only after the previous one was acknowledged, so a
+// key's rows reach the broker in id order and a failed row is never overtaken by a later row
+// of its key. Workers loop on next and finish.
+type laneSet struct {
+	mu         sync.Mutex
+	cond       *sync.Cond
+	ready      []*lane
+	inFlight   int
+	maxEntries int
+	maxBytes   int
+	// admit gates calls by destination (destinations.admit).
+	admit func(dest string) (bool, time.Time)
+}
+
+// newLaneSet groups outcomes, in id order, into lanes: one per partition key.
+func newLaneSet(outcomes []*outcome, maxEntries, maxBytes int, admit func(string) (bool, time.Time)) *laneSet {
+	s := &laneSet{maxEntries: maxEntries, maxBytes: maxBytes, admit: admit}
+	s.cond = sync.NewCond(&s.mu)
+	byKey := map[string]*lane{}
+	for _, o := range outcomes {
+		l := byKey[o.event.PartitionKey]
+		if l == nil {
+			l = &lane{}
+			byKey[o.event.PartitionKey] = l
+			s.ready = append(s.ready, l)
+		}
+		l.rows = append(l.rows, o)
+	}
+	return s
+}
+
+// next returns the next call to make: its destination and lanes (whose current rows it
+// carries). It blocks while no lane is ready but calls are in flight, and returns false when
+// nothing is left to send, or as soon as stopping reports true: what was not sent stays
+// unattempted.
+func (s *laneSet) next(stopping func() bool) (string, []*lane, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for {
+		if stopping() {
+			s.cond.Broadcast()
+			return "", nil, false
+		}
+		if dest, batch := s.takeBatch(); len(batch) > 0 {
+			s.inFlight++
+			return dest, batch, true
+		}
+		if s.inFlight == 0 {
+			s.cond.Broadcast()
+			return "", nil, false
+		}
+		s.cond.Wait()
+	}
+}
+
+// takeBatch removes up to maxEntries ready lanes whose current rows share one admitted
+// destination and fit maxBytes. On the way, lanes whose row cannot be published fail and lanes
+// whose destination backs off are set aside until it may be tried again.
+func (s *laneSet) takeBatch() (string, []*lane) {
+	var (
+		dest  string
+		batch []*lane
+		size  int
+		rest  []*lane
+		i     int
+	)
+	for ; i < len(s.ready) && len(batch) < s.maxEntries; i++ {
+		l := s.ready[i]
+		o := l.current()
+		switch {
+		case o.unpublishable != nil:
+			l.fail(o.unpublishable, false, time.Time{})
+		case dest != "" && (o.dest != dest || size+o.size > s.maxBytes):
+			rest = append(rest, l)
+		case dest == "":
+			if ok, retryAt := s.admit(o.dest); !ok {
+				o.deferredUntil = retryAt
+				l.next = len(l.rows)
+				continue
+			}
+			dest, size, batch = o.dest, o.size, append(batch, l)
+		default:
+			size += o.size
+			batch = append(batch, l)
+		}
+	}
+	s.ready = append(rest, s.ready[i:]...)
+	return dest, batch
+}
+
+// callResult is the fate of one entry of a call.
+type callResult struct {
+	err error
+	// outage: err is its destination's failure, not the row's; retryAt is when the destination
+	// is probed again.
+	outage  bool
+	retryAt time.Time
+	// cancelled: the round stopped before the broker answered; not an attempt.
+	cancelled bool
+}
+
+// finish records the results of the call that carried batch (one per lane, in order) and makes
+// the lanes with more rows ready again.
+func (s *laneSet) finish(batch []*lane, results []callResult) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.inFlight--
+	for i, l := range batch {
+		switch r := results[i]; {
+		case r.cancelled:
+			l.next = len(l.rows)
+		case r.err != nil:
+			l.fail(r.err, r.outage, r.retryAt)
+		default:
+			l.current().done = true
+			l.next++
+			if l.next < len(l.rows) {
+				s.ready = append(s.ready, l)
+			}
+		}
+	}
+	s.cond.Broadcast()
+}

@@ -1,0 +1,269 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// roundPlan is what a round publishes, key by key, and why each key's lane ends where it does.
+type roundPlan struct {
+	outcomes []*outcome
+	keys     []*keyPlan
+}
+
+// laneStop says why a key's lane ends before the rows the round read.
+type laneStop int
+
+const (
+	// stopNone: the lane holds every row read.
+	stopNone laneStop = iota
+	// stopQuarantined: a quarantined row follows (it becomes the key's head).
+	stopQuarantined
+	// stopWaiting: a row backing off follows, until waitUntil.
+	stopWaiting
+	// stopBudget: the next row did not fit the round's byte budget.
+	stopBudget
+)
+
+type keyPlan struct {
+	key       string
+	lane      []*outcome
+	read      int
+	stop      laneStop
+	waitUntil time.Time
+}
+
+// planRound turns the rows read for the locked keys into each key's lane: its rows in id order
+// up to a row that may not go out now (quarantined, backing off, beyond the byte budget).
+// Rows that can never be published (unknown topic, too large, a payload that cannot be
+// rendered safely) stay in the lane and fail it, so they are quarantined by themselves.
+func (r *Relay) planRound(keys []claimKey, rows []*claimedRow, perKey int) *roundPlan {
+	p := &roundPlan{}
+	byKey := map[string]*keyPlan{}
+	for _, k := range keys {
+		kp := &keyPlan{key: k.key}
+		byKey[k.key] = kp
+		p.keys = append(p.keys, kp)
+	}
+	now := time.Now()
+	for _, c := range rows {
+		kp := byKey[c.PartitionKey]
+		if kp == nil {
+			continue
+		}
+		kp.read++
+		if kp.stop != stopNone {
+			continue
+		}
+		switch {
+		case c.quarantined:
+			kp.stop = stopQuarantined
+			continue
+		case c.waitingUntil != nil:
+			kp.stop, kp.waitUntil = stopWaiting, now.Add(time.Until(*c.waitingUntil))
+			continue
+		}
+		o := &outcome{event: &c.Event, row: c}
+		switch {
+		case c.payloadLen == -1:
+			o.unpublishable = Permanent(fmt.Errorf("payload is stored in more than %d bytes: too large to publish", maxStoredPayload(r.cfg.MaxMessageBytes)))
+		case c.payloadLen == -2:
+			o.unpublishable = Permanent(fmt.Errorf("payload holds a number beyond ±1e100 or within 1e-100 of zero, which PostgreSQL prints in full (up to 131,072 digits): set aside unread"))
+		default:
+			dest, err := r.destination(&c.Event)
+			size := c.payloadLen + attributesSize(&c.Event)
+			switch {
+			case err != nil:
+				o.unpublishable = err
+			case size > r.cfg.MaxMessageBytes:
+				o.unpublishable = Permanent(fmt.Errorf("message is %d bytes with its attributes, above the destination's %d", size, r.cfg.MaxMessageBytes))
+			case !c.loaded:
+				kp.stop = stopBudget
+				continue
+			default:
+				o.dest, o.size = dest, size
+			}
+			if dropped := droppedHeaders(&c.Event); len(dropped) > 0 {
+				r.log.Warn("outbox row has more headers than the message attributes limit allows; these are not published",
+					"id", c.ID, "event_id", c.EventID, "headers", dropped)
+			}
+		}
+		kp.lane = append(kp.lane, o)
+		p.outcomes = append(p.outcomes, o)
+	}
+	for _, kp := range p.keys {
+		if kp.stop == stopNone && kp.read >= perKey {
+			kp.stop = stopBudget // more rows may wait: come back at once
+		}
+	}
+	return p
+}
+
+// verdicts says, per key, what the book should do with it once the round's outcomes are
+// committed.
+func (p *roundPlan) verdicts(now time.Time) map[string]keyResult {
+	out := make(map[string]keyResult, len(p.keys))
+	for _, kp := range p.keys {
+		res := keyResult{key: kp.key, verdict: verdictDrained}
+		blocked := false
+		for _, o := range kp.lane {
+			switch {
+			case o.done:
+				res.lastPublished = o.event.ID
+				continue
+			case o.err != nil && o.quarantined:
+				res.verdict = verdictParked
+			case o.err != nil:
+				res.verdict, res.until = verdictWait, o.retryAt
+			case !o.deferredUntil.IsZero():
+				res.verdict, res.until = verdictWait, o.deferredUntil
+			default: // not attempted: the round stopped
+				res.verdict = verdictMore
+			}
+			blocked = true
+			break
+		}
+		if !blocked {
+			switch kp.stop {
+			case stopQuarantined:
+				res.verdict = verdictParked
+			case stopWaiting:
+				res.verdict, res.until = verdictWait, kp.waitUntil
+			case stopBudget:
+				res.verdict = verdictMore
+			}
+		}
+		out[kp.key] = res
+	}
+	return out
+}
+
+// settle records a round's outcomes in its transaction and commits: acknowledged rows become
+// published; a failed row backs off (its key waits behind it) or is quarantined (its key stays
+// blocked behind it); rows whose destination failed as a whole keep their attempt count;
+// rows never attempted are left as they were. The commit releases the keys.
+func (r *Relay) settle(ctx context.Context, tx pgx.Tx, outcomes []*outcome) (Stats, error) {
+	var (
+		st        Stats
+		published []int64
+		fail      struct {
+			ids        []int64
+			errs       []string
+			quarantine []bool
+			delayMS    []*int64
+			attempt    []int32
+		}
+	)
+	now := time.Now()
+	for _, o := range outcomes {
+		st.Claimed++
+		switch {
+		case o.done:
+			published = append(published, o.event.ID)
+		case o.err != nil:
+			e, row := o.event, o.row
+			attempt := int32(1)
+			var delay *int64
+			if o.outage {
+				attempt = 0
+				o.quarantined = row.failingSince != nil && now.Sub(*row.failingSince) >= r.cfg.OutageLimit
+				o.retryAt = o.deferredUntil
+			} else {
+				o.quarantined = IsPermanent(o.err) || e.Attempts+1 >= r.cfg.MaxAttempts
+				if !o.quarantined {
+					d := r.backoff(e.Attempts + 1)
+					ms := d.Milliseconds()
+					delay, o.retryAt = &ms, now.Add(d)
+				}
+			}
+			switch {
+			case o.quarantined:
+				st.Quarantined++
+				r.log.Warn("outbox row quarantined", "id", e.ID, "event_id", e.EventID, "topic", e.Topic,
+					"partition_key", e.PartitionKey, "attempts", e.Attempts+int(attempt), "outage", o.outage, "error", o.err)
+			case o.outage:
+				st.Outage++
+			default:
+				st.Retrying++
+				r.log.Info("outbox row publish failed; will retry", "id", e.ID, "attempts", e.Attempts+1,
+					"retry_in_ms", *delay, "error", o.err)
+			}
+			fail.ids = append(fail.ids, e.ID)
+			fail.errs = append(fail.errs, truncateText(o.err.Error(), maxErrorText))
+			fail.quarantine = append(fail.quarantine, o.quarantined)
+			fail.delayMS = append(fail.delayMS, delay)
+			fail.attempt = append(fail.attempt, attempt)
+		}
+	}
+	st.Published = len(published)
+
+	b := &pgx.Batch{}
+	if len(published) > 0 {
+		b.Queue(`UPDATE outbox_event SET published_at = now(), available_at = NULL, last_error = NULL, failing_since = NULL
+			WHERE id = ANY($1) AND published_at IS NULL`, published)
+	}
+	if len(fail.ids) > 0 {
+		b.Queue(`UPDATE outbox_event o SET attempts = o.attempts + f.attempt, last_error = f.err,
+				failing_since = coalesce(o.failing_since, now()),
+				quarantined_at = CASE WHEN f.quarantine THEN now() END,
+				available_at = CASE WHEN f.quarantine THEN NULL
+				                    WHEN f.delay_ms IS NULL THEN o.available_at
+				                    ELSE now() + f.delay_ms * interval '1 millisecond' END
+			FROM unnest($1::bigint[], $2::text[], $3::bool[], $4::bigint[], $5::int[]) AS f(id, err, quarantine, delay_ms, attempt)
+			WHERE o.id = f.id AND o.published_at IS NULL`, fail.ids, fail.errs, fail.quarantine, fail.delayMS, fail.attempt)
+	}
+	sctx, cancel := context.WithTimeout(ctx, r.cfg.Lease/2)
+	defer cancel()
+	err := func() error {
+		if b.Len() > 0 {
+			if err := tx.SendBatch(sctx, b).Close(); err != nil {
+				return err
+			}
+		}
+		return tx.Commit(sctx)
+	}()
+	if err != nil {
+		// The transaction is gone, and with it the locks: the rows are claimed again and
+		// published a second time. Duplicates are possible, loss is not.
+		return Stats{}, fmt.Errorf("record publish outcomes of %d rows: %w", len(outcomes), err)
+	}
+	if r.log.Enabled(ctx, slog.LevelDebug) && st.Outage > 0 {
+		r.log.Debug("rows kept their attempt count: their destination fails as a whole", "rows", st.Outage)
+	}
+	return st, nil
+}
+
+// maxErrorText bounds last_error.
+const maxErrorText = 2000
+
+// truncateText returns s as text PostgreSQL accepts (valid UTF-8, no NUL bytes), cut to at
+// most n bytes on a character boundary.
+func truncateText(s string, n int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	s = strings.ReplaceAll(s, "\x00", "")
+	if len(s) <= n {
+		return s
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
+}
+
+// sortedKeys returns m's keys in order, so that reports are stable.
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
