@@ -159,7 +159,7 @@ func (c RelayConfig) validate() error {
 		}
 	}
 	ints := []struct {
-		name     string
+		name      string
 		v, lo, hi int
 	}{
 		{"BatchSize", c.BatchSize, 1, MaxBatchSize},
@@ -176,7 +176,7 @@ func (c RelayConfig) validate() error {
 		}
 	}
 	durations := []struct {
-		name     string
+		name      string
 		v, lo, hi time.Duration
 	}{
 		{"PublishTimeout", c.PublishTimeout, time.Millisecond, 15 * time.Minute},
