@@ -8,6 +8,7 @@ import (
 	"github.com/aws/aws-lambda-go/cfn"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/sluicehq/sluice/internal/lambdaenv"
 	"github.com/sluicehq/sluice/migrations"
 )
 
@@ -15,14 +16,17 @@ import (
 // CloudFormation delete the "old" resource.
 const PhysicalResourceID = "sluice-migrations"
 
-// handler applies the migrations for CloudFormation events.
+// handler applies the migrations and the functions' roles for CloudFormation events.
 type handler struct {
-	databaseURL string
-	log         *slog.Logger
+	getenv  lambdaenv.Getenv
+	secrets secretStore
+	log     *slog.Logger
 }
 
-// Handle applies the migrations on Create and Update and ignores Delete. The returned data
-// carries the schema version, readable with Fn::GetAtt.
+// Handle applies the migrations, then creates or updates the roles of the Roles property, on
+// Create and Update, and ignores Delete (tables and roles outlive the stack's resource). It
+// reads the database secret on every event, so a rotated secret needs no new instance. The
+// returned data carries the schema version, readable with Fn::GetAtt.
 func (h *handler) Handle(ctx context.Context, ev cfn.Event) (string, map[string]any, error) {
 	h.log.InfoContext(ctx, "migrations custom resource", "request_type", ev.RequestType, "logical_id", ev.LogicalResourceID)
 	switch ev.RequestType {
@@ -32,7 +36,20 @@ func (h *handler) Handle(ctx context.Context, ev cfn.Event) (string, map[string]
 	default:
 		return PhysicalResourceID, nil, fmt.Errorf("unknown CloudFormation request type %q", ev.RequestType)
 	}
-	conn, err := pgx.Connect(ctx, h.databaseURL)
+	roles, err := parseRoles(ev.ResourceProperties)
+	if err != nil {
+		return PhysicalResourceID, nil, err
+	}
+	var old []Role
+	if ev.RequestType == cfn.RequestUpdate {
+		// Old properties only tell what to revoke; a malformed old list revokes nothing.
+		old, _ = parseRoles(ev.OldResourceProperties)
+	}
+	url, err := lambdaenv.DatabaseURLFrom(ctx, h.getenv, h.secrets)
+	if err != nil {
+		return PhysicalResourceID, nil, err
+	}
+	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		return PhysicalResourceID, nil, fmt.Errorf("connect to the database: %w", err)
 	}
@@ -45,5 +62,12 @@ func (h *handler) Handle(ctx context.Context, ev cfn.Event) (string, map[string]
 		h.log.WarnContext(ctx, "read schema version", "error", err)
 	}
 	h.log.InfoContext(ctx, "migrations applied", "version", version)
+	cfg := conn.Config()
+	if err := applyRoles(ctx, conn, h.secrets, endpoint{Host: cfg.Host, Port: cfg.Port, DBName: cfg.Database}, roles, old); err != nil {
+		return PhysicalResourceID, nil, fmt.Errorf("function roles: %w", err)
+	}
+	if len(roles) > 0 {
+		h.log.InfoContext(ctx, "function roles applied", "roles", sortedRoleNames(roles))
+	}
 	return PhysicalResourceID, map[string]any{"Version": version}, nil
 }

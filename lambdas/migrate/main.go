@@ -1,19 +1,24 @@
 // Command migrate is the CloudFormation custom-resource handler that applies sluice's embedded
-// migrations (package migrations) on Create and Update, and does nothing on Delete: the tables
-// outlive the stack's resource. It reaches PostgreSQL through the RDS Secrets Manager secret in
-// DATABASE_SECRET_ARN (or DATABASE_URL), read once per cold start, and answers CloudFormation by
-// PUTting to the event's ResponseURL (aws-lambda-go's cfn.LambdaWrap).
+// migrations (package migrations) on Create and Update, then creates the functions' own database
+// roles listed in the resource's Roles property (the relay's and each consumer's, with their
+// privileges and passwords from their secrets), and does nothing on Delete: the tables and roles
+// outlive the stack's resource. It logs in as the owner of the tables through the RDS Secrets
+// Manager secret in DATABASE_SECRET_ARN (or DATABASE_URL), read on every event, and answers
+// CloudFormation by PUTting to the event's ResponseURL (aws-lambda-go's cfn.LambdaWrap).
 //
 // Build: GOOS=linux GOARCH=arm64 CGO_ENABLED=0 go build -tags lambda.norpc -trimpath -o bin/migrate/bootstrap ./lambdas/migrate
 package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 
 	"github.com/aws/aws-lambda-go/cfn"
 	"github.com/aws/aws-lambda-go/lambda"
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 
 	"github.com/sluicehq/sluice/internal/lambdaenv"
 )
@@ -28,11 +33,15 @@ func main() {
 	lambda.Start(cfn.LambdaWrap(h.Handle))
 }
 
-// wire reads the database URL once per cold start.
+// wire checks that a database is configured and builds the Secrets Manager client once per
+// cold start; the secret itself is read on every event.
 func wire(ctx context.Context, getenv lambdaenv.Getenv, log *slog.Logger) (*handler, error) {
-	url, err := lambdaenv.ResolveDatabaseURL(ctx, getenv)
-	if err != nil {
-		return nil, err
+	if getenv(lambdaenv.DatabaseURL) == "" && getenv(lambdaenv.DatabaseSecretARN) == "" {
+		return nil, fmt.Errorf("no database configured: set %s, or %s to an RDS Secrets Manager secret", lambdaenv.DatabaseURL, lambdaenv.DatabaseSecretARN)
 	}
-	return &handler{databaseURL: url, log: log}, nil
+	awsCfg, err := config.LoadDefaultConfig(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("load AWS config: %w", err)
+	}
+	return &handler{getenv: getenv, secrets: secretsmanager.NewFromConfig(awsCfg), log: log}, nil
 }

@@ -1,0 +1,279 @@
+package main
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-lambda-go/cfn"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/internal/lambdaenv"
+	"github.com/sluicehq/sluice/internal/testdb"
+)
+
+// secretBook holds secrets in Secrets Manager's request and response shapes.
+type secretBook struct {
+	mu      sync.Mutex
+	secrets map[string]string
+	puts    int
+}
+
+func (b *secretBook) GetSecretValue(_ context.Context, in *secretsmanager.GetSecretValueInput, _ ...func(*secretsmanager.Options)) (*secretsmanager.GetSecretValueOutput, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	v, ok := b.secrets[aws.ToString(in.SecretId)]
+	if !ok {
+		return nil, errors.New("ResourceNotFoundException: " + aws.ToString(in.SecretId))
+	}
+	return &secretsmanager.GetSecretValueOutput{SecretString: aws.String(v)}, nil
+}
+
+func (b *secretBook) PutSecretValue(_ context.Context, in *secretsmanager.PutSecretValueInput, _ ...func(*secretsmanager.Options)) (*secretsmanager.PutSecretValueOutput, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.secrets[aws.ToString(in.SecretId)] = aws.ToString(in.SecretString)
+	b.puts++
+	return &secretsmanager.PutSecretValueOutput{}, nil
+}
+
+func (b *secretBook) fields(t *testing.T, arn string) map[string]any {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var m map[string]any
+	require.NoError(t, json.Unmarshal([]byte(b.secrets[arn]), &m))
+	return m
+}
+
+// connectAs connects to the test database as role (the test server trusts local connections,
+// so this proves what the role may do, not its password; TestSCRAMVerifier covers that).
+func connectAs(t *testing.T, dbURL, role string) *pgx.Conn {
+	t.Helper()
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	u.User = url.User(role)
+	conn, err := pgx.Connect(context.Background(), u.String())
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+func requireSQLState(t *testing.T, err error, state, msg string) {
+	t.Helper()
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr, msg)
+	require.Equal(t, state, pgErr.Code, "%s: %s", msg, pgErr.Message)
+}
+
+// The custom resource gives each function its own role with only what it needs: the relay
+// reads and updates outbox rows and nothing of the inbox; a consumer reads and writes its own
+// inbox rows and the tables it declared, and nothing of the outbox.
+func TestRolesGrantEachFunctionOnlyWhatItNeeds(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := testdb.EmptyURL(t)
+	admin, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	_, err = admin.Exec(ctx, `CREATE TABLE invoice (order_id text PRIMARY KEY, cents int NOT NULL)`)
+	require.NoError(t, err)
+
+	suffix := fmt.Sprint(time.Now().UnixNano())
+	relay, billing, audit := "sluice_relay_"+suffix, "sluice_billing_"+suffix, "sluice_audit_"+suffix
+	for _, r := range []string{relay, billing, audit} {
+		t.Cleanup(func() {
+			// Roles are cluster-wide: drop what they hold in the test database, then them.
+			c, err := pgx.Connect(context.Background(), dbURL)
+			if err == nil {
+				_, _ = c.Exec(context.Background(), "DROP OWNED BY "+r)
+				c.Close(context.Background())
+			}
+		})
+	}
+	book := &secretBook{secrets: map[string]string{}}
+	for _, r := range []string{relay, billing, audit} {
+		book.secrets["arn:"+r] = fmt.Sprintf(`{"username":%q,"password":"pw-%s"}`, r, r)
+	}
+	roles := []any{
+		map[string]any{"Name": relay, "Kind": KindRelay, "SecretArn": "arn:" + relay},
+		map[string]any{"Name": billing, "Kind": KindConsumer, "SecretArn": "arn:" + billing, "Consumer": "billing",
+			"Grants": []any{map[string]any{"Table": "invoice", "Privileges": []any{"SELECT", "INSERT", "DELETE"}}}},
+		map[string]any{"Name": audit, "Kind": KindConsumer, "SecretArn": "arn:" + audit, "Consumer": "audit"},
+	}
+	h := &handler{getenv: func(k string) string { return map[string]string{lambdaenv.DatabaseURL: dbURL}[k] }, secrets: book, log: slog.New(slog.DiscardHandler)}
+	ev := createEvent(t)
+	ev.ResourceProperties = map[string]any{RolesProperty: roles}
+	_, _, err = h.Handle(ctx, ev)
+	require.NoError(t, err)
+
+	t.Run("role secrets are completed with the database endpoint", func(t *testing.T) {
+		u, _ := url.Parse(dbURL)
+		s := book.fields(t, "arn:"+billing)
+		require.Equal(t, billing, s["username"])
+		require.Equal(t, "pw-"+billing, s["password"], "the password stays")
+		require.Equal(t, u.Hostname(), s["host"])
+		require.Equal(t, u.Port(), fmt.Sprint(s["port"]))
+		require.Equal(t, strings.TrimPrefix(u.Path, "/"), s["dbname"])
+		require.Equal(t, "postgres", s["engine"])
+		var stored string
+		require.NoError(t, admin.QueryRow(ctx, "SELECT rolpassword FROM pg_authid WHERE rolname = $1", billing).Scan(&stored))
+		require.True(t, strings.HasPrefix(stored, "SCRAM-SHA-256$4096:"), "a SCRAM verifier, not the password: %s", stored)
+	})
+
+	// Rows as the producers and consumers would leave them.
+	_, err = admin.Exec(ctx, `INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload)
+		VALUES (gen_random_uuid(), 'orders', 'order', 'o-1', 'OrderCreated', 'o-1', '{}')`)
+	require.NoError(t, err)
+	_, err = admin.Exec(ctx, `INSERT INTO inbox_event (consumer, message_id, event_type) VALUES ('audit', 'm-audit', 'OrderCreated')`)
+	require.NoError(t, err)
+
+	t.Run("relay: reads and updates outbox rows, nothing else", func(t *testing.T) {
+		c := connectAs(t, dbURL, relay)
+		tag, err := c.Exec(ctx, `UPDATE outbox_event SET published_at = now(), attempts = attempts + 1 WHERE id IN
+			(SELECT id FROM outbox_event WHERE published_at IS NULL ORDER BY id LIMIT 10 FOR UPDATE SKIP LOCKED)`)
+		require.NoError(t, err)
+		require.EqualValues(t, 1, tag.RowsAffected())
+		var epoch int64
+		require.NoError(t, c.QueryRow(ctx, `SELECT admin_epoch FROM outbox_control`).Scan(&epoch))
+		_, err = c.Exec(ctx, `SELECT count(*) FROM inbox_event`)
+		requireSQLState(t, err, "42501", "the relay reads no inbox rows")
+		_, err = c.Exec(ctx, `DELETE FROM outbox_event`)
+		requireSQLState(t, err, "42501", "the relay deletes no outbox rows")
+		_, err = c.Exec(ctx, `INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload)
+			VALUES (gen_random_uuid(), 'x', 'x', 'x', 'X', 'x', '{}')`)
+		requireSQLState(t, err, "42501", "the relay writes no events")
+		_, err = c.Exec(ctx, `SELECT count(*) FROM invoice`)
+		requireSQLState(t, err, "42501", "the relay reads no service tables")
+	})
+
+	t.Run("consumer: its own inbox rows and its declared tables, no outbox", func(t *testing.T) {
+		c := connectAs(t, dbURL, billing)
+		err := pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO inbox_event (consumer, message_id, event_type, processed_at) VALUES ('billing', 'm-1', 'OrderCreated', now())
+				ON CONFLICT DO NOTHING`); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO invoice (order_id, cents) VALUES ('o-1', 4200)`)
+			return err
+		})
+		require.NoError(t, err, "the inbox row and the effect in one transaction")
+		_, err = c.Exec(ctx, `UPDATE inbox_event SET attempts = attempts + 1 WHERE consumer = 'billing'`)
+		require.NoError(t, err)
+
+		var visible int
+		require.NoError(t, c.QueryRow(ctx, `SELECT count(*) FROM inbox_event`).Scan(&visible))
+		require.Equal(t, 1, visible, "another consumer's rows are invisible")
+		tag, err := c.Exec(ctx, `UPDATE inbox_event SET last_error = 'x' WHERE consumer = 'audit'`)
+		require.NoError(t, err)
+		require.Zero(t, tag.RowsAffected(), "another consumer's rows cannot be changed")
+		_, err = c.Exec(ctx, `INSERT INTO inbox_event (consumer, message_id, event_type) VALUES ('audit', 'm-forged', 'OrderCreated')`)
+		requireSQLState(t, err, "42501", "no rows in another consumer's name (row level security)")
+
+		_, err = c.Exec(ctx, `UPDATE outbox_event SET published_at = NULL, attempts = 0`)
+		requireSQLState(t, err, "42501", "the consumer cannot write outbox bookkeeping")
+		_, err = c.Exec(ctx, `SELECT count(*) FROM outbox_event`)
+		requireSQLState(t, err, "42501", "the consumer reads no outbox rows")
+		_, err = c.Exec(ctx, `UPDATE invoice SET cents = 0`)
+		requireSQLState(t, err, "42501", "only the declared privileges on the declared table")
+		_, err = c.Exec(ctx, `CREATE TABLE sneaky (id int)`)
+		requireSQLState(t, err, "42501", "no schema changes without a declared CREATE")
+	})
+
+	t.Run("update: removed grants are revoked, removed roles cannot log in", func(t *testing.T) {
+		ev := createEvent(t)
+		ev.RequestType = cfn.RequestUpdate
+		ev.OldResourceProperties = map[string]any{RolesProperty: roles}
+		ev.ResourceProperties = map[string]any{RolesProperty: []any{
+			roles[0],
+			map[string]any{"Name": billing, "Kind": KindConsumer, "SecretArn": "arn:" + billing, "Consumer": "billing",
+				"Grants": []any{map[string]any{"Table": "invoice", "Privileges": []any{"SELECT", "INSERT"}}}},
+		}}
+		puts := book.puts
+		_, _, err := h.Handle(ctx, ev)
+		require.NoError(t, err)
+		require.Equal(t, puts, book.puts, "complete secrets are not written again")
+
+		var canDelete, canInsert, auditLogin bool
+		require.NoError(t, admin.QueryRow(ctx, `SELECT has_table_privilege($1, 'invoice', 'DELETE'), has_table_privilege($1, 'invoice', 'INSERT')`, billing).Scan(&canDelete, &canInsert))
+		require.False(t, canDelete, "DELETE was removed from the grants")
+		require.True(t, canInsert)
+		require.NoError(t, admin.QueryRow(ctx, `SELECT rolcanlogin FROM pg_roles WHERE rolname = $1`, audit).Scan(&auditLogin))
+		require.False(t, auditLogin)
+	})
+}
+
+func TestRolesPropertyIsValidatedBeforeAnythingChanges(t *testing.T) {
+	t.Parallel()
+	_, err := parseRoles(map[string]any{RolesProperty: []any{
+		map[string]any{"Name": "Bad Name", "Kind": "writer", "SecretArn": ""},
+		map[string]any{"Name": "sluice_c", "Kind": KindConsumer, "SecretArn": "arn:x",
+			"Grants": []any{map[string]any{"Table": "invoice; DROP TABLE outbox_event", "Privileges": []any{"SELECT"}},
+				map[string]any{"Schema": "public", "Privileges": []any{"SELECT"}}}},
+	}})
+	require.Error(t, err)
+	for _, want := range []string{
+		"Name must be a lower-case PostgreSQL identifier", `Kind must be "relay" or "consumer", got "writer"`, "SecretArn is required",
+		"a consumer role needs its Consumer name", `table "invoice; DROP TABLE outbox_event" is not`, `privilege "SELECT" is not one of USAGE, CREATE`,
+	} {
+		require.ErrorContains(t, err, want)
+	}
+}
+
+// The verifier is checked against the SCRAM-SHA-256 exchange published in RFC 7677 (section 3):
+// the client's proof must verify against the stored key and the server key must produce the
+// server signature, exactly as PostgreSQL checks a login against pg_authid.rolpassword.
+func TestSCRAMVerifier(t *testing.T) {
+	t.Parallel()
+	salt, err := base64.StdEncoding.DecodeString("W22ZaJ0SNY7soEsUEjb6gQ==")
+	require.NoError(t, err)
+	v, err := scramVerifierWithSalt("pencil", salt, 4096)
+	require.NoError(t, err)
+	parts := strings.Split(v, "$")
+	require.Len(t, parts, 3)
+	require.Equal(t, "SCRAM-SHA-256", parts[0])
+	require.Equal(t, "4096:W22ZaJ0SNY7soEsUEjb6gQ==", parts[1])
+	keys := strings.Split(parts[2], ":")
+	storedKey, err := base64.StdEncoding.DecodeString(keys[0])
+	require.NoError(t, err)
+	serverKey, err := base64.StdEncoding.DecodeString(keys[1])
+	require.NoError(t, err)
+
+	const nonce = "rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0"
+	authMessage := "n=user,r=rOprNGfwEbeRWgbNEkqO" + "," + "r=" + nonce + ",s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096" + "," + "c=biws,r=" + nonce
+	mac := func(key []byte) []byte {
+		h := hmac.New(sha256.New, key)
+		h.Write([]byte(authMessage))
+		return h.Sum(nil)
+	}
+	proof, err := base64.StdEncoding.DecodeString("dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=")
+	require.NoError(t, err)
+	clientSignature := mac(storedKey)
+	clientKey := make([]byte, len(proof))
+	for i := range proof {
+		clientKey[i] = proof[i] ^ clientSignature[i]
+	}
+	sum := sha256.Sum256(clientKey)
+	require.Equal(t, storedKey, sum[:], "the RFC's client proof verifies against the stored key")
+	require.Equal(t, "6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4=", base64.StdEncoding.EncodeToString(mac(serverKey)), "the RFC's server signature")
+
+	a, err := scramVerifier("pencil")
+	require.NoError(t, err)
+	b, err := scramVerifier("pencil")
+	require.NoError(t, err)
+	require.NotEqual(t, a, b, "a fresh salt each time")
+}
