@@ -262,9 +262,19 @@ func storableText(s string) bool {
 	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
 }
 
+// truncate returns s as text PostgreSQL stores (see storableText), cut to at most n bytes on a
+// character boundary with "..." appended when it was cut. Invalid UTF-8 and NUL bytes become
+// U+FFFD, so error text from anywhere (a handler, a driver) can be written to a text column.
 func truncate(s string, n int) string {
+	if !storableText(s) {
+		s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+	}
 	if len(s) <= n {
 		return s
 	}
-	return s[:n] + "..."
+	cut := max(n, 0)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut-- // s[cut] continues the character that starts before it: cut before that one
+	}
+	return s[:cut] + "..."
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/stretchr/testify/require"
@@ -141,6 +142,7 @@ func TestParseBadInput(t *testing.T) {
 		{"messageId without value", nilString, "attribute messageId"},
 		{"createdAt as Number", numberCreated, `createdAt has type "Number"`},
 		{"createdAt not RFC 3339", record("s", `{}`, map[string]string{"messageId": "m1", "eventType": "X", "createdAt": "yesterday"}), "not an RFC 3339 time"},
+		{"long createdAt quoted up to a whole character", record("s", `{}`, map[string]string{"messageId": "m1", "eventType": "X", "createdAt": strings.Repeat("x", 63) + "éé"}), `xxx..."`},
 		{"NUL in messageId", nul, "not valid UTF-8 text"},
 		{"no dedup key", noIDs, "no dedup key"},
 		{"envelope Message not JSON", record("s", envelope(`"hello"`), nil), "body is not JSON"},
@@ -154,6 +156,7 @@ func TestParseBadInput(t *testing.T) {
 			_, err := inbox.Parse(tc.rec)
 			require.ErrorIs(t, err, inbox.ErrBadMessage)
 			require.Contains(t, err.Error(), tc.want)
+			require.True(t, utf8.ValidString(err.Error()), "the error text is valid UTF-8: %q", err.Error())
 		})
 	}
 }
