@@ -3,11 +3,10 @@ package inbox
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
+	"slices"
 
-	"github.com/aws/aws-lambda-go/events"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 )
@@ -41,6 +40,9 @@ import (
 // If the batch insert itself fails (e.g. a payload PostgreSQL cannot store), the consumer falls
 // back to inserting each record's row inside its own savepoint (runEach), which attributes
 // the failure to its record.
+//
+// A batch's records are [record]s; its transaction, with the savepoint helper and the records
+// waiting for the commit, is a [batchTx]; the inbox rows its insert created are [batchRows].
 
 // bulkResult says how one attempt of runBulk ended.
 type bulkResult int
@@ -52,20 +54,96 @@ const (
 )
 
 // runBatched applies the batch in one transaction; see the comment at the top of this file.
-func (b *batch) runBatched(ctx context.Context, recs []events.SQSMessage, msgs []Message, perr []error) {
+func (b *batch) runBatched(ctx context.Context) {
 	results, blocked := append([]Result(nil), b.results...), maps.Clone(b.blocked)
 	restore := func() {
 		copy(b.results, results)
 		b.blocked = maps.Clone(blocked)
 	}
-	res := b.runBulk(ctx, recs, msgs, perr, false)
+	res := b.runBulk(ctx, false)
 	if res == bulkHandlerFailed {
 		restore()
-		res = b.runBulk(ctx, recs, msgs, perr, true)
+		res = b.runBulk(ctx, true)
 	}
 	if res == bulkInsertFailed {
 		restore()
-		b.runEach(ctx, recs, msgs, perr)
+		b.runEach(ctx)
+	}
+}
+
+// batchTx is the one transaction of a batched attempt. The first record that may run begins
+// it; once it breaks (BEGIN or a savepoint command failed) every later record fails with that
+// error; the records whose work succeeded wait in pending for the commit.
+type batchTx struct {
+	db      Beginner
+	tx      pgx.Tx
+	broken  error     // set when the transaction can no longer be used
+	pending []*record // records whose work succeeded, waiting for the commit
+}
+
+// begin opens the transaction unless it is open already; began reports whether this call
+// opened it. A failure breaks the batch transaction.
+func (t *batchTx) begin(ctx context.Context) (began bool, err error) {
+	if t.tx != nil {
+		return false, nil
+	}
+	tx, err := t.db.Begin(ctx)
+	if err != nil {
+		t.broken = fmt.Errorf("begin batch: %w", err)
+		return false, t.broken
+	}
+	t.tx = tx
+	return true, nil
+}
+
+// savepoint runs f, the work of the message with id, inside a savepoint: it releases the
+// savepoint when f succeeds and rolls back to it when f fails or the release fails, so f's work
+// is undone alone. It returns the record's failure; when a savepoint command itself fails the
+// transaction is broken (and that error is the record's failure when it failed first).
+//
+// The savepoint is driven by hand rather than with tx.Begin: pgx closes its nested transaction
+// when RELEASE fails, after which it can no longer roll back to it, and the whole batch would be
+// lost for one record.
+func (t *batchTx) savepoint(ctx context.Context, id string, f func() error) error {
+	if _, err := t.tx.Exec(ctx, "SAVEPOINT inbox_record"); err != nil {
+		t.broken = fmt.Errorf("savepoint: %w", err)
+		return t.broken
+	}
+	err := f()
+	if err == nil {
+		if _, rerr := t.tx.Exec(ctx, "RELEASE SAVEPOINT inbox_record"); rerr != nil {
+			err = fmt.Errorf("message %s: release savepoint: %w", id, rerr)
+		}
+	}
+	if err != nil {
+		if _, rerr := t.tx.Exec(context.WithoutCancel(ctx), "ROLLBACK TO SAVEPOINT inbox_record; RELEASE SAVEPOINT inbox_record"); rerr != nil {
+			t.broken = fmt.Errorf("batch transaction unusable after message %s failed: %w", id, rerr)
+		}
+	}
+	return err
+}
+
+// commit runs before (when given) and commits, unless the transaction broke earlier. It returns
+// why it did not commit; nil means every pending record's work is committed.
+func (t *batchTx) commit(ctx context.Context, before func() error) error {
+	if t.broken != nil {
+		return t.broken
+	}
+	if before != nil {
+		if err := before(); err != nil {
+			return fmt.Errorf("batch: %w: %w", ErrCommit, err)
+		}
+	}
+	if err := t.tx.Commit(ctx); err != nil {
+		return fmt.Errorf("batch: %w: %w", ErrCommit, err)
+	}
+	return nil
+}
+
+// close rolls back what was not committed and releases the connection.
+func (t *batchTx) close(ctx context.Context) {
+	if t.tx != nil {
+		_ = t.tx.Rollback(context.WithoutCancel(ctx))
 	}
 }
 
@@ -77,119 +155,105 @@ const (
 	rowTaken                     // held by a record that succeeded (pending the commit)
 )
 
+// batchRows holds the inbox rows a batch transaction inserted, by message id. A row is free
+// until a record takes it (its work succeeded); rows still free at the end are deleted before
+// the commit, so a record that did not succeed leaves no inbox row.
+type batchRows map[string]rowState
+
+// free reports whether the transaction inserted id's row and no record took it yet. A record
+// whose row is not free is a duplicate: of a row there before, or of an earlier record.
+func (r batchRows) free(id string) bool { return r[id] == rowFree }
+
+// take gives id's row to the record that just succeeded.
+func (r batchRows) take(id string) { r[id] = rowTaken }
+
+// freeIDs returns the ids of the rows no record took, sorted.
+func (r batchRows) freeIDs() []string {
+	var out []string
+	for id, st := range r {
+		if st == rowFree {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // runBulk makes one attempt at the batch: one transaction, one insert of the inbox rows, the
 // handlers (inside a savepoint each when savepoints is true), one delete of the rows no record
 // kept, one commit. Without savepoints it returns bulkHandlerFailed, after rolling back, as
 // soon as a handler fails.
-func (b *batch) runBulk(ctx context.Context, recs []events.SQSMessage, msgs []Message, perr []error, savepoints bool) bulkResult {
-	var (
-		tx      pgx.Tx
-		rows    map[string]rowState // message ids this transaction inserted
-		pending []int               // records whose work succeeded, waiting for the batch commit
-		broken  error               // set when the batch transaction can no longer be used
-	)
-	defer func() {
-		if tx != nil {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-		}
-	}()
-	for i, rec := range recs {
-		ok, began := b.ready(ctx, i, rec, perr[i], &tx, &broken)
+func (b *batch) runBulk(ctx context.Context, savepoints bool) bulkResult {
+	t := &batchTx{db: b.c.db}
+	defer t.close(ctx)
+	var rows batchRows
+	for i := range b.recs {
+		r := &b.recs[i]
+		ok, began := b.ready(ctx, r, t)
 		if !ok {
 			continue
 		}
 		if began {
 			var err error
-			if rows, err = b.c.insertBatch(ctx, tx, b.runnable(i, recs, msgs, perr)); err != nil {
+			if rows, err = b.c.insertBatch(ctx, t.tx, b.runnable(i)); err != nil {
 				b.c.log.WarnContext(ctx, "inbox: batch insert failed, inserting record by record", "error", err.Error())
 				return bulkInsertFailed
 			}
 		}
-		msg := msgs[i]
-		if rows[msg.ID] != rowFree {
-			b.results[i].Outcome = Duplicate // in the table before, or taken by an earlier record
-			pending = append(pending, i)
+		if !rows.free(r.msg.ID) {
+			b.results[r.i].Outcome = Duplicate // in the table before, or taken by an earlier record
+			t.pending = append(t.pending, r)
 			continue
 		}
-		h, skip, err := b.c.cfg.Router.lookup(msg.EventType)
+		h, skip, err := b.c.cfg.Router.lookup(r.msg.EventType)
 		if err != nil {
-			b.fail(i, rec, fmt.Errorf("message %s: %w", msg.ID, err))
+			b.fail(r, fmt.Errorf("message %s: %w", r.msg.ID, err))
 			continue
 		}
 		if !skip {
 			if !savepoints {
-				err = call(ctx, h, tx, msg)
-				if err == nil && tx.Conn().PgConn().TxStatus() == 'E' {
-					// The handler swallowed a failed statement; blame it, as the savepoint attempt will.
-					err = errors.New("transaction aborted by a failed statement")
-				}
-				if err != nil {
+				// A failure (error, panic, or a swallowed failed statement) cannot be undone alone.
+				if runHandler(ctx, h, t.tx, r.msg) != nil {
 					return bulkHandlerFailed
 				}
-			} else if err, broken = callInSavepoint(ctx, tx, h, msg); err != nil {
-				b.fail(i, rec, err) // its row stays free: a later delivery of the id may take it
+			} else if err := t.savepoint(ctx, r.msg.ID, func() error { return runHandler(ctx, h, t.tx, r.msg) }); err != nil {
+				b.fail(r, err) // its row stays free: a later delivery of the id may take it
 				continue
 			}
 		}
-		rows[msg.ID] = rowTaken
-		b.results[i].Outcome = Applied
+		rows.take(r.msg.ID)
+		b.results[r.i].Outcome = Applied
 		if skip {
-			b.results[i].Outcome = Skipped
+			b.results[r.i].Outcome = Skipped
 		}
-		pending = append(pending, i)
+		t.pending = append(t.pending, r)
 	}
-	if tx != nil {
-		b.commit(ctx, tx, pending, broken, func() error { return b.c.deleteFree(ctx, tx, rows) })
-	}
+	b.commit(ctx, t, func() error { return b.c.deleteFree(ctx, t.tx, rows) })
 	return bulkDone
 }
 
-// callInSavepoint runs h inside a savepoint of tx and rolls the savepoint back when h fails.
-// err is the record's failure (the handler's error, as in the per-record mode); broken is set
-// when a savepoint command failed and the batch transaction can no longer be used.
-//
-// The savepoint is driven by hand rather than with tx.Begin: pgx closes its nested transaction
-// when RELEASE fails (a handler that returned nil after a failed statement), after which it can
-// no longer roll back to it, and the whole batch would be lost for one record.
-func callInSavepoint(ctx context.Context, tx pgx.Tx, h Handler, msg Message) (err, broken error) {
-	if _, err := tx.Exec(ctx, "SAVEPOINT inbox_record"); err != nil {
-		broken = fmt.Errorf("savepoint: %w", err)
-		return broken, broken
-	}
-	if err = call(ctx, h, tx, msg); err != nil {
-		err = fmt.Errorf("message %s (%s): handler: %w", msg.ID, msg.EventType, err)
-	} else if _, rerr := tx.Exec(ctx, "RELEASE SAVEPOINT inbox_record"); rerr != nil {
-		err = fmt.Errorf("message %s: release savepoint: %w", msg.ID, rerr)
-	}
-	if err != nil {
-		if _, rerr := tx.Exec(context.WithoutCancel(ctx), "ROLLBACK TO SAVEPOINT inbox_record; RELEASE SAVEPOINT inbox_record"); rerr != nil {
-			broken = fmt.Errorf("batch transaction unusable after message %s failed: %w", msg.ID, rerr)
-		}
-	}
-	return err, broken
-}
-
-// runnable returns the records from first on that may run in this batch: parsed, in a group not
-// blocked by an earlier failure known now, the first record of each message id. Later failures
-// can still stop some of them; their rows are deleted before the commit.
-func (b *batch) runnable(first int, recs []events.SQSMessage, msgs []Message, perr []error) []Message {
+// runnable returns the messages of the records from first on that may run in this batch:
+// parsed, in a group not blocked by an earlier failure known now, the first record of each
+// message id. Later failures can still stop some of them; their rows are deleted before the
+// commit.
+func (b *batch) runnable(first int) []Message {
 	blocked := maps.Clone(b.blocked)
 	seen := map[string]bool{}
 	var out []Message
-	for j := first; j < len(recs); j++ {
-		g := recs[j].Attributes["MessageGroupId"]
+	for _, r := range b.recs[first:] {
+		g := r.group()
 		if g != "" && blocked[g] {
 			continue
 		}
-		if perr[j] != nil {
+		if r.err != nil {
 			if g != "" {
 				blocked[g] = true
 			}
 			continue
 		}
-		if !seen[msgs[j].ID] {
-			seen[msgs[j].ID] = true
-			out = append(out, msgs[j])
+		if !seen[r.msg.ID] {
+			seen[r.msg.ID] = true
+			out = append(out, r.msg)
 		}
 	}
 	return out
@@ -207,8 +271,8 @@ ON CONFLICT (consumer, message_id) DO NOTHING
 RETURNING message_id`
 
 // insertBatch inserts the inbox rows of msgs (distinct ids) in one statement, in key order,
-// and returns the ids it inserted, each rowFree.
-func (c *Consumer) insertBatch(ctx context.Context, tx pgx.Tx, msgs []Message) (map[string]rowState, error) {
+// and returns the ids it inserted, each free.
+func (c *Consumer) insertBatch(ctx context.Context, tx pgx.Tx, msgs []Message) (batchRows, error) {
 	n := len(msgs)
 	var (
 		ids, types, aggTypes, aggIDs, groups = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -232,7 +296,7 @@ func (c *Consumer) insertBatch(ctx context.Context, tx pgx.Tx, msgs []Message) (
 			}
 		}
 	}
-	out := make(map[string]rowState, n)
+	out := make(batchRows, n)
 	if n == 0 {
 		return out, nil
 	}
@@ -251,13 +315,8 @@ func (c *Consumer) insertBatch(ctx context.Context, tx pgx.Tx, msgs []Message) (
 }
 
 // deleteFree removes the inbox rows this transaction inserted that no record kept.
-func (c *Consumer) deleteFree(ctx context.Context, tx pgx.Tx, rows map[string]rowState) error {
-	var free []string
-	for id, st := range rows {
-		if st == rowFree {
-			free = append(free, id)
-		}
-	}
+func (c *Consumer) deleteFree(ctx context.Context, tx pgx.Tx, rows batchRows) error {
+	free := rows.freeIDs()
 	if len(free) == 0 {
 		return nil
 	}
@@ -271,92 +330,59 @@ func (c *Consumer) deleteFree(ctx context.Context, tx pgx.Tx, rows map[string]ro
 // SAVEPOINT per record around its inbox insert and handler (which attributes a row PostgreSQL
 // refuses to its record). Rows are inserted in delivery order, so concurrent batches can
 // deadlock here; the losing records fail and come back.
-func (b *batch) runEach(ctx context.Context, recs []events.SQSMessage, msgs []Message, perr []error) {
-	var (
-		tx      pgx.Tx
-		pending []int
-		broken  error
-	)
-	defer func() {
-		if tx != nil {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-		}
-	}()
-	for i, rec := range recs {
-		if ok, _ := b.ready(ctx, i, rec, perr[i], &tx, &broken); !ok {
+func (b *batch) runEach(ctx context.Context) {
+	t := &batchTx{db: b.c.db}
+	defer t.close(ctx)
+	for i := range b.recs {
+		r := &b.recs[i]
+		if ok, _ := b.ready(ctx, r, t); !ok {
 			continue
 		}
-		// The savepoint is driven by hand, as in callInSavepoint.
-		if _, err := tx.Exec(ctx, "SAVEPOINT inbox_record"); err != nil {
-			broken = fmt.Errorf("savepoint: %w", err)
-			b.fail(i, rec, broken)
+		var out Outcome
+		if err := t.savepoint(ctx, r.msg.ID, func() (err error) {
+			out, err = b.c.apply(ctx, t.tx, r.msg)
+			return err
+		}); err != nil {
+			b.fail(r, err)
 			continue
 		}
-		out, err := b.c.apply(ctx, tx, msgs[i])
-		if err == nil {
-			if _, rerr := tx.Exec(ctx, "RELEASE SAVEPOINT inbox_record"); rerr != nil {
-				err = fmt.Errorf("message %s: release savepoint: %w", msgs[i].ID, rerr)
-			}
-		}
-		if err != nil {
-			if _, rerr := tx.Exec(context.WithoutCancel(ctx), "ROLLBACK TO SAVEPOINT inbox_record; RELEASE SAVEPOINT inbox_record"); rerr != nil {
-				broken = fmt.Errorf("batch transaction unusable after message %s failed: %w", msgs[i].ID, rerr)
-			}
-			b.fail(i, rec, err)
-			continue
-		}
-		b.results[i].Outcome = out
-		pending = append(pending, i)
+		b.results[r.i].Outcome = out
+		t.pending = append(t.pending, r)
 	}
-	if tx != nil {
-		b.commit(ctx, tx, pending, broken, nil)
-	}
+	b.commit(ctx, t, nil)
 }
 
-// commit ends a batch's transaction: it runs before (when given) and commits, unless the
-// transaction broke earlier. When it does not commit, every pending record (whose work
-// succeeded and waited for the commit) fails with the reason; the callers' deferred Rollback
-// then ends the transaction and releases its connection.
-func (b *batch) commit(ctx context.Context, tx pgx.Tx, pending []int, broken error, before func() error) {
-	cerr := broken
-	if cerr == nil && before != nil {
-		if err := before(); err != nil {
-			cerr = fmt.Errorf("batch: %w: %w", ErrCommit, err)
-		}
+// commit ends a batch's transaction, when one began: it runs before (when given) and commits,
+// unless the transaction broke earlier. When it does not commit, every pending record (whose
+// work succeeded and waited for the commit) fails with the reason; the caller's deferred close
+// then rolls back and releases the connection.
+func (b *batch) commit(ctx context.Context, t *batchTx, before func() error) {
+	if t.tx == nil {
+		return
 	}
-	if cerr == nil {
-		if err := tx.Commit(ctx); err != nil {
-			cerr = fmt.Errorf("batch: %w: %w", ErrCommit, err)
-		}
-	}
-	if cerr != nil {
-		for _, i := range pending {
-			b.results[i].Outcome, b.results[i].Err = Failed, cerr
+	if err := t.commit(ctx, before); err != nil {
+		for _, r := range t.pending {
+			b.results[r.i].Outcome, b.results[r.i].Err = Failed, err
 		}
 	}
 }
 
-// ready reports whether record i may run in the batch's transaction, failing it when the
-// transaction is broken or the record's prechecks (parse error, blocked FIFO group, deadline)
-// say no, and begins the transaction for the first record that may run (began).
-func (b *batch) ready(ctx context.Context, i int, rec events.SQSMessage, perr error, tx *pgx.Tx, broken *error) (ok, began bool) {
-	if *broken != nil {
-		b.fail(i, rec, *broken)
+// ready reports whether r may run in the batch's transaction t, failing it when t is broken or
+// the record's prechecks (parse error, blocked FIFO group, deadline) say no, and begins t for
+// the first record that may run (began).
+func (b *batch) ready(ctx context.Context, r *record, t *batchTx) (ok, began bool) {
+	if t.broken != nil {
+		b.fail(r, t.broken)
 		return false, false
 	}
-	if err := b.precheck(ctx, rec, perr); err != nil {
-		b.fail(i, rec, err)
+	if err := b.precheck(ctx, r); err != nil {
+		b.fail(r, err)
 		return false, false
 	}
-	if *tx != nil {
-		return true, false
-	}
-	t, err := b.c.db.Begin(ctx)
+	began, err := t.begin(ctx)
 	if err != nil {
-		*broken = fmt.Errorf("begin batch: %w", err)
-		b.fail(i, rec, *broken)
+		b.fail(r, err)
 		return false, false
 	}
-	*tx = t
-	return true, true
+	return true, began
 }

@@ -85,7 +85,9 @@ func TestBatchedRetriesWithSavepointsAfterAFailure(t *testing.T) {
 }
 
 // A handler that swallows a failed statement and returns nil leaves the transaction aborted.
-// In both modes only that record fails; in the batched mode the others still commit.
+// In both modes only that record fails (it is reported in BatchItemFailures, so SQS delivers it
+// again and moves it to the DLQ after maxReceiveCount); in the batched mode the others still
+// commit.
 func TestSwallowedStatementErrorFailsOnlyItsRecord(t *testing.T) {
 	t.Parallel()
 	forModes(t, func(t *testing.T, mode inbox.Mode) {
@@ -110,6 +112,8 @@ func TestSwallowedStatementErrorFailsOnlyItsRecord(t *testing.T) {
 			for _, res := range rep.Results {
 				if res.MessageID == "m2" {
 					require.Equal(t, inbox.Failed, res.Outcome)
+					require.ErrorContains(t, res.Err, "handler returned nil after a failed statement")
+					require.Contains(t, failedIDs(rep.Response()), "sqs-m2")
 				} else {
 					require.Equal(t, inbox.Applied, res.Outcome, "%v", res.Err)
 				}
@@ -139,5 +143,24 @@ func TestUnstorablePayloadFailsAloneInBothModes(t *testing.T) {
 			Effects: []string{"c/m1/1", "c/m2/2"},
 		}, dbState(t, b.pool))
 		require.Equal(t, 2, count(t, b.pool, `SELECT count(*) FROM inbox_event WHERE payload IS NOT NULL`))
+	})
+}
+
+// The batched mode's fallback (record by record, after the batch insert failed) fails a handler
+// that swallowed a failed statement alone too, as the per-record mode does.
+func TestSwallowedStatementErrorInTheRecordByRecordFallback(t *testing.T) {
+	t.Parallel()
+	forModes(t, func(t *testing.T, mode inbox.Mode) {
+		b := setup(t)
+		c, err := inbox.New(b.pool, inbox.Config{Consumer: "c", Router: router("c"), Mode: mode, StorePayload: true, Logger: quiet})
+		require.NoError(t, err)
+		nul := record("sqs-nul", `{"n":7,"s":"\u0000"}`, map[string]string{"messageId": "nul", "eventType": "Scripted"})
+		rep := c.Process(context.Background(), batchOf(rec("m1", script{N: 1}), nul, rec("m2", script{N: 2, Fail: "swallow"}), rec("m3", script{N: 3})))
+		require.Equal(t, []string{"sqs-m1:applied", "sqs-nul:failed", "sqs-m2:failed", "sqs-m3:applied"}, outcomes(rep))
+		require.ErrorContains(t, rep.Results[2].Err, "message m2 (Scripted): handler: handler returned nil after a failed statement")
+		require.Equal(t, state{
+			Inbox:   []string{"c/m1/true", "c/m3/true"},
+			Effects: []string{"c/m1/1", "c/m3/3"},
+		}, dbState(t, b.pool))
 	})
 }

@@ -247,28 +247,28 @@ func (c *Consumer) Process(ctx context.Context, event events.SQSEvent) Report {
 	if len(event.Records) == 0 {
 		return Report{Results: b.results}
 	}
-	msgs := make([]Message, len(event.Records))
-	perr := make([]error, len(event.Records))
-	for i, rec := range event.Records {
-		b.results[i] = Result{SQSMessageID: rec.MessageId, Outcome: Failed}
-		msg, err := Parse(rec)
+	b.recs = make([]record, len(event.Records))
+	for i, m := range event.Records {
+		b.recs[i] = record{i: i, sqs: m}
+		b.results[i] = Result{SQSMessageID: m.MessageId, Outcome: Failed}
+		msg, err := Parse(m)
 		if err != nil {
-			perr[i] = fmt.Errorf("parse record %s: %w", rec.MessageId, err)
+			b.recs[i].err = fmt.Errorf("parse record %s: %w", m.MessageId, err)
 			continue
 		}
 		if msg.IDSource != IDFromAttribute {
 			c.log.WarnContext(ctx, "inbox: messageId attribute absent, dedup key falls back",
-				"source", string(msg.IDSource), "message_id", msg.ID, "sqs_message_id", rec.MessageId, "event_type", msg.EventType)
+				"source", string(msg.IDSource), "message_id", msg.ID, "sqs_message_id", m.MessageId, "event_type", msg.EventType)
 		}
-		msgs[i] = msg
+		b.recs[i].msg = msg
 		b.results[i].MessageID, b.results[i].EventType = msg.ID, msg.EventType
 	}
 
 	switch c.cfg.Mode {
 	case Batched:
-		b.runBatched(ctx, event.Records, msgs, perr)
+		b.runBatched(ctx)
 	default:
-		b.runPerRecord(ctx, event.Records, msgs, perr)
+		b.runPerRecord(ctx)
 	}
 
 	rep := Report{Results: b.results}
@@ -282,58 +282,71 @@ func (c *Consumer) Process(ctx context.Context, event events.SQSEvent) Report {
 			}
 		}
 	}
-	c.emit(rep, msgs)
+	c.emit(rep, b.recs)
 	return rep
 }
+
+// record is one SQS record of a batch and what parsing it gave.
+type record struct {
+	i   int               // position in the batch, and of its Result
+	sqs events.SQSMessage // as delivered
+	msg Message           // the parsed message; zero when err is set
+	err error             // why the record could not be parsed
+}
+
+// group returns the record's FIFO message group, "" on a standard queue (also when the record
+// could not be parsed: the group comes from SQS, not from the message).
+func (r *record) group() string { return r.sqs.Attributes["MessageGroupId"] }
 
 // batch is the state of one Process call.
 type batch struct {
 	c       *Consumer
+	recs    []record
 	results []Result
 	blocked map[string]bool // FIFO groups with a failure earlier in this batch
 }
 
-// precheck returns why record i must not be started: a parse error, a blocked FIFO group, or
-// too little time left. A nil error means go ahead.
-func (b *batch) precheck(ctx context.Context, rec events.SQSMessage, perr error) error {
-	group := rec.Attributes["MessageGroupId"]
-	if group != "" && b.blocked[group] {
-		return fmt.Errorf("record %s, group %q: %w", rec.MessageId, group, ErrGroupBlocked)
+// precheck returns why r must not be started: a parse error, a blocked FIFO group, or too
+// little time left. A nil error means go ahead.
+func (b *batch) precheck(ctx context.Context, r *record) error {
+	if g := r.group(); g != "" && b.blocked[g] {
+		return fmt.Errorf("record %s, group %q: %w", r.sqs.MessageId, g, ErrGroupBlocked)
 	}
-	if perr != nil {
-		return perr
+	if r.err != nil {
+		return r.err
 	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("record %s: %w (%v)", rec.MessageId, ErrDeadline, err)
+		return fmt.Errorf("record %s: %w (%v)", r.sqs.MessageId, ErrDeadline, err)
 	}
 	if dl, ok := ctx.Deadline(); ok && b.c.cfg.DeadlineMargin > 0 {
 		if left := dl.Sub(b.c.now()); left < b.c.cfg.DeadlineMargin {
-			return fmt.Errorf("record %s: %w (%s left, margin %s)", rec.MessageId, ErrDeadline, left.Round(time.Millisecond), b.c.cfg.DeadlineMargin)
+			return fmt.Errorf("record %s: %w (%s left, margin %s)", r.sqs.MessageId, ErrDeadline, left.Round(time.Millisecond), b.c.cfg.DeadlineMargin)
 		}
 	}
 	return nil
 }
 
-// fail records a failure of record i and blocks its FIFO group for the rest of the batch.
-func (b *batch) fail(i int, rec events.SQSMessage, err error) {
-	b.results[i].Outcome, b.results[i].Err = Failed, err
-	if g := rec.Attributes["MessageGroupId"]; g != "" {
+// fail records a failure of r and blocks its FIFO group for the rest of the batch.
+func (b *batch) fail(r *record, err error) {
+	b.results[r.i].Outcome, b.results[r.i].Err = Failed, err
+	if g := r.group(); g != "" {
 		b.blocked[g] = true
 	}
 }
 
-func (b *batch) runPerRecord(ctx context.Context, recs []events.SQSMessage, msgs []Message, perr []error) {
-	for i, rec := range recs {
-		if err := b.precheck(ctx, rec, perr[i]); err != nil {
-			b.fail(i, rec, err)
+func (b *batch) runPerRecord(ctx context.Context) {
+	for i := range b.recs {
+		r := &b.recs[i]
+		if err := b.precheck(ctx, r); err != nil {
+			b.fail(r, err)
 			continue
 		}
-		out, err := b.c.applyInTx(ctx, msgs[i])
+		out, err := b.c.applyInTx(ctx, r.msg)
 		if err != nil {
-			b.fail(i, rec, err)
+			b.fail(r, err)
 			continue
 		}
-		b.results[i].Outcome = out
+		b.results[r.i].Outcome = out
 	}
 }
 
@@ -401,8 +414,8 @@ func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, msg Message) (Outcome, 
 	if skip {
 		return Skipped, nil
 	}
-	if err := call(ctx, h, tx, msg); err != nil {
-		return Failed, fmt.Errorf("message %s (%s): handler: %w", msg.ID, msg.EventType, err)
+	if err := runHandler(ctx, h, tx, msg); err != nil {
+		return Failed, err
 	}
 	return Applied, nil
 }
@@ -432,15 +445,15 @@ const (
 	MetricCommitToApplyLatency = emf.CommitToApplyLatency
 )
 
-func (c *Consumer) emit(rep Report, msgs []Message) {
+func (c *Consumer) emit(rep Report, recs []record) {
 	if c.metrics == nil || len(rep.Results) == 0 {
 		return
 	}
 	now := c.now()
 	var lat []float64
 	for i, res := range rep.Results {
-		if (res.Outcome == Applied || res.Outcome == Skipped) && !msgs[i].CreatedAt.IsZero() {
-			lat = append(lat, float64(now.Sub(msgs[i].CreatedAt).Milliseconds()))
+		if created := recs[i].msg.CreatedAt; (res.Outcome == Applied || res.Outcome == Skipped) && !created.IsZero() {
+			lat = append(lat, float64(now.Sub(created).Milliseconds()))
 		}
 	}
 	ms := []emf.Metric{

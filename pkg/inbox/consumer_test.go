@@ -273,6 +273,7 @@ func TestModesGiveIdenticalResults(t *testing.T) {
 			fifo(rec("b1", script{N: 1}), "B"), fifo(rec("a3", script{N: 3}), "A"), fifo(rec("b2", script{N: 2}), "B"),
 		)}},
 		{"everything fails", []events.SQSEvent{batchOf(rec("m1", script{N: 1, Fail: "error"}), rec("m2", script{N: 2, Fail: "panic"}))}},
+		{"a handler swallows a failed statement", []events.SQSEvent{batchOf(rec("m1", script{N: 1}), rec("m2", script{N: 2, Fail: "swallow"}), rec("m3", script{N: 3}))}},
 		{"empty batch", []events.SQSEvent{{}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

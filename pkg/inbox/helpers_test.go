@@ -40,10 +40,11 @@ func setup(t *testing.T) *testBundle {
 // script is the payload the scripted handler understands.
 type script struct {
 	N    int    `json:"n"`
-	Fail string `json:"fail,omitempty"` // "", "error" or "panic"
+	Fail string `json:"fail,omitempty"` // "", "error", "panic" or "swallow"
 }
 
-// scripted writes an effect row, then fails as the payload says, so a rollback must undo the effect.
+// scripted writes an effect row, then fails as the payload says, so a rollback must undo the
+// effect. "swallow" ignores a failed statement and returns nil, leaving the transaction aborted.
 func scripted(consumer string) inbox.Handler {
 	return func(ctx context.Context, tx pgx.Tx, msg inbox.Message) error {
 		s, err := inbox.Decode[script](msg)
@@ -58,6 +59,8 @@ func scripted(consumer string) inbox.Handler {
 			return errors.New("scripted failure")
 		case "panic":
 			panic("scripted panic")
+		case "swallow":
+			_, _ = tx.Exec(ctx, `SELECT 1/0`) // error ignored: the transaction is aborted, the handler says nil
 		}
 		return nil
 	}

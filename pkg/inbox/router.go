@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime/debug"
 	"sort"
@@ -108,4 +109,22 @@ func call(ctx context.Context, h Handler, tx pgx.Tx, msg Message) (err error) {
 		}
 	}()
 	return h(ctx, tx, msg)
+}
+
+// errSwallowed is the failure of a handler that returned nil although one of its statements
+// failed: PostgreSQL has aborted the transaction, so its work cannot commit.
+var errSwallowed = errors.New("handler returned nil after a failed statement (the transaction is aborted)")
+
+// runHandler calls h for msg in tx and returns the record's failure, naming the message: the
+// handler's error or panic, or errSwallowed when it returned nil but left tx aborted. Every mode
+// calls handlers through it, so a swallowed error fails its record the same way everywhere.
+func runHandler(ctx context.Context, h Handler, tx pgx.Tx, msg Message) error {
+	err := call(ctx, h, tx, msg)
+	if err == nil && tx.Conn().PgConn().TxStatus() == 'E' {
+		err = errSwallowed
+	}
+	if err != nil {
+		return fmt.Errorf("message %s (%s): handler: %w", msg.ID, msg.EventType, err)
+	}
+	return nil
 }
