@@ -26,6 +26,10 @@ type ProcessorConfig struct {
 	// Backoff returns how long to wait before the next attempt after the given number of failed
 	// attempts. Defaults to exponential backoff from 1 second, capped at 5 minutes.
 	Backoff func(attempts int) time.Duration
+	// BatchSize is how many rows one claim returns: up to BatchSize rows of FIFO groups and up
+	// to BatchSize rows without a group. Each row is still applied in its own transaction.
+	// Defaults to 100; at most 10,000.
+	BatchSize int
 	// PollInterval is how long Run sleeps when nothing is ready. Defaults to 1 second.
 	PollInterval time.Duration
 	// Logger receives structured logs. Defaults to slog.Default().
@@ -36,6 +40,12 @@ type ProcessorConfig struct {
 
 // DefaultMaxAttempts is ProcessorConfig.MaxAttempts's default.
 const DefaultMaxAttempts = 5
+
+// DefaultBatchSize is ProcessorConfig.BatchSize's default.
+const DefaultBatchSize = 100
+
+// maxBatchSize bounds ProcessorConfig.BatchSize.
+const maxBatchSize = 10_000
 
 // DefaultBackoff is ProcessorConfig.Backoff's default: 1s, 2s, 4s, ... capped at 5 minutes.
 func DefaultBackoff(attempts int) time.Duration {
@@ -56,6 +66,9 @@ func (c ProcessorConfig) WithDefaults() ProcessorConfig {
 	if c.Backoff == nil {
 		c.Backoff = DefaultBackoff
 	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
 	if c.PollInterval == 0 {
 		c.PollInterval = time.Second
 	}
@@ -75,16 +88,21 @@ func (c ProcessorConfig) validate() error {
 	if c.MaxAttempts < 1 {
 		return fmt.Errorf("%w: MaxAttempts must be at least 1, got %d", ErrInvalidConfig, c.MaxAttempts)
 	}
+	if c.BatchSize < 1 || c.BatchSize > maxBatchSize {
+		return fmt.Errorf("%w: BatchSize must be between 1 and %d, got %d", ErrInvalidConfig, maxBatchSize, c.BatchSize)
+	}
 	if c.PollInterval < 0 {
 		return fmt.Errorf("%w: PollInterval must not be negative", ErrInvalidConfig)
 	}
 	return nil
 }
 
-// Processor applies the rows the Async mode stored. Several processors (of one or many
-// processes) may run at once: each row is claimed with FOR UPDATE SKIP LOCKED, and a FIFO
-// message group is applied in arrival order, one row at a time (a parked row blocks its group
-// until an operator retries it).
+// Processor applies the rows the Async mode stored. It claims ready rows in batches and applies
+// each in its own transaction, which locks the row with FOR UPDATE SKIP LOCKED, so several
+// processors (of one or many processes) may run at once. A FIFO message group is applied in
+// arrival order, one row at a time (a parked row blocks its group until an operator retries
+// it); a parked or backing-off group costs other groups nothing, however many rows wait behind
+// it. See docs/inbox.md, "How the processor claims".
 type Processor struct {
 	db      Beginner
 	cfg     ProcessorConfig
@@ -122,43 +140,226 @@ type ProcessStats struct {
 	Parked  int // rows parked after MaxAttempts failed attempts
 }
 
-// claim picks the oldest ready row of the consumer whose message group has no earlier
-// unprocessed row, and locks it; rows locked by another processor are skipped.
-const claim = `
-SELECT e.message_id, e.event_type, e.aggregate_type, e.aggregate_id, coalesce(e.group_id, ''),
-       e.created_at, e.headers, coalesce(e.payload, 'null'::jsonb), e.attempts
+// The Processor's statements. Each one's cost is bounded by construction, whatever the planner
+// statistics say: every table access is an index scan with equality on the consumer and a LIMIT,
+// or a primary-key lookup, and the only joins are LATERAL (nested loops, one index descent per
+// outer row). None of them reads the rows waiting behind a parked or backing-off FIFO head.
+
+// claimSQL returns the keys of up to $3 ready FIFO rows and up to $3 ready rows without a group
+// ($1 consumer, $2 the FIFO group to continue after, "" for the first). It takes no locks: each
+// row is locked, and checked again, by lockSQL in the transaction that applies it.
+//
+//   - groups walks the consumer's FIFO groups in index order from $2 with a skip scan of
+//     inbox_event_unprocessed_group_idx: one descent per group to its first unprocessed row (its
+//     head, parked or not), never reading the rows behind it. The recursion is lazy: it stops
+//     as soon as the outer LIMIT has its rows, so its cost is one descent per group visited.
+//   - From each group whose head is ready (not parked, backoff over), the head and the rows
+//     after it, in seq order: one index range scan with LIMIT $3.
+//   - Rows without a group come from inbox_event_ready_idx in the order they became ready
+//     (coalesce(next_attempt_at, received_at)); the range <= now() holds only ready rows, so rows
+//     in backoff and FIFO rows cost nothing. LIMIT $3.
+//
+// The result (at most 2 x $3 rows) is sorted FIFO rows first, in the groups' index order, so the
+// caller can continue the next claim after the last group it received.
+const claimSQL = `
+WITH RECURSIVE groups AS (
+    (SELECT e.group_id, e.seq, e.parked_at, e.next_attempt_at
+     FROM inbox_event e
+     WHERE e.consumer = $1 AND e.group_id > $2
+       AND e.processed_at IS NULL AND e.group_id IS NOT NULL
+     ORDER BY e.group_id, e.seq
+     LIMIT 1)
+    UNION ALL
+    SELECT n.* FROM groups h CROSS JOIN LATERAL (
+        SELECT e.group_id, e.seq, e.parked_at, e.next_attempt_at
+        FROM inbox_event e
+        WHERE e.consumer = $1 AND e.group_id > h.group_id
+          AND e.processed_at IS NULL AND e.group_id IS NOT NULL
+        ORDER BY e.group_id, e.seq
+        LIMIT 1) n
+)
+SELECT c.message_id, coalesce(c.group_id, ''), c.seq FROM (
+    (SELECT 0 AS part, r.message_id, r.group_id, r.seq
+     FROM groups h CROSS JOIN LATERAL (
+         SELECT e.message_id, e.group_id, e.seq
+         FROM inbox_event e
+         WHERE e.consumer = $1 AND e.group_id = h.group_id AND e.seq >= h.seq
+           AND e.processed_at IS NULL AND e.group_id IS NOT NULL
+         ORDER BY e.seq
+         LIMIT $3) r
+     WHERE h.parked_at IS NULL AND (h.next_attempt_at IS NULL OR h.next_attempt_at <= now())
+     LIMIT $3)
+    UNION ALL
+    (SELECT 1, e.message_id, e.group_id, e.seq
+     FROM inbox_event e
+     WHERE e.consumer = $1 AND e.group_id IS NULL
+       AND e.processed_at IS NULL AND e.parked_at IS NULL
+       AND coalesce(e.next_attempt_at, e.received_at) <= now()
+     ORDER BY coalesce(e.next_attempt_at, e.received_at), e.seq
+     LIMIT $3)
+) c
+ORDER BY c.part, c.group_id, c.seq`
+
+// lockSQL locks one claimed row ($1 consumer, $2 message id) for the transaction that applies
+// it and reads it, provided it is still ready: unprocessed, not parked, its backoff over, not
+// locked by another processor (SKIP LOCKED), and the first unprocessed row of its FIFO group.
+// The group check reads inbox_event_unprocessed_group_idx between $3 and the row's seq; $3 is
+// the seq of the group's row this processor applied just before (0 for none), so the check
+// does not re-read the entries that row left behind. A primary-key lookup plus one range scan.
+const lockSQL = `
+SELECT e.event_type, e.aggregate_type, e.aggregate_id, coalesce(e.group_id, ''), e.created_at,
+       e.headers, coalesce(e.payload, 'null'::jsonb), e.attempts
 FROM inbox_event e
-WHERE e.consumer = $1
+WHERE e.consumer = $1 AND e.message_id = $2
   AND e.processed_at IS NULL AND e.parked_at IS NULL
   AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now())
   AND (e.group_id IS NULL OR NOT EXISTS (
         SELECT 1 FROM inbox_event g
         WHERE g.consumer = e.consumer AND g.group_id = e.group_id
-          AND g.processed_at IS NULL AND g.seq < e.seq))
-ORDER BY e.seq
-LIMIT 1
-FOR UPDATE SKIP LOCKED`
+          AND g.processed_at IS NULL AND g.group_id IS NOT NULL
+          AND g.seq > $3 AND g.seq < e.seq))
+FOR UPDATE OF e SKIP LOCKED`
 
-// Drain applies ready rows one transaction each until none is left (rows waiting for their
-// backoff or parked do not count) or ctx is done. It returns an error only when the database
-// fails; handler failures are recorded on their rows and counted in the stats.
+// markProcessedSQL completes a row in the transaction of its effects. A primary-key update.
+const markProcessedSQL = `
+UPDATE inbox_event
+SET processed_at = clock_timestamp(), attempts = attempts + 1, last_error = NULL, next_attempt_at = NULL
+WHERE consumer = $1 AND message_id = $2`
+
+// recordFailureSQL records a failed attempt in a statement of its own, after the attempt's
+// transaction was rolled back ($3 the attempts read when the row was locked, $4 the error text,
+// $5 park it, $6 the backoff in seconds). It changes nothing when another processor moved the
+// row on in between (applied it, or recorded that attempt). A primary-key update.
+const recordFailureSQL = `
+UPDATE inbox_event
+SET attempts = attempts + 1, last_error = $4,
+    next_attempt_at = CASE WHEN $5 THEN NULL ELSE clock_timestamp() + make_interval(secs => $6) END,
+    parked_at = CASE WHEN $5 THEN clock_timestamp() END
+WHERE consumer = $1 AND message_id = $2
+  AND processed_at IS NULL AND parked_at IS NULL AND attempts = $3`
+
+// maxErrorBytes bounds the error text kept in last_error.
+const maxErrorBytes = 4000
+
+// claimed is one row returned by claimSQL.
+type claimed struct {
+	id    string
+	group string // "" without a FIFO group
+	seq   int64
+}
+
+// claimedBatch is what one claim returned.
+type claimedBatch struct {
+	rows []claimed
+	// more: the FIFO part was full, so groups after the last one returned may hold ready rows.
+	more      bool
+	lastGroup string
+}
+
+// claim returns the keys of up to BatchSize ready FIFO rows, from the groups after the group
+// after, and up to BatchSize ready rows without a group. It locks nothing.
+func (p *Processor) claim(ctx context.Context, after string) (claimedBatch, error) {
+	var b claimedBatch
+	err := p.statements(ctx, func(q Querier) error {
+		rows, err := q.Query(ctx, claimSQL, p.cfg.Consumer, after, p.cfg.BatchSize)
+		if err != nil {
+			return err
+		}
+		b.rows, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (claimed, error) {
+			var c claimed
+			err := r.Scan(&c.id, &c.group, &c.seq)
+			return c, err
+		})
+		return err
+	})
+	if err != nil {
+		return claimedBatch{}, fmt.Errorf("inbox processor: claim: %w", err)
+	}
+	grouped := 0
+	for _, c := range b.rows {
+		if c.group != "" {
+			grouped++
+			b.lastGroup = c.group
+		}
+	}
+	b.more = grouped >= p.cfg.BatchSize
+	return b, nil
+}
+
+// statements runs f with a Querier for single statements: db itself when it can run them (a
+// pool, a conn, a tx), otherwise a short transaction of its own.
+func (p *Processor) statements(ctx context.Context, f func(Querier) error) error {
+	if q, ok := p.db.(Querier); ok {
+		return f(q)
+	}
+	return pgx.BeginFunc(ctx, p.db, func(tx pgx.Tx) error { return f(tx) })
+}
+
+// Drain applies ready rows, each in its own transaction, until none is left that this
+// processor can take (rows waiting for their backoff, parked rows, the rows behind them in
+// their FIFO group and rows another processor is applying do not count) or ctx is done. It
+// returns an error only when the database fails; handler failures, including a handler that
+// returned nil after a failed statement and a failed commit, are recorded on their rows and
+// counted in the stats.
+//
+// It claims BatchSize rows at a time. Each claim continues after the last FIFO group the
+// previous one returned, so groups take turns; a pass ends when a claim reaches the last group,
+// and Drain returns after a pass in which it could take nothing.
 func (p *Processor) Drain(ctx context.Context) (ProcessStats, error) {
 	var st ProcessStats
 	var lat []float64
 	defer func() { p.emit(st, lat) }()
+	after, progressed := "", false
 	for ctx.Err() == nil {
-		found, res, err := p.one(ctx)
+		b, err := p.claim(ctx, after)
 		if err != nil {
 			return st, err
 		}
-		if !found {
+		moved, err := p.applyBatch(ctx, b.rows, &st, &lat)
+		if err != nil {
+			return st, err
+		}
+		progressed = progressed || moved
+		if b.more {
+			after = b.lastGroup
+			continue
+		}
+		if !progressed {
 			break
 		}
+		after, progressed = "", false
+	}
+	return st, nil
+}
+
+// applyBatch applies claimed rows in order, each in its own transaction, and reports whether it
+// took any. A FIFO group's rows stop at the first one that fails or cannot be taken; they wait
+// for a later claim.
+func (p *Processor) applyBatch(ctx context.Context, rows []claimed, st *ProcessStats, lat *[]float64) (bool, error) {
+	took := false
+	prev := map[string]int64{}   // group -> seq of its row applied just before in this batch
+	stopped := map[string]bool{} // groups whose next row waits for a later claim
+	for _, c := range rows {
+		if ctx.Err() != nil {
+			break
+		}
+		if c.group != "" && stopped[c.group] {
+			continue
+		}
+		res, taken, err := p.one(ctx, c, prev[c.group])
+		if err != nil {
+			return took, err
+		}
+		if !taken {
+			stopped[c.group] = c.group != ""
+			continue
+		}
+		took = true
 		switch res.outcome {
 		case Applied:
 			st.Applied++
 			if !res.created.IsZero() {
-				lat = append(lat, float64(time.Since(res.created).Milliseconds()))
+				*lat = append(*lat, float64(time.Since(res.created).Milliseconds()))
 			}
 		case Skipped:
 			st.Skipped++
@@ -167,9 +368,14 @@ func (p *Processor) Drain(ctx context.Context) (ProcessStats, error) {
 			if res.parked {
 				st.Parked++
 			}
+			stopped[c.group] = c.group != ""
+			continue
+		}
+		if c.group != "" {
+			prev[c.group] = c.seq
 		}
 	}
-	return st, nil
+	return took, nil
 }
 
 // Run drains, then polls every PollInterval, until ctx is done; it returns ctx's error then,
@@ -193,28 +399,34 @@ type oneResult struct {
 	created time.Time
 }
 
-// one claims and applies a single row in its own transaction.
-func (p *Processor) one(ctx context.Context) (bool, oneResult, error) {
+// one applies the claimed row c in its own transaction: lock it (lockSQL; taken is false when
+// it is no longer ready), run its handler, mark it processed, commit. When anything of that
+// fails (the handler's error or panic, a handler that swallowed a failed statement, the
+// commit), the transaction is rolled back whole and the failure is recorded in a statement of
+// its own, so a transaction that can no longer write cannot keep the row from being retried,
+// and eventually parked. afterSeq is the seq of the row of c's group this processor applied
+// just before (see lockSQL).
+func (p *Processor) one(ctx context.Context, c claimed, afterSeq int64) (res oneResult, taken bool, err error) {
 	tx, err := p.db.Begin(ctx)
 	if err != nil {
-		return false, oneResult{}, fmt.Errorf("inbox processor: begin: %w", err)
+		return res, false, fmt.Errorf("inbox processor: begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
 	var (
-		msg      = Message{IDSource: IDFromAttribute}
+		msg      = Message{ID: c.id, IDSource: IDFromAttribute}
 		created  *time.Time
 		headers  map[string]string
 		payload  []byte
 		attempts int
 	)
-	err = tx.QueryRow(ctx, claim, p.cfg.Consumer).Scan(&msg.ID, &msg.EventType, &msg.AggregateType, &msg.AggregateID,
-		&msg.GroupID, &created, &headers, &payload, &attempts)
+	err = tx.QueryRow(ctx, lockSQL, p.cfg.Consumer, c.id, afterSeq).Scan(&msg.EventType, &msg.AggregateType,
+		&msg.AggregateID, &msg.GroupID, &created, &headers, &payload, &attempts)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return false, oneResult{}, nil
+		return res, false, nil // applied, locked, parked or backing off meanwhile, or not its group's head
 	}
 	if err != nil {
-		return false, oneResult{}, fmt.Errorf("inbox processor: claim: %w", err)
+		return res, false, fmt.Errorf("inbox processor: lock %s: %w", c.id, err)
 	}
 	if created != nil {
 		msg.CreatedAt = created.UTC()
@@ -223,73 +435,59 @@ func (p *Processor) one(ctx context.Context) (bool, oneResult, error) {
 		headers = map[string]string{}
 	}
 	msg.Headers, msg.Payload = headers, json.RawMessage(payload)
-	res := oneResult{created: msg.CreatedAt}
+	res.created = msg.CreatedAt
 
-	herr := p.applyStored(ctx, tx, msg)
-	if herr == nil {
-		res.outcome = Applied
-		if _, skip, _ := p.cfg.Router.lookup(msg.EventType); skip {
-			res.outcome = Skipped
-		}
-		if _, err := tx.Exec(ctx, `UPDATE inbox_event SET processed_at = clock_timestamp(), attempts = attempts + 1,
-			last_error = NULL, next_attempt_at = NULL WHERE consumer = $1 AND message_id = $2`, p.cfg.Consumer, msg.ID); err != nil {
-			return false, oneResult{}, fmt.Errorf("inbox processor: mark %s processed: %w", msg.ID, err)
-		}
+	res.outcome = Applied
+	h, skip, herr := p.cfg.Router.lookup(msg.EventType)
+	if herr != nil {
+		herr = fmt.Errorf("message %s: %w", msg.ID, herr)
+	} else if skip {
+		res.outcome = Skipped
 	} else {
-		res.outcome = Failed
-		attempts++
-		res.parked = attempts >= p.cfg.MaxAttempts
-		var next *time.Time
-		if !res.parked {
-			t := time.Now().Add(p.cfg.Backoff(attempts))
-			next = &t
-		}
-		if _, err := tx.Exec(ctx, `UPDATE inbox_event SET attempts = $3, last_error = $4, next_attempt_at = $5,
-			parked_at = CASE WHEN $6 THEN now() END WHERE consumer = $1 AND message_id = $2`,
-			p.cfg.Consumer, msg.ID, attempts, truncate(herr.Error(), 4000), next, res.parked); err != nil {
-			return false, oneResult{}, fmt.Errorf("inbox processor: record failure of %s: %w", msg.ID, err)
-		}
-		level := slog.LevelWarn
-		if res.parked {
-			level = slog.LevelError
-		}
-		p.log.Log(ctx, level, "inbox: stored message failed", "message_id", msg.ID, "event_type", msg.EventType,
-			"attempts", attempts, "parked", res.parked, "error", herr.Error())
+		herr = runHandler(ctx, h, tx, msg)
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return false, oneResult{}, fmt.Errorf("inbox processor: message %s: %w: %w", msg.ID, ErrCommit, err)
+	if herr == nil {
+		if _, err := tx.Exec(ctx, markProcessedSQL, p.cfg.Consumer, msg.ID); err != nil {
+			herr = fmt.Errorf("message %s: mark processed: %w", msg.ID, err)
+		}
 	}
-	return true, res, nil
-}
+	if herr == nil {
+		if err := tx.Commit(ctx); err != nil {
+			herr = fmt.Errorf("message %s: %w: %w", msg.ID, ErrCommit, err)
+		}
+	}
+	if herr == nil {
+		return res, true, nil
+	}
 
-// applyStored runs the handler inside a savepoint of tx, so a failure rolls back the effects
-// but keeps the row locked while its attempt is recorded.
-func (p *Processor) applyStored(ctx context.Context, tx pgx.Tx, msg Message) error {
-	h, skip, err := p.cfg.Router.lookup(msg.EventType)
-	if err != nil {
+	_ = tx.Rollback(context.WithoutCancel(ctx))
+	if ctx.Err() != nil {
+		return oneResult{}, false, nil // stopping: the attempt is not the message's fault, not counted
+	}
+	var pe *PanicError
+	if errors.As(herr, &pe) {
+		p.log.ErrorContext(ctx, "inbox: handler panicked", "message_id", msg.ID, "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
+	}
+	res.outcome = Failed
+	res.parked = attempts+1 >= p.cfg.MaxAttempts
+	var recorded bool
+	err = p.statements(ctx, func(q Querier) error {
+		tag, err := q.Exec(ctx, recordFailureSQL, p.cfg.Consumer, msg.ID, attempts,
+			truncate(herr.Error(), maxErrorBytes), res.parked, p.cfg.Backoff(attempts+1).Seconds())
+		recorded = tag.RowsAffected() == 1
 		return err
-	}
-	if skip {
-		return nil
-	}
-	sp, err := tx.Begin(ctx)
+	})
 	if err != nil {
-		return fmt.Errorf("savepoint: %w", err)
+		return res, true, fmt.Errorf("inbox processor: record failure of %s: %w", msg.ID, err)
 	}
-	if err := call(ctx, h, sp, msg); err != nil {
-		if rerr := sp.Rollback(context.WithoutCancel(ctx)); rerr != nil {
-			return errors.Join(err, fmt.Errorf("rollback to savepoint: %w", rerr))
-		}
-		var pe *PanicError
-		if errors.As(err, &pe) {
-			p.log.ErrorContext(ctx, "inbox: handler panicked", "message_id", msg.ID, "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
-		}
-		return err
+	res.parked = res.parked && recorded
+	level := slog.LevelWarn
+	if res.parked {
+		level = slog.LevelError
 	}
-	if err := sp.Commit(ctx); err != nil {
-		return fmt.Errorf("release savepoint: %w", err)
-	}
-	return nil
+	p.log.Log(ctx, level, "inbox: stored message failed", "message_id", msg.ID, "event_type", msg.EventType,
+		"attempts", attempts+1, "parked", res.parked, "recorded", recorded, "error", herr.Error())
+	return res, true, nil
 }
 
 func (p *Processor) emit(st ProcessStats, lat []float64) {
