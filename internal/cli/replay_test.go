@@ -77,7 +77,7 @@ func TestRelayAndReplay(t *testing.T) {
 
 	// Topic configuration comes from the relay Lambda's environment variables.
 	b.env["SLUICE_TOPIC_ARNS"] = `{"orders":"` + topicARN + `"}`
-	require.Contains(t, b.ok(t, "relay", "--once"), "published 2, retrying 0, quarantined 0")
+	require.Contains(t, b.ok(t, "relay", "--once"), "published 2, retrying 0, destination outage 0, quarantined 0")
 	first := drain(t, c, queueURL)
 	require.Len(t, first, 2)
 	rep := existing.Process(ctx, sqsEvent(first))

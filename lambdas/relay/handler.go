@@ -11,9 +11,6 @@ import (
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
-// defaultStopBefore is SLUICE_RELAY_STOP_BEFORE's default.
-const defaultStopBefore = 5 * time.Second
-
 // noDeadlineRun bounds an invocation whose context has no deadline (never the case in Lambda).
 const noDeadlineRun = 50 * time.Second
 

@@ -82,7 +82,7 @@ func TestRelayConfigFromEnvironment(t *testing.T) {
 
 	_, stop, err = relayConfig(func(k string) string { return map[string]string{lambdaenv.DefaultTopicARN: "arn:x"}[k] })
 	require.NoError(t, err)
-	require.Equal(t, defaultStopBefore, stop)
+	require.Equal(t, lambdaenv.DefaultRelayStopBefore, stop)
 
 	env[lambdaenv.RelayBatchSize] = "many"
 	_, _, err = relayConfig(func(k string) string { return env[k] })

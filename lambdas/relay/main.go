@@ -1,14 +1,15 @@
 // Command relay is sluice's relay Lambda. An EventBridge schedule invokes it (once a minute is
-// EventBridge's floor); each invocation drains the outbox and keeps polling, woken early by
-// LISTEN/NOTIFY, until SLUICE_RELAY_STOP_BEFORE (default 5s) before its deadline, so events
-// are published within a second although the schedule fires once a minute. Overlapping
-// invocations are safe (each round locks its keys with SKIP LOCKED).
+// EventBridge's floor); each invocation drains the outbox and keeps polling for new rows (every
+// 50 ms by default) until SLUICE_RELAY_STOP_BEFORE (default 5s) before its deadline, so events
+// are published well within a second although the schedule fires once a minute. Overlapping
+// invocations are safe (each round holds its partition keys' advisory locks).
 //
 // Configuration (read once per cold start, see internal/lambdaenv): DATABASE_URL, or
 // DATABASE_SECRET_ARN naming the RDS Secrets Manager secret; DATABASE_MAX_CONNS;
-// SLUICE_TOPIC_ARNS and SLUICE_DEFAULT_TOPIC_ARN; SLUICE_RELAY_STOP_BEFORE,
-// SLUICE_RELAY_BATCH_SIZE, SLUICE_RELAY_LEASE, SLUICE_RELAY_PUBLISH_TIMEOUT and
-// SLUICE_RELAY_BACKOFF_BASE. AWS clients honour AWS_ENDPOINT_URL.
+// SLUICE_TOPIC_ARNS and SLUICE_DEFAULT_TOPIC_ARN; SLUICE_RELAY_STOP_BEFORE and the relay
+// settings of lambdaenv.RelayConfig (SLUICE_RELAY_BATCH_SIZE, SLUICE_RELAY_LEASE, ...). A
+// setting out of range stops the cold start with an error naming it. AWS clients honour
+// AWS_ENDPOINT_URL.
 //
 // Build: GOOS=linux GOARCH=arm64 CGO_ENABLED=0 go build -tags lambda.norpc -trimpath -o bin/relay/bootstrap ./lambdas/relay
 package main
@@ -18,7 +19,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strconv"
 	"time"
 
 	"github.com/aws/aws-lambda-go/lambda"
@@ -66,27 +66,14 @@ func wire(ctx context.Context, getenv lambdaenv.Getenv, log *slog.Logger) (*hand
 	return &handler{relay: relay, lag: pool, stopBefore: stopBefore, log: log}, pool, nil
 }
 
-// relayConfig reads the relay's settings from the environment (without the Publisher, Metrics
-// and Logger, which need clients) and the stop-before margin.
+// relayConfig reads the relay's settings from the environment (lambdaenv.RelayConfig, without
+// the Publisher, Metrics and Logger, which need clients) and the stop-before margin.
 func relayConfig(getenv lambdaenv.Getenv) (outbox.RelayConfig, time.Duration, error) {
-	var cfg outbox.RelayConfig
-	var err error
-	if cfg.Topics, cfg.DefaultTopic, err = lambdaenv.Topics(getenv); err != nil {
+	cfg, err := lambdaenv.RelayConfig(getenv)
+	if err != nil {
 		return cfg, 0, err
 	}
-	if v := getenv(lambdaenv.RelayBatchSize); v != "" {
-		if cfg.BatchSize, err = strconv.Atoi(v); err != nil || cfg.BatchSize < 1 {
-			return cfg, 0, fmt.Errorf("%s must be a positive integer, got %q", lambdaenv.RelayBatchSize, v)
-		}
-	}
-	for name, d := range map[string]*time.Duration{
-		lambdaenv.RelayLease: &cfg.Lease, lambdaenv.RelayPublishTimeout: &cfg.PublishTimeout, lambdaenv.RelayBackoffBase: &cfg.BackoffBase,
-	} {
-		if *d, err = lambdaenv.Duration(getenv, name, 0); err != nil {
-			return cfg, 0, err
-		}
-	}
-	stopBefore, err := lambdaenv.Duration(getenv, lambdaenv.RelayStopBefore, defaultStopBefore)
+	stopBefore, err := lambdaenv.Duration(getenv, lambdaenv.RelayStopBefore, lambdaenv.DefaultRelayStopBefore)
 	if err != nil {
 		return cfg, 0, err
 	}

@@ -92,8 +92,10 @@ func Purge(ctx context.Context, db Querier, olderThan time.Duration, opts *Purge
 			WITH batch AS (
 			    SELECT id, created_at, published_at FROM outbox_event WHERE id > $1 ORDER BY id LIMIT $2
 			), del AS (
+			    -- The test is on o, the row as it is when the DELETE reaches it, not on the batch's
+			    -- snapshot: a row that Replay made unpublished meanwhile is rechecked and kept.
 			    DELETE FROM outbox_event o USING batch b
-			    WHERE o.id = b.id AND b.published_at IS NOT NULL AND b.published_at < $3
+			    WHERE o.id = b.id AND b.published_at IS NOT NULL AND o.published_at IS NOT NULL AND o.published_at < $3
 			    RETURNING o.id
 			)
 			SELECT max(b.id), (SELECT count(*) FROM del), coalesce(bool_or(b.created_at >= $3), false) FROM batch b`,

@@ -18,7 +18,12 @@ import (
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
-func TestMain(m *testing.M) { testdb.Main(m) }
+func TestMain(m *testing.M) {
+	if url := os.Getenv(childRelayEnv); url != "" {
+		os.Exit(runChildRelay(url))
+	}
+	testdb.Main(m)
+}
 
 const testTopic = "orders"
 const testARN = "arn:aws:sns:us-east-1:000000000000:orders"
@@ -32,9 +37,15 @@ type recorder struct {
 	inFlight map[string]bool             // keys in a call right now
 	overlaps int                         // times a key was in two calls at once
 	fail     func(e *outbox.Event) error // nil, or the error for this event
-	after    func()                      // called after a call's acknowledgements are recorded
-	delay    time.Duration
-	calls    int
+	// failCall, when it returns an error, fails the whole call (every entry) with it.
+	failCall func(events []*outbox.Event) error
+	// hold is called once the call's keys are marked in flight, before answering.
+	hold  func(events []*outbox.Event)
+	after func() // called after a call's acknowledgements are recorded
+	delay time.Duration
+	calls int
+	// dropPayloads keeps acknowledged events without their payloads (memory tests).
+	dropPayloads bool
 }
 
 func newRecorder() *recorder {
@@ -50,10 +61,17 @@ func (r *recorder) PublishBatch(ctx context.Context, dest string, events []*outb
 		}
 		r.inFlight[e.PartitionKey] = true
 	}
-	fail, delay := r.fail, r.delay
+	fail, failCall, hold, delay := r.fail, r.failCall, r.hold, r.delay
 	r.mu.Unlock()
+	if hold != nil {
+		hold(events)
+	}
 	if delay > 0 {
 		time.Sleep(delay)
+	}
+	var callErr error
+	if failCall != nil {
+		callErr = failCall(events)
 	}
 	errs := make([]error, len(events))
 	r.mu.Lock()
@@ -63,11 +81,20 @@ func (r *recorder) PublishBatch(ctx context.Context, dest string, events []*outb
 			errs[i] = ctx.Err()
 			continue
 		}
+		if callErr != nil {
+			errs[i] = callErr
+			continue
+		}
 		if fail != nil {
 			if err := fail(e); err != nil {
 				errs[i] = err
 				continue
 			}
+		}
+		if r.dropPayloads {
+			c := *e
+			c.Payload = nil
+			e = &c
 		}
 		r.received = append(r.received, e)
 		r.byKey[e.PartitionKey] = append(r.byKey[e.PartitionKey], e.ID)

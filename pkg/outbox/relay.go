@@ -158,6 +158,21 @@ func (c RelayConfig) validate() error {
 			errs = append(errs, fmt.Errorf("Topics has an empty name or destination (%q: %q)", k, c.Topics[k]))
 		}
 	}
+	if err := c.CheckSettings(); err != nil {
+		errs = append(errs, err.(interface{ Unwrap() []error }).Unwrap()...)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("outbox: invalid RelayConfig: %w", err)
+	}
+	return nil
+}
+
+// CheckSettings reports every out-of-range setting of c (after WithDefaults, so zero fields
+// are fine), one error per problem in field order, each starting with the field's name.
+// Publisher and Topics are not checked. It returns nil when all are in range.
+func (c RelayConfig) CheckSettings() error {
+	c = c.WithDefaults()
+	var errs []error
 	ints := []struct {
 		name      string
 		v, lo, hi int
@@ -193,16 +208,13 @@ func (c RelayConfig) validate() error {
 			errs = append(errs, fmt.Errorf("%s must be between %s and %s, got %s", f.name, f.lo, f.hi, f.v))
 		}
 	}
-	if c.Lease > 0 && c.PublishTimeout >= c.Lease*3/4 {
-		errs = append(errs, fmt.Errorf("Lease (%s) must be longer than PublishTimeout (%s) by a third: a round's publishing stops at three quarters of the lease", c.Lease, c.PublishTimeout))
+	if c.PublishTimeout >= c.Lease {
+		errs = append(errs, fmt.Errorf("Lease (%s) must be longer than PublishTimeout (%s): a round's publishing stops at three quarters of the lease", c.Lease, c.PublishTimeout))
 	}
 	if c.BackoffMax < c.BackoffBase {
 		errs = append(errs, fmt.Errorf("BackoffMax (%s) must not be below BackoffBase (%s)", c.BackoffMax, c.BackoffBase))
 	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("outbox: invalid RelayConfig: %w", err)
-	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // Relay publishes committed outbox rows. Any number of relays, in one process or many, may

@@ -1,0 +1,77 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/internal/testdb"
+)
+
+// explainBuffers runs sql under EXPLAIN (ANALYZE, BUFFERS) in tx and returns the shared buffers
+// it touched (hits and reads) and the rows its top node returned.
+func explainBuffers(t *testing.T, tx pgx.Tx, sql string, args ...any) (buffers, rows int) {
+	t.Helper()
+	var raw []byte
+	require.NoError(t, tx.QueryRow(context.Background(), "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&raw))
+	var plan []struct {
+		Plan struct {
+			Hit  int `json:"Shared Hit Blocks"`
+			Read int `json:"Shared Read Blocks"`
+			Rows int `json:"Actual Rows"`
+		} `json:"Plan"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &plan))
+	return plan[0].Plan.Hit + plan[0].Plan.Read, plan[0].Plan.Rows
+}
+
+// Scenario 0 of issue 10, measured where it matters: with statistics taken on an empty backlog
+// and 20,000 published rows retained, every statement of a round touches a bounded number of
+// buffers per key and row it handles, instead of rescanning the backlog per candidate.
+func TestRoundStatementsAreBoundedWithStatisticsFromAnEmptyBacklog(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	exec := func(sql string, args ...any) {
+		_, err := pool.Exec(ctx, sql, args...)
+		require.NoError(t, err)
+	}
+	exec(`INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload, published_at)
+		SELECT gen_random_uuid(), 'orders', 'order', 'o', 'E', 'k' || (i % 1000), '{}', now() FROM generate_series(1, 20000) i`)
+	exec(`VACUUM ANALYZE outbox_event`)
+	// The burst: 10,000 rows in 500 keys, and a hot key with 3,000 rows.
+	exec(`INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload)
+		SELECT gen_random_uuid(), 'orders', 'order', 'o', 'E', 'b' || (i % 500), jsonb_build_object('i', i) FROM generate_series(1, 10000) i`)
+	exec(`INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload)
+		SELECT gen_random_uuid(), 'orders', 'order', 'o', 'E', 'hot', '{}' FROM generate_series(1, 3000)`)
+
+	tx, err := pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: roundSettings(30*time.Second, true)})
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+
+	buffers, keys := explainBuffers(t, tx, sweepOpenSQL, "", true, sweepKeys)
+	require.Equal(t, 501, keys, "the sweep sees each pending key once")
+	require.Less(t, buffers, 10*keys+100, "sweep: %d buffers for %d keys", buffers, keys)
+
+	names := make([]string, 0, 501)
+	floors := make([]int64, 0, 501)
+	names = append(names, "hot")
+	floors = append(floors, 0)
+	for i := range 500 {
+		names = append(names, "b"+strconv.Itoa(i))
+		floors = append(floors, 0)
+	}
+	buffers, locked := explainBuffers(t, tx, lockKeysSQL, names)
+	require.Equal(t, 501, locked)
+	require.Less(t, buffers, 100, "locking keys reads no table")
+
+	const perKey = 10
+	buffers, rows := explainBuffers(t, tx, readSQL, names, floors, perKey, 16<<20, MaxMessageBytes, maxStoredPayload(MaxMessageBytes))
+	require.Equal(t, 501*perKey, rows)
+	require.Less(t, buffers, 10*rows+10*len(names)+100, "read: %d buffers for %d rows; the hot key's 3,000 rows are not scanned", buffers, rows)
+}

@@ -1,0 +1,162 @@
+package outbox
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func laneOutcome(id int64, key, dest string, size int) *outcome {
+	return &outcome{event: &Event{ID: id, PartitionKey: key}, row: &claimedRow{}, dest: dest, size: size}
+}
+
+func admitAll(string) (bool, time.Time) { return true, time.Time{} }
+
+func never() bool { return false }
+
+func TestLaneSetBatchesOneRowPerKeyPerDestinationAndSize(t *testing.T) {
+	t.Parallel()
+	var outs []*outcome
+	for k := range 12 {
+		outs = append(outs, laneOutcome(int64(k), fmt.Sprintf("k%d", k), "A", 100))
+	}
+	outs = append(outs, laneOutcome(20, "k0", "A", 100), laneOutcome(21, "x", "B", 100), laneOutcome(22, "big", "A", 950))
+	s := newLaneSet(outs, 10, 1000, admitAll)
+
+	dest, batch, ok := s.next(never)
+	require.True(t, ok)
+	require.Equal(t, "A", dest)
+	require.Len(t, batch, 10, "at most ten entries, each of a different key")
+	seen := map[string]bool{}
+	for _, l := range batch {
+		require.False(t, seen[l.current().event.PartitionKey])
+		seen[l.current().event.PartitionKey] = true
+	}
+	dest2, batch2, ok := s.next(never)
+	require.True(t, ok)
+	total := 0
+	for _, l := range batch2 {
+		require.Equal(t, dest2, l.current().dest, "one destination per call")
+		total += l.current().size
+	}
+	require.LessOrEqual(t, total, 1000, "a call fits the request limit")
+}
+
+func TestLaneSetKeepsAKeysRowsInOrderAndStopsAtAFailure(t *testing.T) {
+	t.Parallel()
+	outs := []*outcome{laneOutcome(1, "k", "A", 1), laneOutcome(2, "k", "A", 1), laneOutcome(3, "k", "A", 1)}
+	s := newLaneSet(outs, 10, 1000, admitAll)
+	_, b1, _ := s.next(never)
+	require.Equal(t, int64(1), b1[0].current().event.ID)
+	done := make(chan struct{})
+	go func() { // the second row is not handed out while the first is in flight
+		defer close(done)
+		_, b2, ok := s.next(never)
+		require.True(t, ok)
+		require.Equal(t, int64(2), b2[0].current().event.ID)
+		s.finish(b2, []callResult{{err: errors.New("Throttled")}})
+	}()
+	time.Sleep(20 * time.Millisecond)
+	select {
+	case <-done:
+		t.Fatal("row 2 went out before row 1 was acknowledged")
+	default:
+	}
+	s.finish(b1, []callResult{{}})
+	<-done
+	_, _, ok := s.next(never)
+	require.False(t, ok, "the failure ends the lane")
+	require.True(t, outs[0].done)
+	require.Error(t, outs[1].err)
+	require.Same(t, outs[1], outs[2].afterFailure, "row 3 waits behind row 2")
+}
+
+func TestLaneSetDefersADestinationThatBacksOffAndFailsUnpublishableRows(t *testing.T) {
+	t.Parallel()
+	retry := time.Now().Add(time.Minute)
+	bad := laneOutcome(1, "bad", "", 1)
+	bad.unpublishable = Permanent(errors.New("unknown topic"))
+	outs := []*outcome{bad, laneOutcome(2, "down", "D", 1), laneOutcome(3, "up", "U", 1)}
+	s := newLaneSet(outs, 10, 1000, func(dest string) (bool, time.Time) {
+		if dest == "D" {
+			return false, retry
+		}
+		return true, time.Time{}
+	})
+	dest, batch, ok := s.next(never)
+	require.True(t, ok)
+	require.Equal(t, "U", dest)
+	require.Len(t, batch, 1)
+	s.finish(batch, []callResult{{}})
+	_, _, ok = s.next(never)
+	require.False(t, ok)
+	require.Error(t, bad.err, "an unpublishable row fails its lane without a call")
+	require.Equal(t, retry, outs[1].deferredUntil)
+	require.Nil(t, outs[1].err, "a deferred row is not an attempt")
+}
+
+func TestLaneSetStopsHandingOutCallsWhenStopping(t *testing.T) {
+	t.Parallel()
+	outs := []*outcome{laneOutcome(1, "a", "A", 1), laneOutcome(2, "b", "B", 1)}
+	s := newLaneSet(outs, 10, 1000, admitAll)
+	var mu sync.Mutex
+	stop := false
+	stopping := func() bool { mu.Lock(); defer mu.Unlock(); return stop }
+	_, batch, ok := s.next(stopping)
+	require.True(t, ok)
+	mu.Lock()
+	stop = true
+	mu.Unlock()
+	s.finish(batch, []callResult{{cancelled: true}})
+	_, _, ok = s.next(stopping)
+	require.False(t, ok)
+	require.False(t, outs[0].done)
+	require.Nil(t, outs[0].err, "cancelled: not an attempt")
+}
+
+func TestDestinationsBackOffAsAWholeAndProbeOnce(t *testing.T) {
+	t.Parallel()
+	d := newDestinations(time.Second, 8*time.Second, func(time.Duration) time.Duration { return 0 })
+	now := time.Now()
+	ok, _ := d.admit("A", now)
+	require.True(t, ok)
+
+	// Succeeded since the rows began failing: the rows are to blame, not the destination.
+	d.succeeded("A", now)
+	_, outage := d.failedWhole("A", now.Add(-time.Second), now, errors.New("x"))
+	require.False(t, outage)
+
+	// Nothing succeeded since: an outage. Calls wait for the backoff, then one probe goes out.
+	later := now.Add(time.Second)
+	retryAt, outage := d.failedWhole("A", later, later, errors.New("AuthorizationError"))
+	require.True(t, outage)
+	require.Equal(t, later.Add(500*time.Millisecond), retryAt, "half the base, no jitter")
+	ok, at := d.admit("A", later)
+	require.False(t, ok)
+	require.Equal(t, retryAt, at)
+	ok, _ = d.admit("A", retryAt)
+	require.True(t, ok, "the probe")
+	ok, _ = d.admit("A", retryAt)
+	require.False(t, ok, "one probe at a time")
+	require.Len(t, d.down(), 1)
+	require.Equal(t, "AuthorizationError", d.down()[0].LastError)
+
+	// The probe fails: the backoff doubles. Then it answers: healthy again.
+	retryAt2, _ := d.failedWhole("A", retryAt, retryAt, errors.New("AuthorizationError"))
+	require.Equal(t, retryAt.Add(time.Second), retryAt2)
+	d.succeeded("A", retryAt2)
+	require.Empty(t, d.down())
+	ok, _ = d.admit("A", retryAt2)
+	require.True(t, ok)
+}
+
+func TestTruncateTextIsValidUTF8WithoutNUL(t *testing.T) {
+	t.Parallel()
+	s := truncateText("ab\x00cé\xffd", 5)
+	require.Equal(t, "abcé", s, "NUL removed, cut before the character that would not fit")
+	require.Equal(t, "abc\uFFFDd", truncateText("abc\xffd", 100))
+}
