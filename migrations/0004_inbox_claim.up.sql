@@ -1,6 +1,6 @@
 -- 0004: the asynchronous inbox's claim no longer scans rows that cannot be taken (issue 10,
 -- scenario 12). The Processor now finds work in two bounded ways (see docs/inbox.md, "How the
--- processor claims"):
+-- asynchronous processor works"):
 --
 --  * FIFO rows: a skip scan over message groups on inbox_event_unprocessed_group_idx (0002),
 --    one index descent per group, so the rows waiting behind a parked or backing-off head are

@@ -259,6 +259,8 @@ func (b *batch) runnable(first int) []Message {
 	return out
 }
 
+// insertBatch inserts a batch's inbox rows in one statement: unnest of the parameter arrays, a
+// sort of at most the batch, and one primary-key probe per row (ON CONFLICT).
 const insertBatch = `
 INSERT INTO inbox_event (consumer, message_id, event_type, aggregate_type, aggregate_id, group_id,
                          created_at, headers, payload, processed_at)
@@ -320,6 +322,7 @@ func (c *Consumer) deleteFree(ctx context.Context, tx pgx.Tx, rows batchRows) er
 	if len(free) == 0 {
 		return nil
 	}
+	// One primary-key lookup per id.
 	if _, err := tx.Exec(ctx, `DELETE FROM inbox_event WHERE consumer = $1 AND message_id = ANY($2)`, c.cfg.Consumer, free); err != nil {
 		return fmt.Errorf("remove the inbox rows of failed records: %w", err)
 	}

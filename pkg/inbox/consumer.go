@@ -367,6 +367,8 @@ func (c *Consumer) applyInTx(ctx context.Context, msg Message) (Outcome, error) 
 	return out, nil
 }
 
+// insertSync and insertAsync insert one record's inbox row; a duplicate is found by the primary
+// key (ON CONFLICT), so each costs one index probe per index whatever the table's size.
 const insertSync = `
 INSERT INTO inbox_event (consumer, message_id, event_type, aggregate_type, aggregate_id, group_id,
                          created_at, headers, payload, processed_at)

@@ -102,7 +102,7 @@ func (c ProcessorConfig) validate() error {
 // processors (of one or many processes) may run at once. A FIFO message group is applied in
 // arrival order, one row at a time (a parked row blocks its group until an operator retries
 // it); a parked or backing-off group costs other groups nothing, however many rows wait behind
-// it. See docs/inbox.md, "How the processor claims".
+// it. See docs/inbox.md, "How the asynchronous processor works".
 type Processor struct {
 	db      Beginner
 	cfg     ProcessorConfig
