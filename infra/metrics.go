@@ -78,3 +78,7 @@ func ConsumerMetric(consumer, name, statistic string) awscloudwatch.Metric {
 		Period:    awscdk.Duration_Minutes(jsii.Number(1)),
 	})
 }
+
+// MetricDestinationsDown is the number of destinations a relay backs off as a whole because
+// every call to them fails (Count), emitted by the relay with dimension Service=relay.
+const MetricDestinationsDown = "DestinationsDown"

@@ -10,6 +10,7 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatch"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatchactions"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsrds"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssns"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssnssubscriptions"
 	"github.com/aws/aws-cdk-go/awscdk/v2/interfaces/interfacesawscloudwatch"
@@ -28,6 +29,11 @@ type MonitoringProps struct {
 	AlarmTopic awssns.ITopic
 	// AlarmEmail, when set, subscribes this address to the alarm topic (confirm the e-mail AWS sends).
 	AlarmEmail string
+	// NoAlarmDestination deploys the alarms with nobody to tell (no AlarmTopic, no AlarmEmail),
+	// e.g. for a test stack; synthesis warns. Without it, a missing destination fails synthesis.
+	NoAlarmDestination bool
+	// Database adds the database's alarms. Optional.
+	Database *DatabaseAlarms
 	// DashboardName is the CloudWatch dashboard's name. Defaults to a generated name.
 	DashboardName string
 
@@ -43,6 +49,29 @@ type MonitoringProps struct {
 	LambdaErrors float64
 	// LambdaThrottles alarms when a Lambda's throttles in 5 minutes exceed it. Defaults to 0 (any throttle).
 	LambdaThrottles float64
+}
+
+// DatabaseAlarms configure the alarms on the RDS instance.
+type DatabaseAlarms struct {
+	// Instance is the RDS PostgreSQL instance. Required.
+	Instance awsrds.IDatabaseInstance
+	// MaxConnections is the instance's max_connections. Required.
+	MaxConnections int
+	// CPUPercent alarms when the CPU stays above it for 15 minutes. Defaults to 80.
+	CPUPercent float64
+	// FreeableMemoryBytes alarms when freeable memory stays below it for 15 minutes. Defaults
+	// to 200 MiB (10% of the default t4g.small's 2 GiB).
+	FreeableMemoryBytes float64
+	// FreeStorageBytes alarms when free storage falls below it. Defaults to 2 GiB (10% of the
+	// example's 20 GiB; storage autoscaling grows the volume up to its maximum at about the same
+	// point, so the alarm that stays raised means the maximum is near).
+	FreeStorageBytes float64
+	// ConnectionsPercent alarms when connections exceed this share of MaxConnections for 5
+	// minutes. Defaults to 80.
+	ConnectionsPercent float64
+	// MaximumUsedTransactionIDs alarms when the oldest unfrozen transaction ID is this old
+	// (wraparound stops writes at about 2.1 billion). Defaults to 1,000,000,000.
+	MaximumUsedTransactionIDs float64
 }
 
 // Monitoring holds the sluice alarms and dashboard.
@@ -73,6 +102,15 @@ func (p *MonitoringProps) withDefaults() MonitoringProps {
 	out.OldestPendingAge = orDefault(out.OldestPendingAge, 5*time.Minute)
 	out.HeartbeatMissingMinutes = orDefault(out.HeartbeatMissingMinutes, 3)
 	out.QueueOldestMessageAge = orDefault(out.QueueOldestMessageAge, 5*time.Minute)
+	if d := out.Database; d != nil {
+		dd := *d
+		dd.CPUPercent = orDefault(dd.CPUPercent, 80)
+		dd.FreeableMemoryBytes = orDefault(dd.FreeableMemoryBytes, 200*1024*1024)
+		dd.FreeStorageBytes = orDefault(dd.FreeStorageBytes, 2*1024*1024*1024)
+		dd.ConnectionsPercent = orDefault(dd.ConnectionsPercent, 80)
+		dd.MaximumUsedTransactionIDs = orDefault(dd.MaximumUsedTransactionIDs, 1e9)
+		out.Database = &dd
+	}
 	return out
 }
 
@@ -96,6 +134,24 @@ func (p *MonitoringProps) validate() error {
 	for i, c := range p.Consumers {
 		if c == nil {
 			errs = append(errs, fmt.Errorf("Consumers[%d] is nil", i))
+		}
+	}
+	if p.AlarmTopic == nil && p.AlarmEmail == "" && !p.NoAlarmDestination {
+		errs = append(errs, errors.New("the alarms need a destination: set AlarmEmail, AlarmTopic (an existing topic with subscribers), "+
+			"or NoAlarmDestination to deploy alarms that reach nobody"))
+	}
+	if d := p.Database; d != nil {
+		if d.Instance == nil {
+			errs = append(errs, errors.New("Database.Instance is required"))
+		}
+		if d.MaxConnections < 1 {
+			errs = append(errs, fmt.Errorf("Database.MaxConnections must be positive, got %d", d.MaxConnections))
+		}
+		if d.CPUPercent < 0 || d.CPUPercent > 100 || d.ConnectionsPercent < 0 || d.ConnectionsPercent > 100 {
+			errs = append(errs, fmt.Errorf("Database.CPUPercent and ConnectionsPercent must be between 0 and 100, got %g and %g", d.CPUPercent, d.ConnectionsPercent))
+		}
+		if d.FreeableMemoryBytes < 0 || d.FreeStorageBytes < 0 || d.MaximumUsedTransactionIDs < 0 {
+			errs = append(errs, errors.New("Database thresholds must not be negative"))
 		}
 	}
 	if p.Outbox == nil && len(p.Consumers) == 0 {
@@ -133,6 +189,10 @@ func NewMonitoring(scope constructs.Construct, id string, props *MonitoringProps
 	}
 	if p.AlarmEmail != "" {
 		m.topic.AddSubscription(awssnssubscriptions.NewEmailSubscription(jsii.String(p.AlarmEmail), nil))
+	}
+	if p.AlarmTopic == nil && p.AlarmEmail == "" {
+		awscdk.Annotations_Of(m).AddWarningV2(jsii.String("sluice:noAlarmDestination"), jsii.String(
+			"NoAlarmDestination: the sluice alarms notify a topic nobody subscribes to; subscribe to AlarmTopicArn before relying on them"), nil)
 	}
 	action := awscloudwatchactions.NewSnsAction(m.topic)
 
@@ -181,6 +241,8 @@ func NewMonitoring(scope constructs.Construct, id string, props *MonitoringProps
 			RelayMetric(MetricRelayHeartbeat, "Sum"), awscloudwatch.ComparisonOperator_LESS_THAN_THRESHOLD, 1, p.HeartbeatMissingMinutes, awscloudwatch.TreatMissingData_BREACHING)
 		alarm("OutboxQuarantined", "Quarantined outbox rows: they block their partition key until retried.",
 			RelayMetric(MetricOutboxQuarantined, "Maximum"), gt, 0, 1, notBreaching)
+		alarm("RelayDestinationsDown", "A relay backs off a whole destination (every publish to it fails: SNS throttling, an outage, a denied key) for 5 minutes.",
+			RelayMetric(MetricDestinationsDown, "Maximum"), gt, 0, 5, notBreaching)
 		lambdaAlarms("Relay", "Relay", o.Relay())
 
 		dash.AddWidgets(
@@ -224,6 +286,30 @@ func NewMonitoring(scope constructs.Construct, id string, props *MonitoringProps
 			graph("Consumer "+n+": DLQ and subscription DLQ depth", []awscloudwatch.IMetric{dlq, subDLQ}, jsii.Number(0)),
 			graph("Consumer "+n+": Lambda errors and throttles", []awscloudwatch.IMetric{c.Function().MetricErrors(fiveMin), c.Function().MetricThrottles(fiveMin)}, nil),
 			graph("Consumer "+n+": Lambda duration p99 (ms)", []awscloudwatch.IMetric{c.Function().MetricDuration(&awscloudwatch.MetricOptions{Statistic: jsii.String("p99")})}, nil),
+		)
+	}
+
+	if d := p.Database; d != nil {
+		i := d.Instance
+		lt := awscloudwatch.ComparisonOperator_LESS_THAN_THRESHOLD
+		every := func(min float64, stat string) *awscloudwatch.MetricOptions {
+			return &awscloudwatch.MetricOptions{Period: awscdk.Duration_Minutes(jsii.Number(min)), Statistic: jsii.String(stat)}
+		}
+		connections := d.MaxConnections * int(d.ConnectionsPercent) / 100
+		alarm("DatabaseCPU", fmt.Sprintf("Database CPU above %g%% for 15 minutes.", d.CPUPercent),
+			i.MetricCPUUtilization(every(5, "Average")), gt, d.CPUPercent, 3, notBreaching)
+		alarm("DatabaseFreeableMemory", fmt.Sprintf("Database freeable memory below %.0f MiB for 15 minutes.", d.FreeableMemoryBytes/1024/1024),
+			i.MetricFreeableMemory(every(5, "Minimum")), lt, d.FreeableMemoryBytes, 3, notBreaching)
+		alarm("DatabaseFreeStorage", fmt.Sprintf("Database free storage below %.1f GiB.", d.FreeStorageBytes/1024/1024/1024),
+			i.MetricFreeStorageSpace(every(5, "Minimum")), lt, d.FreeStorageBytes, 1, notBreaching)
+		alarm("DatabaseConnections", fmt.Sprintf("Database connections above %g%% of max_connections %d (%d) for 5 minutes.", d.ConnectionsPercent, d.MaxConnections, connections),
+			i.MetricDatabaseConnections(every(1, "Maximum")), gt, float64(connections), 5, notBreaching)
+		alarm("DatabaseTransactionIDAge", fmt.Sprintf("The oldest unfrozen transaction ID is %.0f transactions old: vacuum is blocked (a long transaction, an abandoned replication slot or prepared transaction).", d.MaximumUsedTransactionIDs),
+			i.Metric(jsii.String("MaximumUsedTransactionIDs"), every(5, "Maximum")), gt, d.MaximumUsedTransactionIDs, 1, notBreaching)
+		dash.AddWidgets(
+			graph("Database CPU (%)", []awscloudwatch.IMetric{i.MetricCPUUtilization(every(5, "Average"))}, jsii.Number(d.CPUPercent)),
+			graph("Database connections", []awscloudwatch.IMetric{i.MetricDatabaseConnections(every(1, "Maximum"))}, jsii.Number(float64(connections))),
+			graph("Database transaction ID age", []awscloudwatch.IMetric{i.Metric(jsii.String("MaximumUsedTransactionIDs"), every(5, "Maximum"))}, jsii.Number(d.MaximumUsedTransactionIDs)),
 		)
 	}
 

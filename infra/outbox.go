@@ -4,14 +4,17 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsevents"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awseventstargets"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awskms"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awssecretsmanager"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssns"
 	"github.com/aws/constructs-go/constructs/v10"
 	"github.com/aws/jsii-runtime-go"
@@ -22,14 +25,35 @@ import (
 // invocation keeps polling until shortly before its timeout, so invocations overlap.
 const RelaySchedule = time.Minute
 
+// DefaultRelayMemoryMB is OutboxProps.RelayMemoryMB's default. A claim holds at most BatchSize
+// (500) rows per pipeline (2); at 256 MB, 1,000 pending 250 KB rows drove the relay to 639 MB
+// (issue 10). 512 MB (GOMEMLIMIT 460 MiB) leaves a full claim of rows up to ~100 KB its
+// payload, its copy in the SNS request and the rest of the process; the relay's own byte
+// budget, derived from the function's memory, bounds claims of larger payloads.
+const DefaultRelayMemoryMB = 512
+
 // OutboxProps configure an Outbox.
 type OutboxProps struct {
 	// RelayCodeDir is a directory holding the relay's `bootstrap` (bin/relay after `make build`). Required.
 	RelayCodeDir string
 	// Network places the relay in the database's VPC. Network.Vpc is required.
 	Network Network
-	// Database is how the relay reaches PostgreSQL. Database.Secret is required.
+	// Database is how the relay reaches PostgreSQL. Database.Secret is required. The relay always
+	// connects to the database itself, never through an RDS Proxy: its rounds hold their
+	// partition keys' row locks in a transaction, which a proxy would pin anyway.
 	Database Database
+	// Migrations, when set, creates the relay's own database role (DatabaseRole; read and update
+	// outbox_event, read outbox_control) with its own rotated secret, so the relay never logs in
+	// as Database.Secret's user; the relay is created after the migrations ran, and its
+	// connections are booked against the migrations' connection budget. Without, the relay logs
+	// in with Database.Secret. Recommended.
+	Migrations Migrations
+	// DatabaseRole is the relay's role name with Migrations. Defaults to "sluice_relay".
+	DatabaseRole string
+	// Publishers are further IAM principal ARNs (roles) allowed to publish to the topic, e.g. an
+	// operator role that runs `sluice relay` or `sluice replay`. The topic policy denies
+	// sns:Publish to every other principal but the relay's role. Defaults to none.
+	Publishers []string
 
 	// Fifo makes the topic a FIFO topic (MessageGroupId = partition_key, dedup id = event_id).
 	// Defaults to a standard topic.
@@ -59,7 +83,9 @@ type OutboxProps struct {
 	// cover the overlap of scheduled invocations: at least ceil(RelayTimeout / 1 minute).
 	// Defaults to that overlap plus one.
 	RelayReservedConcurrency int
-	// RelayMemoryMB is the relay's memory. Defaults to 256.
+	// RelayMemoryMB is the relay's memory; GOMEMLIMIT is set to 90% of it, and the relay sizes
+	// its per-round payload budget from it (AWS_LAMBDA_FUNCTION_MEMORY_SIZE). Defaults to
+	// DefaultRelayMemoryMB.
 	RelayMemoryMB int
 	// RelayBatchSize overrides the relay's claim batch size. Defaults to the relay's default.
 	RelayBatchSize int
@@ -103,7 +129,8 @@ func (p *OutboxProps) withDefaults() OutboxProps {
 	if out.RelayReservedConcurrency == 0 {
 		out.RelayReservedConcurrency = minutesCeil(out.RelayTimeout) + 1
 	}
-	out.RelayMemoryMB = orDefault(out.RelayMemoryMB, 256)
+	out.RelayMemoryMB = orDefault(out.RelayMemoryMB, DefaultRelayMemoryMB)
+	out.DatabaseRole = orDefault(out.DatabaseRole, "sluice_relay")
 	out.LogRetention = orDefault(out.LogRetention, awslogs.RetentionDays_ONE_MONTH)
 	return out
 }
@@ -123,6 +150,11 @@ func (p *OutboxProps) validate() error {
 	}
 	if p.RelayMemoryMB < 128 {
 		errs = append(errs, fmt.Errorf("RelayMemoryMB must be at least 128, got %d", p.RelayMemoryMB))
+	}
+	for i, a := range p.Publishers {
+		if !strings.HasPrefix(a, "arn:") {
+			errs = append(errs, fmt.Errorf("Publishers[%d] %q is not an ARN", i, a))
+		}
 	}
 	if p.RelayBatchSize < 0 {
 		errs = append(errs, fmt.Errorf("RelayBatchSize must not be negative, got %d", p.RelayBatchSize))
@@ -201,7 +233,17 @@ func NewOutbox(scope constructs.Construct, id string, props *OutboxProps) Outbox
 		env[lambdaenv.RelayBatchSize] = jsii.String(fmt.Sprint(p.RelayBatchSize))
 	}
 
+	var roleSecret awssecretsmanager.ISecret
+	if p.Migrations != nil {
+		role := NewDatabaseRole(this, "DatabaseRole", &DatabaseRoleProps{
+			Migrations: p.Migrations, Name: p.DatabaseRole, Kind: RoleRelay, Network: p.Network, Database: p.Database,
+		})
+		roleSecret = role.Secret()
+		p.Migrations.UseConnections(fmt.Sprintf("relay %d (reserved concurrency) × %d (pool)", p.RelayReservedConcurrency, p.Database.maxConns()),
+			p.RelayReservedConcurrency*p.Database.maxConns())
+	}
 	o.relay = newGoFunction(this, "Relay", goFunctionProps{
+		secret:              roleSecret,
 		description:         "outbox relay",
 		codeDir:             p.RelayCodeDir,
 		timeout:             p.RelayTimeout,
@@ -218,7 +260,24 @@ func NewOutbox(scope constructs.Construct, id string, props *OutboxProps) Outbox
 		RetryAttempts: jsii.Number(0),
 		MaxEventAge:   awscdk.Duration_Minutes(jsii.Number(1)),
 	})
+	if p.Migrations != nil {
+		o.relay.Node().AddDependency(p.Migrations.Resource())
+	}
 	o.topic.GrantPublish(o.relay)
+	// Only the relay (and the listed publishers) may publish: a Deny wins over any identity
+	// policy in the account.
+	publishers := []any{o.relay.Role().RoleArn()}
+	for _, a := range p.Publishers {
+		publishers = append(publishers, a)
+	}
+	o.topic.AddToResourcePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Sid:        jsii.String("OnlyTheRelayPublishes"),
+		Effect:     awsiam.Effect_DENY,
+		Principals: &[]awsiam.IPrincipal{awsiam.NewAnyPrincipal()},
+		Actions:    jsii.Strings("sns:Publish"),
+		Resources:  &[]*string{o.topic.TopicArn()},
+		Conditions: &map[string]any{"ArnNotEquals": map[string]any{"aws:PrincipalArn": publishers}},
+	}))
 	for _, name := range extra {
 		p.ExtraTopics[name].GrantPublish(o.relay)
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsec2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsrds"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssecretsmanager"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awssns"
 	"github.com/aws/constructs-go/constructs/v10"
 	"github.com/aws/jsii-runtime-go"
 )
@@ -22,6 +23,9 @@ type ExistingDatabase struct {
 	SecurityGroupID string
 	// Port is the database port. Defaults to 5432.
 	Port int
+	// MaxConnections is the database's max_connections, for the synth-time connection check.
+	// Defaults to 0: not checked (synthesis warns).
+	MaxConnections int
 }
 
 // SluiceStackProps configure the example stack.
@@ -40,6 +44,22 @@ type SluiceStackProps struct {
 	MultiAZ *bool
 	// InstanceType is the new database's instance type. Defaults to t4g.small.
 	InstanceType awsec2.InstanceType
+	// MaxConnections is the new database's max_connections (set in its parameter group) and the
+	// connection budget the functions are checked against at synth. Defaults to
+	// DefaultMaxConnections for the default instance type; required with another InstanceType.
+	MaxConnections int
+	// NatGateways is the number of NAT gateways. The functions reach AWS through interface VPC
+	// endpoints (Secrets Manager, SNS) and the S3 gateway endpoint, so they need none; with
+	// NatGateways > 0 the Lambda subnets get a route to the internet too (handler code that
+	// calls other services). Defaults to 0.
+	NatGateways int
+	// ConsumerProxy puts an RDS Proxy between the example consumer and the database. Defaults to false.
+	ConsumerProxy bool
+	// CABundle is the PEM file of the RDS certificate authorities the functions verify the
+	// database with (Database.CABundle). Required.
+	CABundle string
+	// Publishers are IAM role ARNs allowed to publish to the topic besides the relay (OutboxProps.Publishers).
+	Publishers []string
 
 	// Fifo makes the topic and the consumer's queues FIFO. Defaults to standard.
 	Fifo bool
@@ -47,7 +67,18 @@ type SluiceStackProps struct {
 	ConsumerName string
 	// AlarmEmail, when set, receives the alarm notifications.
 	AlarmEmail string
+	// AlarmTopicArn, when set, is an existing SNS topic (with its subscribers) that receives the
+	// alarm notifications instead of a new one.
+	AlarmTopicArn string
+	// NoAlarmDestination deploys without AlarmEmail or AlarmTopicArn: alarms that reach nobody.
+	// One of the three is required.
+	NoAlarmDestination bool
 }
+
+// DefaultMaxConnections is max_connections of the example's default t4g.small (2 GiB): RDS's
+// own default, LEAST(DBInstanceClassMemory/9531392, 5000), is about 190-225 on that class; 200
+// makes the budget exact.
+const DefaultMaxConnections = 200
 
 // SluiceStack is the example deployment: network, database, migrations, outbox, one consumer,
 // alarms and dashboard.
@@ -92,22 +123,42 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 			errs = append(errs, fmt.Errorf("Database.Port must be a TCP port, got %d", d.Port))
 		}
 	}
+	if p.AlarmEmail == "" && p.AlarmTopicArn == "" && !p.NoAlarmDestination {
+		errs = append(errs, errors.New("alarms need a destination: set -c alarmEmail=ADDRESS, -c alarmTopicArn=ARN (an existing topic), "+
+			"or -c alarmDestination=none to deploy alarms that reach nobody"))
+	}
+	if p.InstanceType != nil && p.MaxConnections == 0 && p.Database == nil {
+		errs = append(errs, errors.New("MaxConnections is required with a non-default InstanceType (the connection budget depends on it)"))
+	}
+	if p.NatGateways < 0 || p.NatGateways > 2 {
+		errs = append(errs, fmt.Errorf("NatGateways must be 0, 1 or 2, got %d", p.NatGateways))
+	}
+	if p.ConsumerProxy && p.Database != nil {
+		errs = append(errs, errors.New("ConsumerProxy needs the stack's own database (a proxy targets an instance)"))
+	}
 	invalid("SluiceStack", id, errs...)
 	p.ConsumerName = orDefault(p.ConsumerName, "example")
+	if p.InstanceType == nil && p.Database == nil {
+		p.MaxConnections = orDefault(p.MaxConnections, DefaultMaxConnections)
+	}
 
 	s := &sluiceStack{}
 	awscdk.NewStack_Override(s, scope, &id, &p.StackProps) // s itself is the jsii stack, so it can be passed to CDK APIs
 	stack := s
 
-	var vpc awsec2.IVpc
+	var network Network
 	if p.VpcID != "" {
-		vpc = awsec2.Vpc_FromLookup(stack, jsii.String("Vpc"), &awsec2.VpcLookupOptions{VpcId: jsii.String(p.VpcID)})
+		// An imported VPC keeps its own routes: the functions go in its private subnets with
+		// egress and may use HTTPS to any address (its NAT or endpoints).
+		network.Vpc = awsec2.Vpc_FromLookup(stack, jsii.String("Vpc"), &awsec2.VpcLookupOptions{VpcId: jsii.String(p.VpcID)})
 	} else {
-		vpc = newVpc(stack)
+		network = newNetwork(stack, p.NatGateways)
 	}
 
-	var db Database
+	db := Database{CABundle: p.CABundle}
 	var dbDeps []constructs.IConstruct
+	var instance awsrds.DatabaseInstance
+	maxConnections := p.MaxConnections
 	if d := p.Database; d != nil {
 		s.secret = awssecretsmanager.Secret_FromSecretAttributes(stack, jsii.String("DatabaseSecret"), &awssecretsmanager.SecretAttributes{
 			SecretCompleteArn: jsii.String(d.SecretARN),
@@ -122,8 +173,10 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 				DefaultPort:    awsec2.Port_Tcp(jsii.Number(float64(orDefault(d.Port, 5432)))),
 			})
 		}
+		maxConnections = d.MaxConnections
 	} else {
-		instance, sg := newDatabase(stack, vpc, p)
+		var sg awsec2.SecurityGroup
+		instance, sg = newDatabase(stack, network, p)
 		s.secret = instance.Secret()
 		db.Secret = s.secret
 		db.Connections = instance
@@ -133,9 +186,9 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 			Value:       instance.DbInstanceEndpointAddress(),
 		})
 	}
-	network := Network{Vpc: vpc}
 
-	s.migrations = NewMigrations(stack, "Migrations", &MigrationsProps{CodeDir: p.MigrateCodeDir, Network: network, Database: db})
+	s.migrations = NewMigrations(stack, "Migrations", &MigrationsProps{CodeDir: p.MigrateCodeDir, Network: network, Database: db,
+		MaxConnections: maxConnections})
 	for _, d := range dbDeps {
 		s.migrations.Resource().Node().AddDependency(d)
 	}
@@ -143,25 +196,47 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 		RelayCodeDir: p.RelayCodeDir,
 		Network:      network,
 		Database:     db,
+		Migrations:   s.migrations,
 		Fifo:         p.Fifo,
+		Publishers:   p.Publishers,
 	})
-	s.consumer = NewConsumer(stack, "Consumer", &ConsumerProps{
-		Name:     p.ConsumerName,
-		CodeDir:  p.ConsumerCodeDir,
-		Topic:    s.outbox.Topic(),
-		Fifo:     p.Fifo,
-		Network:  network,
-		Database: db,
-	})
-	// Nothing reads or writes the tables before the migrations ran.
-	s.outbox.Relay().Node().AddDependency(s.migrations.Resource())
-	s.consumer.Function().Node().AddDependency(s.migrations.Resource())
+	consumerProps := &ConsumerProps{
+		Name:       p.ConsumerName,
+		CodeDir:    p.ConsumerCodeDir,
+		Topic:      s.outbox.Topic(),
+		Fifo:       p.Fifo,
+		Network:    network,
+		Database:   db,
+		Migrations: s.migrations,
+		// The reference consumer (lambdas/consumer) creates its demo tables at cold start, so
+		// its role may create tables in public (and owns what it creates). A service's consumer
+		// declares the tables its handlers write instead, e.g.
+		// {Table: "invoice", Privileges: []string{"SELECT", "INSERT"}}.
+		DatabaseGrants: []DatabaseGrant{{Schema: "public", Privileges: []string{"CREATE"}}},
+	}
+	if p.ConsumerProxy {
+		role := NewDatabaseRole(stack, "ConsumerDatabaseRole", &DatabaseRoleProps{
+			Migrations: s.migrations, Name: roleName(p.ConsumerName), Kind: RoleConsumer, Consumer: p.ConsumerName,
+			Grants: consumerProps.DatabaseGrants, Network: network, Database: db,
+		})
+		consumerProps.DatabaseRole, consumerProps.DatabaseGrants = role, nil
+		consumerProps.Proxy = newConsumerProxy(stack, network, instance, role, s.migrations, maxConnections)
+	}
+	s.consumer = NewConsumer(stack, "Consumer", consumerProps)
 
-	s.monitoring = NewMonitoring(stack, "Monitoring", &MonitoringProps{
-		Outbox:     s.outbox,
-		Consumers:  []Consumer{s.consumer},
-		AlarmEmail: p.AlarmEmail,
-	})
+	mon := &MonitoringProps{
+		Outbox:             s.outbox,
+		Consumers:          []Consumer{s.consumer},
+		AlarmEmail:         p.AlarmEmail,
+		NoAlarmDestination: p.NoAlarmDestination,
+	}
+	if p.AlarmTopicArn != "" {
+		mon.AlarmTopic = awssns.Topic_FromTopicArn(stack, jsii.String("AlarmTopic"), jsii.String(p.AlarmTopicArn))
+	}
+	if instance != nil {
+		mon.Database = &DatabaseAlarms{Instance: instance, MaxConnections: maxConnections}
+	}
+	s.monitoring = NewMonitoring(stack, "Monitoring", mon)
 
 	out := func(name, description string, value *string) {
 		awscdk.NewCfnOutput(stack, jsii.String(name), &awscdk.CfnOutputProps{Description: jsii.String(description), Value: value})
@@ -178,27 +253,95 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 	return s
 }
 
-func newVpc(stack awscdk.Stack) awsec2.IVpc {
-	return awsec2.NewVpc(stack, jsii.String("Vpc"), &awsec2.VpcProps{
-		MaxAzs:      jsii.Number(2),
-		NatGateways: jsii.Number(1),
-		SubnetConfiguration: &[]*awsec2.SubnetConfiguration{
-			{Name: jsii.String("public"), SubnetType: awsec2.SubnetType_PUBLIC, CidrMask: jsii.Number(24)},
-			{Name: jsii.String("lambdas"), SubnetType: awsec2.SubnetType_PRIVATE_WITH_EGRESS, CidrMask: jsii.Number(22)},
-			{Name: jsii.String("database"), SubnetType: awsec2.SubnetType_PRIVATE_ISOLATED, CidrMask: jsii.Number(24)},
-		},
+// newNetwork creates the VPC: isolated subnets for the database, private subnets for the
+// functions (isolated too without NAT), and the endpoints the functions call AWS through.
+func newNetwork(stack awscdk.Stack, natGateways int) Network {
+	lambdaSubnets := awsec2.SubnetType_PRIVATE_ISOLATED
+	subnets := []*awsec2.SubnetConfiguration{}
+	if natGateways > 0 {
+		lambdaSubnets = awsec2.SubnetType_PRIVATE_WITH_EGRESS
+		subnets = append(subnets, &awsec2.SubnetConfiguration{Name: jsii.String("public"), SubnetType: awsec2.SubnetType_PUBLIC, CidrMask: jsii.Number(24)})
+	}
+	subnets = append(subnets,
+		&awsec2.SubnetConfiguration{Name: jsii.String("lambdas"), SubnetType: lambdaSubnets, CidrMask: jsii.Number(22)},
+		&awsec2.SubnetConfiguration{Name: jsii.String("database"), SubnetType: awsec2.SubnetType_PRIVATE_ISOLATED, CidrMask: jsii.Number(24)})
+	vpc := awsec2.NewVpc(stack, jsii.String("Vpc"), &awsec2.VpcProps{
+		MaxAzs:              jsii.Number(2),
+		NatGateways:         jsii.Number(float64(natGateways)),
+		SubnetConfiguration: &subnets,
 		FlowLogs: &map[string]*awsec2.FlowLogOptions{
 			"FlowLogs": {TrafficType: awsec2.FlowLogTrafficType_REJECT},
 		},
 	})
+	lambdas := &awsec2.SubnetSelection{SubnetGroupName: jsii.String("lambdas")}
+	endpointSG := awsec2.NewSecurityGroup(stack, jsii.String("EndpointSecurityGroup"), &awsec2.SecurityGroupProps{
+		Vpc:              vpc,
+		Description:      jsii.String("sluice interface VPC endpoints: HTTPS in from the sluice functions only"),
+		AllowAllOutbound: jsii.Bool(false),
+	})
+	// What the functions call: Secrets Manager (every function and the rotation functions) and
+	// SNS (the relay). SQS is polled by the Lambda service, not by the consumer; logs and EMF
+	// metrics leave through the Lambda service too, so neither needs an endpoint.
+	for _, e := range []struct {
+		id      string
+		service awsec2.InterfaceVpcEndpointAwsService
+	}{{"SecretsManagerEndpoint", awsec2.InterfaceVpcEndpointAwsService_SECRETS_MANAGER()}, {"SnsEndpoint", awsec2.InterfaceVpcEndpointAwsService_SNS()}} {
+		vpc.AddInterfaceEndpoint(jsii.String(e.id), &awsec2.InterfaceVpcEndpointOptions{
+			Service:           e.service,
+			Subnets:           lambdas,
+			PrivateDnsEnabled: jsii.Bool(true),
+			Open:              jsii.Bool(false),
+			SecurityGroups:    &[]awsec2.ISecurityGroup{endpointSG},
+		})
+	}
+	// CloudFormation's custom resource response is a presigned S3 URL (the migrations).
+	vpc.AddGatewayEndpoint(jsii.String("S3Endpoint"), &awsec2.GatewayVpcEndpointOptions{
+		Service: awsec2.GatewayVpcEndpointAwsService_S3(),
+		Subnets: &[]*awsec2.SubnetSelection{lambdas},
+	})
+	return Network{Vpc: vpc, Subnets: lambdas, ApiEndpoints: endpointSG}
 }
 
-func newDatabase(stack awscdk.Stack, vpc awsec2.IVpc, p SluiceStackProps) (awsrds.DatabaseInstance, awsec2.SecurityGroup) {
-	engine := awsrds.DatabaseInstanceEngine_Postgres(&awsrds.PostgresInstanceEngineProps{Version: awsrds.PostgresEngineVersion_VER_17()})
+// newConsumerProxy creates an RDS Proxy for the consumer role (TLS required, its secret only)
+// and books its share of the database's connections.
+func newConsumerProxy(stack awscdk.Stack, network Network, instance awsrds.DatabaseInstance, role DatabaseRole, mig Migrations, maxConnections int) awsrds.DatabaseProxy {
+	const percent = 25
+	sg := awsec2.NewSecurityGroup(stack, jsii.String("ConsumerProxySecurityGroup"), &awsec2.SecurityGroupProps{
+		Vpc:              network.Vpc,
+		Description:      jsii.String("sluice consumer RDS Proxy: in from the consumer, out to the database"),
+		AllowAllOutbound: jsii.Bool(false),
+	})
+	proxy := awsrds.NewDatabaseProxy(stack, jsii.String("ConsumerProxy"), &awsrds.DatabaseProxyProps{
+		ProxyTarget:           awsrds.ProxyTarget_FromInstance(instance),
+		Secrets:               &[]awssecretsmanager.ISecret{role.Secret()},
+		Vpc:                   network.Vpc,
+		VpcSubnets:            &awsec2.SubnetSelection{SubnetGroupName: jsii.String("database")},
+		SecurityGroups:        &[]awsec2.ISecurityGroup{sg},
+		RequireTLS:            jsii.Bool(true),
+		MaxConnectionsPercent: jsii.Number(percent),
+		// The relay holds row locks in long transactions and never comes here; the consumer's
+		// transactions are short, so a borrowed connection returns quickly.
+		BorrowTimeout: awscdk.Duration_Seconds(jsii.Number(30)),
+	})
+	instance.Connections().AllowDefaultPortFrom(sg, jsii.String("sluice consumer RDS Proxy to PostgreSQL"))
+	mig.UseConnections(fmt.Sprintf("consumer RDS Proxy %d%% of max_connections %d", percent, maxConnections), maxConnections*percent/100)
+	return proxy
+}
+
+func newDatabase(stack awscdk.Stack, network Network, p SluiceStackProps) (awsrds.DatabaseInstance, awsec2.SecurityGroup) {
+	vpc := network.Vpc
+	dbSubnets := &awsec2.SubnetSelection{SubnetType: awsec2.SubnetType_PRIVATE_ISOLATED}
+	if network.ApiEndpoints != nil { // the stack's own VPC
+		dbSubnets = &awsec2.SubnetSelection{SubnetGroupName: jsii.String("database")}
+	}
+	engine := awsrds.DatabaseInstanceEngine_Postgres(&awsrds.PostgresInstanceEngineProps{Version: awsrds.PostgresEngineVersion_VER_17_9()})
 	params := awsrds.NewParameterGroup(stack, jsii.String("DatabaseParameters"), &awsrds.ParameterGroupProps{
 		Engine:      engine,
-		Description: jsii.String("sluice: TLS required for every connection"),
-		Parameters:  &map[string]*string{"rds.force_ssl": jsii.String("1")},
+		Description: jsii.String("sluice: TLS required for every connection; max_connections fixed for the connection budget"),
+		Parameters: &map[string]*string{
+			"rds.force_ssl":   jsii.String("1"),
+			"max_connections": jsii.String(fmt.Sprint(p.MaxConnections)),
+		},
 	})
 	sg := awsec2.NewSecurityGroup(stack, jsii.String("DatabaseSecurityGroup"), &awsec2.SecurityGroupProps{
 		Vpc:              vpc,
@@ -217,7 +360,7 @@ func newDatabase(stack awscdk.Stack, vpc awsec2.IVpc, p SluiceStackProps) (awsrd
 		Engine:                  engine,
 		InstanceType:            instanceType,
 		Vpc:                     vpc,
-		VpcSubnets:              &awsec2.SubnetSelection{SubnetType: awsec2.SubnetType_PRIVATE_ISOLATED},
+		VpcSubnets:              dbSubnets,
 		SecurityGroups:          &[]awsec2.ISecurityGroup{sg},
 		Credentials:             awsrds.Credentials_FromGeneratedSecret(jsii.String("sluice"), nil),
 		DatabaseName:            jsii.String("sluice"),
@@ -226,6 +369,7 @@ func newDatabase(stack awscdk.Stack, vpc awsec2.IVpc, p SluiceStackProps) (awsrd
 		PubliclyAccessible:      jsii.Bool(false),
 		MultiAz:                 jsii.Bool(multiAZ),
 		AllocatedStorage:        jsii.Number(20),
+		StorageType:             awsrds.StorageType_GP3,
 		MaxAllocatedStorage:     jsii.Number(200),
 		BackupRetention:         awscdk.Duration_Days(jsii.Number(7)),
 		DeletionProtection:      jsii.Bool(true),
@@ -236,9 +380,11 @@ func newDatabase(stack awscdk.Stack, vpc awsec2.IVpc, p SluiceStackProps) (awsrd
 	suppress(db, "AwsSolutions-RDS11",
 		"PostgreSQL keeps its standard port: the instance is in isolated subnets and its security group admits "+
 			"only the sluice Lambdas' security groups, so a non-default port adds no protection, only client configuration.")
-	suppress(db, "AwsSolutions-SMG4",
-		"The Lambdas read the credentials once per cold start (the design decision of the Lambdas issue), so an automatic "+
-			"rotation would make warm instances fail to open new connections until they are recycled. Rotate deliberately: "+
-			"rotate the secret, then publish new versions of the functions (docs/deploy.md).")
+	// The master secret outlives the stack (like the snapshot the instance leaves), and rotates:
+	// the migrations read it on every event, and no other function uses it.
+	secret := db.Secret() // the attachment (host, port ...) of the generated secret, child "Secret"
+	generated := db.Node().FindChild(jsii.String("Secret"))
+	generated.Node().DefaultChild().(awscdk.CfnResource).ApplyRemovalPolicy(awscdk.RemovalPolicy_RETAIN, nil)
+	rotateSecret(stack, secret, network, Database{Connections: db}, 30, nil)
 	return db, sg
 }

