@@ -225,7 +225,8 @@ func newGoFunction(scope constructs.Construct, id string, p goFunctionProps) aws
 	desc := jsii.String("sluice " + p.description + " to PostgreSQL")
 	switch {
 	case p.via != nil:
-		p.via.Connections().AllowDefaultPortFrom(fn, desc)
+		// RDS Proxy listens on PostgreSQL's port and has no default port of its own in CDK.
+		p.via.Connections().AllowFrom(fn, awsec2.Port_Tcp(jsii.Number(5432)), desc)
 	case p.database.Connections != nil:
 		p.database.Connections.Connections().AllowDefaultPortFrom(fn, desc)
 	}

@@ -185,21 +185,21 @@ func TestSluiceStack(t *testing.T) {
 
 	t.Run("resource counts", func(t *testing.T) {
 		for typ, n := range map[string]float64{
-			"AWS::Lambda::Function":           3,
-			"AWS::SNS::Topic":                 2, // outbox topic, alarm topic
-			"AWS::SQS::Queue":                 3, // queue, DLQ, subscription DLQ
-			"AWS::SNS::Subscription":          2, // queue, alarm e-mail
-			"AWS::Lambda::EventSourceMapping": 1,
-			"AWS::Events::Rule":               1,
-			"AWS::RDS::DBInstance":            1,
-			infra.MigrationsResourceType:      1,
-			"AWS::CloudWatch::Alarm":          16,
-			"AWS::CloudWatch::Dashboard":      1,
-			"AWS::SecretsManager::Secret":     3, // master (migrations only), relay role, consumer role
+			"AWS::Lambda::Function":                 3,
+			"AWS::SNS::Topic":                       2, // outbox topic, alarm topic
+			"AWS::SQS::Queue":                       3, // queue, DLQ, subscription DLQ
+			"AWS::SNS::Subscription":                2, // queue, alarm e-mail
+			"AWS::Lambda::EventSourceMapping":       1,
+			"AWS::Events::Rule":                     1,
+			"AWS::RDS::DBInstance":                  1,
+			infra.MigrationsResourceType:            1,
+			"AWS::CloudWatch::Alarm":                16,
+			"AWS::CloudWatch::Dashboard":            1,
+			"AWS::SecretsManager::Secret":           3, // master (migrations only), relay role, consumer role
 			"AWS::SecretsManager::RotationSchedule": 3,
-			"AWS::EC2::VPCEndpoint":           3, // Secrets Manager, SNS, S3 gateway
-			"AWS::EC2::NatGateway":            0,
-			"AWS::Lambda::LayerVersion":       1, // the CA bundle
+			"AWS::EC2::VPCEndpoint":                 3, // Secrets Manager, SNS, S3 gateway
+			"AWS::EC2::NatGateway":                  0,
+			"AWS::Lambda::LayerVersion":             1, // the CA bundle
 		} {
 			tmpl.ResourceCountIs(jsii.String(typ), jsii.Number(n))
 		}
@@ -473,11 +473,11 @@ func TestSluiceStack(t *testing.T) {
 		}
 		require.Equal(t, 2, visible, "DLQ and subscription DLQ alarms")
 		for metric, want := range map[string]map[string]any{
-			"CPUUtilization":            {"Namespace": "AWS/RDS", "ComparisonOperator": "GreaterThanThreshold", "Threshold": 80.0},
-			"FreeableMemory":            {"Namespace": "AWS/RDS", "ComparisonOperator": "LessThanThreshold", "Threshold": 200.0 * 1024 * 1024},
-			"FreeStorageSpace":          {"Namespace": "AWS/RDS", "ComparisonOperator": "LessThanThreshold", "Threshold": 2.0 * 1024 * 1024 * 1024},
-			"DatabaseConnections":       {"Namespace": "AWS/RDS", "ComparisonOperator": "GreaterThanThreshold", "Threshold": 160.0}, // 80% of 200
-			"MaximumUsedTransactionIDs": {"Namespace": "AWS/RDS", "ComparisonOperator": "GreaterThanThreshold", "Threshold": 1e9},
+			"CPUUtilization":             {"Namespace": "AWS/RDS", "ComparisonOperator": "GreaterThanThreshold", "Threshold": 80.0},
+			"FreeableMemory":             {"Namespace": "AWS/RDS", "ComparisonOperator": "LessThanThreshold", "Threshold": 200.0 * 1024 * 1024},
+			"FreeStorageSpace":           {"Namespace": "AWS/RDS", "ComparisonOperator": "LessThanThreshold", "Threshold": 2.0 * 1024 * 1024 * 1024},
+			"DatabaseConnections":        {"Namespace": "AWS/RDS", "ComparisonOperator": "GreaterThanThreshold", "Threshold": 160.0}, // 80% of 200
+			"MaximumUsedTransactionIDs":  {"Namespace": "AWS/RDS", "ComparisonOperator": "GreaterThanThreshold", "Threshold": 1e9},
 			infra.MetricDestinationsDown: {"Namespace": infra.MetricNamespace, "ComparisonOperator": "GreaterThanThreshold", "Threshold": 0.0},
 		} {
 			alarm(metric, want)
@@ -592,8 +592,8 @@ func TestConstructsAlone(t *testing.T) {
 			"Timeout":                      120.0,
 			"ReservedConcurrentExecutions": 3.0,
 			"Environment": map[string]any{"Variables": map[string]any{
-				lambdaenv.TopicARNs:         topicARNs,
-				lambdaenv.DatabaseSecretARN: "arn:aws:secretsmanager:eu-west-1:111111111111:secret:sluice-db-AbCdEf",
+				lambdaenv.TopicARNs:           topicARNs,
+				lambdaenv.DatabaseSecretARN:   "arn:aws:secretsmanager:eu-west-1:111111111111:secret:sluice-db-AbCdEf",
 				lambdaenv.DatabaseSSLMode:     "verify-full",
 				lambdaenv.DatabaseSSLRootCert: infra.CABundleLambdaPath,
 				lambdaenv.DatabaseMaxConns:    "2",
