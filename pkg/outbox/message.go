@@ -49,10 +49,14 @@ type Message struct {
 	// PartitionKey orders events: those with the same key are published in write order, and it is
 	// the FIFO MessageGroupId. Defaults to AggregateID.
 	PartitionKey string
-	// Payload is the event body, a JSON document published verbatim (in PostgreSQL's jsonb text form).
+	// Payload is the event body, a JSON document. It is stored as jsonb and published as
+	// PostgreSQL's text of it (keys sorted, duplicates dropped, one space after ':' and ',',
+	// numbers without exponent); Write returns the messages with Payload in exactly that form
+	// and checks its size, so what is checked is what is published.
 	Payload json.RawMessage
-	// Headers are carried as string message attributes (W3C traceparent, ...), as many as
-	// SNS's limit of 10 attributes leaves room for after the five contract attributes.
+	// Headers are carried as string message attributes (W3C traceparent, ...): at most as many
+	// as SNS's limit of 10 attributes leaves after the contract's attributes (5, or 3 when
+	// AggregateType and AggregateID are empty). Write refuses more rather than drop any.
 	Headers map[string]string
 }
 
@@ -117,7 +121,21 @@ func checkAttrValue(v string) string {
 	return ""
 }
 
-// prepare validates m, fills its defaults, and returns the normalized copy.
+// contractAttributes counts the contract's attributes m will carry: messageId, eventType and
+// createdAt always, aggregateType and aggregateId when set.
+func contractAttributes(m Message) int {
+	n := 3
+	if m.AggregateType != "" {
+		n++
+	}
+	if m.AggregateID != "" {
+		n++
+	}
+	return n
+}
+
+// prepare validates m, fills its defaults, and returns the normalized copy with its payload in
+// the form PostgreSQL will publish.
 func (m Message) prepare(i int, maxPayload int) (Message, error) {
 	fail := func(field, problem string) (Message, error) {
 		return Message{}, &ValidationError{Index: i, Field: field, Problem: problem}
@@ -128,30 +146,34 @@ func (m Message) prepare(i int, maxPayload int) (Message, error) {
 	if strings.TrimSpace(m.EventType) == "" {
 		return fail("EventType", "is required")
 	}
-	for field, v := range map[string]string{"Topic": m.Topic, "EventType": m.EventType, "AggregateType": m.AggregateType, "AggregateID": m.AggregateID, "PartitionKey": m.PartitionKey} {
-		if v != "" {
-			if p := checkAttrValue(v); p != "" {
-				return fail(field, p)
+	for _, f := range []struct{ field, v string }{{"Topic", m.Topic}, {"EventType", m.EventType},
+		{"AggregateType", m.AggregateType}, {"AggregateID", m.AggregateID}, {"PartitionKey", m.PartitionKey}} {
+		if f.v != "" {
+			if p := checkAttrValue(f.v); p != "" {
+				return fail(f.field, p)
 			}
 		}
 	}
 	if len(m.Payload) == 0 {
 		return fail("Payload", "is required (use {} for an empty event)")
 	}
-	if !json.Valid(m.Payload) {
-		return fail("Payload", "is not valid JSON")
+	// What is checked is what is published: PostgreSQL's text of the stored jsonb.
+	rendered, err := renderJSONB(m.Payload)
+	if err != nil {
+		return fail("Payload", err.Error())
 	}
-	if len(m.Payload) > maxPayload {
-		return fail("Payload", fmt.Sprintf("is %d bytes, above the publishable %d bytes", len(m.Payload), maxPayload))
+	if len(rendered) > maxPayload {
+		return fail("Payload", fmt.Sprintf("is %d bytes as PostgreSQL stores and publishes it (%d as given), above the publishable %d bytes", len(rendered), len(m.Payload), maxPayload))
 	}
-	if strings.ContainsRune(string(m.Payload), 0) || strings.Contains(string(m.Payload), `\u0000`) {
-		return fail("Payload", "contains a NUL character, which PostgreSQL jsonb refuses")
+	m.Payload = rendered
+	if n := contractAttributes(m) + len(m.Headers); n > MaxAttributes {
+		return fail("Headers", fmt.Sprintf("%d headers and %d contract attributes make %d message attributes, above SNS's %d", len(m.Headers), contractAttributes(m), n, MaxAttributes))
 	}
-	for k, v := range m.Headers {
+	for _, k := range sortedKeys(m.Headers) {
 		if p := checkHeaderName(k); p != "" {
 			return fail("Headers["+k+"]", "name "+p)
 		}
-		if p := checkAttrValue(v); p != "" {
+		if p := checkAttrValue(m.Headers[k]); p != "" {
 			return fail("Headers["+k+"]", "value "+p)
 		}
 	}

@@ -65,18 +65,25 @@ func TestWriteRejectsBadInputNamingTheField(t *testing.T) {
 		msg   outbox.Message
 		field string
 	}{
-		"empty topic":         {with(func(m *outbox.Message) { m.Topic = " " }), "Topic"},
-		"empty event type":    {with(func(m *outbox.Message) { m.EventType = "" }), "EventType"},
-		"missing payload":     {with(func(m *outbox.Message) { m.Payload = nil }), "Payload"},
-		"payload not JSON":    {with(func(m *outbox.Message) { m.Payload = json.RawMessage(`{"a":`) }), "Payload"},
-		"payload too large":   {with(func(m *outbox.Message) { m.Payload = json.RawMessage(`"` + strings.Repeat("x", 256*1024) + `"`) }), "Payload"},
-		"payload with NUL":    {with(func(m *outbox.Message) { m.Payload = json.RawMessage(`{"a":"\u0000"}`) }), "Payload"},
-		"header bad name":     {with(func(m *outbox.Message) { m.Headers = map[string]string{"bad name": "x"} }), "Headers[bad name]"},
-		"header AWS prefix":   {with(func(m *outbox.Message) { m.Headers = map[string]string{"AWS.trace": "x"} }), "Headers[AWS.trace]"},
-		"header reserved":     {with(func(m *outbox.Message) { m.Headers = map[string]string{"messageId": "x"} }), "Headers[messageId]"},
-		"header empty value":  {with(func(m *outbox.Message) { m.Headers = map[string]string{"traceparent": ""} }), "Headers[traceparent]"},
-		"header bad char":     {with(func(m *outbox.Message) { m.Headers = map[string]string{"x-a": "a\x01b"} }), "Headers[x-a]"},
-		"event type bad utf8": {with(func(m *outbox.Message) { m.EventType = "\xff" }), "EventType"},
+		"empty topic":              {with(func(m *outbox.Message) { m.Topic = " " }), "Topic"},
+		"empty event type":         {with(func(m *outbox.Message) { m.EventType = "" }), "EventType"},
+		"missing payload":          {with(func(m *outbox.Message) { m.Payload = nil }), "Payload"},
+		"payload not JSON":         {with(func(m *outbox.Message) { m.Payload = json.RawMessage(`{"a":`) }), "Payload"},
+		"payload too large":        {with(func(m *outbox.Message) { m.Payload = json.RawMessage(`"` + strings.Repeat("x", 256*1024) + `"`) }), "Payload"},
+		"payload with NUL":         {with(func(m *outbox.Message) { m.Payload = json.RawMessage(`{"a":"\u0000"}`) }), "Payload"},
+		"header bad name":          {with(func(m *outbox.Message) { m.Headers = map[string]string{"bad name": "x"} }), "Headers[bad name]"},
+		"header AWS prefix":        {with(func(m *outbox.Message) { m.Headers = map[string]string{"AWS.trace": "x"} }), "Headers[AWS.trace]"},
+		"header reserved":          {with(func(m *outbox.Message) { m.Headers = map[string]string{"messageId": "x"} }), "Headers[messageId]"},
+		"header empty value":       {with(func(m *outbox.Message) { m.Headers = map[string]string{"traceparent": ""} }), "Headers[traceparent]"},
+		"header bad char":          {with(func(m *outbox.Message) { m.Headers = map[string]string{"x-a": "a\x01b"} }), "Headers[x-a]"},
+		"event type bad utf8":      {with(func(m *outbox.Message) { m.EventType = "\xff" }), "EventType"},
+		"number printed in full":   {with(func(m *outbox.Message) { m.Payload = json.RawMessage(`[1e131071]`) }), "Payload"},
+		"zero with 16383 decimals": {with(func(m *outbox.Message) { m.Payload = json.RawMessage(`{"a":0e-16383}`) }), "Payload"},
+		"lone surrogate":           {with(func(m *outbox.Message) { m.Payload = json.RawMessage(`"\ud800"`) }), "Payload"},
+		"too many headers": {with(func(m *outbox.Message) {
+			m.AggregateType = "order"
+			m.Headers = map[string]string{"h1": "1", "h2": "2", "h3": "3", "h4": "4", "h5": "5", "h6": "6"}
+		}), "Headers"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -95,6 +102,56 @@ func TestWriteRejectsBadInputNamingTheField(t *testing.T) {
 			require.Zero(t, n, "nothing is written when any message is invalid")
 		})
 	}
+}
+
+// Issue 10, scenario 4: the relay publishes PostgreSQL's text of the stored jsonb, so Write
+// checks that text, byte for byte, and returns it.
+func TestWriteChecksAndReturnsTheBytesThatArePublished(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	write := func(payload string) ([]outbox.Message, error) {
+		tx, err := b.pool.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx)
+		msgs, err := outbox.Write(ctx, tx, outbox.Message{Topic: testTopic, EventType: "E", AggregateID: "a", Payload: json.RawMessage(payload)})
+		if err == nil {
+			require.NoError(t, tx.Commit(ctx))
+		}
+		return msgs, err
+	}
+
+	// 240 KB of compact JSON is 290 KB once PostgreSQL prints it: refused at Write, not at the relay.
+	var compact strings.Builder
+	compact.WriteString("[")
+	for i := range 30000 {
+		if i > 0 {
+			compact.WriteString(",")
+		}
+		compact.WriteString(`{"k":1}`)
+	}
+	compact.WriteString("]")
+	require.Less(t, compact.Len(), outbox.MaxMessageBytes)
+	_, err := write(compact.String())
+	require.ErrorContains(t, err, "as PostgreSQL stores and publishes it")
+
+	// An escaped backslash followed by "u0000" is text, not a NUL: accepted.
+	msgs, err := write(`{"z":2,"a":"\\u0000","a":1}`)
+	require.NoError(t, err)
+	require.Equal(t, `{"a": 1, "z": 2}`, string(msgs[0].Payload), "Write returns the published form")
+	msgs, err = write(`{"b":"\\u0000","n":1.50e1}`)
+	require.NoError(t, err)
+	require.Equal(t, `{"b": "\\u0000", "n": 15.0}`, string(msgs[0].Payload))
+
+	// What the relay publishes is what Write returned, byte for byte.
+	st, err := b.relay(t).RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, st.Published)
+	bodies := map[string]string{}
+	for _, e := range b.rec.received {
+		bodies[e.EventID.String()] = string(e.Payload)
+	}
+	require.Equal(t, string(msgs[0].Payload), bodies[msgs[0].EventID.String()])
 }
 
 func TestWriterConfigIsValidated(t *testing.T) {
