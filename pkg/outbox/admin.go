@@ -167,14 +167,20 @@ func RetryQuarantined(ctx context.Context, db Querier, ids []int64) (int64, erro
 	if ids != nil && len(ids) == 0 {
 		return 0, ErrNothingSelected
 	}
-	tag, err := db.Exec(ctx, `
-		UPDATE outbox_event SET quarantined_at = NULL, attempts = 0, available_at = NULL
-		WHERE quarantined_at IS NOT NULL AND published_at IS NULL
-		  AND ($1::bigint[] IS NULL OR id = ANY($1))`, ids)
+	var n int64
+	err := db.QueryRow(ctx, `
+		WITH released AS (
+		    UPDATE outbox_event SET quarantined_at = NULL, attempts = 0, available_at = NULL, failing_since = NULL
+		    WHERE quarantined_at IS NOT NULL AND published_at IS NULL
+		      AND ($1::bigint[] IS NULL OR id = ANY($1))
+		    RETURNING 1
+		)
+		`+bumpEpoch+`
+		SELECT count(*) FROM released`, ids).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("retry quarantined outbox rows: %w", err)
 	}
-	return tag.RowsAffected(), nil
+	return n, nil
 }
 
 // ReplayFilter selects published rows to publish again. Since is required.
@@ -223,10 +229,22 @@ func Replay(ctx context.Context, db Querier, f ReplayFilter) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	tag, err := db.Exec(ctx, `UPDATE outbox_event SET published_at = NULL, available_at = NULL, attempts = 0, last_error = NULL
-		WHERE `+replayWhere, args...)
+	var n int64
+	err = db.QueryRow(ctx, `
+		WITH replayed AS (
+		    UPDATE outbox_event SET published_at = NULL, available_at = NULL, attempts = 0, last_error = NULL, failing_since = NULL
+		    WHERE `+replayWhere+`
+		    RETURNING 1
+		)
+		`+bumpEpoch+`
+		SELECT count(*) FROM replayed`, args...).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("replay outbox rows: %w", err)
 	}
-	return tag.RowsAffected(), nil
+	return n, nil
 }
+
+// bumpEpoch is a CTE that moves outbox_control.admin_epoch in the same statement as an
+// operator's change, so that relays notice on their next poll that rows became pending without
+// new ids, and read every key from its first pending row again.
+const bumpEpoch = `, epoch AS (UPDATE outbox_control SET admin_epoch = admin_epoch + 1 RETURNING 1)`

@@ -359,3 +359,35 @@ func TestHungRelayLosesItsKeysAfterTheLease(t *testing.T) {
 	require.Error(t, <-aDone, "A's transaction was ended under it; it records nothing")
 	b.rec.requireKeyOrder(t)
 }
+
+func TestRunRepublishesReplayedRowsInKeyOrderWithoutWaitingForARescan(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	b.write(t, 30, 3)
+	// A relay that publishes new rows while a walk over every key happens only once an hour:
+	// replayed rows get no new ids, so only the admin epoch can tell it about them.
+	r := b.relay(t, func(c *outbox.RelayConfig) { c.PollInterval = 20 * time.Millisecond; c.RescanInterval = time.Hour })
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	require.Eventually(t, func() bool { return b.countWhere(t, "published_at IS NULL") == 0 }, 10*time.Second, 10*time.Millisecond)
+
+	n, err := outbox.Replay(ctx, b.pool, outbox.ReplayFilter{Since: time.Now().Add(-time.Hour)})
+	require.NoError(t, err)
+	require.Equal(t, int64(30), n)
+	b.write(t, 3, 3) // new rows of the same keys arrive meanwhile
+	require.Eventually(t, func() bool { return b.countWhere(t, "published_at IS NULL") == 0 }, 10*time.Second, 10*time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+	require.Equal(t, 63, b.rec.count(), "every row once, the replayed ones twice")
+	// Replayed rows went out again before the new rows of their key.
+	b.rec.mu.Lock()
+	defer b.rec.mu.Unlock()
+	for key, ids := range b.rec.byKey {
+		second := ids[10:] // the first 10 are the original publication
+		for i := 1; i < len(second); i++ {
+			require.Greater(t, second[i], second[i-1], "key %s: replay and new rows in id order", key)
+		}
+	}
+}

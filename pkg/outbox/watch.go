@@ -159,6 +159,13 @@ func (w *watcher) pollOnce(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	w.lastPoll = now
+	if epoch != w.epoch {
+		// First, so that no round reads a key's new rows after its floor while rows below the
+		// floor were made pending again.
+		w.epoch = epoch
+		w.r.book.reset(now)
+		w.wantSweep()
+	}
 	slices.SortFunc(rows, func(a, b polledRow) int { return cmp.Compare(a.id, b.id) })
 	fresh := 0
 	for _, p := range rows {
@@ -172,11 +179,6 @@ func (w *watcher) pollOnce(ctx context.Context) (int, error) {
 			w.frontier = p.id
 		}
 		w.r.book.sawRow(p.key, p.id, now)
-	}
-	if epoch != w.epoch {
-		w.epoch = epoch
-		w.r.book.reset(now)
-		w.wantSweep()
 	}
 	if w.r.book.takeOverflow() {
 		w.wantSweep()
