@@ -473,12 +473,13 @@ func TestSluiceStack(t *testing.T) {
 		}
 		require.Equal(t, 2, visible, "DLQ and subscription DLQ alarms")
 		for metric, want := range map[string]map[string]any{
-			"CPUUtilization":             {"Namespace": "AWS/RDS", "ComparisonOperator": "GreaterThanThreshold", "Threshold": 80.0},
-			"FreeableMemory":             {"Namespace": "AWS/RDS", "ComparisonOperator": "LessThanThreshold", "Threshold": 200.0 * 1024 * 1024},
-			"FreeStorageSpace":           {"Namespace": "AWS/RDS", "ComparisonOperator": "LessThanThreshold", "Threshold": 2.0 * 1024 * 1024 * 1024},
-			"DatabaseConnections":        {"Namespace": "AWS/RDS", "ComparisonOperator": "GreaterThanThreshold", "Threshold": 160.0}, // 80% of 200
-			"MaximumUsedTransactionIDs":  {"Namespace": "AWS/RDS", "ComparisonOperator": "GreaterThanThreshold", "Threshold": 1e9},
-			infra.MetricDestinationsDown: {"Namespace": infra.MetricNamespace, "ComparisonOperator": "GreaterThanThreshold", "Threshold": 0.0},
+			"CPUUtilization":                 {"Namespace": "AWS/RDS", "ComparisonOperator": "GreaterThanThreshold", "Threshold": 80.0},
+			"FreeableMemory":                 {"Namespace": "AWS/RDS", "ComparisonOperator": "LessThanThreshold", "Threshold": 200.0 * 1024 * 1024},
+			"FreeStorageSpace":               {"Namespace": "AWS/RDS", "ComparisonOperator": "LessThanThreshold", "Threshold": 2.0 * 1024 * 1024 * 1024},
+			"DatabaseConnections":            {"Namespace": "AWS/RDS", "ComparisonOperator": "GreaterThanThreshold", "Threshold": 160.0}, // 80% of 200
+			"MaximumUsedTransactionIDs":      {"Namespace": "AWS/RDS", "ComparisonOperator": "GreaterThanThreshold", "Threshold": 1e9},
+			infra.MetricDestinationsDown:     {"Namespace": infra.MetricNamespace, "ComparisonOperator": "GreaterThanThreshold", "Threshold": 0.0},
+			infra.MetricOldestTransactionAge: {"Namespace": infra.MetricNamespace, "ComparisonOperator": "GreaterThanThreshold", "Threshold": 600.0},
 		} {
 			alarm(metric, want)
 		}
@@ -492,7 +493,7 @@ func TestSluiceStack(t *testing.T) {
 			require.Equal(t, 2, n, "relay and consumer %s alarms", m)
 		}
 		tmpl.HasResourceProperties(jsii.String("AWS::SNS::Subscription"), map[string]any{"Protocol": "email", "Endpoint": "oncall@example.com"})
-		require.Len(t, s.Monitoring().Alarms(), 16)
+		require.Len(t, s.Monitoring().Alarms(), 17)
 	})
 
 	t.Run("dashboard shows the commit-to-apply latency", func(t *testing.T) {

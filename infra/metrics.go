@@ -81,4 +81,8 @@ func ConsumerMetric(consumer, name, statistic string) awscloudwatch.Metric {
 
 // MetricDestinationsDown is the number of destinations a relay backs off as a whole because
 // every call to them fails (Count), emitted by the relay with dimension Service=relay.
-const MetricDestinationsDown = "DestinationsDown"
+const MetricDestinationsDown = emf.DestinationsDown
+
+// MetricOldestTransactionAge is the age of the database's oldest transaction holding a snapshot
+// (Seconds), emitted by the relay: while it lasts VACUUM cannot clean up.
+const MetricOldestTransactionAge = emf.OldestTransactionAge

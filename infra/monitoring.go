@@ -243,6 +243,8 @@ func NewMonitoring(scope constructs.Construct, id string, props *MonitoringProps
 			RelayMetric(MetricOutboxQuarantined, "Maximum"), gt, 0, 1, notBreaching)
 		alarm("RelayDestinationsDown", "A relay backs off a whole destination (every publish to it fails: SNS throttling, an outage, a denied key) for 5 minutes.",
 			RelayMetric(MetricDestinationsDown, "Maximum"), gt, 0, 5, notBreaching)
+		alarm("OldestTransactionAge", "A transaction has held a snapshot for over 10 minutes: VACUUM cannot clean up behind it and the outbox's index fills with dead entries (sluice status names it).",
+			RelayMetric(MetricOldestTransactionAge, "Maximum"), gt, 600, 2, notBreaching)
 		lambdaAlarms("Relay", "Relay", o.Relay())
 
 		dash.AddWidgets(

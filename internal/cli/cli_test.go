@@ -14,6 +14,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/internal/cli"
@@ -177,6 +178,9 @@ func TestStatusJSONGoldenAndTable(t *testing.T) {
 	require.NoError(t, err)
 	require.WithinDuration(t, time.Now(), ts, time.Minute)
 	doc["time"] = "<now>"
+	db := doc["database"].(map[string]any)
+	require.GreaterOrEqual(t, db["oldest_transaction_age_seconds"], 0.0)
+	db["oldest_transaction_age_seconds"], db["oldest_transaction"] = "<age>", "<session>"
 	q := doc["queues"].([]any)[0].(map[string]any)
 	require.Equal(t, queueURL, q["url"])
 	q["url"] = "<queue-url>"
@@ -290,4 +294,27 @@ func TestPurgeKeepsWhatRetentionNeeds(t *testing.T) {
 	r := b.run(t, "purge", "--older-than", "7d", "--inbox-only")
 	require.Equal(t, 0, r.code, r.err)
 	require.Contains(t, r.err, "warning: --older-than 7d is not above SQS's 14-day maximum")
+}
+
+func TestStatusNamesTheTransactionThatHoldsBackVacuum(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	conn, err := pgx.Connect(ctx, b.env["DATABASE_URL"])
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "SET application_name = 'nightly-report'")
+	require.NoError(t, err)
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	_, err = tx.Exec(ctx, "SELECT count(*) FROM outbox_event") // takes the snapshot
+	require.NoError(t, err)
+	time.Sleep(1100 * time.Millisecond)
+
+	var st cli.Status
+	require.NoError(t, json.Unmarshal([]byte(b.ok(t, "status", "--json")), &st))
+	require.GreaterOrEqual(t, st.Database.OldestTransactionAgeSeconds, 1.0)
+	require.Contains(t, st.Database.OldestTransaction, "nightly-report")
+	require.Contains(t, st.Database.OldestTransaction, "idle in transaction")
 }

@@ -25,6 +25,8 @@ type Status struct {
 	Time   time.Time       `json:"time"`
 	Outbox OutboxStatus    `json:"outbox"`
 	Inbox  []ConsumerState `json:"inbox"`
+	// Database is what holds back VACUUM.
+	Database DatabaseStatus `json:"database"`
 	// Queues is present when --queue was given.
 	Queues []QueueStatus `json:"queues,omitempty"`
 }
@@ -36,6 +38,17 @@ type OutboxStatus struct {
 	Quarantined             int64   `json:"quarantined"`
 	PublishedLastMinute     int64   `json:"published_last_minute"`
 }
+
+// DatabaseStatus reports the oldest transaction holding a snapshot (outbox.HorizonOf): while it
+// lasts, VACUUM cannot remove published rows' dead index entries.
+type DatabaseStatus struct {
+	OldestTransactionAgeSeconds float64 `json:"oldest_transaction_age_seconds"`
+	// OldestTransaction names it ("session 4242 (psql, idle in transaction)"); empty when none.
+	OldestTransaction string `json:"oldest_transaction"`
+}
+
+// horizonWarning is the oldest-transaction age from which status warns.
+const horizonWarning = 5 * time.Minute
 
 // ConsumerState is one inbox consumer's backlog (consumers with nothing pending are omitted).
 type ConsumerState struct {
@@ -78,8 +91,12 @@ func (a *app) statusCommand() *cobra.Command {
 rows published in the last minute; each inbox consumer's unprocessed and parked rows; and for every
 --queue, its depth, the age of its oldest message (CloudWatch) and its DLQ's depth.
 
+It also names the database's oldest transaction holding a snapshot, and warns when it is older
+than 5 minutes: while it lasts VACUUM cannot clean up behind it.
+
 --json prints a stable document (outbox.pending, outbox.oldest_pending_age_seconds,
-outbox.quarantined, outbox.published_last_minute, inbox[], queues[]) for scripts and checks.`,
+outbox.quarantined, outbox.published_last_minute, inbox[], database.oldest_transaction_age_seconds,
+database.oldest_transaction, queues[]) for scripts and checks.`,
 		Example: `  sluice status
   sluice status --json | jq .outbox.oldest_pending_age_seconds
   sluice status --queue https://sqs.eu-west-1.amazonaws.com/123456789012/billing`,
@@ -124,14 +141,19 @@ func (a *app) readStatus(ctx context.Context, queueURLs []string) (*Status, erro
 	if err != nil {
 		return nil, err
 	}
+	horizon, err := outbox.HorizonOf(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
 	st := &Status{
 		Time: time.Now().UTC().Truncate(time.Second),
 		Outbox: OutboxStatus{
 			Pending: lag.Pending, OldestPendingAgeSeconds: seconds(lag.OldestPendingAge),
 			Quarantined: lag.Quarantined, PublishedLastMinute: lag.PublishedLastMinute,
 		},
-		Inbox:  make([]ConsumerState, 0, len(consumers)),
-		Queues: qs,
+		Inbox:    make([]ConsumerState, 0, len(consumers)),
+		Database: DatabaseStatus{OldestTransactionAgeSeconds: seconds(horizon.OldestTransactionAge), OldestTransaction: horizon.HeldBy},
+		Queues:   qs,
 	}
 	for _, c := range consumers {
 		st.Inbox = append(st.Inbox, ConsumerState{Consumer: c.Consumer, Unprocessed: c.Unprocessed,
@@ -233,6 +255,10 @@ func printStatus(w io.Writer, st *Status) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if age := dur(st.Database.OldestTransactionAgeSeconds); age >= horizonWarning {
+		fmt.Fprintf(w, "WARNING: %s has held a snapshot for %s: VACUUM cannot clean up behind it (the relay's index fills with dead entries); end it if it is not needed\n",
+			st.Database.OldestTransaction, FormatDuration(age))
 	}
 	if len(st.Queues) == 0 {
 		return nil

@@ -28,6 +28,9 @@ const (
 	// DestinationsDown is the number of destinations a relay backs off as a whole because
 	// every call to them fails (Count).
 	DestinationsDown = "DestinationsDown"
+	// OldestTransactionAge is the age of the database's oldest transaction holding a snapshot,
+	// which holds back VACUUM (Seconds).
+	OldestTransactionAge = "OldestTransactionAgeSeconds"
 )
 
 // Inbox metric names (consumer and asynchronous processor).

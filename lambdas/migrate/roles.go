@@ -332,6 +332,9 @@ func applyRole(ctx context.Context, tx pgx.Tx, r Role, password string) error {
 		if control {
 			sqls = append(sqls, "GRANT SELECT ON TABLE outbox_control TO "+ident)
 		}
+		// Reading other roles' transactions for the OldestTransactionAgeSeconds metric
+		// (outbox.HorizonOf): statistics only, no data. RDS's master user may grant it.
+		sqls = append(sqls, "GRANT pg_read_all_stats TO "+ident)
 	case KindConsumer:
 		policy := pgx.Identifier{"sluice_inbox_" + r.Name}.Sanitize()
 		var lit string

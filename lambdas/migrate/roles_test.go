@@ -20,10 +20,13 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/emf"
 	"github.com/sluicehq/sluice/internal/lambdaenv"
 	"github.com/sluicehq/sluice/internal/testdb"
+	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
 // secretBook holds secrets in Secrets Manager's request and response shapes.
@@ -159,6 +162,32 @@ func TestRolesGrantEachFunctionOnlyWhatItNeeds(t *testing.T) {
 		requireSQLState(t, err, "42501", "the relay writes no events")
 		_, err = c.Exec(ctx, `SELECT count(*) FROM invoice`)
 		requireSQLState(t, err, "42501", "the relay reads no service tables")
+		var stats bool
+		require.NoError(t, c.QueryRow(ctx, "SELECT pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER')").Scan(&stats))
+		require.True(t, stats, "the relay sees other roles' transactions for its oldest-transaction metric")
+
+		// What the role allows is what the relay needs: a real relay, logged in as the role,
+		// publishes a row (advisory locks, plan guards, the admin epoch, the horizon metric).
+		_, err = admin.Exec(ctx, `INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload)
+			VALUES (gen_random_uuid(), 'orders', 'order', 'o-2', 'OrderCreated', 'o-2', '{}')`)
+		require.NoError(t, err)
+		u, err := url.Parse(dbURL)
+		require.NoError(t, err)
+		u.User = url.User(relay)
+		pool, err := pgxpool.New(ctx, u.String())
+		require.NoError(t, err)
+		defer pool.Close()
+		var metrics strings.Builder
+		r, err := outbox.NewRelay(pool, outbox.RelayConfig{Publisher: acceptAll{}, DefaultTopic: "arn:aws:sns:us-east-1:000000000000:orders",
+			Metrics: &metrics, MetricsInterval: time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+		require.NoError(t, err)
+		st, err := r.RunOnce(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 1, st.Published)
+		runCtx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancel()
+		require.NoError(t, r.Run(runCtx))
+		require.Contains(t, metrics.String(), emf.OldestTransactionAge)
 	})
 
 	t.Run("consumer: its own inbox rows and its declared tables, no outbox", func(t *testing.T) {
@@ -276,4 +305,11 @@ func TestSCRAMVerifier(t *testing.T) {
 	b, err := scramVerifier("pencil")
 	require.NoError(t, err)
 	require.NotEqual(t, a, b, "a fresh salt each time")
+}
+
+// acceptAll acknowledges every event: the broker is not what these tests are about.
+type acceptAll struct{}
+
+func (acceptAll) PublishBatch(_ context.Context, _ string, events []*outbox.Event) []error {
+	return make([]error, len(events))
 }

@@ -248,3 +248,51 @@ func Replay(ctx context.Context, db Querier, f ReplayFilter) (int64, error) {
 // operator's change, so that relays notice on their next poll that rows became pending without
 // new ids, and read every key from its first pending row again.
 const bumpEpoch = `, epoch AS (UPDATE outbox_control SET admin_epoch = admin_epoch + 1 RETURNING 1)`
+
+// Horizon is what holds back VACUUM: the oldest transaction whose snapshot keeps dead rows
+// alive. While it lasts, the index entries of published rows stay in
+// outbox_event_pending_key_idx and every reader steps over them, and the table and its indexes
+// grow. Alarm on its age.
+type Horizon struct {
+	// OldestTransactionAge is the age of the oldest such transaction (0 when none).
+	OldestTransactionAge time.Duration
+	// HeldBy names it: "session 4242 (psql, idle in transaction)" or "prepared transaction x".
+	HeldBy string
+}
+
+// HorizonOf reads the oldest open or prepared transaction in this database that holds a
+// snapshot, other than the caller's own (transactions in other databases of the server do not
+// hold back this one's VACUUM). Seeing other roles' sessions needs the pg_read_all_stats role (granted to
+// the relay's role by the migrations custom resource); without it only the caller's role's
+// sessions count.
+func HorizonOf(ctx context.Context, db Querier) (Horizon, error) {
+	var (
+		h      Horizon
+		age    *time.Duration
+		heldBy *string
+	)
+	err := db.QueryRow(ctx, `
+		SELECT age, held_by FROM (
+		    SELECT now() - xact_start AS age,
+		           format('session %s (%s, %s)', pid, coalesce(nullif(application_name, ''), usename::text, '?'), state) AS held_by
+		    FROM pg_stat_activity
+		    WHERE backend_xmin IS NOT NULL AND xact_start IS NOT NULL AND pid <> pg_backend_pid()
+		      AND datname = current_database()
+		    UNION ALL
+		    SELECT now() - prepared, format('prepared transaction %s', gid) FROM pg_prepared_xacts
+		    WHERE database = current_database()
+		) t ORDER BY age DESC LIMIT 1`).Scan(&age, &heldBy)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Horizon{}, nil
+	}
+	if err != nil {
+		return Horizon{}, fmt.Errorf("read the oldest transaction: %w", err)
+	}
+	if age != nil {
+		h.OldestTransactionAge = max(*age, 0)
+	}
+	if heldBy != nil {
+		h.HeldBy = *heldBy
+	}
+	return h, nil
+}

@@ -484,6 +484,15 @@ func (r *Relay) emitMetrics(ctx context.Context, s Stats) {
 	} else {
 		r.log.Warn("read outbox lag", "error", err)
 	}
+	if h, err := HorizonOf(lctx, r.pool); err == nil {
+		ms = append(ms, emf.Metric{Name: emf.OldestTransactionAge, Unit: emf.Seconds, Value: h.OldestTransactionAge.Seconds()})
+		if h.OldestTransactionAge > 5*time.Minute {
+			r.log.Warn("an old transaction holds back VACUUM: published rows' index entries pile up", "held_by", h.HeldBy,
+				"age", h.OldestTransactionAge.Round(time.Second))
+		}
+	} else {
+		r.log.Warn("read the oldest transaction", "error", err)
+	}
 	r.metrics.Emit(ms...)
 }
 
