@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"strconv"
 	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/aws/smithy-go"
@@ -75,8 +77,19 @@ func isNoSuchQueue(err error) bool {
 	return false
 }
 
-// isUnsupported recognises an endpoint that does not implement an action (an emulator).
+// isUnsupported recognises an endpoint that does not implement an action (an emulator): an
+// AWS error code saying so, or an HTTP 500/501 whose body is not an AWS error at all (moto
+// answers actions it lacks with an HTML error page). A real SQS answers errors in its own
+// format, so mistaking a real failure for this costs at most the receive/send/delete path,
+// which is correct everywhere.
 func isUnsupported(err error) bool {
+	var de *smithy.DeserializationError
+	var re *awshttp.ResponseError
+	if errors.As(err, &de) && errors.As(err, &re) {
+		if code := re.HTTPStatusCode(); code == http.StatusInternalServerError || code == http.StatusNotImplemented {
+			return true
+		}
+	}
 	var api smithy.APIError
 	if !errors.As(err, &api) {
 		return false

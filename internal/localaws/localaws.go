@@ -1,6 +1,7 @@
-// Package localaws runs the local SNS/SQS endpoint used by tests and the demo: the fauxqs
-// emulator from the repository's npm lockfile, unless AWS_ENDPOINT_URL already names one
-// (LocalStack, say). It also builds AWS SDK configurations for such an endpoint.
+// Package localaws runs the local AWS endpoint used by tests and the demo: the fauxqs SNS/SQS
+// emulator from the repository's npm lockfile, or moto_server (SLUICE_AWS_EMULATOR=moto), unless
+// AWS_ENDPOINT_URL already names one (LocalStack, say). It also builds AWS SDK configurations
+// for such an endpoint.
 package localaws
 
 import (
@@ -14,15 +15,13 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 
-	"github.com/sluicehq/sluice/internal/pgcluster"
+	"github.com/sluicehq/sluice/internal/localproc"
 )
 
 // EnvEndpoint is the standard AWS SDK variable naming a custom endpoint.
@@ -31,19 +30,38 @@ const EnvEndpoint = "AWS_ENDPOINT_URL"
 // DefaultRegion is used when AWS_REGION is unset.
 const DefaultRegion = "us-east-1"
 
-// Emulator is a running fauxqs process.
+// EnvEmulator chooses the emulator that TestEndpoint, devenv and the demo start when
+// AWS_ENDPOINT_URL is unset: "fauxqs" (the default) or "moto".
+const EnvEmulator = "SLUICE_AWS_EMULATOR"
+
+// The emulators this package starts.
+const (
+	// Fauxqs is the SNS/SQS emulator pinned in tools/node (npm).
+	Fauxqs = "fauxqs"
+	// Moto is moto_server, the emulator LocalStack is built on (pip install 'moto[server]'),
+	// when it is on PATH.
+	Moto = "moto"
+)
+
+// ErrNotInstalled is returned by Start when the chosen emulator is not installed here.
+var ErrNotInstalled = errors.New("emulator not installed")
+
+// Emulator is a running emulator process.
 type Emulator struct {
+	// Kind is Fauxqs or Moto.
+	Kind string
 	// URL is the endpoint, e.g. http://127.0.0.1:4566.
 	URL  string
-	cmd  *exec.Cmd
-	done chan struct{}
+	proc *localproc.Process
 }
 
 // Options tune the emulator.
 type Options struct {
+	// Kind is the emulator: Fauxqs or Moto. Defaults to $SLUICE_AWS_EMULATOR, else Fauxqs.
+	Kind string
 	// Port to listen on. Defaults to a free port.
 	Port int
-	// Log receives fauxqs's request log. Defaults to discarding it.
+	// Log receives the emulator's request log. Defaults to discarding it.
 	Log io.Writer
 }
 
@@ -73,22 +91,23 @@ func fileExists(p string) bool {
 	return err == nil
 }
 
-// Start launches fauxqs from node_modules and waits until it answers its health check.
+// Chosen returns the emulator Start uses by default: $SLUICE_AWS_EMULATOR, else Fauxqs.
+func Chosen() string {
+	if k := os.Getenv(EnvEmulator); k != "" {
+		return k
+	}
+	return Fauxqs
+}
+
+// Start launches the emulator and waits until it answers. It returns an error wrapping
+// ErrNotInstalled when the emulator is not installed on this machine.
 func Start(ctx context.Context, opts Options) (*Emulator, error) {
-	root, err := RepoRoot()
-	if err != nil {
-		return nil, err
+	if opts.Kind == "" {
+		opts.Kind = Chosen()
 	}
-	cli := filepath.Join(root, NodeTools, "node_modules", "fauxqs", "dist", "cli.js")
-	if !fileExists(cli) {
-		return nil, fmt.Errorf("fauxqs is not installed (%s missing): run `make deps` (npm ci in %s), or set %s", cli, NodeTools, EnvEndpoint)
-	}
-	node, err := exec.LookPath("node")
-	if err != nil {
-		return nil, fmt.Errorf("node is needed to run fauxqs: %w", err)
-	}
+	var err error
 	if opts.Port == 0 {
-		if opts.Port, err = pgcluster.FreePort(); err != nil {
+		if opts.Port, err = localproc.FreePort(); err != nil {
 			return nil, err
 		}
 	}
@@ -96,53 +115,64 @@ func Start(ctx context.Context, opts Options) (*Emulator, error) {
 	if log == nil {
 		log = io.Discard
 	}
-	e := &Emulator{URL: fmt.Sprintf("http://127.0.0.1:%d", opts.Port), done: make(chan struct{})}
-	e.cmd = exec.Command(node, cli)
-	e.cmd.Env = append(os.Environ(), "FAUXQS_PORT="+strconv.Itoa(opts.Port), "FAUXQS_HOST=127.0.0.1",
-		"FAUXQS_DEFAULT_REGION="+Region(), "FAUXQS_LOGGER=false")
-	e.cmd.Stdout, e.cmd.Stderr = log, log
-	e.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := e.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start fauxqs: %w", err)
+	e := &Emulator{Kind: opts.Kind, URL: fmt.Sprintf("http://127.0.0.1:%d", opts.Port)}
+	var cmd *exec.Cmd
+	var health string
+	switch opts.Kind {
+	case Fauxqs:
+		root, err := RepoRoot()
+		if err != nil {
+			return nil, err
+		}
+		cli := filepath.Join(root, NodeTools, "node_modules", "fauxqs", "dist", "cli.js")
+		if !fileExists(cli) {
+			return nil, fmt.Errorf("%w: fauxqs (%s missing): run `make deps` (npm ci in %s), or set %s", ErrNotInstalled, cli, NodeTools, EnvEndpoint)
+		}
+		node, err := exec.LookPath("node")
+		if err != nil {
+			return nil, fmt.Errorf("%w: node is needed to run fauxqs: %v", ErrNotInstalled, err)
+		}
+		cmd = exec.Command(node, cli)
+		cmd.Env = append(os.Environ(), "FAUXQS_PORT="+strconv.Itoa(opts.Port), "FAUXQS_HOST=127.0.0.1",
+			"FAUXQS_DEFAULT_REGION="+Region(), "FAUXQS_LOGGER=false")
+		health = "/health"
+	case Moto:
+		bin, err := exec.LookPath("moto_server")
+		if err != nil {
+			return nil, fmt.Errorf("%w: moto_server is not on PATH (pip install 'moto[server]')", ErrNotInstalled)
+		}
+		cmd = exec.Command(bin, "-H", "127.0.0.1", "-p", strconv.Itoa(opts.Port))
+		health = "/moto-api/"
+	default:
+		return nil, fmt.Errorf("unknown AWS emulator %q (%s): want %s or %s", opts.Kind, EnvEmulator, Fauxqs, Moto)
 	}
-	go func() { _ = e.cmd.Wait(); close(e.done) }()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := http.Get(e.URL + "/health")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return e, nil
+	cmd.Stdout, cmd.Stderr = log, log
+	e.proc, err = localproc.Start(ctx, localproc.Spec{
+		Name: opts.Kind, Cmd: cmd, ExitHint: fmt.Sprintf("port %d in use?", opts.Port),
+		Ready: func(ctx context.Context) error {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.URL+health, nil)
+			if err != nil {
+				return err
 			}
-		}
-		select {
-		case <-e.done:
-			return nil, fmt.Errorf("fauxqs exited during start-up (port %d in use?)", opts.Port)
-		case <-ctx.Done():
-			e.Stop()
-			return nil, ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			e.Stop()
-			return nil, errors.New("fauxqs did not become healthy within 30s")
-		}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return err
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("%s answered %s", health, resp.Status)
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		return nil, err
 	}
+	return e, nil
 }
 
 // Stop ends the emulator.
-func (e *Emulator) Stop() {
-	if e.cmd.Process == nil {
-		return
-	}
-	_ = e.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-e.done:
-	case <-time.After(5 * time.Second):
-		_ = e.cmd.Process.Kill()
-		<-e.done
-	}
-}
+func (e *Emulator) Stop() { e.proc.Stop() }
 
 // Region returns AWS_REGION, or DefaultRegion.
 func Region() string {
@@ -170,10 +200,14 @@ var (
 	sharedMu  sync.Mutex
 	sharedURL string
 	shared    *Emulator
+	// sharedSkip is the reason to skip once the chosen emulator was found missing.
+	sharedSkip string
 )
 
-// TestEndpoint returns AWS_ENDPOINT_URL when set; otherwise it starts one fauxqs for the test
-// binary on first use. Call StopShared when the tests end (testdb.Main does).
+// TestEndpoint returns AWS_ENDPOINT_URL when set; otherwise it starts one emulator (Chosen:
+// fauxqs, or moto with SLUICE_AWS_EMULATOR=moto) for the test binary on first use. When moto is
+// chosen and not installed, it skips the test with a message saying so. Call StopShared when
+// the tests end (testdb.Main does).
 func TestEndpoint(t testing.TB) string {
 	t.Helper()
 	sharedMu.Lock()
@@ -185,9 +219,16 @@ func TestEndpoint(t testing.TB) string {
 		sharedURL = u
 		return u
 	}
+	if sharedSkip != "" {
+		t.Skip(sharedSkip)
+	}
 	e, err := Start(context.Background(), Options{})
+	if errors.Is(err, ErrNotInstalled) && Chosen() == Moto { // fauxqs is a dependency (make deps): missing is a failure
+		sharedSkip = fmt.Sprintf("skipped: %s=%s asks for an emulator this machine lacks (%v)", EnvEmulator, Chosen(), err)
+		t.Skip(sharedSkip)
+	}
 	if err != nil {
-		t.Fatalf("start the local SNS/SQS endpoint: %v", err)
+		t.Fatalf("start the local AWS emulator (%s): %v", Chosen(), err)
 	}
 	shared, sharedURL = e, e.URL
 	return sharedURL

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -17,7 +16,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/pgcluster"
+	"github.com/sluicehq/sluice/internal/localproc"
 )
 
 // invokePath is the RIE's invocation endpoint (the Lambda Invoke API path).
@@ -52,8 +51,7 @@ type Function struct {
 
 type instance struct {
 	url  string
-	cmd  *exec.Cmd
-	done chan struct{}
+	proc *localproc.Process
 }
 
 // StartFunction starts opts.Instances emulators running opts.Bootstrap and waits until they accept
@@ -85,11 +83,11 @@ func StartFunction(ctx context.Context, opts FunctionOptions) (*Function, error)
 }
 
 func (f *Function) startInstance(ctx context.Context) (*instance, error) {
-	port, err := pgcluster.FreePort()
+	port, err := localproc.FreePort()
 	if err != nil {
 		return nil, err
 	}
-	apiPort, err := pgcluster.FreePort()
+	apiPort, err := localproc.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -104,32 +102,13 @@ func (f *Function) startInstance(ctx context.Context) (*instance, error) {
 		"AWS_LAMBDA_FUNCTION_TIMEOUT="+strconv.Itoa(int(f.opts.Timeout.Round(time.Second)/time.Second)),
 		"AWS_LAMBDA_FUNCTION_MEMORY_SIZE=256")
 	cmd.Stdout, cmd.Stderr = f.opts.Log, f.opts.Log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start the emulator for %s: %w", f.opts.Name, err)
+	// SIGTERM to the group reaches the function too (its SIGTERM hook runs), as on Lambda.
+	p, err := localproc.Start(ctx, localproc.Spec{Name: "the emulator for " + f.opts.Name, Cmd: cmd, SignalGroup: true,
+		StopGrace: 3 * time.Second, ReadyTimeout: 20 * time.Second, Ready: localproc.Dial(addr)})
+	if err != nil {
+		return nil, err
 	}
-	in := &instance{url: "http://" + addr + invokePath, cmd: cmd, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); close(in.done) }()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-			return in, nil
-		}
-		select {
-		case <-in.done:
-			return nil, fmt.Errorf("the emulator for %s exited during start-up", f.opts.Name)
-		case <-ctx.Done():
-			in.stop()
-			return nil, ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			in.stop()
-			return nil, fmt.Errorf("the emulator for %s did not listen on %s within 20s", f.opts.Name, addr)
-		}
-	}
+	return &instance{url: "http://" + addr + invokePath, proc: p}, nil
 }
 
 // FunctionError is an invocation that failed: the function returned an error, crashed or timed out.
@@ -213,7 +192,7 @@ func isErrorPayload(b []byte) bool {
 func (f *Function) KillRuntimes() int {
 	n := 0
 	for _, in := range f.instances {
-		for _, pid := range children(in.cmd.Process.Pid) {
+		for _, pid := range children(in.proc.Pid()) {
 			if syscall.Kill(pid, syscall.SIGKILL) == nil {
 				n++
 			}
@@ -244,19 +223,6 @@ func children(pid int) []int {
 // SIGTERM), then SIGKILL after a grace period.
 func (f *Function) Stop() {
 	for _, in := range f.instances {
-		in.stop()
+		in.proc.Stop()
 	}
-}
-
-func (in *instance) stop() {
-	if in.cmd.Process == nil {
-		return
-	}
-	_ = syscall.Kill(-in.cmd.Process.Pid, syscall.SIGTERM)
-	select {
-	case <-in.done:
-	case <-time.After(3 * time.Second):
-	}
-	_ = syscall.Kill(-in.cmd.Process.Pid, syscall.SIGKILL)
-	<-in.done
 }

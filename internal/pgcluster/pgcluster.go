@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -19,6 +18,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/sluicehq/sluice/internal/localproc"
 )
 
 // Options tune a cluster. The zero value is ready to use.
@@ -41,9 +42,8 @@ type Cluster struct {
 	// URL connects to the "postgres" database as the superuser "postgres".
 	URL  string
 	dir  string
-	cmd  *exec.Cmd
+	proc *localproc.Process
 	log  *os.File
-	done chan struct{}
 }
 
 // BinDir finds the directory holding initdb and postgres: the newest
@@ -71,16 +71,6 @@ func versionOf(binDir string) int {
 	return v
 }
 
-// FreePort asks the kernel for a free TCP port on 127.0.0.1.
-func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 // Start initialises a cluster in a new temporary directory and starts it.
 func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	bin, err := BinDir()
@@ -88,8 +78,8 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		return nil, err
 	}
 	if opts.Port == 0 {
-		if opts.Port, err = FreePort(); err != nil {
-			return nil, fmt.Errorf("find a free port: %w", err)
+		if opts.Port, err = localproc.FreePort(); err != nil {
+			return nil, err
 		}
 	}
 	if opts.MaxConnections == 0 {
@@ -103,7 +93,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{dir: dir, done: make(chan struct{})}
+	c := &Cluster{dir: dir}
 	fail := func(err error) (*Cluster, error) {
 		os.RemoveAll(dir)
 		return nil, err
@@ -137,58 +127,39 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if opts.Durable {
 		durability = "on"
 	}
-	c.cmd = exec.Command(filepath.Join(bin, "postgres"), "-D", data,
+	// SIGQUIT on our death: an immediate shutdown, should this process die without cleaning up.
+	cmd := exec.Command(filepath.Join(bin, "postgres"), "-D", data,
 		"-p", strconv.Itoa(opts.Port), "-k", dir, "-c", "listen_addresses=127.0.0.1",
 		"-c", "max_connections="+strconv.Itoa(opts.MaxConnections),
 		"-c", "fsync="+durability, "-c", "synchronous_commit="+durability, "-c", "full_page_writes="+durability,
 		"-c", "shared_buffers=256MB", "-c", "max_wal_size=4GB", "-c", "log_min_messages=warning")
-	// Own process group: a terminal's Ctrl-C reaches us, and we stop the server in order.
-	// Pdeathsig stops it should this process die without cleaning up.
-	c.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true, Pdeathsig: syscall.SIGQUIT}
-	c.cmd.Dir = dir
-	c.cmd.Stdout, c.cmd.Stderr = logW, logW
-	if err := c.cmd.Start(); err != nil {
-		return fail(fmt.Errorf("start postgres: %w", err))
-	}
-	go func() { _ = c.cmd.Wait(); close(c.done) }()
+	cmd.Dir = dir
+	cmd.Stdout, cmd.Stderr = logW, logW
 	c.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", opts.Port)
-	if err := c.waitReady(ctx); err != nil {
+	c.proc, err = localproc.Start(ctx, localproc.Spec{
+		Name: "postgres", Cmd: cmd, Credential: cred, DeathSignal: syscall.SIGQUIT,
+		// SIGINT is PostgreSQL's fast shutdown: roll back open transactions, then stop.
+		StopSignal: syscall.SIGINT, StopGrace: 10 * time.Second,
+		ExitHint: "see " + filepath.Join(dir, "postgres.log"),
+		Ready: func(ctx context.Context) error {
+			conn, err := pgx.Connect(ctx, c.URL)
+			if err != nil {
+				return err
+			}
+			return conn.Close(ctx)
+		},
+	})
+	if err != nil {
 		c.Stop()
 		return nil, err
 	}
 	return c, nil
 }
 
-func (c *Cluster) waitReady(ctx context.Context) error {
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		conn, err := pgx.Connect(ctx, c.URL)
-		if err == nil {
-			return conn.Close(ctx)
-		}
-		select {
-		case <-c.done:
-			return fmt.Errorf("postgres exited during start-up; see %s", filepath.Join(c.dir, "postgres.log"))
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("postgres did not accept connections within 30s: %w", err)
-		}
-	}
-}
-
 // Stop shuts the server down (fast shutdown, then kill) and removes its directory.
 func (c *Cluster) Stop() {
-	if c.cmd != nil && c.cmd.Process != nil {
-		_ = c.cmd.Process.Signal(syscall.SIGINT)
-		select {
-		case <-c.done:
-		case <-time.After(10 * time.Second):
-			_ = c.cmd.Process.Kill()
-			<-c.done
-		}
+	if c.proc != nil {
+		c.proc.Stop()
 	}
 	if c.log != nil {
 		c.log.Close()

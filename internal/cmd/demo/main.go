@@ -1,6 +1,6 @@
 // Command demo is `make demo`: the whole sluice pipeline on one machine, with the real Lambda
-// binaries. It starts PostgreSQL (unless DATABASE_URL is set) and fauxqs on port 4566 (unless
-// AWS_ENDPOINT_URL is set), creates the topic, queue, DLQ and raw subscription through the AWS
+// binaries. It starts PostgreSQL (unless DATABASE_URL is set) and fauxqs on port 4566 (moto with
+// SLUICE_AWS_EMULATOR=moto; neither when AWS_ENDPOINT_URL is set), creates the topic, queue, DLQ and raw subscription through the AWS
 // APIs, runs the relay and consumer bootstraps under the Lambda runtime interface emulator with
 // drivers playing EventBridge and the SQS event source mapping, has a sample orders service
 // write N orders at a chosen rate, shows a live progress line, and ends with a verification:
@@ -12,6 +12,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -115,15 +116,16 @@ func run(ctx context.Context, o options) int {
 	endpoint := os.Getenv(localaws.EnvEndpoint)
 	if endpoint == "" {
 		e, err := localaws.Start(ctx, localaws.Options{Port: 4566, Log: logFile})
+		if err != nil && !errors.Is(err, localaws.ErrNotInstalled) {
+			log.Warn("port 4566 unavailable; starting the emulator on a free port", "error", err)
+			e, err = localaws.Start(ctx, localaws.Options{Log: logFile})
+		}
 		if err != nil {
-			log.Warn("port 4566 unavailable; starting fauxqs on a free port", "error", err)
-			if e, err = localaws.Start(ctx, localaws.Options{Log: logFile}); err != nil {
-				return fail("start fauxqs (or set AWS_ENDPOINT_URL)", err)
-			}
+			return fail("start the AWS emulator "+localaws.Chosen()+" (or set AWS_ENDPOINT_URL)", err)
 		}
 		defer e.Stop()
 		endpoint = e.URL
-		step("fauxqs (SNS/SQS) started at %s", endpoint)
+		step("%s (SNS/SQS) started at %s", e.Kind, endpoint)
 	} else {
 		step("SNS/SQS: using AWS_ENDPOINT_URL=%s", endpoint)
 	}
@@ -136,7 +138,7 @@ func run(ctx context.Context, o options) int {
 	if err != nil {
 		return fail("build the Lambdas", err)
 	}
-	step("built lambdas/relay and lambdas/consumer for this machine into %s", binDir)
+	step("built lambdas/relay and examples/ledger (the demo's consumer) for this machine into %s", binDir)
 
 	runID := fmt.Sprintf("%x", rand.Uint32())
 	kind := "standard"

@@ -2,9 +2,11 @@
 //
 //	go run ./internal/cmd/devenv -- go test ./...
 //
-// It starts a throwaway PostgreSQL cluster unless TEST_DATABASE_URL is set, and fauxqs unless
-// AWS_ENDPOINT_URL is set, exports both variables to the command, and stops everything it
-// started when the command ends or is interrupted. Its exit code is the command's.
+// It starts a throwaway PostgreSQL cluster unless TEST_DATABASE_URL is set, and an AWS emulator
+// unless AWS_ENDPOINT_URL is set: fauxqs, or moto_server with SLUICE_AWS_EMULATOR=moto. It
+// exports both variables to the command, and stops everything it started when the command ends
+// or is interrupted. Its exit code is the command's. When moto is chosen and not installed it
+// says so and leaves AWS_ENDPOINT_URL unset: the tests that need it then skip, naming it.
 package main
 
 import (
@@ -50,13 +52,17 @@ func run(args []string) int {
 	}
 	if os.Getenv(localaws.EnvEndpoint) == "" {
 		e, err := localaws.Start(ctx, localaws.Options{})
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "devenv: start fauxqs:", err)
+		switch {
+		case errors.Is(err, localaws.ErrNotInstalled) && localaws.Chosen() == localaws.Moto:
+			log.Warn("devenv: the AWS emulator is not installed; tests that need it will skip", "emulator", localaws.Chosen(), "error", err)
+		case err != nil:
+			fmt.Fprintf(os.Stderr, "devenv: start %s: %v\n", localaws.Chosen(), err)
 			return 1
+		default:
+			defer e.Stop()
+			env = append(env, localaws.EnvEndpoint+"="+e.URL)
+			log.Info("devenv: AWS emulator started", "emulator", e.Kind, "endpoint", e.URL)
 		}
-		defer e.Stop()
-		env = append(env, localaws.EnvEndpoint+"="+e.URL)
-		log.Info("devenv: fauxqs started", "endpoint", e.URL)
 	}
 
 	cmd := exec.Command(args[0], args[1:]...)
