@@ -1,7 +1,8 @@
-// Package demoapp is the demo domain shared by `make demo`, the end-to-end tests and the
-// reference consumer Lambda: an orders service that saves an order and its OrderCreated event in
-// one transaction (outbox.Write), the consumer side's tables (a ledger and a per-customer
-// projection), and the queries that verify every committed event was applied exactly once.
+// Package demoapp is the demo domain shared by `make demo`, the end-to-end tests, the benchmarks
+// and the demo's ledger consumer (examples/ledger): the OrderCreated event contract, an orders
+// service that saves an order and its event in one transaction (outbox.Write), the tables of
+// both sides (orders; the ledger and a per-customer projection), and the queries that verify
+// every committed event was applied exactly once.
 //
 // Its schema (schema.sql) is deliberately not in migrations/, which is sluice's own schema.
 package demoapp
@@ -14,7 +15,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
@@ -39,17 +39,12 @@ type OrderCreated struct {
 	// AmountCents and Currency are the order's total.
 	AmountCents int64  `json:"amount_cents"`
 	Currency    string `json:"currency"`
-	// FailAttempts makes the reference consumer fail this message while its SQS receive count
+	// FailAttempts makes the ledger consumer (examples/ledger) fail this message while its SQS receive count
 	// is at most this number: a transient fault for the end-to-end tests. Normally absent.
 	FailAttempts int `json:"fail_attempts,omitempty"`
-	// HoldMillis makes the reference consumer hold its transaction open this long (pg_sleep),
+	// HoldMillis makes the ledger consumer hold its transaction open this long (pg_sleep),
 	// so tests can terminate its database connection mid-transaction. Normally absent.
 	HoldMillis int `json:"hold_ms,omitempty"`
-}
-
-// Execer runs SQL: a *pgxpool.Pool, *pgx.Conn or pgx.Tx.
-type Execer interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
 // Beginner opens transactions: a *pgxpool.Pool or *pgx.Conn.
@@ -100,28 +95,4 @@ func PlaceOrder(ctx context.Context, db Beginner, o OrderCreated) (uuid.UUID, er
 		return uuid.Nil, fmt.Errorf("place order %s: %w", o.OrderID, err)
 	}
 	return id, nil
-}
-
-// ApplyOrderCreated is the ledger consumer's effect, run inside the inbox transaction tx: it
-// validates the currency against reference data, appends a ledger entry and updates the
-// customer's projection.
-func ApplyOrderCreated(ctx context.Context, tx Execer, messageID string, o OrderCreated) error {
-	tag, err := tx.Exec(ctx, `INSERT INTO demo_ledger (message_id, order_id, customer, seq, amount_cents, currency)
-		SELECT $1, $2, $3, $4, $5, $6 WHERE EXISTS (SELECT 1 FROM demo_currencies WHERE code = $6)`,
-		messageID, o.OrderID, o.Customer, o.Seq, o.AmountCents, o.Currency)
-	if err != nil {
-		return fmt.Errorf("append ledger entry for order %s: %w", o.OrderID, err)
-	}
-	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("order %s: unknown currency %q", o.OrderID, o.Currency)
-	}
-	if _, err := tx.Exec(ctx, `INSERT INTO demo_customer_balance (customer, orders, total_cents, last_seq, updated_at)
-		VALUES ($1, 1, $2, $3, clock_timestamp())
-		ON CONFLICT (customer) DO UPDATE SET orders = demo_customer_balance.orders + 1,
-			total_cents = demo_customer_balance.total_cents + EXCLUDED.total_cents,
-			last_seq = greatest(demo_customer_balance.last_seq, EXCLUDED.last_seq), updated_at = EXCLUDED.updated_at`,
-		o.Customer, o.AmountCents, o.Seq); err != nil {
-		return fmt.Errorf("update balance of %s: %w", o.Customer, err)
-	}
-	return nil
 }

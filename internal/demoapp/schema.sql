@@ -1,6 +1,6 @@
 -- The demo domain: an orders service (producer side) and a ledger consumer (consumer side).
 -- Not part of sluice's own schema (migrations/): applied by the demo, the e2e tests and the
--- reference consumer Lambda at cold start. Idempotent.
+-- ledger consumer (examples/ledger) at cold start. Idempotent.
 
 -- Producer: the orders service's table. Each order and its OrderCreated event commit together.
 CREATE TABLE IF NOT EXISTS demo_orders (

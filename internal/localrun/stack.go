@@ -19,7 +19,11 @@ import (
 	"github.com/sluicehq/sluice/internal/localaws"
 )
 
-// StackOptions configure a Stack: the demo pipeline with the real relay and consumer binaries.
+// DefaultConsumerName is StackOptions.ConsumerName's default.
+const DefaultConsumerName = "orders-ledger"
+
+// StackOptions configure a Stack: the demo pipeline with the real relay binary and the demo's
+// ledger consumer (examples/ledger), built by BuildLambdas.
 type StackOptions struct {
 	// RIE is the emulator binary and BinDir holds <fn>/bootstrap built for this machine. Required.
 	RIE, BinDir string
@@ -42,6 +46,12 @@ type StackOptions struct {
 	// RelayTimeout is the relay's function timeout and RelayEvery its schedule. Default to 10s
 	// and 4s: a compressed version of AWS's 1-minute schedule, with overlapping invocations.
 	RelayTimeout, RelayEvery time.Duration
+	// ConsumerName is the ledger's inbox consumer name (SLUICE_CONSUMER_NAME). Defaults to
+	// DefaultConsumerName.
+	ConsumerName string
+	// Topics maps further logical topics to SNS topic ARNs in the relay's SLUICE_TOPIC_ARNS,
+	// beside demoapp.Topic → the pipeline's topic. Defaults to none.
+	Topics map[string]string
 	// RelayEnv and ConsumerEnv add environment variables (KEY=VALUE) to each function.
 	RelayEnv, ConsumerEnv []string
 	// Log receives the emulators' and the functions' output. Defaults to discarding it.
@@ -93,7 +103,11 @@ func StartStack(ctx context.Context, o StackOptions) (*Stack, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create the pipeline's resources: %w", err)
 	}
-	topics, _ := json.Marshal(map[string]string{demoapp.Topic: s.Pipeline.TopicARN})
+	topicMap := map[string]string{demoapp.Topic: s.Pipeline.TopicARN}
+	for k, v := range o.Topics {
+		topicMap[k] = v
+	}
+	topics, _ := json.Marshal(topicMap)
 	awsEnv := func(endpoint string) []string {
 		return []string{"AWS_ENDPOINT_URL=" + endpoint, "AWS_REGION=" + localaws.Region(),
 			"AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test"}
@@ -102,13 +116,17 @@ func StartStack(ctx context.Context, o StackOptions) (*Stack, error) {
 		lambdaenv.DatabaseURL+"="+withAppName(o.DatabaseURL, "sluice-relay"), lambdaenv.TopicARNs+"="+string(topics),
 		lambdaenv.RelayStopBefore+"=2s", lambdaenv.RelayLease+"=4s", lambdaenv.RelayPublishTimeout+"=3s",
 		lambdaenv.RelayBackoffBase+"=200ms")
-	s.Relay, err = StartFunction(ctx, FunctionOptions{Name: "sluice-relay", RIE: o.RIE, Bootstrap: filepath.Join(o.BinDir, "relay", "bootstrap"),
+	s.Relay, err = StartFunction(ctx, FunctionOptions{Name: "sluice-relay", RIE: o.RIE, Bootstrap: filepath.Join(o.BinDir, RelayFunction, "bootstrap"),
 		Env: append(relayEnv, o.RelayEnv...), Timeout: o.RelayTimeout, Instances: o.RelayInstances, Log: o.Log})
 	if err != nil {
 		return nil, err
 	}
-	consumerEnv := append(awsEnv(o.Endpoint), lambdaenv.DatabaseURL+"="+withAppName(o.DatabaseURL, "sluice-consumer"))
-	s.Consumer, err = StartFunction(ctx, FunctionOptions{Name: "sluice-consumer", RIE: o.RIE, Bootstrap: filepath.Join(o.BinDir, "consumer", "bootstrap"),
+	if o.ConsumerName == "" {
+		o.ConsumerName = DefaultConsumerName
+	}
+	consumerEnv := append(awsEnv(o.Endpoint), lambdaenv.DatabaseURL+"="+withAppName(o.DatabaseURL, "sluice-consumer"),
+		lambdaenv.ConsumerName+"="+o.ConsumerName)
+	s.Consumer, err = StartFunction(ctx, FunctionOptions{Name: "sluice-consumer", RIE: o.RIE, Bootstrap: filepath.Join(o.BinDir, ConsumerFunction, "bootstrap"),
 		Env: append(consumerEnv, o.ConsumerEnv...), Timeout: 30 * time.Second, Instances: o.ConsumerInstances, Log: o.Log})
 	if err != nil {
 		s.Relay.Stop()

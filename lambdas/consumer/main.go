@@ -1,12 +1,17 @@
-// Command consumer is sluice's reference consumer Lambda, the one to copy: an SQS event source
-// (with ReportBatchItemFailures) delivers OrderCreated events, and pkg/inbox applies each one
-// exactly once: its inbox row, a ledger entry and the customer's projection commit in one
-// transaction, and a record is reported successful only after that commit.
+// Command consumer is the consumer Lambda to copy: an SQS event source (with
+// ReportBatchItemFailures) delivers the outbox's events, and pkg/inbox applies each one exactly
+// once: the inbox row and the handler's writes commit in one transaction, and a record is
+// reported successful only after that commit. This file is the whole program: configuration,
+// the router with its handlers, the inbox consumer. The example stack (infra/) deploys it as it
+// is; a team copies the directory, registers its own handlers in [handlers] and points the
+// construct's ConsumerProps.CodeDir at its build (docs/inbox.md, "Your consumer").
 //
-// Configuration (read once per cold start, see internal/lambdaenv): DATABASE_URL, or
-// DATABASE_SECRET_ARN naming the RDS Secrets Manager secret; DATABASE_MAX_CONNS;
-// SLUICE_CONSUMER_NAME (default "orders-ledger"); SLUICE_CONSUMER_COMMIT_MODE (per-record or
-// batched). AWS clients honour AWS_ENDPOINT_URL.
+// Configuration (read once per cold start by lambdaenv.ConsumerConfig and lambdaenv.OpenPool):
+// SLUICE_CONSUMER_NAME (required), SLUICE_CONSUMER_COMMIT_MODE (per-record or batched; async
+// is refused at cold start, since no inbox Processor runs beside this Lambda),
+// SLUICE_CONSUMER_DEADLINE_MARGIN, SLUICE_CONSUMER_STORE_PAYLOAD; DATABASE_URL, or
+// DATABASE_SECRET_ARN naming the RDS Secrets Manager secret; DATABASE_MAX_CONNS. AWS clients
+// honour AWS_ENDPOINT_URL.
 //
 // Build: GOOS=linux GOARCH=arm64 CGO_ENABLED=0 go build -tags lambda.norpc -trimpath -o bin/consumer/bootstrap ./lambdas/consumer
 package main
@@ -18,19 +23,49 @@ import (
 	"os"
 
 	"github.com/aws/aws-lambda-go/lambda"
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5"
 
-	"github.com/sluicehq/sluice/internal/demoapp"
 	"github.com/sluicehq/sluice/internal/lambdaenv"
 	"github.com/sluicehq/sluice/pkg/inbox"
 )
 
-// defaultConsumerName is SLUICE_CONSUMER_NAME's default.
-const defaultConsumerName = "orders-ledger"
+// handlers is where a team registers its handlers: one Handle call per event type this consumer
+// applies. Each runs inside the transaction that also inserts the message's inbox row: write
+// through tx, never commit it, and return an error to roll everything back (the record then
+// comes back from SQS, and reaches the DLQ after maxReceiveCount). FailUnknown keeps an event
+// type nobody handles from vanishing: it fails and reaches the DLQ too.
+func handlers(log *slog.Logger) *inbox.Router {
+	r := inbox.NewRouter(inbox.FailUnknown)
+	// Replace this example with your own handlers.
+	r.Handle("OrderCreated", func(ctx context.Context, tx pgx.Tx, msg inbox.Message) error {
+		var order struct {
+			OrderID string `json:"orderId"`
+		}
+		if err := msg.Decode(&order); err != nil {
+			return err
+		}
+		// Your effects go here, through tx, e.g.
+		// tx.Exec(ctx, `INSERT INTO invoice (order_id) VALUES ($1)`, order.OrderID)
+		log.InfoContext(ctx, "order created", "messageId", msg.ID, "orderId", order.OrderID)
+		return nil
+	})
+	return r
+}
 
 func main() {
+	ctx := context.Background()
 	log := lambdaenv.Logger(os.Getenv, "consumer")
-	c, pool, err := wire(context.Background(), os.Getenv, log)
+	cfg, err := lambdaenv.ConsumerConfig(os.Getenv) // before the pool: a bad setting costs no connection
+	if err != nil {
+		log.Error("consumer cold start failed", "error", err)
+		os.Exit(1)
+	}
+	pool, err := lambdaenv.OpenPool(ctx, os.Getenv)
+	if err != nil {
+		log.Error("consumer cold start failed", "error", err)
+		os.Exit(1)
+	}
+	c, err := newConsumer(pool, cfg, log)
 	if err != nil {
 		log.Error("consumer cold start failed", "error", err)
 		os.Exit(1)
@@ -38,36 +73,12 @@ func main() {
 	lambda.StartWithOptions(c.HandleSQS, lambda.WithEnableSIGTERM(pool.Close))
 }
 
-// wire builds everything once per cold start: database pool, the demo tables, router, consumer.
-func wire(ctx context.Context, getenv lambdaenv.Getenv, log *slog.Logger) (*inbox.Consumer, *pgxpool.Pool, error) {
-	pool, err := lambdaenv.OpenPool(ctx, getenv)
-	if err != nil {
-		return nil, nil, err
-	}
-	c, err := newConsumer(ctx, pool, getenv, log)
-	if err != nil {
-		pool.Close()
-		return nil, nil, err
-	}
-	return c, pool, nil
-}
-
-// newConsumer ensures the demo tables exist and builds the inbox consumer over pool.
-func newConsumer(ctx context.Context, pool *pgxpool.Pool, getenv lambdaenv.Getenv, log *slog.Logger) (*inbox.Consumer, error) {
-	if err := demoapp.ApplySchema(ctx, pool); err != nil {
-		return nil, err
-	}
-	mode, err := inbox.ParseMode(getenv(lambdaenv.ConsumerCommitMode))
-	if err != nil {
-		return nil, err
-	}
-	name := getenv(lambdaenv.ConsumerName)
-	if name == "" {
-		name = defaultConsumerName
-	}
-	router := inbox.NewRouter(inbox.FailUnknown)
-	router.Handle(demoapp.EventOrderCreated, orderCreated)
-	c, err := inbox.New(pool, inbox.Config{Consumer: name, Router: router, Mode: mode, Metrics: os.Stdout, Logger: log})
+// newConsumer builds the inbox consumer over db with cfg's settings and this file's handlers.
+func newConsumer(db inbox.Beginner, cfg inbox.Config, log *slog.Logger) (*inbox.Consumer, error) {
+	cfg.Router = handlers(log)
+	cfg.Metrics = os.Stdout // EMF lines: CloudWatch turns them into metrics
+	cfg.Logger = log
+	c, err := inbox.New(db, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("create inbox consumer: %w", err)
 	}
