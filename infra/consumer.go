@@ -77,9 +77,16 @@ type ConsumerProps struct {
 	// and the consumer's connections count against the proxy's share instead of the database.
 	// Defaults to a direct connection.
 	Proxy awsrds.DatabaseProxy
-	// CommitMode is CommitPerRecord or CommitBatched. Defaults to the consumer's default
-	// (per-record). CommitAsync is refused: no processor is deployed.
+	// CommitMode is CommitPerRecord or CommitBatched (SLUICE_CONSUMER_COMMIT_MODE). Defaults to
+	// the consumer's default (per-record). CommitAsync is refused: no processor is deployed.
 	CommitMode string
+	// DeadlineMargin: a record is not started when the invocation's deadline is nearer; it comes
+	// back from SQS instead (SLUICE_CONSUMER_DEADLINE_MARGIN). Negative disables the check.
+	// Defaults to the consumer's default, 3 seconds (lambdaenv.DefaultConsumerDeadlineMargin).
+	DeadlineMargin time.Duration
+	// StorePayload keeps each message's payload and headers in inbox_event for audit or replay
+	// (SLUICE_CONSUMER_STORE_PAYLOAD). Defaults to false.
+	StorePayload bool
 	// Environment adds environment variables to the consumer Lambda (e.g. your handler's settings).
 	Environment map[string]string
 
@@ -222,6 +229,15 @@ func (p *ConsumerProps) validate() error {
 	} else if p.CommitMode != "" && p.CommitMode != CommitPerRecord && p.CommitMode != CommitBatched {
 		errs = append(errs, fmt.Errorf("CommitMode must be %q or %q, got %q", CommitPerRecord, CommitBatched, p.CommitMode))
 	}
+	if p.DeadlineMargin >= p.Timeout {
+		errs = append(errs, fmt.Errorf("DeadlineMargin %s must be shorter than Timeout %s: no record would ever start", p.DeadlineMargin, p.Timeout))
+	}
+	if errors.Join(errs...) == nil {
+		// What the props checks above cannot see, the Lambda's own reader can.
+		if _, err := consumerEnvironment(p); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if p.Migrations == nil && (p.DatabaseRole != nil || len(p.DatabaseGrants) > 0 || p.DatabaseRoleName != "") {
 		errs = append(errs, errors.New("DatabaseRole, DatabaseRoleName and DatabaseGrants need Migrations (it creates the roles)"))
 	}
@@ -329,9 +345,10 @@ func NewConsumer(scope constructs.Construct, id string, props *ConsumerProps) Co
 		c.sub.Node().AddDependency(queuePolicy.PolicyDependable)
 	}
 
-	env := map[string]*string{lambdaenv.ConsumerName: jsii.String(p.Name)}
-	if p.CommitMode != "" {
-		env[lambdaenv.ConsumerCommitMode] = jsii.String(p.CommitMode)
+	settings, _ := consumerEnvironment(&p) // validated above
+	env := map[string]*string{}
+	for _, k := range sortedKeys(settings) {
+		env[k] = jsii.String(settings[k])
 	}
 	for k, v := range p.Environment {
 		env[k] = jsii.String(v)

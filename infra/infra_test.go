@@ -193,7 +193,7 @@ func TestSluiceStack(t *testing.T) {
 			"AWS::Events::Rule":                     1,
 			"AWS::RDS::DBInstance":                  1,
 			infra.MigrationsResourceType:            1,
-			"AWS::CloudWatch::Alarm":                16,
+			"AWS::CloudWatch::Alarm":                17,
 			"AWS::CloudWatch::Dashboard":            1,
 			"AWS::SecretsManager::Secret":           3, // master (migrations only), relay role, consumer role
 			"AWS::SecretsManager::RotationSchedule": 3,
@@ -547,6 +547,9 @@ func TestConstructsAlone(t *testing.T) {
 		TopicName:     "orders",
 		LogicalTopics: []string{"orders", "payments"},
 		RelayTimeout:  2 * time.Minute,
+		Relay: infra.RelaySettings{BatchSize: 200, MaxPerKey: 5, PublishConcurrency: 16, Pipelines: 3, MaxRoundBytes: 8 << 20,
+			MaxAttempts: 7, PublishTimeout: 5 * time.Second, Lease: 20 * time.Second, BackoffBase: 500 * time.Millisecond,
+			BackoffMax: 2 * time.Minute, OutageLimit: 6 * time.Hour, PollInterval: 100 * time.Millisecond, RescanInterval: 2 * time.Second},
 	})
 	c := infra.NewConsumer(stack, "Billing", &infra.ConsumerProps{
 		Name:            "billing",
@@ -556,6 +559,8 @@ func TestConstructsAlone(t *testing.T) {
 		Network:         network,
 		Database:        db,
 		CommitMode:      infra.CommitBatched,
+		DeadlineMargin:  5 * time.Second,
+		StorePayload:    true,
 		Timeout:         time.Minute,
 		MaxReceiveCount: 3,
 		BatchSize:       5,
@@ -608,6 +613,38 @@ func TestConstructsAlone(t *testing.T) {
 			env := props(fn)["Environment"].(map[string]any)["Variables"].(map[string]any)
 			require.NotContains(t, env, lambdaenv.DefaultTopicARN, "with LogicalTopics, unknown topics are quarantined")
 		}
+	})
+	t.Run("relay settings: every one reaches the relay's environment, as its reader reads it back", func(t *testing.T) {
+		var relayEnv map[string]any
+		for _, fn := range resources(tmpl, "AWS::Lambda::Function") {
+			if env := props(fn)["Environment"].(map[string]any)["Variables"].(map[string]any); env[lambdaenv.TopicARNs] != nil {
+				relayEnv = env
+			}
+		}
+		require.NotNil(t, relayEnv, "the relay function")
+		for k, want := range map[string]string{
+			lambdaenv.RelayBatchSize: "200", lambdaenv.RelayMaxPerKey: "5", lambdaenv.RelayPublishConcurrency: "16",
+			lambdaenv.RelayPipelines: "3", lambdaenv.RelayMaxRoundBytes: "8388608", lambdaenv.RelayMaxAttempts: "7",
+			lambdaenv.RelayPublishTimeout: "5s", lambdaenv.RelayLease: "20s", lambdaenv.RelayBackoffBase: "500ms",
+			lambdaenv.RelayBackoffMax: "2m0s", lambdaenv.RelayOutageLimit: "6h0m0s", lambdaenv.RelayPollInterval: "100ms",
+			lambdaenv.RelayRescanInterval: "2s",
+		} {
+			require.Equal(t, want, relayEnv[k], k)
+		}
+		cfg, err := lambdaenv.RelaySettings(func(k string) string { s, _ := relayEnv[k].(string); return s })
+		require.NoError(t, err)
+		require.Equal(t, 200, cfg.BatchSize)
+		require.Equal(t, 20*time.Second, cfg.Lease)
+		require.Len(t, lambdaenv.RelayEnv()[2:], 13, "a new relay setting needs a RelaySettings field and a line above")
+	})
+	t.Run("consumer settings reach the consumer's environment", func(t *testing.T) {
+		tmpl.HasResourceProperties(jsii.String("AWS::Lambda::Function"), map[string]any{
+			"Environment": map[string]any{"Variables": assertions.Match_ObjectLike(&map[string]any{
+				lambdaenv.ConsumerName: "billing", lambdaenv.ConsumerCommitMode: "batched",
+				lambdaenv.ConsumerDeadlineMargin: "5s", lambdaenv.ConsumerStorePayload: "true",
+			})},
+		})
+		require.Len(t, lambdaenv.ConsumerEnv(), 4, "a new consumer setting needs a ConsumerProps field and a line above")
 	})
 	t.Run("existing database security group gets the ingress rules", func(t *testing.T) {
 		tmpl.ResourceCountIs(jsii.String("AWS::EC2::SecurityGroupIngress"), jsii.Number(2))
@@ -683,6 +720,14 @@ func TestValidation(t *testing.T) {
 		}, "RelayReservedConcurrency 2 is below the 5 overlapping invocations"},
 		{"async commit mode without a processor", consumer(func(p *infra.ConsumerProps) { p.CommitMode = infra.CommitAsync }),
 			"CommitMode async needs the inbox processor, which these constructs do not deploy yet"},
+		{"a deadline margin the timeout cannot hold", consumer(func(p *infra.ConsumerProps) { p.Timeout, p.DeadlineMargin = 10*time.Second, 10*time.Second }),
+			"DeadlineMargin 10s must be shorter than Timeout 10s"},
+		{"a consumer name the Lambda would refuse", consumer(func(p *infra.ConsumerProps) { p.Name = "   " }),
+			"the consumer Lambda would refuse these settings at cold start: consumer settings: SLUICE_CONSUMER_NAME is required"},
+		{"relay settings out of range, each named", func(id string) {
+			infra.NewOutbox(stack, id, &infra.OutboxProps{RelayCodeDir: code, Network: network, Database: db,
+				Relay: infra.RelaySettings{BatchSize: 20000, PublishTimeout: time.Minute, Lease: 30 * time.Second}})
+		}, "Relay: relay settings: SLUICE_RELAY_BATCH_SIZE: BatchSize must be between 1 and 10000, got 20000\nSLUICE_RELAY_LEASE: Lease (30s) must be longer than PublishTimeout (1m0s)"},
 		{"verify-full without a CA bundle", consumer(func(p *infra.ConsumerProps) { p.Database.CABundle = "" }),
 			"Database.CABundle: sslmode verify-full needs the RDS CA bundle"},
 		{"a CA bundle without certificates", consumer(func(p *infra.ConsumerProps) {

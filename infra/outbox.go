@@ -87,8 +87,9 @@ type OutboxProps struct {
 	// its per-round payload budget from it (AWS_LAMBDA_FUNCTION_MEMORY_SIZE). Defaults to
 	// DefaultRelayMemoryMB.
 	RelayMemoryMB int
-	// RelayBatchSize overrides the relay's claim batch size. Defaults to the relay's default.
-	RelayBatchSize int
+	// Relay tunes the relay (batch size, lease, backoff, ...): the settings `sluice relay` and
+	// the relay Lambda read from the environment. Defaults to the relay's own defaults.
+	Relay RelaySettings
 	// LogRetention is the relay log group's retention. Defaults to one month.
 	LogRetention awslogs.RetentionDays
 }
@@ -156,8 +157,8 @@ func (p *OutboxProps) validate() error {
 			errs = append(errs, fmt.Errorf("Publishers[%d] %q is not an ARN", i, a))
 		}
 	}
-	if p.RelayBatchSize < 0 {
-		errs = append(errs, fmt.Errorf("RelayBatchSize must not be negative, got %d", p.RelayBatchSize))
+	if _, err := relayEnvironment(p.Relay, p.RelayMemoryMB); err != nil {
+		errs = append(errs, err)
 	}
 	seen := map[string]bool{}
 	for _, t := range p.LogicalTopics {
@@ -229,8 +230,9 @@ func NewOutbox(scope constructs.Construct, id string, props *OutboxProps) Outbox
 	if p.RelayStopBefore > 0 {
 		env[lambdaenv.RelayStopBefore] = jsii.String(p.RelayStopBefore.String())
 	}
-	if p.RelayBatchSize > 0 {
-		env[lambdaenv.RelayBatchSize] = jsii.String(fmt.Sprint(p.RelayBatchSize))
+	settings, _ := relayEnvironment(p.Relay, p.RelayMemoryMB) // validated above
+	for _, k := range sortedKeys(settings) {
+		env[k] = jsii.String(settings[k])
 	}
 
 	var roleSecret awssecretsmanager.ISecret

@@ -3,6 +3,7 @@ package infra
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsec2"
@@ -65,6 +66,14 @@ type SluiceStackProps struct {
 	Fifo bool
 	// ConsumerName is the example consumer's inbox name. Defaults to "example".
 	ConsumerName string
+	// Relay tunes the relay (OutboxProps.Relay). Defaults to the relay's own defaults.
+	Relay RelaySettings
+	// ConsumerCommitMode, ConsumerDeadlineMargin and ConsumerStorePayload set the example
+	// consumer's ConsumerProps.CommitMode, DeadlineMargin and StorePayload. Default to the
+	// consumer's defaults (per-record, 3 seconds, false).
+	ConsumerCommitMode     string
+	ConsumerDeadlineMargin time.Duration
+	ConsumerStorePayload   bool
 	// AlarmEmail, when set, receives the alarm notifications.
 	AlarmEmail string
 	// AlarmTopicArn, when set, is an existing SNS topic (with its subscribers) that receives the
@@ -199,6 +208,7 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 		Migrations:   s.migrations,
 		Fifo:         p.Fifo,
 		Publishers:   p.Publishers,
+		Relay:        p.Relay,
 	})
 	consumerProps := &ConsumerProps{
 		Name:       p.ConsumerName,
@@ -208,11 +218,12 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 		Network:    network,
 		Database:   db,
 		Migrations: s.migrations,
-		// The reference consumer (lambdas/consumer) creates its demo tables at cold start, so
-		// its role may create tables in public (and owns what it creates). A service's consumer
-		// declares the tables its handlers write instead, e.g.
+		// The skeleton consumer (lambdas/consumer) writes nothing beyond its inbox rows. A
+		// service's consumer declares the tables its handlers write in DatabaseGrants, e.g.
 		// {Table: "invoice", Privileges: []string{"SELECT", "INSERT"}}.
-		DatabaseGrants: []DatabaseGrant{{Schema: "public", Privileges: []string{"CREATE"}}},
+		CommitMode:     p.ConsumerCommitMode,
+		DeadlineMargin: p.ConsumerDeadlineMargin,
+		StorePayload:   p.ConsumerStorePayload,
 	}
 	if p.ConsumerProxy {
 		role := NewDatabaseRole(stack, "ConsumerDatabaseRole", &DatabaseRoleProps{
