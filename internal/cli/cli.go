@@ -91,14 +91,36 @@ func (o *IO) withDefaults() {
 	}
 }
 
-// usageError marks bad usage (unknown flag, malformed value, missing argument): exit code 2.
+// ErrUsage marks bad usage (an unknown command or flag, a malformed value, a missing or
+// contradictory option): Run exits with ExitUsage, and nothing was changed. Errors of the
+// exported command functions (Redrive, RetryDead, ...) wrap it when their options are wrong.
+var ErrUsage = errors.New("bad usage")
+
+// usageError is bad usage with its own message; errors.Is(err, ErrUsage) holds.
 type usageError struct{ err error }
 
-func (e usageError) Error() string { return e.err.Error() }
-func (e usageError) Unwrap() error { return e.err }
+func (e usageError) Error() string        { return e.err.Error() }
+func (e usageError) Unwrap() error        { return e.err }
+func (e usageError) Is(target error) bool { return target == ErrUsage }
 
 func usagef(format string, args ...any) error {
 	return usageError{fmt.Errorf(format, args...)}
+}
+
+// usageArgs marks every error of cobra's own checks of a command's arguments (unknown command,
+// wrong number of arguments) as bad usage, so that no error text has to be recognised.
+func usageArgs(cmd *cobra.Command) {
+	if check := cmd.Args; check != nil {
+		cmd.Args = func(c *cobra.Command, args []string) error {
+			if err := check(c, args); err != nil {
+				return usageError{fmt.Errorf("%w (see '%s --help')", err, c.CommandPath())}
+			}
+			return nil
+		}
+	}
+	for _, sub := range cmd.Commands() {
+		usageArgs(sub)
+	}
 }
 
 // app holds the resolved global flags and the lazily opened connections of one invocation.
@@ -129,22 +151,10 @@ func Run(ctx context.Context, args []string, streams IO) int {
 		return ExitOK
 	}
 	fmt.Fprintln(streams.Err, "sluice: "+oneLine(explain(err)))
-	var ue usageError
-	if errors.As(err, &ue) || isCobraUsage(err) {
+	if errors.Is(err, ErrUsage) {
 		return ExitUsage
 	}
 	return ExitError
-}
-
-// isCobraUsage recognises the argument errors cobra produces itself.
-func isCobraUsage(err error) bool {
-	msg := err.Error()
-	for _, p := range []string{"unknown command", "unknown flag", "unknown shorthand flag", "accepts ", "requires at least", "flag needs an argument", "invalid argument"} {
-		if strings.Contains(msg, p) {
-			return true
-		}
-	}
-	return false
 }
 
 // explain adds the operator's next step to errors whose cause is well known.
@@ -202,6 +212,7 @@ Exit codes: 0 success, 1 failure, 2 bad usage. Errors are one line on stderr.`,
 	})
 	root.AddCommand(a.migrateCommand(), a.relayCommand(), a.statusCommand(), a.deadCommand(),
 		a.redriveCommand(), a.replayCommand(), a.purgeCommand())
+	usageArgs(root)
 	return root
 }
 

@@ -108,6 +108,12 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"retry of a row that is not quarantined", []string{"dead", "retry", strconv.FormatInt(qid, 10), "999"}, 1, "outbox rows 999 are not quarantined"},
 		{"retry id that is not a number", []string{"dead", "retry", "abc"}, 2, `"abc" is not an outbox row id`},
 		{"migrate down without --yes", []string{"migrate", "down"}, 1, "refusing to roll back: stdin is not a terminal"},
+		{"migrate down to an unknown version", []string{"migrate", "down", "--to", "99", "--yes"}, 2, "--to 99 is not a version"},
+		{"an argument a command does not take", []string{"status", "extra"}, 2, `unknown command "extra" for "sluice status"`},
+		{"unknown subcommand", []string{"dead", "bury"}, 2, `unknown command "bury" for "sluice dead"`},
+		{"retry both --all and ids", []string{"dead", "retry", "--all", "1"}, 2, "give either --all or the ids"},
+		{"redrive without --dlq", []string{"redrive"}, 2, "--dlq is required"},
+		{"flag without its value", []string{"dead", "list", "--limit"}, 2, "flag needs an argument: --limit"},
 		{"no database configured", []string{"status", "--database-url", ""}, 0, ""}, // placeholder, replaced below
 	}
 	cases = cases[:len(cases)-1]

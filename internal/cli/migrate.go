@@ -45,32 +45,30 @@ without a terminal and without --yes it refuses.`,
   sluice migrate down --to 0 --yes`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			opts := MigrateDownOptions{}
+			if cmd.Flags().Changed("to") {
+				if to < 0 || int32(to) > migrations.Latest() {
+					return usagef("--to %d is not a version between 0 and %d", to, migrations.Latest())
+				}
+				v := int32(to)
+				opts.To = &v
+			}
+			if !yes {
+				opts.Confirm = func(from, to int32) error {
+					return a.confirm(cmd, fmt.Sprintf("Roll back from version %d to %d, dropping tables and their rows?", from, to),
+						"refusing to roll back")
+				}
+			}
 			return a.withConn(cmd.Context(), func(ctx context.Context, conn *pgx.Conn) error {
-				cur, err := migrations.Current(ctx, conn)
+				res, err := MigrateDown(ctx, conn, opts)
 				if err != nil {
 					return err
 				}
-				target := cur - 1
-				if cmd.Flags().Changed("to") {
-					if to < 0 || int32(to) > migrations.Latest() {
-						return usagef("--to %d is not a version between 0 and %d", to, migrations.Latest())
-					}
-					target = int32(to)
+				if res.From == res.To {
+					fmt.Fprintf(a.io.Out, "nothing to roll back: the database is at version %d\n", res.From)
+				} else {
+					fmt.Fprintf(a.io.Out, "rolled back from version %d to %d\n", res.From, res.To)
 				}
-				if cur == 0 || target >= cur {
-					fmt.Fprintf(a.io.Out, "nothing to roll back: the database is at version %d\n", cur)
-					return nil
-				}
-				if !yes {
-					if err := a.confirm(cmd, fmt.Sprintf("Roll back from version %d to %d, dropping tables and their rows?", cur, target),
-						"refusing to roll back"); err != nil {
-						return err
-					}
-				}
-				if err := migrations.To(ctx, conn, target); err != nil {
-					return err
-				}
-				fmt.Fprintf(a.io.Out, "rolled back from version %d to %d\n", cur, target)
 				return nil
 			})
 		},
@@ -84,20 +82,16 @@ without a terminal and without --yes it refuses.`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return a.withConn(cmd.Context(), func(ctx context.Context, conn *pgx.Conn) error {
-				cur, err := migrations.Current(ctx, conn)
+				st, err := ReadMigrations(ctx, conn)
 				if err != nil {
 					return err
 				}
-				ms, err := migrations.List()
-				if err != nil {
-					return err
-				}
-				fmt.Fprintf(a.io.Out, "version %d of %d\n", cur, migrations.Latest())
+				fmt.Fprintf(a.io.Out, "version %d of %d\n", st.Current, st.Latest)
 				tw := tabwriter.NewWriter(a.io.Out, 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "VERSION\tNAME\tSTATE")
-				for _, m := range ms {
+				for _, m := range st.Migrations {
 					state := "pending"
-					if m.Version <= cur {
+					if m.Applied {
 						state = "applied"
 					}
 					fmt.Fprintf(tw, "%04d\t%s\t%s\n", m.Version, m.Name, state)
@@ -112,20 +106,102 @@ without a terminal and without --yes it refuses.`,
 
 func (a *app) migrateUp(cmd *cobra.Command) error {
 	return a.withConn(cmd.Context(), func(ctx context.Context, conn *pgx.Conn) error {
-		before, err := migrations.Current(ctx, conn)
+		res, err := MigrateUp(ctx, conn)
 		if err != nil {
 			return err
 		}
-		if err := migrations.Up(ctx, conn); err != nil {
-			return err
-		}
-		if before == migrations.Latest() {
-			fmt.Fprintf(a.io.Out, "already at version %d\n", before)
+		if res.From == res.To {
+			fmt.Fprintf(a.io.Out, "already at version %d\n", res.From)
 		} else {
-			fmt.Fprintf(a.io.Out, "migrated from version %d to %d\n", before, migrations.Latest())
+			fmt.Fprintf(a.io.Out, "migrated from version %d to %d\n", res.From, res.To)
 		}
 		return nil
 	})
+}
+
+// MigrateResult is the schema version before and after a migration.
+type MigrateResult struct {
+	From, To int32
+}
+
+// MigrateUp applies every embedded migration the database lacks (under an advisory lock, so it
+// is safe next to Lambdas migrating too).
+func MigrateUp(ctx context.Context, conn *pgx.Conn) (MigrateResult, error) {
+	before, err := migrations.Current(ctx, conn)
+	if err != nil {
+		return MigrateResult{}, err
+	}
+	if err := migrations.Up(ctx, conn); err != nil {
+		return MigrateResult{From: before, To: before}, err
+	}
+	return MigrateResult{From: before, To: migrations.Latest()}, nil
+}
+
+// MigrateDownOptions configure MigrateDown.
+type MigrateDownOptions struct {
+	// To is the version to roll back to (0 removes every sluice table). Defaults to one step down.
+	To *int32
+	// Confirm is asked before tables are dropped; an error stops the roll-back. Defaults to nil:
+	// no confirmation.
+	Confirm func(from, to int32) error
+}
+
+// MigrateDown rolls the schema back, dropping tables with their rows. It does nothing (From ==
+// To) when the database is already at or below the target.
+func MigrateDown(ctx context.Context, conn *pgx.Conn, opts MigrateDownOptions) (MigrateResult, error) {
+	if opts.To != nil && (*opts.To < 0 || *opts.To > migrations.Latest()) {
+		return MigrateResult{}, usagef("--to %d is not a version between 0 and %d", *opts.To, migrations.Latest())
+	}
+	cur, err := migrations.Current(ctx, conn)
+	if err != nil {
+		return MigrateResult{}, err
+	}
+	target := cur - 1
+	if opts.To != nil {
+		target = *opts.To
+	}
+	if cur == 0 || target >= cur {
+		return MigrateResult{From: cur, To: cur}, nil
+	}
+	if opts.Confirm != nil {
+		if err := opts.Confirm(cur, target); err != nil {
+			return MigrateResult{From: cur, To: cur}, err
+		}
+	}
+	if err := migrations.To(ctx, conn, target); err != nil {
+		return MigrateResult{From: cur, To: cur}, err
+	}
+	return MigrateResult{From: cur, To: target}, nil
+}
+
+// MigrationState is one embedded migration and whether the database has it.
+type MigrationState struct {
+	Version int32
+	Name    string
+	Applied bool
+}
+
+// MigrationStatus is the database's schema version and the embedded migrations.
+type MigrationStatus struct {
+	Current, Latest int32
+	Migrations      []MigrationState
+}
+
+// ReadMigrations reads the database's schema version next to the embedded migrations.
+func ReadMigrations(ctx context.Context, conn *pgx.Conn) (MigrationStatus, error) {
+	cur, err := migrations.Current(ctx, conn)
+	if err != nil {
+		return MigrationStatus{}, err
+	}
+	ms, err := migrations.List()
+	if err != nil {
+		return MigrationStatus{}, err
+	}
+	st := MigrationStatus{Current: cur, Latest: migrations.Latest()}
+	for _, m := range ms {
+		st.Migrations = append(st.Migrations, MigrationState{Version: m.Version, Name: m.Name, Applied: m.Version <= cur})
+	}
+	return st, nil
 }
 
 // withConn runs f on one connection of the pool (migrations need a *pgx.Conn).

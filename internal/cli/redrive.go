@@ -40,11 +40,8 @@ Progress is a bar on a terminal and plain lines otherwise.`,
   sluice redrive --dlq http://localhost:4566/000000000000/billing-dlq --to http://localhost:4566/000000000000/billing`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if opts.DLQ == "" {
-				return usagef("--dlq is required")
-			}
-			if opts.Max < 0 {
-				return usagef("--max must not be negative, got %d", opts.Max)
+			if err := opts.validate(); err != nil {
+				return err
 			}
 			ctx := cmd.Context()
 			c, err := a.sqsClient(ctx)
@@ -85,12 +82,25 @@ type RedriveOptions struct {
 	PollInterval time.Duration
 	// Progress receives progress output (a bar when TTY is true, lines otherwise). Defaults to none.
 	Progress io.Writer
-	TTY      bool
+	// TTY draws the progress as a bar that updates in place. Defaults to plain lines.
+	TTY bool
+}
+
+func (o RedriveOptions) validate() error {
+	if o.DLQ == "" {
+		return usagef("--dlq is required")
+	}
+	if o.Max < 0 {
+		return usagef("--max must not be negative, got %d", o.Max)
+	}
+	return nil
 }
 
 // RedriveResult is what Redrive did.
 type RedriveResult struct {
-	Moved       int
+	// Moved is the number of messages moved (also when an error stopped the redrive).
+	Moved int
+	// Destination is the URL of the queue the messages went to.
 	Destination string
 	// Method is "message move task" or "receive/send/delete".
 	Method string
@@ -104,6 +114,9 @@ var ErrInterrupted = errors.New("interrupted")
 
 // Redrive moves messages from opts.DLQ to its source queue (or opts.To). See the command's help.
 func Redrive(ctx context.Context, c SQSAPI, opts RedriveOptions) (RedriveResult, error) {
+	if err := opts.validate(); err != nil {
+		return RedriveResult{}, err
+	}
 	if opts.Visibility <= 0 {
 		opts.Visibility = 2 * time.Minute
 	}

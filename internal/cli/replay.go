@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"time"
@@ -36,36 +37,25 @@ Times are RFC 3339 (2026-11-28T09:00:00Z), a date (midnight UTC), "now", or rela
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			if f.Since.IsZero() {
-				return usagef("--since is required (e.g. --since -2h or --since 2026-11-28T00:00:00Z)")
+			opts := ReplayOptions{Filter: f, DryRun: dryRun}
+			if err := opts.validate(); err != nil {
+				return err
 			}
-			if !f.Until.IsZero() && !f.Until.After(f.Since) {
-				return usagef("--until (%s) must be after --since (%s)", f.Until.Format(time.RFC3339), f.Since.Format(time.RFC3339))
+			if !yes {
+				opts.Confirm = func(n int64) error {
+					return a.confirm(cmd, fmt.Sprintf("Publish these %d events again?", n), fmt.Sprintf("refusing to replay %d events", n))
+				}
 			}
 			pool, err := a.db(ctx)
 			if err != nil {
 				return err
 			}
-			n, err := outbox.CountReplay(ctx, pool, f)
-			if err != nil {
-				return err
+			opts.Counted = func(n int64) { fmt.Fprintf(a.io.Out, "%d published events match %s\n", n, describeFilter(f)) }
+			res, err := Replay(ctx, pool, opts)
+			if err == nil && res.Marked > 0 {
+				fmt.Fprintf(a.io.Out, "marked %d events for publishing again; the relay publishes them (or run: sluice relay --once)\n", res.Marked)
 			}
-			desc := describeFilter(f)
-			fmt.Fprintf(a.io.Out, "%d published events match %s\n", n, desc)
-			if n == 0 || dryRun {
-				return nil
-			}
-			if !yes {
-				if err := a.confirm(cmd, fmt.Sprintf("Publish these %d events again?", n), fmt.Sprintf("refusing to replay %d events", n)); err != nil {
-					return err
-				}
-			}
-			got, err := outbox.Replay(ctx, pool, f)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(a.io.Out, "marked %d events for publishing again; the relay publishes them (or run: sluice relay --once)\n", got)
-			return nil
+			return err
 		},
 	}
 	fl := cmd.Flags()
@@ -96,4 +86,62 @@ func describeFilter(f outbox.ReplayFilter) string {
 		parts = append(parts, "aggregate_id="+f.AggregateID)
 	}
 	return strings.Join(parts, " ")
+}
+
+// ReplayOptions configure Replay.
+type ReplayOptions struct {
+	// Filter chooses the published rows to publish again. Filter.Since is required.
+	Filter outbox.ReplayFilter
+	// DryRun only counts.
+	DryRun bool
+	// Counted, when set, is told the number of matching rows once they are counted.
+	Counted func(matching int64)
+	// Confirm is asked with the number of matching rows before anything changes; an error
+	// stops the replay. Defaults to nil: no confirmation.
+	Confirm func(matching int64) error
+}
+
+func (o ReplayOptions) validate() error {
+	if o.Filter.Since.IsZero() {
+		return usagef("--since is required (e.g. --since -2h or --since 2026-11-28T00:00:00Z)")
+	}
+	if !o.Filter.Until.IsZero() && !o.Filter.Until.After(o.Filter.Since) {
+		return usagef("--until (%s) must be after --since (%s)", o.Filter.Until.Format(time.RFC3339), o.Filter.Since.Format(time.RFC3339))
+	}
+	return nil
+}
+
+// ReplayResult is what Replay found and did.
+type ReplayResult struct {
+	// Matching is the number of published rows the filter matched.
+	Matching int64
+	// Marked is the number of rows marked unpublished (zero on a dry run or without a match).
+	Marked int64
+}
+
+// Replay marks the published outbox rows opts.Filter matches as unpublished, so that the relay
+// publishes them again with the same event_id. It counts them first (opts.Counted), then asks
+// opts.Confirm.
+func Replay(ctx context.Context, db Querier, opts ReplayOptions) (ReplayResult, error) {
+	if err := opts.validate(); err != nil {
+		return ReplayResult{}, err
+	}
+	var res ReplayResult
+	var err error
+	if res.Matching, err = outbox.CountReplay(ctx, db, opts.Filter); err != nil {
+		return res, err
+	}
+	if opts.Counted != nil {
+		opts.Counted(res.Matching)
+	}
+	if res.Matching == 0 || opts.DryRun {
+		return res, nil
+	}
+	if opts.Confirm != nil {
+		if err := opts.Confirm(res.Matching); err != nil {
+			return res, err
+		}
+	}
+	res.Marked, err = outbox.Replay(ctx, db, opts.Filter)
+	return res, err
 }

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -29,6 +30,9 @@ type Status struct {
 	Database DatabaseStatus `json:"database"`
 	// Queues is present when --queue was given.
 	Queues []QueueStatus `json:"queues,omitempty"`
+	// Notes are remarks for the operator (e.g. CloudWatch is not reachable), printed on stderr;
+	// not part of the document.
+	Notes []string `json:"-"`
 }
 
 // OutboxStatus is the outbox backlog.
@@ -103,9 +107,28 @@ database.oldest_transaction, queues[]) for scripts and checks.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			st, err := a.readStatus(ctx, queues)
+			opts := StatusOptions{Queues: queues}
+			if len(queues) > 0 {
+				c, err := a.sqsClient(ctx)
+				if err != nil {
+					return err
+				}
+				cfg, err := a.awsConfig(ctx)
+				if err != nil {
+					return err
+				}
+				opts.SQS, opts.CloudWatch = c, cloudwatch.NewFromConfig(cfg)
+			}
+			pool, err := a.db(ctx)
 			if err != nil {
 				return err
+			}
+			st, err := ReadStatus(ctx, pool, opts)
+			if err != nil {
+				return err
+			}
+			for _, n := range st.Notes {
+				fmt.Fprintln(a.io.Err, "note: "+n)
 			}
 			if asJSON {
 				enc := json.NewEncoder(a.io.Out)
@@ -120,28 +143,39 @@ database.oldest_transaction, queues[]) for scripts and checks.`,
 	return cmd
 }
 
-func (a *app) readStatus(ctx context.Context, queueURLs []string) (*Status, error) {
+// StatusOptions configure ReadStatus.
+type StatusOptions struct {
+	// Queues are SQS queue URLs to report on, with their DLQs. Defaults to none.
+	Queues []string
+	// SQS and CloudWatch read the queues and their oldest message's age. Required with Queues.
+	SQS        SQSAPI
+	CloudWatch CloudWatchAPI
+}
+
+// ReadStatus reads what `sluice status` shows: the outbox backlog, each inbox consumer's, the
+// transaction holding back VACUUM and the queues. It reads the queues first, so a wrong URL fails
+// before the database is read.
+func ReadStatus(ctx context.Context, db Querier, opts StatusOptions) (*Status, error) {
 	var qs []QueueStatus
-	if len(queueURLs) > 0 {
-		// Queues first: a wrong URL fails before anything else is read.
+	var notes []string
+	if len(opts.Queues) > 0 {
+		if opts.SQS == nil || opts.CloudWatch == nil {
+			return nil, errors.New("cli: StatusOptions.SQS and CloudWatch are required with Queues")
+		}
 		var err error
-		if qs, err = a.queueStatuses(ctx, queueURLs); err != nil {
+		if qs, notes, err = queueStatuses(ctx, opts.SQS, opts.CloudWatch, opts.Queues); err != nil {
 			return nil, err
 		}
 	}
-	pool, err := a.db(ctx)
+	lag, err := outbox.LagOf(ctx, db)
 	if err != nil {
 		return nil, err
 	}
-	lag, err := outbox.LagOf(ctx, pool)
+	consumers, err := inbox.Stats(ctx, db)
 	if err != nil {
 		return nil, err
 	}
-	consumers, err := inbox.Stats(ctx, pool)
-	if err != nil {
-		return nil, err
-	}
-	horizon, err := outbox.HorizonOf(ctx, pool)
+	horizon, err := outbox.HorizonOf(ctx, db)
 	if err != nil {
 		return nil, err
 	}
@@ -154,6 +188,7 @@ func (a *app) readStatus(ctx context.Context, queueURLs []string) (*Status, erro
 		Inbox:    make([]ConsumerState, 0, len(consumers)),
 		Database: DatabaseStatus{OldestTransactionAgeSeconds: seconds(horizon.OldestTransactionAge), OldestTransaction: horizon.HeldBy},
 		Queues:   qs,
+		Notes:    notes,
 	}
 	for _, c := range consumers {
 		st.Inbox = append(st.Inbox, ConsumerState{Consumer: c.Consumer, Unprocessed: c.Unprocessed,
@@ -164,22 +199,14 @@ func (a *app) readStatus(ctx context.Context, queueURLs []string) (*Status, erro
 
 func seconds(d time.Duration) float64 { return math.Round(d.Seconds()*1000) / 1000 }
 
-func (a *app) queueStatuses(ctx context.Context, urls []string) ([]QueueStatus, error) {
-	c, err := a.sqsClient(ctx)
-	if err != nil {
-		return nil, err
-	}
-	cfg, err := a.awsConfig(ctx)
-	if err != nil {
-		return nil, err
-	}
-	cw := cloudwatch.NewFromConfig(cfg)
+// queueStatuses describes each queue and its DLQ, with notes for what could not be read.
+func queueStatuses(ctx context.Context, c SQSAPI, cw CloudWatchAPI, urls []string) ([]QueueStatus, []string, error) {
 	var cwErr error
 	out := make([]QueueStatus, 0, len(urls))
 	for _, u := range urls {
 		q, err := describeQueue(ctx, c, u)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		qs := QueueStatus{URL: u, MessagesVisible: q.Visible, MessagesInFlight: q.InFlight, MessagesDelayed: q.Delayed,
 			RetentionSeconds: q.RetentionSeconds}
@@ -189,32 +216,33 @@ func (a *app) queueStatuses(ctx context.Context, urls []string) ([]QueueStatus, 
 		if q.DLQARN != "" {
 			dlqURL, err := urlOfARN(ctx, c, q.DLQARN)
 			if err != nil {
-				return nil, fmt.Errorf("DLQ of %s: %w", u, err)
+				return nil, nil, fmt.Errorf("DLQ of %s: %w", u, err)
 			}
 			d, err := describeQueue(ctx, c, dlqURL)
 			if err != nil {
-				return nil, fmt.Errorf("DLQ of %s: %w", u, err)
+				return nil, nil, fmt.Errorf("DLQ of %s: %w", u, err)
 			}
 			qs.DLQ = &DLQStatus{URL: dlqURL, MessagesVisible: d.Visible, MaxReceiveCount: q.MaxReceiveCount}
 		}
 		out = append(out, qs)
 	}
+	var notes []string
 	if cwErr != nil {
-		fmt.Fprintf(a.io.Err, "note: age of oldest message unavailable (CloudWatch: %s)\n", oneLine(cwErr.Error()))
+		notes = append(notes, fmt.Sprintf("age of oldest message unavailable (CloudWatch: %s)", oneLine(cwErr.Error())))
 	}
-	return out, nil
+	return out, notes, nil
 }
 
-// cloudWatchAPI is the CloudWatch call status makes.
-type cloudWatchAPI interface {
+// CloudWatchAPI is the CloudWatch call status makes.
+type CloudWatchAPI interface {
 	GetMetricData(ctx context.Context, in *cloudwatch.GetMetricDataInput, opts ...func(*cloudwatch.Options)) (*cloudwatch.GetMetricDataOutput, error)
 }
 
-var _ cloudWatchAPI = (*cloudwatch.Client)(nil)
+var _ CloudWatchAPI = (*cloudwatch.Client)(nil)
 
 // oldestMessageAge reads ApproximateAgeOfOldestMessage's maximum over the last 5 minutes;
 // nil without a datapoint. An error means CloudWatch is not usable here (stop asking).
-func oldestMessageAge(ctx context.Context, cw cloudWatchAPI, queueName string) (*float64, error) {
+func oldestMessageAge(ctx context.Context, cw CloudWatchAPI, queueName string) (*float64, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	end := time.Now()
