@@ -34,13 +34,47 @@ var (
 	adminURL string
 	cluster  *pgcluster.Cluster
 	template string
+	// exampleDrops drop the databases of runnable examples when Main's tests end.
+	exampleDrops []func()
 )
+
+// exampleTB lets the database helpers serve a runnable example, which has no *testing.T: a
+// failure panics (the example fails with it), and cleanups run when Main's tests end.
+type exampleTB struct {
+	testing.TB // nil: any method not overridden here panics
+	name       string
+}
+
+func (e exampleTB) Helper()      {}
+func (e exampleTB) Name() string { return e.name }
+func (e exampleTB) Fatalf(format string, args ...any) {
+	panic(fmt.Sprintf("testdb: example %s: "+format, append([]any{e.name}, args...)...))
+}
+func (e exampleTB) Logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "testdb: example %s: "+format+"\n", append([]any{e.name}, args...)...)
+}
+func (e exampleTB) Cleanup(f func()) {
+	mu.Lock()
+	defer mu.Unlock()
+	exampleDrops = append(exampleDrops, f)
+}
+
+// ForExample creates a fresh database for a runnable example (Example functions have no
+// *testing.T): migrated when migrated is true, dropped when Main's tests end. It panics on
+// failure, which fails the example.
+func ForExample(name string, migrated bool) string {
+	return create(exampleTB{name: name}, migrated)
+}
 
 // Main runs the package's tests and then stops what they started on demand: the throwaway
 // cluster (when TEST_DATABASE_URL is unset) and the local SNS/SQS emulator. Use it from TestMain.
 func Main(m *testing.M) {
 	code := m.Run()
 	mu.Lock()
+	for _, drop := range exampleDrops {
+		drop()
+	}
+	exampleDrops = nil
 	if cluster != nil {
 		cluster.Stop()
 	}
