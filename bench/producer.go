@@ -21,12 +21,11 @@ type ProducerResult struct {
 	// Plain and WithOutbox are the latencies of the business transaction without and with
 	// the outbox write, measured alternately (one of each per iteration) on one connection.
 	Plain, WithOutbox Latencies
-	// NoNotify is WithOutbox with the outbox's NOTIFY trigger disabled, and PlainInsert the order
-	// plus a hand-written single-row INSERT INTO outbox_event ... VALUES (trigger enabled):
-	// diagnostics that split the added cost.
-	NoNotify, PlainInsert Latencies
-	// NoNotifyBase is the order alone, measured in the same block as NoNotify.
-	NoNotifyBase Latencies
+	// PlainInsert is the order plus a hand-written single-row INSERT INTO outbox_event ... VALUES
+	// of the same row: what any outbox on this table pays, to compare outbox.Write with. (Results
+	// of runs before migration 0003 also had NoNotify and NoNotifyBase, the pair with the NOTIFY
+	// trigger disabled; the trigger is gone, and so are they.)
+	PlainInsert Latencies
 	// QueuedBase is the order alone sent as a one-statement pgx.Batch (the order id made by the
 	// client), and Queued the same batch with outbox.Queue's insert in it: the outbox row travels in
 	// the business statement's round trip.
@@ -121,33 +120,6 @@ func measureProducer(ctx context.Context, log *slog.Logger, env *Env, sz Sizes) 
 	res.Plain, res.WithOutbox, res.PlainInsert = summarize(samples[0]), summarize(samples[1]), summarize(samples[3])
 	res.QueuedBase, res.Queued = summarize(samples[4]), summarize(samples[5])
 
-	// Diagnostic block: the same pair with the NOTIFY trigger disabled (once, for the whole
-	// block: ALTER TABLE invalidates cached plans, so it must not sit between measured transactions).
-	if _, err := pool.Exec(ctx, "ALTER TABLE outbox_event DISABLE TRIGGER outbox_event_notify"); err != nil {
-		return nil, err
-	}
-	var base, noNotify []time.Duration
-	for i := range sz.ProducerTx/2 + 100 {
-		for k := range 2 {
-			v := (i + k) % 2
-			d, err := orderTx(ctx, pool, v, i)
-			if err != nil {
-				return nil, err
-			}
-			if i < 100 {
-				continue // warm-up after the ALTER
-			}
-			if v == 0 {
-				base = append(base, d)
-			} else {
-				noNotify = append(noNotify, d)
-			}
-		}
-	}
-	if _, err := pool.Exec(ctx, "ALTER TABLE outbox_event ENABLE TRIGGER outbox_event_notify"); err != nil {
-		return nil, err
-	}
-	res.NoNotifyBase, res.NoNotify = summarize(base), summarize(noNotify)
 	log.Info("producer", "durable", env.Durable, "plain_p50", res.Plain.P50, "outbox_p50", res.WithOutbox.P50, "plain_mean", res.Plain.Mean, "outbox_mean", res.WithOutbox.Mean)
 
 	for r := range sz.BulkRepeats {

@@ -68,8 +68,9 @@ func runRelaySuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, re
 
 	n, keys := sz.RelayRows, sz.RelayKeys
 	d := outbox.RelayConfig{}.WithDefaults()
-	rep.RelayDefaults = fmt.Sprintf("BatchSize %d, MaxPerKey %d, PublishConcurrency %d, Lease %s, PollInterval %s",
-		d.BatchSize, d.MaxPerKey, d.PublishConcurrency, d.Lease, d.PollInterval)
+	rep.RelayDefaults = fmt.Sprintf("BatchSize %d, MaxPerKey %d, PublishConcurrency %d, Pipelines %d, MaxRoundBytes %d MiB, Lease %s, "+
+		"PollInterval %s, RescanInterval %s", d.BatchSize, d.MaxPerKey, d.PublishConcurrency, d.Pipelines, d.MaxRoundBytes>>20, d.Lease,
+		d.PollInterval, d.RescanInterval)
 	for _, delay := range []time.Duration{0, 10 * time.Millisecond} {
 		runs := []struct {
 			name string

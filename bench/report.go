@@ -291,8 +291,8 @@ func (r *Report) producerMarkdown(w func(string, ...any)) {
 	}
 	w("## 2. Producer overhead\n\n")
 	w("The business transaction is `BEGIN; INSERT INTO bench_order ... RETURNING id; COMMIT` through a pgx pool, one client; "+
-		"the outbox variant adds `outbox.Write` of one `OrderCreated` event (a single multi-row `INSERT ... unnest`, which also "+
-		"fires the statement-level `pg_notify` trigger) before the commit. The variants are rotated, %s transactions each, after a warm-up. "+
+		"the outbox variant adds `outbox.Write` of one `OrderCreated` event (a single multi-row `INSERT ... unnest`; since migration 0003 "+
+		"the table has no trigger) before the commit. The variants are rotated, %s transactions each, after a warm-up. "+
 		"The suite runs twice: on the fast-commit server (fsync and synchronous commit off) and on the durable one (each commit waits for its WAL flush).\n\n", num(float64(p.Plain.N)))
 	for _, x := range []*ProducerResult{r.ProducerDurable, p} {
 		if x == nil {
@@ -305,11 +305,8 @@ func (r *Report) producerMarkdown(w func(string, ...any)) {
 		}
 		producerTable(w, x)
 	}
-	w("Diagnostics: a hand-written `INSERT INTO outbox_event (...) VALUES (...)` of one row instead of `outbox.Write` " +
-		"(what any outbox on this table pays: one more indexed row and one more round trip), rotated with the others; and, in a separate " +
-		"block after them (the ALTER TABLE invalidates cached plans, so it runs once before the block), the order alone and with " +
-		"`outbox.Write` while `outbox_event_notify` is disabled, to show what the wake-up notification costs. " +
-		"The target is judged on `outbox.Write` with the trigger, as shipped.\n\n")
+	w("Diagnostic: a hand-written `INSERT INTO outbox_event (...) VALUES (...)` of one row instead of `outbox.Write` " +
+		"(what any outbox on this table pays: one more indexed row and one more round trip), rotated with the others.\n\n")
 	for _, x := range []*ProducerResult{p, r.ProducerDurable} {
 		if x == nil {
 			continue
@@ -333,8 +330,7 @@ func producerTable(w func(string, ...any), p *ProducerResult) {
 		name string
 		l    Latencies
 	}{{"order only", p.Plain}, {"order + outbox.Write", p.WithOutbox}, {"order + hand-written single-row INSERT of the outbox row (diagnostic)", p.PlainInsert},
-		{"order only, as a one-statement pgx.Batch (client-made order id)", p.QueuedBase}, {"order + outbox.Queue in the same pgx.Batch (one round trip)", p.Queued},
-		{"*separate block, NOTIFY trigger disabled:* order only", p.NoNotifyBase}, {"*separate block, NOTIFY trigger disabled:* order + outbox.Write", p.NoNotify}} {
+		{"order only, as a one-statement pgx.Batch (client-made order id)", p.QueuedBase}, {"order + outbox.Queue in the same pgx.Batch (one round trip)", p.Queued}} {
 		w("| %s | %s | %s | %s | %s | %s |\n", row.name, dur(row.l.P50), dur(row.l.P95), dur(row.l.P99), dur(row.l.Mean), dur(row.l.Max))
 	}
 	w("| **added by the outbox** | **%+.1f%%** | %+.1f%% | %+.1f%% | %+.1f%% | |\n",
@@ -343,10 +339,8 @@ func producerTable(w func(string, ...any), p *ProducerResult) {
 		w("| **added by outbox.Queue in the order's round trip** | **%+.1f%%** | %+.1f%% | %+.1f%% | %+.1f%% | |\n",
 			pct(p.Queued.P50, p.QueuedBase.P50), pct(p.Queued.P95, p.QueuedBase.P95), pct(p.Queued.P99, p.QueuedBase.P99), pct(p.Queued.Mean, p.QueuedBase.Mean))
 	}
-	w("| added by a hand-written single-row INSERT | %+.1f%% | %+.1f%% | %+.1f%% | %+.1f%% | |\n",
+	w("| added by a hand-written single-row INSERT | %+.1f%% | %+.1f%% | %+.1f%% | %+.1f%% | |\n\n",
 		pct(p.PlainInsert.P50, p.Plain.P50), pct(p.PlainInsert.P95, p.Plain.P95), pct(p.PlainInsert.P99, p.Plain.P99), pct(p.PlainInsert.Mean, p.Plain.Mean))
-	w("| added by outbox.Write without the NOTIFY trigger (separate block) | %+.1f%% | %+.1f%% | %+.1f%% | %+.1f%% | |\n\n",
-		pct(p.NoNotify.P50, p.NoNotifyBase.P50), pct(p.NoNotify.P95, p.NoNotifyBase.P95), pct(p.NoNotify.P99, p.NoNotifyBase.P99), pct(p.NoNotify.Mean, p.NoNotifyBase.Mean))
 }
 
 func (r *Report) consumerMarkdown(w func(string, ...any)) {
@@ -478,9 +472,12 @@ func (r *Report) scaleMarkdown(w func(string, ...any)) {
 	}
 	w("## 5. Scale: retained rows, purge, size\n\n")
 	w("Published rows (30 days old) are retained in `outbox_event`; then %s pending rows in 1,000 keys are inserted and "+
-		"drained by sluice's relay (defaults, 0 ms stub). The latency of each claim statement that leased rows is timed at the client "+
-		"(a pgx tracer on the relay's pool); EXPLAIN ANALYZE is of one claim of the fresh backlog, run in a rolled-back transaction.\n\n", num(float64(r.Sizes.ScalePending)))
-	w("| published rows retained | claims | claim p50 | claim p95 | claim mean | vs empty (p50) | EXPLAIN ANALYZE execution time | settle p50 (mark published) |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
+		"drained by sluice's relay (defaults, 0 ms stub, `RunOnce`). A claim is the database work of a round before it publishes: "+
+		"the statement that takes the keys' advisory locks (`pg_try_advisory_xact_lock`) and the one that reads each locked key's rows "+
+		"after its floor (`WITH chain AS ...`); both are timed at the client (a pgx tracer on the relay's pool) and summed per round, "+
+		"counting rounds that read rows. EXPLAIN ANALYZE is of the read of the round that read the most rows in the backlog before, "+
+		"with the keys and floors the relay sent, under the relay's plan guards, in a rolled-back transaction.\n\n", num(float64(r.Sizes.ScalePending)))
+	w("| published rows retained | claims | claim p50 | claim p95 | claim mean | vs empty (p50) | EXPLAIN ANALYZE of the read: execution time | settle p50 (mark published) |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	base := s.Claims[0].Latency.P50
 	for _, c := range s.Claims {
 		label := num(float64(c.Retained))
@@ -506,7 +503,7 @@ func (r *Report) scaleMarkdown(w func(string, ...any)) {
 	}
 	w("\nA plain VACUUM makes the space reusable by new rows but returns to the operating system only empty pages at the end of the files; " +
 		"the numbers above are the files' sizes.\n\n")
-	w("<details><summary>EXPLAIN (ANALYZE, BUFFERS) of the claim at each scale</summary>\n\n")
+	w("<details><summary>EXPLAIN (ANALYZE, BUFFERS) of the claim's read at each scale</summary>\n\n")
 	for _, c := range s.Claims {
 		w("%s:\n\n```\n%s\n```\n\n", c.Label, c.Explain)
 	}

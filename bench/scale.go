@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -27,11 +26,12 @@ type ScaleResult struct {
 type ClaimResult struct {
 	Label    string
 	Retained int
-	// Latency of the relay's claim statements that returned rows, timed at the client.
+	// Latency of the relay's claims that returned rows (a round's lock and read statements),
+	// timed at the client.
 	Latency Latencies
 	// Settle is the latency of the relay's settle batches (marking rows published), timed at the client.
 	Settle Latencies
-	// Explain is EXPLAIN (ANALYZE, BUFFERS) of one claim of ScalePending rows, and ExplainTime
+	// Explain is EXPLAIN (ANALYZE, BUFFERS) of one claim's read (the largest round), and ExplainTime
 	// its reported execution time.
 	Explain     string
 	ExplainTime string
@@ -54,83 +54,10 @@ type RelSize struct {
 	Table, Index int64 // bytes: heap (with TOAST and maps) and all indexes
 }
 
-// claimTracer times the relay's claim statement (recognised by its text) on every connection
-// of the pool, and keeps its SQL and arguments for EXPLAIN.
-type claimTracer struct {
-	mu   sync.Mutex
-	durs []time.Duration
-	sql  string
-	args []any
-	// settles are the durations of the relay's settle batches (every pgx.Batch on the pool).
-	settles []time.Duration
-}
-
-type batchKey struct{}
-
-var _ pgx.BatchTracer = (*claimTracer)(nil)
-
-func (t *claimTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	return context.WithValue(ctx, batchKey{}, time.Now())
-}
-
-func (t *claimTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-
-func (t *claimTracer) TraceBatchEnd(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchEndData) {
-	start, ok := ctx.Value(batchKey{}).(time.Time)
-	if !ok || data.Err != nil {
-		return
-	}
-	t.mu.Lock()
-	t.settles = append(t.settles, time.Since(start))
-	t.mu.Unlock()
-}
-
-func (t *claimTracer) takeSettles() []time.Duration {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	d := t.settles
-	t.settles = nil
-	return d
-}
-
-type traceKey struct{}
-
-func isClaim(sql string) bool {
-	return strings.Contains(sql, "WITH cand AS") && strings.Contains(sql, "SKIP LOCKED")
-}
-
-func (t *claimTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	if !isClaim(data.SQL) {
-		return ctx
-	}
-	t.mu.Lock()
-	t.sql, t.args = data.SQL, data.Args
-	t.mu.Unlock()
-	return context.WithValue(ctx, traceKey{}, time.Now())
-}
-
-func (t *claimTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryEndData) {
-	start, ok := ctx.Value(traceKey{}).(time.Time)
-	if !ok || data.Err != nil || data.CommandTag.RowsAffected() == 0 {
-		return
-	}
-	t.mu.Lock()
-	t.durs = append(t.durs, time.Since(start))
-	t.mu.Unlock()
-}
-
-func (t *claimTracer) take() []time.Duration {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	d := t.durs
-	t.durs = nil
-	return d
-}
-
 // runScaleSuite measures the relay's claim latency with 0 and millions of published rows
 // retained, then purges the retained rows with outbox.Purge and records the table's size.
 func runScaleSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, rep *Report) error {
-	tracer := &claimTracer{}
+	tracer := newRelayTracer()
 	pool, _, err := env.NewDatabase(ctx, "scale", 8, tracer)
 	if err != nil {
 		return err
@@ -140,17 +67,9 @@ func runScaleSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, re
 	// Relay rows use ids far above the retained history's.
 	const pendingBase = int64(1) << 40
 
-	// One tiny drain to capture the claim statement for EXPLAIN.
-	if err := insertOutboxRows(ctx, pool, pendingBase, 10, 10, false); err != nil {
-		return err
-	}
-	if _, err := drain(ctx, pool); err != nil {
-		return err
-	}
-	_, _ = tracer.take(), tracer.takeSettles()
-
 	retained := 0
 	measure := func(label string) error {
+		tracer.reset()
 		if _, err := pool.Exec(ctx, "DELETE FROM outbox_event WHERE created_at > now() - interval '1 day'"); err != nil {
 			return err
 		}
@@ -181,7 +100,7 @@ func runScaleSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, re
 			if st.Published != sz.ScalePending {
 				return fmt.Errorf("scale %s: relay published %d of %d", label, st.Published, sz.ScalePending)
 			}
-			d, st2 := tracer.take(), tracer.takeSettles()
+			d, st2 := durations(tracer.take("claim")), durations(tracer.take(stmtSettle))
 			if round > 0 {
 				durs = append(durs, d...)
 				settles = append(settles, st2...)
@@ -249,27 +168,47 @@ func drain(ctx context.Context, pool *pgxpool.Pool) (outbox.Stats, error) {
 	return r.RunOnce(ctx)
 }
 
-// explainClaim runs EXPLAIN (ANALYZE, BUFFERS) of the relay's claim statement, as the relay
-// last sent it, in a transaction it rolls back (the claim is an UPDATE).
-func explainClaim(ctx context.Context, pool *pgxpool.Pool, t *claimTracer) (plan, execTime string, err error) {
-	t.mu.Lock()
-	sql, args := t.sql, t.args
-	t.mu.Unlock()
+// relayPlanGuards are the settings the relay's round transactions run with (planGuards in
+// pkg/outbox/claim.go): the EXPLAIN of its read must plan under them, as the relay does.
+const relayPlanGuards = "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; " +
+	"SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off"
+
+// explainClaim runs EXPLAIN (ANALYZE, BUFFERS) of the relay's read statement (the claim's
+// scan: each locked key's rows after its floor), as the relay sent it in the round that read the
+// most rows since the tracer's reset, under the relay's plan guards, in a transaction it rolls
+// back. The claim's other statement, the advisory locks, reads no table.
+func explainClaim(ctx context.Context, pool *pgxpool.Pool, t *relayTracer) (plan, execTime string, err error) {
+	sql, args, _ := t.biggest()
 	if sql == "" {
-		return "", "", fmt.Errorf("no claim statement captured")
+		return "", "", fmt.Errorf("no read statement of the relay captured")
 	}
+	return explainAsRelay(ctx, pool, sentStmt{sql, args}, false)
+}
+
+// explainAsRelay runs EXPLAIN (ANALYZE, BUFFERS) of st under the relay's plan guards in a
+// transaction it rolls back (so a settle's UPDATE changes nothing), and returns the plan and its
+// execution time. generic plans it as a prepared statement's generic plan (what pgx's statement
+// cache gets once PostgreSQL stops making custom plans).
+func explainAsRelay(ctx context.Context, pool *pgxpool.Pool, st sentStmt, generic bool) (plan, execTime string, err error) {
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return "", "", err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+sql, args...)
+	guards := relayPlanGuards + "; SET LOCAL statement_timeout = '60s'"
+	if generic {
+		guards += "; SET LOCAL plan_cache_mode = force_generic_plan"
+	}
+	if _, err := tx.Exec(ctx, guards); err != nil {
+		return "", "", err
+	}
+	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+st.SQL, st.Args...)
 	if err != nil {
-		return "", "", fmt.Errorf("explain claim: %w", err)
+		return "", "", fmt.Errorf("explain: %w", err)
 	}
 	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return "", "", fmt.Errorf("explain claim: %w", err)
+		return "", "", fmt.Errorf("explain: %w", err)
 	}
 	for _, l := range lines {
 		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "Execution Time: "); ok {
