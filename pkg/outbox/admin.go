@@ -9,6 +9,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/sluicehq/sluice/internal/partition"
 )
 
 // Querier is what the operational functions need: a *pgxpool.Pool, *pgx.Conn or pgx.Tx.
@@ -64,6 +66,12 @@ type PurgeOptions struct {
 // Purge deletes published rows whose published_at is older than olderThan, in bounded batches
 // (short statements, no long lock), and returns how many it deleted. Unpublished and
 // quarantined rows are never deleted.
+//
+// On a partitioned outbox_event (see ConvertToPartitioned) it drops whole partitions instead,
+// as MaintainPartitions with Retention olderThan does (db must then be a *pgxpool.Pool or a
+// *pgx.Conn), deletes expired rows of the default partition in batches, and counts a dropped
+// partition's rows from PostgreSQL's estimate (pg_class.reltuples). A partition is dropped
+// only once every row in it was published before the cutoff.
 func Purge(ctx context.Context, db Querier, olderThan time.Duration, opts *PurgeOptions) (int64, error) {
 	if olderThan <= 0 {
 		return 0, fmt.Errorf("outbox: purge needs a positive retention, got %s", olderThan)
@@ -72,10 +80,23 @@ func Purge(ctx context.Context, db Querier, olderThan time.Duration, opts *Purge
 	if opts != nil && opts.BatchSize > 0 {
 		batch = opts.BatchSize
 	}
+	layout, err := partition.Read(ctx, db, outboxPartitions)
+	if err != nil {
+		return 0, fmt.Errorf("purge outbox: %w", err)
+	}
+	if layout.Partitioned {
+		return purgePartitioned(ctx, db, olderThan, batch)
+	}
 	var cutoff time.Time
 	if err := db.QueryRow(ctx, "SELECT now() - $1 * interval '1 millisecond'", olderThan.Milliseconds()).Scan(&cutoff); err != nil {
 		return 0, fmt.Errorf("purge outbox: %w", err)
 	}
+	return purgeRows(ctx, db, "outbox_event", cutoff, batch)
+}
+
+// purgeRows deletes the rows of table (outbox_event, or the default partition of a
+// partitioned one) published before cutoff, batch rows examined per statement.
+func purgeRows(ctx context.Context, db Querier, table string, cutoff time.Time, batch int) (int64, error) {
 	var (
 		total  int64
 		cursor int64
@@ -90,11 +111,11 @@ func Purge(ctx context.Context, db Querier, olderThan time.Duration, opts *Purge
 		)
 		err := db.QueryRow(ctx, `
 			WITH batch AS (
-			    SELECT id, created_at, published_at FROM outbox_event WHERE id > $1 ORDER BY id LIMIT $2
+			    SELECT id, created_at, published_at FROM `+table+` WHERE id > $1 ORDER BY id LIMIT $2
 			), del AS (
 			    -- The test is on o, the row as it is when the DELETE reaches it, not on the batch's
 			    -- snapshot: a row that Replay made unpublished meanwhile is rechecked and kept.
-			    DELETE FROM outbox_event o USING batch b
+			    DELETE FROM `+table+` o USING batch b
 			    WHERE o.id = b.id AND b.published_at IS NOT NULL AND o.published_at IS NOT NULL AND o.published_at < $3
 			    RETURNING o.id
 			)
