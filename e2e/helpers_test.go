@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -89,7 +90,8 @@ func setup(t *testing.T, mod func(*localrun.StackOptions)) *bundle {
 	logFile, err := os.Create(logPath)
 	require.NoError(t, err)
 	o := localrun.StackOptions{RIE: rie, BinDir: bins, DatabaseURL: dbURL, Endpoint: localaws.TestEndpoint(t), Name: name,
-		VisibilityTimeout: 3 * time.Second, MaxReceiveCount: 5, RelayEvery: 3 * time.Second, RelayTimeout: 8 * time.Second, Log: logFile}
+		VisibilityTimeout: 3 * time.Second, MaxReceiveCount: 5, RelayEvery: 3 * time.Second, RelayTimeout: 8 * time.Second, Log: logFile,
+		Logger: slog.New(slog.NewTextHandler(logFile, nil))}
 	if mod != nil {
 		mod(&o)
 	}
@@ -157,4 +159,29 @@ func (b *bundle) waitApplied(t *testing.T, limit time.Duration) demoapp.Verifica
 	require.Empty(t, v.Problems(b.fifo), "every committed event applied exactly once (progress %+v)", p)
 	require.True(t, v.OK(b.fifo))
 	return v
+}
+
+// waitUntil polls cond until it holds, failing the test with cond's last report when limit
+// passes first. limit is a bound the guarantee promises, not a tuning of the test.
+func (b *bundle) waitUntil(t *testing.T, limit time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		ok, report := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %s: %s (%s)", limit, what, report)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
 }

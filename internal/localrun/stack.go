@@ -49,9 +49,10 @@ type StackOptions struct {
 	// ConsumerName is the ledger's inbox consumer name (SLUICE_CONSUMER_NAME). Defaults to
 	// DefaultConsumerName.
 	ConsumerName string
-	// Topics maps further logical topics to SNS topic ARNs in the relay's SLUICE_TOPIC_ARNS,
-	// beside demoapp.Topic → the pipeline's topic. Defaults to none.
-	Topics map[string]string
+	// Topics returns further logical topics and their SNS topic ARNs for the relay's
+	// SLUICE_TOPIC_ARNS, beside demoapp.Topic → the pipeline's topic. It is called once the
+	// pipeline exists, whose topic ARN gives the endpoint's region and account. Defaults to none.
+	Topics func(Pipeline) map[string]string
 	// RelayEnv and ConsumerEnv add environment variables (KEY=VALUE) to each function.
 	RelayEnv, ConsumerEnv []string
 	// Log receives the emulators' and the functions' output. Defaults to discarding it.
@@ -104,8 +105,10 @@ func StartStack(ctx context.Context, o StackOptions) (*Stack, error) {
 		return nil, fmt.Errorf("create the pipeline's resources: %w", err)
 	}
 	topicMap := map[string]string{demoapp.Topic: s.Pipeline.TopicARN}
-	for k, v := range o.Topics {
-		topicMap[k] = v
+	if o.Topics != nil {
+		for k, v := range o.Topics(s.Pipeline) {
+			topicMap[k] = v
+		}
 	}
 	topics, _ := json.Marshal(topicMap)
 	awsEnv := func(endpoint string) []string {
