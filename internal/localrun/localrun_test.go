@@ -75,3 +75,34 @@ func TestSQSEventHasTheLambdaShape(t *testing.T) {
 	require.Equal(t, "2", r["attributes"].(map[string]any)["ApproximateReceiveCount"])
 	require.Equal(t, "evt-1", r["messageAttributes"].(map[string]any)["messageId"].(map[string]any)["stringValue"])
 }
+
+// The faults are spread so that each configured share shows up early and holds over any run of
+// requests, however the requests are scheduled.
+func TestFaultSpreadCoversEveryShareEarlyAndEvenly(t *testing.T) {
+	t.Parallel()
+	f := Faults{Throttle: 0.15, Unavailable: 0.10, LoseResponse: 0.15}
+	firstOf := map[string]uint64{}
+	counts := map[string]int{}
+	for n := uint64(1); n <= 1000; n++ {
+		x := spread(n)
+		kind := "forward"
+		switch {
+		case x < f.Throttle:
+			kind = "throttle"
+		case x < f.Throttle+f.Unavailable:
+			kind = "unavailable"
+		case x < f.Throttle+f.Unavailable+f.LoseResponse:
+			kind = "lose"
+		}
+		if _, ok := firstOf[kind]; !ok {
+			firstOf[kind] = n
+		}
+		counts[kind]++
+	}
+	for _, kind := range []string{"throttle", "unavailable", "lose", "forward"} {
+		require.LessOrEqual(t, firstOf[kind], uint64(10), "%s within the first 10 requests", kind)
+	}
+	require.InDelta(t, 150, counts["throttle"], 5)
+	require.InDelta(t, 100, counts["unavailable"], 5)
+	require.InDelta(t, 150, counts["lose"], 5)
+}

@@ -216,14 +216,15 @@ func TestDeadline(t *testing.T) {
 		b := setup(t)
 		r := inbox.NewRouter(inbox.FailUnknown)
 		r.Handle("Scripted", func(ctx context.Context, tx pgx.Tx, msg inbox.Message) error {
-			time.Sleep(300 * time.Millisecond)
+			time.Sleep(1500 * time.Millisecond)
 			return scripted("billing")(ctx, tx, msg)
 		})
-		c, err := inbox.New(b.pool, inbox.Config{Consumer: "billing", Router: r, Mode: mode, DeadlineMargin: time.Second, Logger: quiet})
+		c, err := inbox.New(b.pool, inbox.Config{Consumer: "billing", Router: r, Mode: mode, DeadlineMargin: 2 * time.Second, Logger: quiet})
 		require.NoError(t, err)
 
-		// 1.2s left with a 1s margin: the first record starts, the rest find too little time.
-		ctx, cancel := context.WithTimeout(context.Background(), 1200*time.Millisecond)
+		// 3s left with a 2s margin: the first record starts (even a second late on a busy
+		// machine), and after its 1.5s the rest find too little time.
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
 		ev := batchOf(rec("m1", script{N: 1}), rec("m2", script{N: 2}), rec("m3", script{N: 3}))
 		rep := c.Process(ctx, ev)
