@@ -342,8 +342,8 @@ func (o Options) WithDefaults() Options {
 // Validate reports every out-of-range option at once.
 func (o Options) Validate() error {
 	var errs []error
-	if o.Interval < time.Minute {
-		errs = append(errs, fmt.Errorf("Interval must be at least 1m, got %s", o.Interval))
+	if o.Interval < time.Second {
+		errs = append(errs, fmt.Errorf("Interval must be at least 1s, got %s", o.Interval))
 	}
 	if o.Interval%time.Second != 0 {
 		errs = append(errs, fmt.Errorf("Interval must be a whole number of seconds, got %s", o.Interval))
@@ -407,6 +407,11 @@ func Maintain(ctx context.Context, db DB, spec Spec, opts Options, create, drop 
 	if create {
 		for range 200 {
 			p, made, err := createNext(ctx, db, spec, opts)
+			if IsLockTimeout(err) {
+				rep.Warnings = append(rep.Warnings, fmt.Sprintf("creating a partition of %s waited %s for its lock without getting it "+
+					"(long transactions hold the table's default partition); the next run tries again", spec.Table, opts.LockTimeout))
+				break
+			}
 			if err != nil {
 				return rep, err
 			}

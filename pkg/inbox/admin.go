@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/sluicehq/sluice/internal/partition"
 )
 
 // Querier runs statements: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
@@ -134,6 +136,13 @@ type PurgeOptions struct {
 // (each its own statement, so each commits on its own when db is a pool), and returns how many
 // it deleted. Unprocessed and parked rows are never deleted.
 //
+// On a partitioned inbox_event (see ConvertToPartitioned), purging every consumer drops whole
+// partitions instead, as MaintainPartitions with Retention olderThan does (db must then be a
+// *pgxpool.Pool or a *pgx.Conn), deletes expired rows of the default partition in batches, and
+// counts a dropped partition's rows from PostgreSQL's estimate (pg_class.reltuples). A
+// partition is dropped only once every row in it was processed before the cutoff. Purging one
+// consumer (opts.Consumer) deletes its rows in batches, as on a plain table.
+//
 // A purged message is no longer recognised as a duplicate: keep olderThan well above the
 // queue's message retention period plus any DLQ redrive or replay window (SQS keeps messages at
 // most 14 days).
@@ -151,23 +160,38 @@ func Purge(ctx context.Context, db Querier, olderThan time.Duration, opts *Purge
 			o.BatchSize = opts.BatchSize
 		}
 	}
+	if o.Consumer == "" {
+		layout, err := partition.Read(ctx, db, inboxPartitions)
+		if err != nil {
+			return 0, fmt.Errorf("purge inbox: %w", err)
+		}
+		if layout.Partitioned {
+			return purgePartitioned(ctx, db, olderThan, o.BatchSize)
+		}
+	}
+	return purgeRows(ctx, db, "inbox_event", olderThan, o.Consumer, o.BatchSize)
+}
+
+// purgeRows deletes the rows of table (inbox_event, or the default partition of a partitioned
+// one) processed longer than olderThan ago, of consumer ("" for all), batch rows per statement.
+func purgeRows(ctx context.Context, db Querier, table string, olderThan time.Duration, consumer string, batch int) (int64, error) {
 	var total int64
 	for {
 		tag, err := db.Exec(ctx, `
-DELETE FROM inbox_event
+DELETE FROM `+table+`
 WHERE (consumer, message_id) IN (
-    SELECT consumer, message_id FROM inbox_event
+    SELECT consumer, message_id FROM `+table+`
     WHERE processed_at IS NOT NULL
       AND processed_at < now() - make_interval(secs => $1::float8)
       AND ($2 = '' OR consumer = $2)
     ORDER BY processed_at
     LIMIT $3
-    FOR UPDATE SKIP LOCKED)`, olderThan.Seconds(), o.Consumer, o.BatchSize)
+    FOR UPDATE SKIP LOCKED)`, olderThan.Seconds(), consumer, batch)
 		if err != nil {
 			return total, fmt.Errorf("purge inbox: %w", err)
 		}
 		total += tag.RowsAffected()
-		if tag.RowsAffected() < int64(o.BatchSize) {
+		if tag.RowsAffected() < int64(batch) {
 			return total, nil
 		}
 	}

@@ -302,12 +302,22 @@ func (c *Consumer) insertBatch(ctx context.Context, tx pgx.Tx, msgs []Message) (
 	if n == 0 {
 		return out, nil
 	}
-	rows, err := tx.Query(ctx, insertBatch, c.cfg.Consumer, ids, types, aggTypes, aggIDs, groups, created, headers, payloads)
+	part, err := c.partitioned(ctx, tx)
 	if err != nil {
 		return nil, fmt.Errorf("insert inbox rows: %w", err)
 	}
-	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	args := []any{c.cfg.Consumer, ids, types, aggTypes, aggIDs, groups, created, headers, payloads}
+	var inserted []string
+	if part {
+		inserted, err = c.insertBatchRows(ctx, tx, ids, args...)
+	} else {
+		var rows pgx.Rows
+		if rows, err = tx.Query(ctx, insertBatch, args...); err == nil {
+			inserted, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		}
+	}
 	if err != nil {
+		c.relearnLayout(err)
 		return nil, fmt.Errorf("insert inbox rows: %w", err)
 	}
 	for _, id := range inserted {

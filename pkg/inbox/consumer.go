@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
@@ -136,6 +137,9 @@ type Consumer struct {
 	log     *slog.Logger
 	metrics *emf.Logger
 	now     func() time.Time
+	// layout is how inbox_event is stored (layoutPlain, layoutPartitioned), read once from
+	// the catalog (see partition_insert.go).
+	layout atomic.Int32
 }
 
 // New returns a Consumer that opens its transactions on db (usually a *pgxpool.Pool).
@@ -398,9 +402,23 @@ func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, msg Message) (Outcome, 
 	if c.cfg.Mode == Async || c.cfg.StorePayload {
 		headers, payload = msg.Headers, msg.Payload
 	}
-	tag, err := tx.Exec(ctx, query, c.cfg.Consumer, msg.ID, msg.EventType, msg.AggregateType, msg.AggregateID,
-		msg.GroupID, created, headers, payload)
+	part, err := c.partitioned(ctx, tx)
 	if err != nil {
+		return Failed, fmt.Errorf("message %s: %w", msg.ID, err)
+	}
+	args := []any{c.cfg.Consumer, msg.ID, msg.EventType, msg.AggregateType, msg.AggregateID, msg.GroupID, created, headers, payload}
+	var tag pgconn.CommandTag
+	if part {
+		query = insertSyncPartitioned
+		if c.cfg.Mode == Async {
+			query = insertAsyncPartitioned
+		}
+		tag, err = c.insertPartitioned(ctx, tx, msg.ID, query, args...)
+	} else {
+		tag, err = tx.Exec(ctx, query, args...)
+	}
+	if err != nil {
+		c.relearnLayout(err)
 		return Failed, fmt.Errorf("message %s: insert inbox row: %w", msg.ID, classify(err))
 	}
 	if tag.RowsAffected() == 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -154,4 +155,193 @@ func TestConvertToPartitionedKeepsEveryRowAndTheRelayPublishesThemInKeyOrder(t *
 		got[e.EventID.String()] = true
 	}
 	require.Len(t, got, total, "every row was published")
+}
+
+// expired is the SQL of a row written 41 days ago and published 40 days ago.
+const (
+	old        = "now() - interval '41 days'"
+	oldPublish = "now() - interval '40 days'"
+)
+
+// Retention drops a partition only when every row in it was published before the cutoff: never
+// one with an unpublished (quarantined) row, one with a row published after the cutoff (a replay
+// republished it), one whose newest row is younger, the partition new ids go to, or those ahead.
+func TestMaintainPartitionsDropsOnlyPartitionsWhoseRowsWereAllPublishedBeforeTheRetention(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	plan := b.convert(t, 100, 6) // an empty table: [MINVALUE, 100), then 100 ids each
+	require.Equal(t, int64(100), plan.Bound)
+
+	b.writeSQL(t, 99, 5, old, oldPublish)  // ids 1-99: the former table, expired
+	b.writeSQL(t, 100, 5, old, oldPublish) // 100-199: expired
+	b.writeSQL(t, 100, 5, old, oldPublish) // 200-299: expired but for one quarantined row
+	_, err := b.pool.Exec(ctx, "UPDATE outbox_event SET published_at = NULL, quarantined_at = now() WHERE id = 250")
+	require.NoError(t, err)
+	b.writeSQL(t, 100, 5, old, "CASE WHEN i = 50 THEN now() - interval '1 hour' ELSE "+oldPublish+" END") // 300-399: one row republished lately
+	b.writeSQL(t, 100, 5, "CASE WHEN i = 100 THEN now() ELSE "+old+" END", oldPublish)                    // 400-499: its newest row is young
+	b.writeSQL(t, 50, 5, "now()", "now()")                                                                // 500-549: where new ids go
+	before := b.countWhere(t, "true")
+
+	rep, err := outbox.MaintainPartitions(ctx, b.pool, &outbox.PartitionOptions{Size: 100, Ahead: 2, Retention: 30 * 24 * time.Hour})
+	require.NoError(t, err)
+	require.True(t, rep.Partitioned)
+	var dropped []string
+	for _, p := range rep.Dropped {
+		dropped = append(dropped, p.Name)
+	}
+	require.ElementsMatch(t, []string{"outbox_event_p0", "outbox_event_p0000000000000000100"}, dropped)
+	kept := map[string]string{}
+	for _, k := range rep.Kept {
+		kept[k.Name] = k.Reason
+	}
+	require.Len(t, kept, 3, "kept: %v", kept)
+	require.Contains(t, kept["outbox_event_p0000000000000000200"], "not published")
+	require.Contains(t, kept["outbox_event_p0000000000000000300"], "published after the cutoff")
+	require.Contains(t, kept["outbox_event_p0000000000000000400"], "newest row was written at")
+
+	require.Equal(t, before-199, b.countWhere(t, "true"), "exactly the rows of the two dropped partitions are gone")
+	require.Equal(t, 1, b.countWhere(t, "published_at IS NULL"), "the quarantined row stays")
+	require.Zero(t, b.countWhere(t, "id < 200"))
+
+	// Partitions stay ready above the newest id, and nothing more expires on a second run.
+	var ahead int
+	for _, p := range b.layout(t).Partitions {
+		if !p.Default && p.From > 549 {
+			ahead++
+		}
+	}
+	require.GreaterOrEqual(t, ahead, 2)
+	rep, err = outbox.MaintainPartitions(ctx, b.pool, &outbox.PartitionOptions{Size: 100, Ahead: 2, Retention: 30 * 24 * time.Hour})
+	require.NoError(t, err)
+	require.Empty(t, rep.Dropped)
+	require.Empty(t, rep.Created)
+}
+
+// A Replay that makes the rows of an expired partition unpublished, in a transaction still open
+// while maintenance runs, keeps that partition: maintenance waits for the Replay's lock, then
+// sees its rows unpublished. With a short LockTimeout it gives up instead, dropping nothing.
+func TestMaintainPartitionsNeverDropsAPartitionAConcurrentReplayMadeUnpublished(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	b.convert(t, 100, 3)
+	b.writeSQL(t, 99, 5, old, oldPublish)  // the former table
+	b.writeSQL(t, 100, 5, old, oldPublish) // 100-199
+	b.writeSQL(t, 50, 5, "now()", "now()") // 200-249: where new ids go; [300, 400) is ready ahead
+	retention := &outbox.PartitionOptions{Size: 100, Ahead: 1, Retention: 30 * 24 * time.Hour, LockTimeout: 100 * time.Millisecond}
+
+	replay, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = replay.Rollback(ctx) }()
+	n, err := outbox.Replay(ctx, replay, outbox.ReplayFilter{Since: time.Now().Add(-42 * 24 * time.Hour), Until: time.Now().Add(-40 * 24 * time.Hour)})
+	require.NoError(t, err)
+	require.Equal(t, int64(199), n)
+
+	// The Replay holds its lock: maintenance gives up on both partitions and drops nothing.
+	rep, err := outbox.MaintainPartitions(ctx, b.pool, retention)
+	require.NoError(t, err)
+	require.Empty(t, rep.Dropped)
+	expired := []string{"outbox_event_p0", "outbox_event_p0000000000000000100"}
+	require.ElementsMatch(t, expired, keptReasons(rep, "busy"))
+
+	// With time to wait, maintenance queues behind the Replay and checks again once it commits.
+	patient := *retention
+	patient.LockTimeout = time.Minute
+	done := make(chan error, 1)
+	var rep2 outbox.PartitionReport
+	go func() {
+		var err error
+		rep2, err = outbox.MaintainPartitions(ctx, b.pool, &patient)
+		done <- err
+	}()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted AND relation = 'outbox_event'::regclass)`).Scan(&waiting))
+		return waiting
+	}, 30*time.Second, 10*time.Millisecond, "maintenance waits for the Replay's lock")
+	require.NoError(t, replay.Commit(ctx))
+	require.NoError(t, <-done)
+	require.Empty(t, rep2.Dropped, "a partition with replayed (unpublished) rows is never dropped")
+	require.ElementsMatch(t, expired, keptReasons(rep2, "not published"))
+	require.Equal(t, 199, b.countWhere(t, "published_at IS NULL"), "every replayed row is there to be published again")
+}
+
+// keptReasons returns the partitions the report kept for a reason containing why.
+func keptReasons(rep outbox.PartitionReport, why string) []string {
+	var out []string
+	for _, k := range rep.Kept {
+		if strings.Contains(k.Reason, why) {
+			out = append(out, k.Name)
+		}
+	}
+	return out
+}
+
+// Purge on a partitioned outbox drops the expired partitions and deletes the expired rows the
+// default partition caught (ids beyond the partitions created ahead), row by row.
+func TestPurgeOnAPartitionedOutboxDropsPartitionsAndPurgesTheDefaultPartition(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	b.convert(t, 100, 1)                   // [MINVALUE, 100), [100, 200), default
+	b.writeSQL(t, 400, 5, old, oldPublish) // 99 + 100 rows in partitions, 201 in the default one
+	b.writeSQL(t, 10, 5, old, "NULL")      // unpublished, in the default partition
+	require.Equal(t, 211, b.rowsByPartition(t)["outbox_event_default"])
+	_, err := b.pool.Exec(ctx, "ANALYZE outbox_event_p0, outbox_event_p0000000000000000100")
+	require.NoError(t, err)
+
+	n, err := outbox.Purge(ctx, b.pool, 30*24*time.Hour, &outbox.PurgeOptions{BatchSize: 50})
+	require.NoError(t, err)
+	require.Equal(t, int64(400), n, "99 + 100 rows dropped with their partitions, 201 deleted from the default partition")
+	require.Equal(t, 10, b.countWhere(t, "true"), "only the unpublished rows are left")
+	require.Equal(t, 10, b.countWhere(t, "published_at IS NULL"))
+	names := map[string]bool{}
+	for _, p := range b.layout(t).Partitions {
+		names[p.Name] = true
+	}
+	require.False(t, names["outbox_event_p0"])
+	require.False(t, names["outbox_event_p0000000000000000100"])
+	require.True(t, names["outbox_event_default"], "the default partition is never dropped")
+}
+
+// Four relays racing over an outbox spread across many partitions publish every row, each key
+// in id order, never one key in two calls at once.
+func TestRacingRelaysDrainAPartitionedOutboxInKeyOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.convert(t, 1000, 25)
+	b.write(t, 20000, 200)
+	parts := b.rowsByPartition(t)
+	require.GreaterOrEqual(t, len(parts), 20, "rows span many partitions: %v", parts)
+	require.NotContains(t, parts, "outbox_event_default")
+	b.rec.delay = time.Millisecond // let calls overlap
+
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		r := b.relay(t, func(c *outbox.RelayConfig) { c.BatchSize = 300; c.MaxPerKey = 5; c.PublishConcurrency = 8 })
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for b.countWhere(t, "published_at IS NULL") > 0 {
+				if _, err := r.RunOnce(context.Background()); err != nil {
+					errs[i] = err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	require.Zero(t, b.countWhere(t, "published_at IS NULL"), "every row published")
+	b.rec.requireKeyOrder(t)
+	unique := map[int64]bool{}
+	for _, e := range b.rec.received {
+		unique[e.ID] = true
+	}
+	require.Len(t, unique, 20000, "every row reached the broker")
+	require.Len(t, b.rec.byKey, 200)
 }
