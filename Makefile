@@ -11,6 +11,10 @@ DEVENV     := $(GO) run ./internal/cmd/devenv --
 # The AWS Lambda runtime interface emulator that runs the real bootstraps locally (not a module dependency).
 RIE_MODULE := github.com/aws/aws-lambda-runtime-interface-emulator/cmd/aws-lambda-rie@v0.0.0-20261030222936-bef5c4ba774d
 RIE        := .cache/bin/aws-lambda-rie
+# staticcheck, pinned (the newest release, built with and for Go 1.26); `go run` caches the build.
+STATICCHECK := $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
+# The second AWS emulator: moto_server (pip install 'moto[server]'), when it is on PATH.
+MOTO_PACKAGES := ./e2e/ ./internal/cli/ ./lambdas/relay/
 
 .PHONY: help
 help: ## Show this help.
@@ -26,17 +30,25 @@ $(NODE_STAMP): $(NODE_TOOLS)/package-lock.json
 	touch $@
 
 .PHONY: lint
-lint: ## gofmt check and go vet (root module and infra/).
+lint: ## gofmt check, go vet and staticcheck (root module and infra/; checks in staticcheck.conf).
 	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './tools/*'))"; \
 	  if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
-	cd infra && $(GO) vet ./...
+	$(STATICCHECK) ./...
+	cd infra && $(GO) vet ./... && $(STATICCHECK) ./...
 
 .PHONY: test
-test: deps lint ## Run every test (real PostgreSQL and SNS/SQS endpoint, started on demand), then infra/'s template tests.
+test: deps lint ## Run every test (real PostgreSQL, fauxqs, then moto), infra/'s template tests and the fuzzer.
 	$(DEVENV) $(GOTEST) ./...
+	$(MAKE) test-moto
 	cd infra && $(GOTEST) ./...
 	$(MAKE) fuzz
+
+.PHONY: test-moto
+test-moto: ## The end-to-end, CLI, relay Lambda and SNS publisher tests against moto_server (skipped, saying so, where it is missing).
+	@command -v moto_server >/dev/null || echo "moto_server is not installed (pip install 'moto[server]'): the tests below skip"
+	env -u AWS_ENDPOINT_URL SLUICE_AWS_EMULATOR=moto $(DEVENV) bash -c \
+	  '$(GOTEST) $(MOTO_PACKAGES) && $(GOTEST) -run "^TestSNSPublisher" ./pkg/outbox/'
 
 .PHONY: fuzz
 fuzz: ## Fuzz the inbox message parser briefly (seed corpus in pkg/inbox/testdata).

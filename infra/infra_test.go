@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"math/big"
@@ -86,11 +87,9 @@ func withNag(stack awscdk.Stack) {
 func requireNoNagErrors(t *testing.T, stack awscdk.Stack) {
 	t.Helper()
 	found := assertions.Annotations_FromStack(stack).FindError(jsii.String("*"), assertions.Match_StringLikeRegexp(jsii.String("AwsSolutions-.*")))
-	var msgs []string
-	for _, f := range *found {
-		msgs = append(msgs, fmt.Sprintf("%s: %v", *f.Id, f.Entry.Data))
-	}
-	require.Empty(t, msgs, "unsuppressed cdk-nag AwsSolutions errors")
+	// The messages as JSON (construct path and finding): their Go fields are deprecated.
+	report, _ := json.MarshalIndent(*found, "", "  ")
+	require.Empty(t, *found, "unsuppressed cdk-nag AwsSolutions errors:\n%s", report)
 }
 
 // resources returns the template's resources of one type, by logical id.

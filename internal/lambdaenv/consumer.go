@@ -109,8 +109,8 @@ func ConsumerEnvironment(cfg inbox.Config) map[string]string {
 	if cfg.DeadlineMargin != 0 && cfg.DeadlineMargin != DefaultConsumerDeadlineMargin {
 		env[ConsumerDeadlineMargin] = cfg.DeadlineMargin.String()
 	}
-	if cfg.StorePayload != DefaultConsumerStorePayload {
-		env[ConsumerStorePayload] = strconv.FormatBool(cfg.StorePayload)
+	if cfg.StorePayload { // the default is false
+		env[ConsumerStorePayload] = "true"
 	}
 	return env
 }
