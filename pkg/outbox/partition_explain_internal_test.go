@@ -2,8 +2,8 @@ package outbox
 
 import (
 	"context"
-	"os"
 	"encoding/json"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
