@@ -19,9 +19,13 @@ import (
 
 // planGuards make the planner use the indexes whatever the statistics say: every statement
 // here has an index plan, so disabling the alternatives costs nothing when statistics are
-// fresh and prevents nested loops over sequential scans when they are not.
+// fresh and prevents nested loops over sequential scans when they are not. A disabled plan
+// node still counts its huge penalty in the estimated cost, which would otherwise trigger JIT
+// compilation (seconds, for a statement that runs in a millisecond) and parallel workers:
+// both are turned off too.
 const planGuards = "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; " +
-	"SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off"
+	"SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off; " +
+	"SET LOCAL jit = off; SET LOCAL max_parallel_workers_per_gather = 0"
 
 // roundSettings opens a round's transaction: every statement bounded to half the lease, idle
 // time bounded by the lease, and the plan guards.
@@ -44,7 +48,7 @@ UNION ALL
 (SELECT id, partition_key FROM outbox_event WHERE id = ANY($3::bigint[]) AND id <= $1)`
 
 // epochSQL reads the counter that operator actions bump.
-const epochSQL = `SELECT admin_epoch FROM outbox_control`
+const epochSQL = `SELECT admin_epoch FROM outbox_control WHERE singleton`
 
 // maxIDSQL starts a relay's frontier at the newest row: older rows are found by its sweep.
 const maxIDSQL = `SELECT coalesce(max(id), 0) FROM outbox_event`
@@ -88,41 +92,69 @@ var (
 const lockKeysSQL = `SELECT k FROM unnest($1::text[]) AS k WHERE pg_try_advisory_xact_lock(hashtextextended(k, 5433))`
 
 // readSQL reads, in a snapshot taken after the keys were locked, up to $3 rows per key after
-// the key's floor, and the payloads that fit the round's byte budget. Lengths are measured
-// before anything is sent: a payload is rendered only when it cannot explode (numbers such as
-// 1e131071 print in full, so jsonb's text can be thousands of times its stored size), rows too
-// large to publish are reported by size, and payloads beyond the budget ($4 bytes, counted in
-// the order rows would be published: every key's first row, then second rows, ...) stay in the
-// database for the next round. The payload column of a row is -1 in len when its stored size
-// exceeds $6, -2 when it holds numbers that expand without bound.
+// the key's floor, and the payloads that fit the round's byte budget ($4 bytes, counted in the
+// order rows would be published: every key's first row, then second rows, ...). Payloads
+// beyond the budget stay in the database for the next round. Every payload sent is measured
+// (jsonb rendered to text) first, and rendered only when that cannot explode: numbers print in
+// full, so jsonb's text can be thousands of times its stored size.
+//   - Rows whose stored payloads before them already exceed the budget are not measured (len
+//     -3): they cannot fit.
+//   - A small payload (stored uncompressed in at most checkStoredBytes) holds at most ~128
+//     numbers, so it prints to ~17 MB at worst: it is rendered once, and that text is sent.
+//   - A larger one above $6 stored bytes is not rendered (len -1); otherwise it is checked for
+//     numbers beyond ±1e100 or within 1e-100 of zero (and, above 16 KB stored, zeros with more
+//     than 100 decimals) and not rendered if it has any (len -2); otherwise it is measured, and
+//     rendered again only if it is sent, so that large texts do not ride through the sorts.
+// Rows too large to publish (above $5 bytes) are reported by their size, unsent. Floors are
+// ignored when an operator moved the admin epoch since the relay last polled ($7): rows below
+// them may have become pending again, so each key is read from its first pending row.
 const readSQL = `
 WITH chain AS (
-    SELECT r.*, k.ord FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS k(key, floor, ord)
+    SELECT r.*, k.ord
+    FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS k(key, floor, ord)
+    CROSS JOIN (SELECT admin_epoch FROM outbox_control WHERE singleton) ctl
     CROSS JOIN LATERAL (
         SELECT e.id, e.event_id, e.topic, e.aggregate_type, e.aggregate_id, e.event_type, e.partition_key,
                e.headers, e.created_at, e.attempts, e.failing_since, e.quarantined_at IS NOT NULL AS quarantined,
                CASE WHEN e.available_at > now() THEN e.available_at END AS waiting_until,
-               CASE WHEN pg_column_size(e.payload) > $6 THEN -1
-                    WHEN jsonb_path_exists(e.payload, 'strict $.** ? (@.type() == "number" && (@ >= 1e100 || @ <= -1e100 || (@ != 0 && @ > -1e-100 && @ < 1e-100)))')
-                      OR (pg_column_size(e.payload) > 16384 AND EXISTS (
-                          SELECT 1 FROM jsonb_path_query(e.payload, 'strict $.** ? (@.type() == "number" && @ == 0)') z
-                          WHERE scale(z::numeric) > 100)) THEN -2
-                    ELSE octet_length(e.payload::text) END AS len
+               e.payload, pg_column_size(e.payload) AS stored,
+               pg_column_compression(e.payload) IS NULL AND pg_column_size(e.payload) <= ` + checkStoredBytes + ` AS small
         FROM outbox_event e
-        WHERE e.partition_key = k.key AND e.published_at IS NULL AND e.id > k.floor
+        WHERE e.partition_key = k.key AND e.published_at IS NULL
+          AND e.id > CASE WHEN ctl.admin_epoch = $7 THEN k.floor ELSE 0 END
         ORDER BY e.id LIMIT $3) r
 ), ranked AS (
     SELECT c.*, row_number() OVER (PARTITION BY c.ord ORDER BY c.id) AS rn FROM chain c
-), budget AS (
-    SELECT r.*, sum(CASE WHEN r.len BETWEEN 0 AND $5 THEN r.len ELSE 0 END)
-                OVER (ORDER BY r.rn, r.ord ROWS UNBOUNDED PRECEDING) AS spent
+), reach AS (
+    SELECT r.*, sum(r.stored) OVER (ORDER BY r.rn, r.ord ROWS UNBOUNDED PRECEDING) - r.stored AS stored_before
     FROM ranked r
+), measured AS (
+    SELECT x.*,
+           CASE WHEN x.stored_before < $4 AND x.small THEN x.payload::text END AS body,
+           CASE WHEN x.stored_before >= $4 THEN -3
+                WHEN x.small THEN NULL
+                WHEN x.stored > $6 THEN -1
+                WHEN jsonb_path_exists(x.payload, 'strict $.** ? (@.type() == "number" && (@ >= 1e100 || @ <= -1e100 || (@ != 0 && @ > -1e-100 && @ < 1e-100)))')
+                  OR (x.stored > 16384 AND EXISTS (
+                      SELECT 1 FROM jsonb_path_query(x.payload, 'strict $.** ? (@.type() == "number" && @ == 0)') z
+                      WHERE scale(z::numeric) > 100)) THEN -2
+                ELSE octet_length(x.payload::text) END AS big_len
+    FROM reach x
+), sized AS (
+    SELECT m.*, coalesce(octet_length(m.body), m.big_len) AS len FROM measured m
+), budget AS (
+    SELECT z.*, sum(CASE WHEN z.len BETWEEN 0 AND $5 THEN z.len ELSE 0 END)
+                OVER (ORDER BY z.rn, z.ord ROWS UNBOUNDED PRECEDING) AS spent
+    FROM sized z
 )
 SELECT b.id, b.event_id, b.topic, b.aggregate_type, b.aggregate_id, b.event_type, b.partition_key, b.headers,
        b.created_at, b.attempts, b.failing_since, b.quarantined, b.waiting_until, b.len,
-       CASE WHEN b.len BETWEEN 0 AND $5 AND b.spent - b.len < $4
-            THEN (SELECT e.payload::text FROM outbox_event e WHERE e.id = b.id) END
+       CASE WHEN b.len BETWEEN 0 AND $5 AND b.spent - b.len < $4 THEN coalesce(b.body, b.payload::text) END
 FROM budget b ORDER BY b.ord, b.id`
+
+// checkStoredBytes is the stored size up to which a payload kept uncompressed is rendered
+// without first checking for numbers that print without bound (see readSQL).
+const checkStoredBytes = "1024"
 
 // claimedRow is a row a round read, with what the read learned about it.
 type claimedRow struct {
@@ -131,7 +163,7 @@ type claimedRow struct {
 	waitingUntil *time.Time
 	failingSince *time.Time
 	// payloadLen is the jsonb text's length in bytes; -1: stored payload too large to render,
-	// -2: it holds numbers that print without bound.
+	// -2: it holds numbers that print without bound, -3: not measured (beyond the budget).
 	payloadLen int
 	// loaded: the payload was read (it fit the round's budget).
 	loaded bool
@@ -145,7 +177,8 @@ func (r *Relay) readRows(ctx context.Context, tx pgx.Tx, keys []claimKey, perKey
 	for i, k := range keys {
 		names[i], floors[i] = k.key, k.floor
 	}
-	rows, err := tx.Query(ctx, readSQL, names, floors, perKey, r.cfg.MaxRoundBytes, r.cfg.MaxMessageBytes, maxStoredPayload(r.cfg.MaxMessageBytes))
+	rows, err := tx.Query(ctx, readSQL, names, floors, perKey, r.cfg.MaxRoundBytes, r.cfg.MaxMessageBytes,
+		maxStoredPayload(r.cfg.MaxMessageBytes), r.watch.epoch.Load())
 	if err != nil {
 		return nil, fmt.Errorf("read claimed outbox rows: %w", err)
 	}

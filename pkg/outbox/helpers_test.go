@@ -153,12 +153,14 @@ func setup(t *testing.T) *bundle {
 func (b *bundle) relay(t *testing.T, mutate ...func(*outbox.RelayConfig)) *outbox.Relay {
 	t.Helper()
 	cfg := outbox.RelayConfig{
-		Publisher:      b.rec,
-		Topics:         map[string]string{testTopic: testARN},
-		BackoffBase:    10 * time.Millisecond,
-		BackoffMax:     50 * time.Millisecond,
-		PollInterval:   50 * time.Millisecond,
-		Lease:          5 * time.Second,
+		Publisher:    b.rec,
+		Topics:       map[string]string{testTopic: testARN},
+		BackoffBase:  10 * time.Millisecond,
+		BackoffMax:   50 * time.Millisecond,
+		PollInterval: 50 * time.Millisecond,
+		// A long lease: every statement may take half of it, which a machine busy with other
+		// work needs; tests of the lease itself set their own.
+		Lease:          30 * time.Second,
 		PublishTimeout: 2 * time.Second,
 		Logger:         testLogger(),
 	}

@@ -70,6 +70,10 @@ func (r *Relay) planRound(keys []claimKey, rows []*claimedRow, perKey int) *roun
 			kp.stop, kp.waitUntil = stopWaiting, now.Add(time.Until(*c.waitingUntil))
 			continue
 		}
+		if c.payloadLen == -3 {
+			kp.stop = stopBudget
+			continue
+		}
 		o := &outcome{event: &c.Event, row: c}
 		switch {
 		case c.payloadLen == -1:

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -24,7 +25,8 @@ type watcher struct {
 	started  bool
 	frontier int64               // every row with an id up to it has been seen or is a gap
 	gaps     map[int64]time.Time // ids below the frontier not seen yet, and since when
-	epoch    int64
+	// epoch is outbox_control.admin_epoch as last polled; rounds read it too.
+	epoch atomic.Int64
 	lastPoll time.Time
 	// checkConnection: the server has client_connection_check_interval (PostgreSQL 14+).
 	checkConnection bool
@@ -82,7 +84,12 @@ func (w *watcher) start(ctx context.Context) error {
 		b := &pgx.Batch{}
 		b.Queue(`SELECT current_setting('server_version_num')::int`).QueryRow(func(row pgx.Row) error { return row.Scan(&version) })
 		b.Queue(maxIDSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&w.frontier) })
-		b.Queue(epochSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&w.epoch) })
+		b.Queue(epochSQL).QueryRow(func(row pgx.Row) error {
+			var e int64
+			err := row.Scan(&e)
+			w.epoch.Store(e)
+			return err
+		})
 		return tx.SendBatch(ctx, b).Close()
 	})
 	if err != nil {
@@ -159,10 +166,10 @@ func (w *watcher) pollOnce(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	w.lastPoll = now
-	if epoch != w.epoch {
-		// First, so that no round reads a key's new rows after its floor while rows below the
-		// floor were made pending again.
-		w.epoch = epoch
+	if epoch != w.epoch.Load() {
+		// First, so that new rows do not make keys due with floors that no longer hold (rounds
+		// in flight ignore their floors by themselves: see readSQL).
+		w.epoch.Store(epoch)
 		w.r.book.reset(now)
 		w.wantSweep()
 	}
