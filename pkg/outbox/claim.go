@@ -105,6 +105,7 @@ const lockKeysSQL = `SELECT k FROM unnest($1::text[]) AS k WHERE pg_try_advisory
 //     numbers beyond ±1e100 or within 1e-100 of zero (and, above 16 KB stored, zeros with more
 //     than 100 decimals) and not rendered if it has any (len -2); otherwise it is measured, and
 //     rendered again only if it is sent, so that large texts do not ride through the sorts.
+//
 // Rows too large to publish (above $5 bytes) are reported by their size, unsent. Floors are
 // ignored when an operator moved the admin epoch since the relay last polled ($7): rows below
 // them may have become pending again, so each key is read from its first pending row.

@@ -26,7 +26,7 @@ type watcher struct {
 	frontier int64               // every row with an id up to it has been seen or is a gap
 	gaps     map[int64]time.Time // ids below the frontier not seen yet, and since when
 	// epoch is outbox_control.admin_epoch as last polled; rounds read it too.
-	epoch atomic.Int64
+	epoch    atomic.Int64
 	lastPoll time.Time
 	// checkConnection: the server has client_connection_check_interval (PostgreSQL 14+).
 	checkConnection bool
