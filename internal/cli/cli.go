@@ -1,5 +1,5 @@
 // Package cli implements the sluice operator command line: migrate, relay, status, dead,
-// redrive, replay and purge. cmd/sluice is a thin main around [Run].
+// redrive, replay, purge and partition. cmd/sluice is a thin main around [Run].
 //
 // Connection settings resolve with the same precedence everywhere: a flag wins over the
 // environment, which wins over the default.
@@ -211,7 +211,7 @@ Exit codes: 0 success, 1 failure, 2 bad usage. Errors are one line on stderr.`,
 		return usageError{fmt.Errorf("%w (see '%s --help')", err, c.CommandPath())}
 	})
 	root.AddCommand(a.migrateCommand(), a.relayCommand(), a.statusCommand(), a.deadCommand(),
-		a.redriveCommand(), a.replayCommand(), a.purgeCommand())
+		a.redriveCommand(), a.replayCommand(), a.purgeCommand(), a.partitionCommand())
 	usageArgs(root)
 	return root
 }

@@ -1,0 +1,475 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/spf13/cobra"
+
+	"github.com/sluicehq/sluice/pkg/inbox"
+	"github.com/sluicehq/sluice/pkg/outbox"
+)
+
+// DB runs single statements and transactions: what partition commands need (a *pgxpool.Pool).
+type DB interface {
+	Querier
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+func (a *app) partitionCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "partition status|convert|maintain",
+		Short: "Partitioned outbox and inbox tables: show, convert, create ahead and drop expired partitions",
+		Long: `outbox_event and inbox_event are plain tables by default. A partitioned table lets retention drop
+whole partitions instead of deleting rows: at high volume this replaces a long DELETE and its index
+bloat with a catalog change. outbox_event is partitioned by RANGE (id), each partition sized from the
+observed rate of new ids to fill in about --interval; inbox_event by RANGE (received_at), one
+partition per --interval. 'sluice migrate' never converts a table: 'sluice partition convert' does,
+explicitly (see docs/schema.md, "Partitioned tables").
+
+Partitions must be created ahead of the rows: the relay Lambda does it for the outbox at every
+invocation, and 'sluice partition maintain' (or 'sluice purge') for both; rows beyond the partitions
+created go to a default partition, which is purged row by row.`,
+		Example: `  sluice partition status
+  sluice partition convert outbox             # prints the plan, changes nothing
+  sluice partition convert outbox --yes
+  sluice partition maintain --older-than 30d --queue https://sqs.eu-west-1.amazonaws.com/123456789012/billing`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+	}
+	cmd.AddCommand(a.partitionStatusCommand(), a.partitionConvertCommand(), a.partitionMaintainCommand())
+	return cmd
+}
+
+// PartitionStatus is how the outbox and inbox tables are stored.
+type PartitionStatus struct {
+	Outbox outbox.PartitionLayout `json:"outbox"`
+	Inbox  inbox.PartitionLayout  `json:"inbox"`
+}
+
+// ReadPartitions returns how outbox_event and inbox_event are stored, from the catalog alone.
+func ReadPartitions(ctx context.Context, db Querier) (PartitionStatus, error) {
+	var (
+		st  PartitionStatus
+		err error
+	)
+	if st.Outbox, err = outbox.Partitions(ctx, db); err != nil {
+		return st, err
+	}
+	st.Inbox, err = inbox.Partitions(ctx, db)
+	return st, err
+}
+
+func (a *app) partitionStatusCommand() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:     "status",
+		Short:   "Show whether outbox_event and inbox_event are partitioned, and their partitions",
+		Example: "  sluice partition status\n  sluice partition status --json",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			pool, err := a.db(ctx)
+			if err != nil {
+				return err
+			}
+			st, err := ReadPartitions(ctx, pool)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				enc := json.NewEncoder(a.io.Out)
+				enc.SetIndent("", "  ")
+				return enc.Encode(st)
+			}
+			var outParts, inParts []partitionLine
+			for _, p := range st.Outbox.Partitions {
+				outParts = append(outParts, partitionLine{p.Name, outboxFrom(p), outboxTo(p), p.Rows})
+			}
+			for _, p := range st.Inbox.Partitions {
+				inParts = append(inParts, partitionLine{p.Name, inboxBound(p.From, "MINVALUE", p.Default), inboxBound(p.To, "MAXVALUE", p.Default), p.Rows})
+			}
+			bound := ""
+			if st.Outbox.ConversionBound != 0 {
+				bound = fmt.Sprint(st.Outbox.ConversionBound)
+			}
+			printLayout(a.io.Out, "outbox_event", st.Outbox.Partitioned, bound, outParts)
+			bound = ""
+			if !st.Inbox.ConversionBound.IsZero() {
+				bound = st.Inbox.ConversionBound.Format(time.RFC3339)
+			}
+			printLayout(a.io.Out, "inbox_event", st.Inbox.Partitioned, bound, inParts)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+type partitionLine struct {
+	name, from, to string
+	rows           int64
+}
+
+func outboxFrom(p outbox.Partition) string {
+	switch {
+	case p.Default:
+		return "(default)"
+	case p.From == -1<<63:
+		return "MINVALUE"
+	}
+	return fmt.Sprint(p.From)
+}
+
+func outboxTo(p outbox.Partition) string {
+	if p.Default {
+		return ""
+	}
+	return fmt.Sprint(p.To)
+}
+
+func inboxBound(t time.Time, zero string, def bool) string {
+	switch {
+	case def && zero == "MINVALUE":
+		return "(default)"
+	case def:
+		return ""
+	case t.IsZero():
+		return zero
+	}
+	return t.Format(time.RFC3339)
+}
+
+func printLayout(w io.Writer, table string, partitioned bool, bound string, parts []partitionLine) {
+	if !partitioned {
+		fmt.Fprintf(w, "%s: plain table\n", table)
+		if bound != "" {
+			fmt.Fprintf(w, "  a conversion started and did not finish: rows from %s on are refused; run 'sluice partition convert' again\n", bound)
+		}
+		return
+	}
+	fmt.Fprintf(w, "%s: partitioned, %d partitions\n", table, len(parts))
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  NAME\tFROM\tTO\tROWS (ESTIMATE)")
+	for _, p := range parts {
+		rows := "?"
+		if p.rows >= 0 {
+			rows = fmt.Sprint(p.rows)
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", p.name, p.from, p.to, rows)
+	}
+	_ = tw.Flush()
+}
+
+// PartitionConvertOptions configure ConvertPartitioned.
+type PartitionConvertOptions struct {
+	// Table is "outbox" or "inbox". Required.
+	Table string
+	// Interval, Ahead and Size are the partitions' (see outbox.PartitionOptions and
+	// inbox.PartitionOptions); zero takes the libraries' defaults. Size applies to the outbox.
+	Interval time.Duration
+	Ahead    int
+	Size     int64
+	// Yes converts; without it ConvertPartitioned only plans and returns ErrNotConfirmed.
+	Yes bool
+	// Progress receives each completed step (nil for none).
+	Progress func(step string)
+}
+
+// ErrNotConfirmed is returned by ConvertPartitioned without Yes: nothing was changed.
+var ErrNotConfirmed = errors.New("not confirmed")
+
+func (o PartitionConvertOptions) validate() error {
+	switch {
+	case o.Table != "outbox" && o.Table != "inbox":
+		return usagef("convert which table? give outbox or inbox, got %q", o.Table)
+	case o.Interval < 0:
+		return usagef("--interval must be positive")
+	case o.Ahead < 0:
+		return usagef("--ahead must not be negative")
+	case o.Size < 0:
+		return usagef("--size must not be negative")
+	case o.Size > 0 && o.Table == "inbox":
+		return usagef("--size applies to the outbox only: inbox partitions span --interval each")
+	}
+	return nil
+}
+
+// PartitionConvertResult is what a conversion does (Steps, Notes), and whether it ran.
+type PartitionConvertResult struct {
+	Table     string
+	Steps     []string
+	Notes     []string
+	Converted bool
+}
+
+// ConvertPartitioned plans the conversion of outbox_event or inbox_event to a partitioned
+// table and, with opts.Yes, runs it. Without Yes it returns the plan and an error wrapping
+// ErrNotConfirmed, having changed nothing.
+func ConvertPartitioned(ctx context.Context, db DB, opts PartitionConvertOptions) (PartitionConvertResult, error) {
+	if err := opts.validate(); err != nil {
+		return PartitionConvertResult{}, err
+	}
+	res := PartitionConvertResult{Table: opts.Table + "_event"}
+	switch opts.Table {
+	case "outbox":
+		o := &outbox.PartitionOptions{Interval: opts.Interval, Ahead: opts.Ahead, Size: opts.Size}
+		plan, err := outbox.PlanPartitioning(ctx, db, o)
+		if err != nil {
+			return res, err
+		}
+		res.Steps, res.Notes = plan.Steps, plan.Notes
+		if !opts.Yes {
+			return res, fmt.Errorf("refusing to convert outbox_event without --yes (%w): nothing was changed", ErrNotConfirmed)
+		}
+		_, err = outbox.ConvertToPartitioned(ctx, db, o, opts.Progress)
+		res.Converted = err == nil
+		return res, err
+	default:
+		o := &inbox.PartitionOptions{Interval: opts.Interval, Ahead: opts.Ahead}
+		plan, err := inbox.PlanPartitioning(ctx, db, o)
+		if err != nil {
+			return res, err
+		}
+		res.Steps, res.Notes = plan.Steps, plan.Notes
+		if !opts.Yes {
+			return res, fmt.Errorf("refusing to convert inbox_event without --yes (%w): nothing was changed", ErrNotConfirmed)
+		}
+		_, err = inbox.ConvertToPartitioned(ctx, db, o, opts.Progress)
+		res.Converted = err == nil
+		return res, err
+	}
+}
+
+func (a *app) partitionConvertCommand() *cobra.Command {
+	var opts PartitionConvertOptions
+	cmd := &cobra.Command{
+		Use:   "convert outbox|inbox [--interval D] [--ahead N] [--size N] --yes",
+		Short: "Convert outbox_event or inbox_event to a partitioned table, without copying a row",
+		Long: `Convert outbox_event (partitioned by RANGE (id)) or inbox_event (by RANGE (received_at)) to a
+partitioned table. No row is copied, moved or deleted: the plain table becomes the first partition of
+a new partitioned table of the same name, with the same columns, constraints, identity, indexes,
+grants, row-level security policies and owner; partitions are created ahead of it.
+
+It prints the plan first and refuses without --yes. Producers, relays and consumers keep running: the
+table is validated and indexed while writers continue, then switched in a transaction that holds an
+ACCESS EXCLUSIVE lock for milliseconds. Upgrade every consumer to this version before converting the
+inbox (older ones fail every record until upgraded). An interrupted conversion is finished by running
+it again. There is no automatic way back to a plain table.`,
+		Example: `  sluice partition convert outbox
+  sluice partition convert outbox --yes
+  sluice partition convert inbox --interval 7d --yes`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			opts.Table = args[0]
+			if err := opts.validate(); err != nil {
+				return err
+			}
+			pool, err := a.db(ctx)
+			if err != nil {
+				return err
+			}
+			opts.Progress = func(s string) { fmt.Fprintln(a.io.Out, "done: "+s) }
+			res, err := ConvertPartitioned(ctx, pool, opts)
+			if len(res.Steps) > 0 && !res.Converted {
+				fmt.Fprintf(a.io.Out, "Converting %s to a partitioned table:\n", res.Table)
+				for i, s := range res.Steps {
+					fmt.Fprintf(a.io.Out, "  %d. %s\n", i+1, s)
+				}
+				for _, n := range res.Notes {
+					fmt.Fprintln(a.io.Out, "  note: "+n)
+				}
+			}
+			return err
+		},
+	}
+	fl := cmd.Flags()
+	fl.Var(&durationValue{d: &opts.Interval}, "interval", "time one partition covers (inbox) or fills in at the observed rate (outbox) (default 24h)")
+	fl.IntVar(&opts.Ahead, "ahead", 0, "empty partitions to keep ready (default 2)")
+	fl.Int64Var(&opts.Size, "size", 0, "ids per outbox partition instead of a size from the observed rate")
+	fl.BoolVarP(&opts.Yes, "yes", "y", false, "convert (without it, only print the plan)")
+	return cmd
+}
+
+// PartitionMaintainOptions configure MaintainPartitions.
+type PartitionMaintainOptions struct {
+	// OlderThan, when positive, drops partitions whose rows were all published (outbox) or
+	// processed (inbox) longer ago. Defaults to 0: only create partitions ahead.
+	OlderThan time.Duration
+	// Queues are SQS queue URLs of inbox consumers: dropping inbox partitions is refused when
+	// OlderThan is not longer than one's retention (or its DLQ's), as in Purge.
+	Queues []string
+	// OutboxOnly and InboxOnly maintain one table only; at most one may be set.
+	OutboxOnly, InboxOnly bool
+	// Interval, Ahead, Size and LockTimeout are the libraries' PartitionOptions; zero takes
+	// their defaults. Size applies to the outbox.
+	Interval    time.Duration
+	Ahead       int
+	Size        int64
+	LockTimeout time.Duration
+}
+
+func (o PartitionMaintainOptions) validate() error {
+	switch {
+	case o.OlderThan < 0:
+		return usagef("--older-than must be positive")
+	case o.OutboxOnly && o.InboxOnly:
+		return usagef("--outbox-only and --inbox-only exclude each other")
+	case o.Interval < 0 || o.Ahead < 0 || o.Size < 0 || o.LockTimeout < 0:
+		return usagef("--interval, --ahead, --size and --lock-timeout must not be negative")
+	}
+	return nil
+}
+
+// PartitionMaintainResult is what MaintainPartitions did to each table.
+type PartitionMaintainResult struct {
+	Outbox *outbox.PartitionReport `json:"outbox,omitempty"`
+	Inbox  *inbox.PartitionReport  `json:"inbox,omitempty"`
+	// Warning is set when the inbox retention could not be checked against any queue.
+	Warning string `json:"warning,omitempty"`
+}
+
+// MaintainPartitions creates partitions ahead and, with OlderThan, drops expired ones, on each
+// partitioned table (a plain table is left alone). With opts.Queues it first checks the inbox
+// retention against every queue's (c is then required) and changes nothing when one is longer.
+func MaintainPartitions(ctx context.Context, db DB, c SQSAPI, opts PartitionMaintainOptions) (PartitionMaintainResult, error) {
+	var res PartitionMaintainResult
+	if err := opts.validate(); err != nil {
+		return res, err
+	}
+	doInbox, doOutbox := !opts.OutboxOnly, !opts.InboxOnly
+	if doInbox && opts.OlderThan > 0 {
+		if len(opts.Queues) > 0 {
+			if c == nil {
+				return res, errors.New("cli: MaintainPartitions needs an SQS client to check the queues' retention")
+			}
+			if err := checkRetention(ctx, c, opts.OlderThan, opts.Queues); err != nil {
+				return res, err
+			}
+		} else if opts.OlderThan <= sqsMaxRetention {
+			res.Warning = fmt.Sprintf("--older-than %s is not above SQS's 14-day maximum retention and no --queue was given to check; dropped inbox rows no longer deduplicate redelivered messages",
+				FormatDuration(opts.OlderThan))
+		}
+	}
+	if doOutbox {
+		rep, err := outbox.MaintainPartitions(ctx, db, &outbox.PartitionOptions{Interval: opts.Interval, Ahead: opts.Ahead, Size: opts.Size,
+			Retention: opts.OlderThan, LockTimeout: opts.LockTimeout})
+		res.Outbox = &rep
+		if err != nil {
+			return res, err
+		}
+	}
+	if doInbox {
+		rep, err := inbox.MaintainPartitions(ctx, db, &inbox.PartitionOptions{Interval: opts.Interval, Ahead: opts.Ahead,
+			Retention: opts.OlderThan, LockTimeout: opts.LockTimeout})
+		res.Inbox = &rep
+		if err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+func (a *app) partitionMaintainCommand() *cobra.Command {
+	var opts PartitionMaintainOptions
+	cmd := &cobra.Command{
+		Use:   "maintain [--older-than D] [--queue URL ...] [--outbox-only|--inbox-only]",
+		Short: "Create partitions ahead and drop the partitions whose rows all expired",
+		Long: `On each partitioned table (plain tables are left alone): create partitions until --ahead empty ones
+are ready, and with --older-than drop every partition whose rows were all published (outbox) or
+processed (inbox) longer ago, and delete such rows from the default partition. A partition holding
+an unpublished, quarantined, unprocessed or parked row is never dropped; each is checked again under
+a lock that makes writers wait, for at most --lock-timeout.
+
+As with 'sluice purge', dropped inbox rows no longer deduplicate redelivered messages: name the
+consumers' queues with --queue to refuse an --older-than shorter than their retention.`,
+		Example: `  sluice partition maintain
+  sluice partition maintain --older-than 30d --queue https://sqs.eu-west-1.amazonaws.com/123456789012/billing
+  sluice partition maintain --outbox-only --older-than 7d`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			if err := opts.validate(); err != nil {
+				return err
+			}
+			var c SQSAPI
+			if len(opts.Queues) > 0 && !opts.OutboxOnly && opts.OlderThan > 0 {
+				var err error
+				if c, err = a.sqsClient(ctx); err != nil {
+					return err
+				}
+			}
+			pool, err := a.db(ctx)
+			if err != nil {
+				return err
+			}
+			res, err := MaintainPartitions(ctx, pool, c, opts)
+			if res.Warning != "" {
+				fmt.Fprintln(a.io.Err, "warning: "+res.Warning)
+			}
+			if r := res.Outbox; r != nil {
+				printMaintenance(a.io.Out, a.io.Err, "outbox_event", r.Partitioned, r.Purged, r.Warnings,
+					describeAll(r.Created, outbox.DescribePartition), describeAll(r.Dropped, outbox.DescribePartition),
+					keptLines(r.Kept, func(k outbox.KeptPartition) string { return outbox.DescribePartition(k.Partition) + ": " + k.Reason }))
+			}
+			if r := res.Inbox; r != nil {
+				printMaintenance(a.io.Out, a.io.Err, "inbox_event", r.Partitioned, r.Purged, r.Warnings,
+					describeAll(r.Created, inbox.DescribePartition), describeAll(r.Dropped, inbox.DescribePartition),
+					keptLines(r.Kept, func(k inbox.KeptPartition) string { return inbox.DescribePartition(k.Partition) + ": " + k.Reason }))
+			}
+			return err
+		},
+	}
+	fl := cmd.Flags()
+	fl.Var(&durationValue{d: &opts.OlderThan}, "older-than", "retention: drop partitions whose rows were all published/processed longer ago (e.g. 30d)")
+	fl.StringArrayVar(&opts.Queues, "queue", nil, "SQS queue URL of an inbox consumer; refuse if its (or its DLQ's) retention is not shorter than --older-than (repeatable)")
+	fl.BoolVar(&opts.OutboxOnly, "outbox-only", false, "maintain only the outbox")
+	fl.BoolVar(&opts.InboxOnly, "inbox-only", false, "maintain only the inbox")
+	fl.Var(&durationValue{d: &opts.Interval}, "interval", "time one new partition covers (inbox) or fills in at the observed rate (outbox) (default 24h)")
+	fl.IntVar(&opts.Ahead, "ahead", 0, "empty partitions to keep ready (default 2)")
+	fl.Int64Var(&opts.Size, "size", 0, "ids per new outbox partition instead of a size from the observed rate")
+	fl.Var(&durationValue{d: &opts.LockTimeout}, "lock-timeout", "longest wait for a partition change's lock (default 2s)")
+	return cmd
+}
+
+func describeAll[P any](ps []P, describe func(P) string) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = describe(p)
+	}
+	return out
+}
+
+func keptLines[K any](ks []K, line func(K) string) []string { return describeAll(ks, line) }
+
+func printMaintenance(out, errw io.Writer, table string, partitioned bool, purged int64, warnings, created, dropped, kept []string) {
+	if !partitioned {
+		fmt.Fprintf(out, "%s: plain table, nothing to do (see 'sluice partition convert')\n", table)
+	}
+	for _, s := range created {
+		fmt.Fprintf(out, "%s: created %s\n", table, s)
+	}
+	for _, s := range dropped {
+		fmt.Fprintf(out, "%s: dropped %s\n", table, s)
+	}
+	for _, s := range kept {
+		fmt.Fprintf(out, "%s: kept %s\n", table, s)
+	}
+	if purged > 0 {
+		fmt.Fprintf(out, "%s: deleted %d expired rows from the default partition\n", table, purged)
+	}
+	if partitioned && len(created)+len(dropped)+len(kept) == 0 && purged == 0 {
+		fmt.Fprintf(out, "%s: nothing to do\n", table)
+	}
+	for _, w := range warnings {
+		fmt.Fprintln(errw, "warning: "+strings.TrimSpace(w))
+	}
+}
