@@ -4,7 +4,7 @@
 // reported successful only after that commit. This file is the whole program: configuration,
 // the router with its handlers, the inbox consumer. The example stack (infra/) deploys it as it
 // is; a team copies the directory, registers its own handlers in [handlers] and points the
-// construct's ConsumerProps.CodeDir at its build (docs/inbox.md, "Your consumer").
+// construct's ConsumerProps.CodeDir at its build (docs/deploy.md, "Your consumer").
 //
 // Configuration (read once per cold start by lambdaenv.ConsumerConfig and lambdaenv.OpenPool):
 // SLUICE_CONSUMER_NAME (required), SLUICE_CONSUMER_COMMIT_MODE (per-record or batched; async
