@@ -3,6 +3,7 @@ package outbox
 import (
 	"container/heap"
 	"container/list"
+	"math/rand/v2"
 	"sync"
 	"time"
 )
@@ -20,7 +21,6 @@ type keyBook struct {
 	due     dueHeap
 	floors  *floorCache
 	maxKeys int
-	seq     uint64
 	// overflowed records that a key was dropped because the book was full: the relay sweeps
 	// again once there is room.
 	overflowed bool
@@ -36,7 +36,9 @@ type bookKey struct {
 	floor int64
 	// dueAt is when the key may be claimed again (now, or the end of a backoff).
 	dueAt time.Time
-	seq   uint64
+	// tie orders keys due at the same time: random, so that relays sharing the outbox try
+	// different keys first instead of all racing for the same ones.
+	tie uint64
 	// taken: one of this relay's rounds holds the key; dirty: new rows arrived meanwhile.
 	taken, dirty bool
 	// parked: the key's head row is quarantined; only a sweep or an operator action revives it.
@@ -97,8 +99,7 @@ func (b *keyBook) entry(key string, now time.Time) *bookKey {
 		return nil
 	}
 	floor, _ := b.floors.take(key)
-	b.seq++
-	k := &bookKey{key: key, floor: floor, dueAt: now, seq: b.seq, index: -1}
+	k := &bookKey{key: key, floor: floor, dueAt: now, tie: rand.Uint64(), index: -1}
 	b.keys[key] = k
 	heap.Push(&b.due, k)
 	return k
@@ -173,8 +174,7 @@ func (b *keyBook) schedule(k *bookKey, t, now time.Time) {
 		k.dueAt = t
 		heap.Fix(&b.due, k.index)
 	} else {
-		b.seq++
-		k.dueAt, k.seq = t, b.seq
+		k.dueAt, k.tie = t, rand.Uint64()
 		heap.Push(&b.due, k)
 	}
 	if !t.After(now) {
@@ -268,7 +268,7 @@ func (b *keyBook) size() int {
 	return len(b.keys)
 }
 
-// dueHeap orders waiting keys by due time, then by when they were scheduled.
+// dueHeap orders waiting keys by due time, then at random.
 type dueHeap []*bookKey
 
 func (h dueHeap) Len() int { return len(h) }
@@ -276,7 +276,7 @@ func (h dueHeap) Less(i, j int) bool {
 	if !h[i].dueAt.Equal(h[j].dueAt) {
 		return h[i].dueAt.Before(h[j].dueAt)
 	}
-	return h[i].seq < h[j].seq
+	return h[i].tie < h[j].tie
 }
 func (h dueHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]

@@ -19,13 +19,13 @@ func TestKeyBookHandsOutDueKeysOldestFirstAndNeverTwice(t *testing.T) {
 	t.Parallel()
 	now := time.Now()
 	b := newKeyBook(100, 100)
-	b.sawRow("a", 1, now)
-	b.sawRow("b", 2, now)
+	b.sawRow("b", 2, now.Add(-time.Second))
+	b.sawRow("a", 1, now.Add(-2*time.Second))
 	b.sawRow("a", 3, now) // a is already due: still one entry
 	b.sawHead("c", 7, headBackingOff, now.Add(time.Minute), now)
 
 	first := b.take(10, now)
-	require.Equal(t, []string{"a", "b"}, keysOf(first), "c backs off")
+	require.Equal(t, []string{"a", "b"}, keysOf(first), "due longest first; c backs off")
 	require.Empty(t, b.take(10, now), "taken keys are not handed out again")
 	require.Len(t, b.take(10, now.Add(2*time.Minute)), 1, "c is due once its backoff ends")
 	at, ok := b.nextDue()
@@ -121,4 +121,18 @@ func TestFloorCacheEvictsTheLeastRecentlyUsed(t *testing.T) {
 	f, ok := c.take("a")
 	require.True(t, ok)
 	require.Equal(t, int64(3), f)
+}
+
+func TestKeyBookBreaksTiesAtRandomSoRelaysTryDifferentKeys(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	firsts := map[string]bool{}
+	for range 20 {
+		b := newKeyBook(100, 100)
+		for _, k := range []string{"a", "b", "c", "d", "e", "f", "g", "h"} {
+			b.sawRow(k, 1, now)
+		}
+		firsts[b.take(1, now)[0].key] = true
+	}
+	require.Greater(t, len(firsts), 1, "twenty relays with the same due keys do not all start with the same one")
 }
