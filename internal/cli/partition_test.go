@@ -90,7 +90,7 @@ func TestPartitionMaintainAndPurgeDropExpiredPartitions(t *testing.T) {
 	require.Contains(t, out, "deleted 2 expired rows from the default partition", "rows 4 and 5 went to the default partition")
 
 	b.insertOutbox(t, outboxRow{age: 50 * 24 * time.Hour, publishedAgo: ago(40 * 24 * time.Hour)}) // row 6
-	b.insertOutbox(t, outboxRow{})                                                                  // row 7: unpublished
+	b.insertOutbox(t, outboxRow{})                                                                 // row 7: unpublished
 	res, err := cli.Purge(context.Background(), b.pool, nil, cli.PurgeOptions{OlderThan: 30 * 24 * time.Hour, OutboxOnly: true})
 	require.NoError(t, err)
 	require.True(t, res.OutboxPurged)
