@@ -28,7 +28,13 @@ type handler struct {
 	lag        outbox.Querier
 	stopBefore time.Duration
 	log        *slog.Logger
+	// db and partitions maintain a partitioned outbox_event at each invocation (nil: never).
+	db         outbox.DB
+	partitions *outbox.PartitionOptions
 }
+
+// maintainBudget bounds an invocation's partition maintenance.
+const maintainBudget = 10 * time.Second
 
 // Result is the invocation's response: what was left when the relay stopped.
 type Result struct {
@@ -53,6 +59,12 @@ func (h *handler) Handle(ctx context.Context, ev events.EventBridgeEvent) (Resul
 	}
 	stopAt := deadline.Add(-h.stopBefore)
 	h.log.InfoContext(ctx, "relay invocation", "event_id", ev.ID, "scheduled_at", ev.Time, "stop_at", stopAt)
+	maintained := make(chan struct{})
+	go func() {
+		defer close(maintained)
+		h.maintain(ctx)
+	}()
+	defer func() { <-maintained }()
 	if time.Until(stopAt) <= 0 {
 		if _, err := h.relay.RunOnce(ctx); err != nil {
 			return Result{}, fmt.Errorf("drain outbox: %w", err)
@@ -74,4 +86,35 @@ func (h *handler) Handle(ctx context.Context, ev events.EventBridgeEvent) (Resul
 	}
 	res.Pending, res.OldestPendingAgeSeconds, res.Quarantined = lag.Pending, lag.OldestPendingAge.Seconds(), lag.Quarantined
 	return res, nil
+}
+
+// maintain keeps a partitioned outbox_event's partitions created ahead, and drops the expired
+// ones when a retention is set, alongside the relay; on a plain table it costs one catalog
+// read. It never fails the invocation: problems are logged, and the next invocation tries again
+// (rows beyond the partitions created go to the default partition meanwhile, nothing fails).
+func (h *handler) maintain(ctx context.Context) {
+	if h.partitions == nil || h.db == nil {
+		return
+	}
+	mctx, cancel := context.WithTimeout(ctx, maintainBudget)
+	defer cancel()
+	rep, err := outbox.MaintainPartitions(mctx, h.db, h.partitions)
+	for _, p := range rep.Created {
+		h.log.InfoContext(ctx, "outbox partition created", "partition", outbox.DescribePartition(p))
+	}
+	for _, p := range rep.Dropped {
+		h.log.InfoContext(ctx, "outbox partition dropped", "partition", outbox.DescribePartition(p), "rows_estimate", p.Rows)
+	}
+	for _, k := range rep.Kept {
+		h.log.DebugContext(ctx, "outbox partition kept", "partition", outbox.DescribePartition(k.Partition), "reason", k.Reason)
+	}
+	if rep.Purged > 0 {
+		h.log.InfoContext(ctx, "expired rows deleted from the outbox's default partition", "rows", rep.Purged)
+	}
+	for _, w := range rep.Warnings {
+		h.log.WarnContext(ctx, "outbox partitions: "+w)
+	}
+	if err != nil {
+		h.log.WarnContext(ctx, "outbox partition maintenance failed; the next invocation tries again", "error", err)
+	}
 }

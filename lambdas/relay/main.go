@@ -7,7 +7,9 @@
 // Configuration (read once per cold start, see internal/lambdaenv): DATABASE_URL, or
 // DATABASE_SECRET_ARN naming the RDS Secrets Manager secret; DATABASE_MAX_CONNS;
 // SLUICE_TOPIC_ARNS and SLUICE_DEFAULT_TOPIC_ARN; SLUICE_RELAY_STOP_BEFORE and the relay
-// settings of lambdaenv.RelayConfig (SLUICE_RELAY_BATCH_SIZE, SLUICE_RELAY_LEASE, ...). A
+// settings of lambdaenv.RelayConfig (SLUICE_RELAY_BATCH_SIZE, SLUICE_RELAY_LEASE, ...);
+// SLUICE_OUTBOX_RETENTION and SLUICE_OUTBOX_PARTITION_INTERVAL for a partitioned outbox_event,
+// whose partitions each invocation creates ahead (and drops once expired, with a retention). A
 // setting out of range stops the cold start with an error naming it. AWS clients honour
 // AWS_ENDPOINT_URL.
 //
@@ -63,7 +65,31 @@ func wire(ctx context.Context, getenv lambdaenv.Getenv, log *slog.Logger) (*hand
 		pool.Close()
 		return nil, nil, err
 	}
-	return &handler{relay: relay, lag: pool, stopBefore: stopBefore, log: log}, pool, nil
+	parts, err := partitionOptions(getenv)
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return &handler{relay: relay, lag: pool, stopBefore: stopBefore, log: log, db: pool, partitions: parts}, pool, nil
+}
+
+// partitionOptions reads the maintenance of a partitioned outbox_event: SLUICE_OUTBOX_RETENTION
+// (unset: drop nothing) and SLUICE_OUTBOX_PARTITION_INTERVAL.
+func partitionOptions(getenv lambdaenv.Getenv) (*outbox.PartitionOptions, error) {
+	retention, err := lambdaenv.Duration(getenv, lambdaenv.OutboxRetention, 0)
+	if err != nil {
+		return nil, err
+	}
+	interval, err := lambdaenv.Duration(getenv, lambdaenv.OutboxPartitionInterval, outbox.DefaultPartitionInterval)
+	if err != nil {
+		return nil, err
+	}
+	opts := &outbox.PartitionOptions{Interval: interval}
+	if err := opts.Check(); err != nil { // the retention's only bound, not negative, is Duration's
+		return nil, fmt.Errorf("%s: %w", lambdaenv.OutboxPartitionInterval, err)
+	}
+	opts.Retention = retention
+	return opts, nil
 }
 
 // relayConfig reads the relay's settings from the environment (lambdaenv.RelayConfig, without

@@ -85,6 +85,13 @@ const (
 	DefaultPartitionLockTimeout = partition.DefaultLockTimeout
 )
 
+// Check reports every out-of-range option at once (as MaintainPartitions would), so that a
+// process can refuse bad settings when it starts.
+func (o *PartitionOptions) Check() error {
+	_, err := o.engine()
+	return err
+}
+
 func (o *PartitionOptions) engine() (partition.Options, error) {
 	var p partition.Options
 	if o != nil {
