@@ -230,8 +230,9 @@ func Read(ctx context.Context, q Querier, spec Spec) (Info, error) {
 		info.Partitioned = true
 	case "r":
 		// The bound is read back through the server, which parses its own output whatever its
-		// DateStyle and TimeZone: CHECK ((id < 1000)), CHECK ((t < '...'::timestamp with time zone)).
-		lit := `trim(both '''' FROM split_part(substring(pg_get_constraintdef(oid) FROM '< (.*)\)\)$'), '::', 1))`
+		// DateStyle and TimeZone: CHECK ((id < 1000)), CHECK ((t < '...'::timestamp with time zone)),
+		// followed by NOT VALID until it is validated.
+		lit := `trim(both '''' FROM split_part(substring(pg_get_constraintdef(oid) FROM '< (.*?)\)\)(?: NOT VALID)?$'), '::', 1))`
 		err := q.QueryRow(ctx, `SELECT `+spec.keyOf(lit)+`, convalidated FROM pg_constraint
 			WHERE conrelid = to_regclass($1) AND conname = $2`, spec.Table, spec.boundConstraint()).Scan(&info.Bound, &info.BoundValid)
 		if errors.Is(err, pgx.ErrNoRows) {

@@ -365,3 +365,27 @@ func partitionOf(t *testing.T, b *testBundle, id string) string {
 	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT tableoid::regclass::text FROM inbox_event WHERE message_id = $1`, id).Scan(&name))
 	return strings.TrimPrefix(name, "public.")
 }
+
+// A conversion interrupted after it added its bound (a time) is finished by running it again,
+// with the same bound, and every stored message stays a duplicate.
+func TestAnInterruptedInboxConversionIsFinishedByRunningItAgain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	require.Equal(t, 3, newConsumer(t, b.pool, "billing", inbox.PerRecord).Process(ctx, batchOf(recs(ids(3, "m"))...)).Count(inbox.Applied))
+	_, err := b.pool.Exec(ctx, "ALTER TABLE inbox_event ADD CONSTRAINT inbox_event_partition_bound CHECK (received_at < '2100-01-01T00:00:00Z') NOT VALID")
+	require.NoError(t, err)
+	bound := time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC)
+	l, err := inbox.Partitions(ctx, b.pool)
+	require.NoError(t, err)
+	require.True(t, l.ConversionBound.Equal(bound), "%s", l.ConversionBound)
+
+	plan := b.convert(t, 24*time.Hour, 2)
+	require.True(t, plan.Resume)
+	require.True(t, plan.Bound.Equal(bound))
+	l, err = inbox.Partitions(ctx, b.pool)
+	require.NoError(t, err)
+	require.True(t, l.Partitioned)
+	require.True(t, l.Partitions[0].To.Equal(bound))
+	require.Equal(t, 3, newConsumer(t, b.pool, "billing", inbox.Batched).Process(ctx, batchOf(recs(ids(3, "m"))...)).Count(inbox.Duplicate))
+}

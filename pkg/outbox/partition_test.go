@@ -345,3 +345,65 @@ func TestRacingRelaysDrainAPartitionedOutboxInKeyOrder(t *testing.T) {
 	require.Len(t, unique, 20000, "every row reached the broker")
 	require.Len(t, b.rec.byKey, 200)
 }
+
+// A table PostgreSQL cannot carry over to a partitioned table as it is (a trigger, a view
+// reading it) is refused with every problem named, and nothing is changed.
+func TestConvertToPartitionedRefusesWhatItCannotCarryOver(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	b.write(t, 10, 2)
+	for _, s := range []string{
+		`CREATE FUNCTION audit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$`,
+		`CREATE TRIGGER outbox_audit AFTER INSERT ON outbox_event FOR EACH ROW EXECUTE FUNCTION audit()`,
+		`CREATE VIEW recent_events AS SELECT id, topic FROM outbox_event`,
+	} {
+		_, err := b.pool.Exec(ctx, s)
+		require.NoError(t, err)
+	}
+	_, err := outbox.PlanPartitioning(ctx, b.pool, nil)
+	require.ErrorContains(t, err, "outbox_audit")
+	require.ErrorContains(t, err, "recent_events")
+	_, err = outbox.ConvertToPartitioned(ctx, b.pool, nil, nil)
+	require.ErrorContains(t, err, "nothing was changed")
+	l := b.layout(t)
+	require.False(t, l.Partitioned)
+	require.Zero(t, l.ConversionBound, "no bound was added")
+	require.Equal(t, 10, b.countWhere(t, "true"))
+}
+
+// A conversion interrupted after it added its bound is reported by maintenance and finished by
+// running it again, with the same bound.
+func TestAnInterruptedConversionIsFinishedByRunningItAgain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	b.write(t, 50, 5)
+	// What the first step leaves behind when the process dies right after it.
+	_, err := b.pool.Exec(ctx, "ALTER TABLE outbox_event ADD CONSTRAINT outbox_event_partition_bound CHECK (id < 5000) NOT VALID")
+	require.NoError(t, err)
+
+	rep, err := outbox.MaintainPartitions(ctx, b.pool, nil)
+	require.NoError(t, err)
+	require.False(t, rep.Partitioned)
+	require.Len(t, rep.Warnings, 1)
+	require.Contains(t, rep.Warnings[0], "did not finish")
+	require.Equal(t, int64(5000), b.layout(t).ConversionBound)
+
+	plan, err := outbox.PlanPartitioning(ctx, b.pool, &outbox.PartitionOptions{Size: 1000})
+	require.NoError(t, err)
+	require.True(t, plan.Resume)
+	require.Equal(t, int64(5000), plan.Bound)
+	require.NotContains(t, strings.Join(plan.Steps, "\n"), "NOT VALID to outbox_event", "the bound is not added twice")
+	_, err = outbox.ConvertToPartitioned(ctx, b.pool, &outbox.PartitionOptions{Size: 1000}, nil)
+	require.NoError(t, err)
+	l := b.layout(t)
+	require.True(t, l.Partitioned)
+	require.Equal(t, "outbox_event_p0", l.Partitions[0].Name)
+	require.Equal(t, int64(5000), l.Partitions[0].To)
+	require.Equal(t, int64(5000), l.Partitions[1].From)
+	require.Equal(t, 50, b.countWhere(t, "true"))
+	var constraints int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_constraint WHERE conname = 'outbox_event_partition_bound'`).Scan(&constraints))
+	require.Zero(t, constraints, "the bound is gone once the partition's range holds it")
+}
