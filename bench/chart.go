@@ -6,10 +6,14 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
+	"time"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
 )
 
 // chartContenders are the relay chart's groups, left to right.
@@ -118,4 +122,122 @@ func humanCount(v float64) string {
 		return fmt.Sprintf("%gk", v/1e3)
 	}
 	return fmt.Sprintf("%g", v)
+}
+
+// writeSustainedChart draws the sustained suite's runs, one column per table layout: outbox_event's
+// heap, all its indexes and its pending-key index over time (top), and the relay's claim, sweep
+// and settle medians per sample window (bottom, log scale); blue without and red with VACUUM
+// held back.
+func writeSustainedChart(path string, rep *Report) error {
+	s := rep.Sustained
+	if s == nil || len(s.Runs) == 0 {
+		return nil
+	}
+	var layouts []string
+	for _, r := range s.Runs {
+		if !slices.Contains(layouts, r.layout()) {
+			layouts = append(layouts, r.layout())
+		}
+	}
+	free, held := color.RGBA{R: 31, G: 119, B: 180, A: 255}, color.RGBA{R: 214, G: 39, B: 40, A: 255}
+	dashes := [][]vg.Length{nil, {vg.Points(6), vg.Points(3)}, {vg.Points(2), vg.Points(2)}}
+	grid := make([][]*plot.Plot, 2)
+	for _, layout := range layouts {
+		sizes := plot.New()
+		sizes.Title.Text = fmt.Sprintf("%s: %s events/s, retention %s applied every %s", layout, num(float64(s.Rate)), s.Retention, s.PurgeEvery)
+		sizes.X.Label.Text = "minutes into the run"
+		sizes.Y.Label.Text = "MiB"
+		sizes.Legend.Top, sizes.Legend.Left = true, true
+		lat := plot.New()
+		lat.Title.Text = layout + ": the relay's statements, median per sample window"
+		lat.X.Label.Text = "minutes into the run"
+		lat.Y.Label.Text = "ms (log scale)"
+		lat.Y.Scale = plot.LogScale{}
+		lat.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+		lat.Legend.Top, lat.Legend.Left = true, true
+		hasLat := false
+		for _, run := range s.Runs {
+			if run.layout() != layout {
+				continue
+			}
+			c, who := color.Color(free), "VACUUM free"
+			if run.HeldBack {
+				c, who = held, "held back"
+			}
+			for j, ser := range []struct {
+				name string
+				v    func(SizeSample) float64
+			}{
+				{"heap", func(x SizeSample) float64 { return float64(x.Heap) / (1 << 20) }},
+				{"all indexes", func(x SizeSample) float64 { return float64(x.Indexes) / (1 << 20) }},
+				{"pending-key index", func(x SizeSample) float64 { return float64(x.Index["outbox_event_pending_key_idx"]) / (1 << 20) }},
+			} {
+				xys := make(plotter.XYs, len(run.Sizes))
+				for k, x := range run.Sizes {
+					xys[k] = plotter.XY{X: x.At.Minutes(), Y: ser.v(x)}
+				}
+				l, err := plotter.NewLine(xys)
+				if err != nil {
+					return err
+				}
+				l.Color, l.Dashes, l.Width = c, dashes[j], vg.Points(1.5)
+				sizes.Add(l)
+				sizes.Legend.Add(who+": "+ser.name, l)
+			}
+			for j, ser := range []struct {
+				name string
+				v    func(SizeSample) time.Duration
+			}{{"claim (lock + read)", func(x SizeSample) time.Duration { return x.ClaimP50 }}, {"sweep", func(x SizeSample) time.Duration { return x.SweepP50 }},
+				{"settle", func(x SizeSample) time.Duration { return x.SettleP50 }}} {
+				var xys plotter.XYs
+				for _, x := range run.Sizes {
+					if d := ser.v(x); d > 0 {
+						xys = append(xys, plotter.XY{X: x.At.Minutes(), Y: float64(d) / float64(time.Millisecond)})
+					}
+				}
+				if len(xys) == 0 {
+					continue
+				}
+				l, err := plotter.NewLine(xys)
+				if err != nil {
+					return err
+				}
+				l.Color, l.Dashes, l.Width = c, dashes[j], vg.Points(1.5)
+				lat.Add(l)
+				lat.Legend.Add(who+": "+ser.name, l)
+				hasLat = true
+			}
+		}
+		sizes.Add(plotter.NewGrid())
+		sizes.Y.Min = 0
+		if hasLat {
+			lat.Add(plotter.NewGrid())
+		}
+		grid[0] = append(grid[0], sizes)
+		grid[1] = append(grid[1], lat)
+	}
+
+	width, height := vg.Length(len(layouts))*7*vg.Inch, 9*vg.Inch
+	img := vgimg.New(width, height)
+	dc := draw.New(img)
+	tiles := draw.Tiles{Rows: 2, Cols: len(layouts), PadTop: vg.Points(4), PadBottom: vg.Points(4), PadLeft: vg.Points(4),
+		PadRight: vg.Points(8), PadX: vg.Points(16), PadY: vg.Points(12)}
+	canvases := plot.Align(grid, tiles, dc)
+	for i := range grid {
+		for j, p := range grid[i] {
+			p.Draw(canvases[i][j])
+		}
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

@@ -154,6 +154,17 @@ func (e *Env) NewDatabase(ctx context.Context, suite string, maxConns int32, tra
 	return pool, dbURL, nil
 }
 
+// openPool opens a second pool of maxConns connections on a database NewDatabase made (for a
+// workload that must not share the relay's pool and tracer).
+func openPool(ctx context.Context, dbURL string, maxConns int32) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = maxConns
+	return pgxpool.NewWithConfig(ctx, cfg)
+}
+
 // Machine describes where a run happened.
 type Machine struct {
 	CPU        string

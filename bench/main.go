@@ -28,7 +28,15 @@
 //     commit on, see Env.DurableEnv), on which their targets are judged;
 //  4. end-to-end commit-to-apply latency through the local AWS (fauxqs, the Lambdas under the
 //     runtime interface emulator), with diagnostics of where the time goes (e2ediag.go);
-//  5. scale: claim latency with published rows retained, purge throughput, sizes after a purge.
+//  5. scale: claim latency with published rows retained, purge throughput, sizes after a purge;
+//  6. isolation (issue 10): how long idle keys wait behind a hot key, a key in backoff, a failing
+//     topic, a quarantined key's backlog and a jsonb bomb;
+//  7. concurrent producers (issue 11) on the durable server: 1, 4 and 16 clients, the order alone
+//     and with a minimal hand-written outbox row, outbox.Write or outbox.Queue;
+//  8. wake-up (issue 11): commit-to-publish latency of a running relay at 100 events/s, with no
+//     trigger in the producers' commits;
+//  9. sustained (issue 11): 1,000 events/s for minutes with retention running, table and index
+//     sizes over time, without and with a transaction holding VACUUM back.
 package main
 
 import (
@@ -49,10 +57,10 @@ import (
 func main() {
 	var (
 		out       = flag.String("out", "BENCHMARKS.md", "where to write the report")
-		chart     = flag.String("chart", "bench.png", "where to write the chart (PNG)")
+		chart     = flag.String("chart", "bench.png", "where to write the relay chart (PNG); the sustained suite's goes next to it, with -sustained before the extension")
 		chartRef  = flag.String("chart-ref", "", "how the report links the chart (defaults to -chart)")
 		quick     = flag.Bool("quick", false, "reduced sizes, for developing the harness (numbers are not the reported ones)")
-		only      = flag.String("only", "", "comma-separated suites to run (relay,producer,consumer,e2e,scale); default all")
+		only      = flag.String("only", "", "comma-separated suites to run (relay,producer,consumer,e2e,scale,isolation,producers,wakeup,sustained); default all")
 		command   = flag.String("command", "", "the command line to print in the report (defaults to this process's)")
 		verbosity = flag.Bool("v", false, "log progress of every run")
 		results   = flag.String("results", "", "where to save the raw results as JSON, for -render (make bench: bench/results.json); with -render and -base, the merged results")
@@ -162,6 +170,22 @@ type Sizes struct {
 	ScaleRetained []int
 	// ScalePending: the pending rows claimed at each scale.
 	ScalePending int
+	// IsolationWaves of idle rows are committed IsolationWaveEvery apart in each isolation
+	// scenario (after one wave committed before the relay starts).
+	IsolationWaves     int
+	IsolationWaveEvery time.Duration
+	// ProducersClients are the concurrent-producer suite's client counts (ascending); it runs
+	// ProducersRounds rounds of a ProducersBlock-long block per variant and client count.
+	ProducersClients []int
+	ProducersRounds  int
+	ProducersBlock   time.Duration
+	// WakeupDuration is how long the wake-up suite's producer commits 100 events/s.
+	WakeupDuration time.Duration
+	// SustainedDuration is each sustained run's producing time at 1,000 events/s; Purge runs
+	// every SustainedPurgeEvery with a retention of SustainedRetention; sizes are sampled every
+	// SustainedSampleEvery; SustainedBurst rows are drained at the end of each run.
+	SustainedDuration, SustainedPurgeEvery, SustainedRetention, SustainedSampleEvery time.Duration
+	SustainedBurst                                                                   int
 }
 
 func fullSizes() Sizes {
@@ -170,6 +194,11 @@ func fullSizes() Sizes {
 		ProducerTx: 5_000, BulkEvents: 10_000, BulkRepeats: 10,
 		ConsumerDeliveries: 20_000, E2EDuration: 20 * time.Second,
 		ScaleRetained: []int{0, 1_000_000, 5_000_000}, ScalePending: 20_000,
+		IsolationWaves: 10, IsolationWaveEvery: 500 * time.Millisecond,
+		ProducersClients: []int{1, 4, 16}, ProducersRounds: 4, ProducersBlock: 3 * time.Second,
+		WakeupDuration:    30 * time.Second,
+		SustainedDuration: 5 * time.Minute, SustainedPurgeEvery: 30 * time.Second, SustainedRetention: time.Minute,
+		SustainedSampleEvery: 5 * time.Second, SustainedBurst: 20_000,
 	}
 }
 
@@ -179,6 +208,11 @@ func quickSizes() Sizes {
 		ProducerTx: 300, BulkEvents: 10_000, BulkRepeats: 2,
 		ConsumerDeliveries: 2_000, E2EDuration: 5 * time.Second,
 		ScaleRetained: []int{0, 100_000, 300_000}, ScalePending: 5_000,
+		IsolationWaves: 4, IsolationWaveEvery: 300 * time.Millisecond,
+		ProducersClients: []int{1, 4, 16}, ProducersRounds: 4, ProducersBlock: 400 * time.Millisecond,
+		WakeupDuration:    5 * time.Second,
+		SustainedDuration: 30 * time.Second, SustainedPurgeEvery: 10 * time.Second, SustainedRetention: 10 * time.Second,
+		SustainedSampleEvery: 2 * time.Second, SustainedBurst: 10_000,
 	}
 }
 
@@ -202,7 +236,7 @@ func run(ctx context.Context, log *slog.Logger, o runOptions) error {
 		}
 		return false
 	}
-	if want("producer") || want("consumer") {
+	if want("producer") || want("consumer") || want("producers") {
 		if _, err := env.DurableEnv(ctx); err != nil {
 			return err
 		}
@@ -217,6 +251,10 @@ func run(ctx context.Context, log *slog.Logger, o runOptions) error {
 		{"consumer", runConsumerSuite},
 		{"e2e", runE2ESuite},
 		{"scale", runScaleSuite},
+		{"isolation", runIsolationSuite},
+		{"producers", runProducersSuite},
+		{"wakeup", runWakeupSuite},
+		{"sustained", runSustainedSuite},
 	}
 	for _, s := range suites {
 		if !want(s.name) {
@@ -248,6 +286,9 @@ func run(ctx context.Context, log *slog.Logger, o runOptions) error {
 func render(rep *Report, o runOptions) error {
 	if err := writeChart(o.Chart, rep); err != nil {
 		return fmt.Errorf("write chart: %w", err)
+	}
+	if err := writeSustainedChart(sustainedChartPath(o.Chart), rep); err != nil {
+		return fmt.Errorf("write the sustained suite's chart: %w", err)
 	}
 	if err := os.MkdirAll(filepath.Dir(o.Out), 0o755); err != nil {
 		return err
@@ -286,6 +327,14 @@ func mergeOnto(base string, part *Report) (*Report, error) {
 			rep.E2E = part.E2E
 		case "scale":
 			rep.Scale = part.Scale
+		case "isolation":
+			rep.Isolation = part.Isolation
+		case "producers":
+			rep.Producers = part.Producers
+		case "wakeup":
+			rep.Wakeup = part.Wakeup
+		case "sustained":
+			rep.Sustained = part.Sustained
 		}
 		replaced := false
 		for i := range rep.SuiteTimes {

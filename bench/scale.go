@@ -168,10 +168,13 @@ func drain(ctx context.Context, pool *pgxpool.Pool) (outbox.Stats, error) {
 	return r.RunOnce(ctx)
 }
 
-// relayPlanGuards are the settings the relay's round transactions run with (planGuards in
-// pkg/outbox/claim.go): the EXPLAIN of its read must plan under them, as the relay does.
+// relayPlanGuards are the settings the relay's transactions run with (planGuards in
+// pkg/outbox/claim.go, which is not exported; keep the two the same): an EXPLAIN of its
+// statements must plan under them, as the relay does. Without jit = off, the disabled plan
+// nodes' cost penalty makes PostgreSQL JIT-compile the statement for seconds.
 const relayPlanGuards = "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; " +
-	"SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off"
+	"SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off; " +
+	"SET LOCAL jit = off; SET LOCAL max_parallel_workers_per_gather = 0"
 
 // explainClaim runs EXPLAIN (ANALYZE, BUFFERS) of the relay's read statement (the claim's
 // scan: each locked key's rows after its floor), as the relay sent it in the round that read the
@@ -195,7 +198,7 @@ func explainAsRelay(ctx context.Context, pool *pgxpool.Pool, st sentStmt, generi
 		return "", "", err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	guards := relayPlanGuards + "; SET LOCAL statement_timeout = '60s'"
+	guards := relayPlanGuards + "; SET LOCAL statement_timeout = '20s'"
 	if generic {
 		guards += "; SET LOCAL plan_cache_mode = force_generic_plan"
 	}

@@ -1,0 +1,400 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sluicehq/sluice/pkg/outbox"
+)
+
+// IsolationResult is the isolation suite's outcome (issue 10, "a blast radius of one"): how long
+// idle keys' rows wait, from their commit to the broker's acknowledgement, while one key, topic
+// or row is in trouble.
+type IsolationResult struct {
+	// Delay is the stub broker's latency per PublishBatch call.
+	Delay time.Duration
+	// IdleKeys is the number of idle keys; each wave commits one row of each.
+	IdleKeys int
+	// Waves are committed while the relay runs, WaveEvery apart, after one wave committed
+	// before it started.
+	Waves     int
+	WaveEvery time.Duration
+	// Settle bounds how long the suite waits for the last wave's rows.
+	Settle time.Duration
+	Runs   []IsolationRun
+}
+
+// IsolationRun is one scenario.
+type IsolationRun struct {
+	// Name is the scenario's label, e.g. "(a) hot key"; Blocker says what was set up.
+	Name, Blocker string
+	// Idle is the number of idle rows committed.
+	Idle int
+	// Start are the waits of the rows committed before Run started (found by the relay's first
+	// sweep), Running those of the rows committed while it ran (found by polling), All both.
+	Start, Running, All Latencies
+	// Missing counts idle rows not acknowledged within Settle of the last wave.
+	Missing int
+	// State describes the blocker at the end of the scenario, and StateOK whether it was what
+	// the scenario says (else the waits measured something else).
+	State   string
+	StateOK bool
+	// Problems counts the relay's logged failures (rounds, polls, sweeps that failed), and
+	// FirstProblem quotes the first.
+	Problems     int
+	FirstProblem string
+	// Acked is the number of events the stub acknowledged during the scenario, every key.
+	Acked int64
+}
+
+// isolationTarget is issue 10's bound on an idle key's wait in every scenario.
+const isolationTarget = time.Second
+
+// Met reports whether every idle row was acknowledged within isolationTarget.
+func (r IsolationRun) Met() bool {
+	return r.Missing == 0 && r.All.N > 0 && r.All.Max <= isolationTarget
+}
+
+const (
+	ordersARN = "arn:aws:sns:us-east-1:000000000000:orders"
+	auditARN  = "arn:aws:sns:us-east-1:000000000000:audit"
+)
+
+// isolationScenario sets up one blocker and says how to tell that it is in force.
+type isolationScenario struct {
+	name, blocker string
+	// prepare inserts the blocker's rows before the relay starts.
+	prepare func(ctx context.Context, pool *pgxpool.Pool) error
+	// configure adjusts the relay's configuration and the stub (failures).
+	configure func(ctx context.Context, pool *pgxpool.Pool, cfg *outbox.RelayConfig, pub *ackPublisher) error
+	// inForce reports whether the blocker is in force, so the waves may start.
+	inForce func(ctx context.Context, pool *pgxpool.Pool, r *outbox.Relay) (bool, error)
+	// beforeWave runs before each wave's idle rows are committed (wave 0 included).
+	beforeWave func(ctx context.Context, pool *pgxpool.Pool, wave int) error
+	// state describes the blocker at the end and whether it is as the scenario says.
+	state func(ctx context.Context, pool *pgxpool.Pool, r *outbox.Relay) (string, bool, error)
+}
+
+func isolationScenarios() []isolationScenario {
+	always := func(context.Context, *pgxpool.Pool, *outbox.Relay) (bool, error) { return true, nil }
+	var hotHead uuid.UUID
+	var hotFailed atomic.Bool
+	return []isolationScenario{
+		{
+			name: "(0) baseline", blocker: "nothing else pending (for reference)",
+			prepare: func(context.Context, *pgxpool.Pool) error { return nil }, inForce: always,
+			state: func(ctx context.Context, pool *pgxpool.Pool, _ *outbox.Relay) (string, bool, error) {
+				return "", true, nil
+			},
+		},
+		{
+			name: "(a) hot key", blocker: "10,000 pending rows of one key, `hot`, committed before the idle keys' first rows",
+			prepare: func(ctx context.Context, pool *pgxpool.Pool) error {
+				return insertKeyRows(ctx, pool, "hot", "orders", 10_000, `jsonb_build_object('n', i)`)
+			},
+			inForce: func(ctx context.Context, pool *pgxpool.Pool, _ *outbox.Relay) (bool, error) {
+				n, err := countRows(ctx, pool, "partition_key = 'hot' AND published_at IS NOT NULL")
+				return n > 0, err
+			},
+			state: func(ctx context.Context, pool *pgxpool.Pool, _ *outbox.Relay) (string, bool, error) {
+				left, err := countRows(ctx, pool, "partition_key = 'hot' AND published_at IS NULL")
+				return fmt.Sprintf("`hot` published %s of its rows meanwhile (one call after another, in order); %s still pending at the end",
+					num(float64(10_000-left)), num(float64(left))), left > 0, err
+			},
+		},
+		{
+			name: "(b) key in backoff", blocker: "key `hot`: 10,001 rows; the stub fails its head once with a retryable row-level error " +
+				"(`Throttled`) while the other entries of the call succeed; `BackoffBase` and `BackoffMax` 1 h",
+			prepare: func(ctx context.Context, pool *pgxpool.Pool) error {
+				if err := insertKeyRows(ctx, pool, "hot", "orders", 10_001, `jsonb_build_object('n', i)`); err != nil {
+					return err
+				}
+				return pool.QueryRow(ctx, "SELECT event_id FROM outbox_event WHERE partition_key = 'hot' ORDER BY id LIMIT 1").Scan(&hotHead)
+			},
+			configure: func(_ context.Context, _ *pgxpool.Pool, cfg *outbox.RelayConfig, pub *ackPublisher) error {
+				cfg.BackoffBase, cfg.BackoffMax = time.Hour, time.Hour
+				pub.failEvent = func(e *outbox.Event) error {
+					if e.EventID == hotHead && hotFailed.CompareAndSwap(false, true) {
+						return errors.New("Throttled: Rate exceeded")
+					}
+					return nil
+				}
+				return nil
+			},
+			inForce: func(ctx context.Context, pool *pgxpool.Pool, _ *outbox.Relay) (bool, error) {
+				n, err := countRows(ctx, pool, "partition_key = 'hot' AND attempts = 1 AND available_at > now()")
+				return n == 1, err
+			},
+			state: func(ctx context.Context, pool *pgxpool.Pool, r *outbox.Relay) (string, bool, error) {
+				backing, err := countRows(ctx, pool, "partition_key = 'hot' AND attempts = 1 AND available_at > now() + interval '30 minutes'")
+				if err != nil {
+					return "", false, err
+				}
+				left, err := countRows(ctx, pool, "partition_key = 'hot' AND published_at IS NULL")
+				down := len(r.DestinationsDown())
+				return fmt.Sprintf("`hot`'s head backing off (attempts 1, for about an hour): %v; %s of its rows pending; destinations backing off as a whole: %d",
+					backing == 1, num(float64(left)), down), backing == 1 && left == 10_001 && down == 0, err
+			},
+		},
+		{
+			name: "(c) failing topic", blocker: "topic `audit`: 100 keys × 30 rows; every call to its ARN fails with a retryable " +
+				"`AuthorizationError` (a wrong topic policy); the idle keys publish to `orders`",
+			prepare: func(ctx context.Context, pool *pgxpool.Pool) error {
+				_, err := pool.Exec(ctx, `
+					INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload)
+					SELECT gen_random_uuid(), 'audit', 'audit', 'audit-' || (i % 100), 'Audited', 'audit-' || (i % 100), jsonb_build_object('n', i)
+					FROM generate_series(1, 3000) AS i`)
+				return err
+			},
+			configure: func(_ context.Context, _ *pgxpool.Pool, cfg *outbox.RelayConfig, pub *ackPublisher) error {
+				cfg.Topics["audit"] = auditARN
+				pub.failCall = func(dest string) error {
+					if dest == auditARN {
+						return errors.New("AuthorizationError: not authorized to publish to " + auditARN)
+					}
+					return nil
+				}
+				return nil
+			},
+			inForce: func(_ context.Context, _ *pgxpool.Pool, r *outbox.Relay) (bool, error) {
+				return len(r.DestinationsDown()) > 0, nil
+			},
+			state: func(ctx context.Context, pool *pgxpool.Pool, r *outbox.Relay) (string, bool, error) {
+				left, err := countRows(ctx, pool, "topic = 'audit' AND published_at IS NULL")
+				if err != nil {
+					return "", false, err
+				}
+				burnt, err := countRows(ctx, pool, "topic = 'audit' AND (attempts > 0 OR quarantined_at IS NOT NULL)")
+				down := r.DestinationsDown()
+				return fmt.Sprintf("`audit` backing off as a whole: %v; %s of its rows pending, %d with an attempt counted or quarantined",
+					len(down) == 1 && down[0].Destination == auditARN, num(float64(left)), burnt), len(down) == 1 && left == 3000 && burnt == 0, err
+			},
+		},
+		{
+			name: "(d) quarantined key", blocker: "key `parked`: 50,001 rows, its head quarantined before the relay starts " +
+				"(as a relay leaves a row it gave up on)",
+			prepare: func(ctx context.Context, pool *pgxpool.Pool) error {
+				if err := insertKeyRows(ctx, pool, "parked", "orders", 50_001, `jsonb_build_object('n', i)`); err != nil {
+					return err
+				}
+				_, err := pool.Exec(ctx, `UPDATE outbox_event SET quarantined_at = now(), attempts = 10, last_error = 'bench: quarantined before the run'
+					WHERE id = (SELECT min(id) FROM outbox_event WHERE partition_key = 'parked')`)
+				return err
+			},
+			inForce: always,
+			state: func(ctx context.Context, pool *pgxpool.Pool, _ *outbox.Relay) (string, bool, error) {
+				left, err := countRows(ctx, pool, "partition_key = 'parked' AND published_at IS NULL")
+				return fmt.Sprintf("`parked`: %s rows pending behind its quarantined head", num(float64(left))), left == 50_001, err
+			},
+		},
+		{
+			name: "(e) jsonb bomb", blocker: "before each wave, a new key's head is a bomb inserted with plain SQL: " +
+				"`('[' || string_agg('1e131071', ',') || ']')::jsonb` over 8,200 elements (74 KB stored, about 1 GB as text); " +
+				"the first bomb's key has 2 more rows behind it",
+			prepare: func(ctx context.Context, pool *pgxpool.Pool) error { return nil },
+			beforeWave: func(ctx context.Context, pool *pgxpool.Pool, wave int) error {
+				key := fmt.Sprintf("bomb-%02d", wave)
+				if err := insertKeyRows(ctx, pool, key, "orders", 1, `(SELECT ('[' || string_agg('1e131071', ',') || ']')::jsonb FROM generate_series(1, 8200))`); err != nil {
+					return err
+				}
+				if wave == 0 {
+					return insertKeyRows(ctx, pool, key, "orders", 2, `jsonb_build_object('n', i)`)
+				}
+				return nil
+			},
+			inForce: always,
+			state: func(ctx context.Context, pool *pgxpool.Pool, _ *outbox.Relay) (string, bool, error) {
+				set, err := countRows(ctx, pool, "partition_key LIKE 'bomb-%' AND quarantined_at IS NOT NULL AND last_error LIKE '%prints in full%'")
+				if err != nil {
+					return "", false, err
+				}
+				all, err := countRows(ctx, pool, "partition_key LIKE 'bomb-%' AND jsonb_typeof(payload) = 'array'")
+				if err != nil {
+					return "", false, err
+				}
+				behind, err := countRows(ctx, pool, "partition_key = 'bomb-00' AND quarantined_at IS NULL AND published_at IS NULL")
+				return fmt.Sprintf("%d of %d bombs quarantined by themselves, unread; %d rows waiting behind the first", set, all, behind),
+					set == all && all > 0 && behind == 2, err
+			},
+		},
+	}
+}
+
+// insertKeyRows inserts n rows of key on topic with plain SQL, payload an SQL expression that
+// may use i (1..n).
+func insertKeyRows(ctx context.Context, pool *pgxpool.Pool, key, topic string, n int, payload string) error {
+	_, err := pool.Exec(ctx, `
+		INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload)
+		SELECT gen_random_uuid(), $2, 'order', $1, 'OrderCreated', $1, `+payload+`
+		FROM generate_series(1, $3::int) AS i`, key, topic, n)
+	if err != nil {
+		return fmt.Errorf("insert %d rows of key %s: %w", n, key, err)
+	}
+	return nil
+}
+
+func countRows(ctx context.Context, pool *pgxpool.Pool, where string) (int, error) {
+	var n int
+	err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox_event WHERE "+where).Scan(&n)
+	return n, err
+}
+
+// runIsolationSuite runs each scenario against one relay with its defaults (Run) and a stub
+// broker of 10 ms per call, and measures how long the idle keys' rows wait.
+func runIsolationSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, rep *Report) error {
+	pool, _, err := env.NewDatabase(ctx, "isolation", 16, nil)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	res := &IsolationResult{Delay: 10 * time.Millisecond, IdleKeys: 20, Waves: sz.IsolationWaves, WaveEvery: sz.IsolationWaveEvery, Settle: 10 * time.Second}
+	for _, sc := range isolationScenarios() {
+		run, err := runIsolationScenario(ctx, pool, res, sc)
+		if err != nil {
+			return fmt.Errorf("%s: %w", sc.name, err)
+		}
+		log.Info("isolation", "scenario", run.Name, "idle", run.Idle, "p50", run.All.P50, "max", run.All.Max, "start_max", run.Start.Max,
+			"missing", run.Missing, "blocker_ok", run.StateOK, "problems", run.Problems)
+		res.Runs = append(res.Runs, run)
+	}
+	rep.Isolation = res
+	return nil
+}
+
+func runIsolationScenario(ctx context.Context, pool *pgxpool.Pool, res *IsolationResult, sc isolationScenario) (IsolationRun, error) {
+	run := IsolationRun{Name: sc.name, Blocker: sc.blocker}
+	if _, err := pool.Exec(ctx, "TRUNCATE outbox_event RESTART IDENTITY"); err != nil {
+		return run, err
+	}
+	if err := sc.prepare(ctx, pool); err != nil {
+		return run, err
+	}
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_event"); err != nil {
+		return run, err
+	}
+	book := newWaitBook()
+	pub := &ackPublisher{Delay: res.Delay, book: book}
+	problems := newProblemLog()
+	cfg := outbox.RelayConfig{Publisher: pub, Topics: map[string]string{"orders": ordersARN}, Logger: slog.New(problems)}
+	if sc.configure != nil {
+		if err := sc.configure(ctx, pool, &cfg, pub); err != nil {
+			return run, err
+		}
+	}
+	var startIDs, runningIDs []uuid.UUID
+	wave := func(w int) ([]uuid.UUID, error) {
+		if sc.beforeWave != nil {
+			if err := sc.beforeWave(ctx, pool, w); err != nil {
+				return nil, err
+			}
+		}
+		return commitIdleWave(ctx, pool, book, res.IdleKeys, w)
+	}
+	// Wave 0 is committed after the blocker and before the relay starts: its rows come after the
+	// blocker's in id order, and the relay finds them with its first sweep.
+	ids, err := wave(0)
+	if err != nil {
+		return run, err
+	}
+	startIDs = ids
+	r, err := outbox.NewRelay(pool, cfg)
+	if err != nil {
+		return run, err
+	}
+	rctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = r.Run(rctx) }()
+	defer func() { stop(); wg.Wait() }()
+
+	// Wait for the blocker to be in force (the hot key publishing, the head backing off, the
+	// topic down), then commit a wave every WaveEvery while it is.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ok, err := sc.inForce(ctx, pool, r)
+		if err != nil {
+			return run, err
+		}
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			return run, fmt.Errorf("the blocker was not in force 30 s after the relay started")
+		}
+		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
+			return run, err
+		}
+	}
+	for w := 1; w <= res.Waves; w++ {
+		if err := sleepCtx(ctx, res.WaveEvery); err != nil {
+			return run, err
+		}
+		ids, err := wave(w)
+		if err != nil {
+			return run, err
+		}
+		runningIDs = append(runningIDs, ids...)
+	}
+	all := append(append([]uuid.UUID(nil), startIDs...), runningIDs...)
+	for until := time.Now().Add(res.Settle); book.pending(all) > 0 && time.Now().Before(until); {
+		if err := sleepCtx(ctx, 10*time.Millisecond); err != nil {
+			return run, err
+		}
+	}
+	run.State, run.StateOK, err = sc.state(ctx, pool, r)
+	if err != nil {
+		return run, err
+	}
+	stop()
+	wg.Wait()
+
+	startWaits, m0 := book.waits(startIDs)
+	runWaits, m1 := book.waits(runningIDs)
+	run.Idle, run.Missing = len(all), m0+m1
+	run.Start, run.Running, run.All = summarize(startWaits), summarize(runWaits), summarize(append(startWaits, runWaits...))
+	run.Acked = pub.events.Load()
+	for msg, n := range problems.counts() {
+		if strings.Contains(msg, "failed") {
+			run.Problems += n
+			if run.FirstProblem == "" {
+				run.FirstProblem = msg
+			}
+		}
+	}
+	return run, nil
+}
+
+// commitIdleWave commits one row of each idle key, each in its own transaction, and records
+// when each commit returned.
+func commitIdleWave(ctx context.Context, pool *pgxpool.Pool, book *waitBook, keys, wave int) ([]uuid.UUID, error) {
+	ids := make([]uuid.UUID, 0, keys)
+	for k := range keys {
+		key := fmt.Sprintf("idle-%02d", k)
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return nil, err
+		}
+		written, err := outbox.Write(ctx, tx, outbox.Message{Topic: "orders", AggregateType: "order", AggregateID: key, EventType: "OrderCreated",
+			Payload: json.RawMessage(fmt.Sprintf(`{"wave":%d,"key":%d}`, wave, k))})
+		if err != nil {
+			_ = tx.Rollback(ctx)
+			return nil, err
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return nil, err
+		}
+		book.commit(time.Now(), written[0].EventID)
+		ids = append(ids, written[0].EventID)
+	}
+	return ids, nil
+}

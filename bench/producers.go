@@ -1,0 +1,178 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// ProducersResult is the concurrent-producer suite's outcome (issue 11, sections 1 and 2): the
+// business transaction of section 2's producer suite, alone and with each way of adding its
+// outbox row, from 1, 4 and 16 concurrent clients on the durable server.
+type ProducersResult struct {
+	// Clients are the client counts, ascending.
+	Clients []int
+	// Rounds of Block-long runs of every variant at every client count.
+	Rounds int
+	Block  time.Duration
+	// Runs holds one entry per variant and client count.
+	Runs []ProducersRun
+	// Durable says the server's commits wait for their WAL flush.
+	Durable bool
+}
+
+// ProducersRun is one variant at one client count, over all its blocks.
+type ProducersRun struct {
+	Variant string
+	Clients int
+	// Tx transactions committed in Elapsed, the sum of the blocks' durations.
+	Tx      int
+	Elapsed time.Duration
+	// Latency of every transaction, BEGIN to COMMIT's return.
+	Latency Latencies
+	// BlockRates is each block's tx/s, in the order run.
+	BlockRates []float64
+}
+
+// Rate is transactions per second over every block.
+func (r ProducersRun) Rate() float64 {
+	if r.Elapsed <= 0 {
+		return 0
+	}
+	return float64(r.Tx) / r.Elapsed.Seconds()
+}
+
+// The concurrent-producer variants, in the report's order.
+const (
+	varOrder   = "order only"
+	varMinimal = "order + minimal row"
+	varWrite   = "order + outbox.Write"
+	varQueue   = "order + outbox.Queue"
+)
+
+// producersVariants maps each variant to its orderTx variant.
+var producersVariants = []struct {
+	name string
+	tx   int
+}{{varOrder, 0}, {varMinimal, 3}, {varWrite, 1}, {varQueue, 5}}
+
+func (p *ProducersResult) run(variant string, clients int) (ProducersRun, bool) {
+	for _, r := range p.Runs {
+		if r.Variant == variant && r.Clients == clients {
+			return r, true
+		}
+	}
+	return ProducersRun{}, false
+}
+
+// addedCostRatio is issue 11's overhead ratio: what x adds to the business transaction over
+// what the minimal hand-written row adds, (x − base) / (minimal − base). ok is false when the
+// minimal row added nothing measurable (the ratio would be meaningless).
+func addedCostRatio(x, minimal, base time.Duration) (ratio float64, ok bool) {
+	if minimal <= base {
+		return 0, false
+	}
+	return float64(x-base) / float64(minimal-base), true
+}
+
+// runProducersSuite measures concurrent producers on the durable server: for each round, each
+// client count and each variant (rotated by round, so that none always runs first or last), a
+// block of Block during which that many clients run that variant's transaction back to back.
+func runProducersSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, rep *Report) error {
+	denv, err := env.DurableEnv(ctx)
+	if err != nil {
+		return err
+	}
+	maxClients := sz.ProducersClients[len(sz.ProducersClients)-1]
+	pool, _, err := denv.NewDatabase(ctx, "producers", int32(maxClients), nil)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, createOrders); err != nil {
+		return err
+	}
+	res := &ProducersResult{Clients: sz.ProducersClients, Rounds: sz.ProducersRounds, Block: sz.ProducersBlock, Durable: denv.Durable}
+
+	type runKey struct {
+		variant string
+		clients int
+	}
+	samples := map[runKey][]time.Duration{}
+	runs := map[runKey]*ProducersRun{}
+	seq := 0
+	// block runs n clients of variant v for d and returns their latencies and the block's length.
+	block := func(v, n int, d time.Duration) ([]time.Duration, time.Duration, error) {
+		var (
+			mu    sync.Mutex
+			lat   []time.Duration
+			first error
+			wg    sync.WaitGroup
+		)
+		start := time.Now()
+		end := start.Add(d)
+		for c := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var mine []time.Duration
+				for i := 0; time.Now().Before(end); i++ {
+					took, err := orderTx(ctx, pool, v, seq+c*1_000_000+i)
+					if err != nil {
+						mu.Lock()
+						first = err
+						mu.Unlock()
+						return
+					}
+					mine = append(mine, took)
+				}
+				mu.Lock()
+				lat = append(lat, mine...)
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		seq += 100_000_000
+		return lat, time.Since(start), first
+	}
+	// Warm-up: every variant on every connection (prepared statements, caches).
+	for _, v := range producersVariants {
+		if _, _, err := block(v.tx, maxClients, sz.ProducersBlock/2); err != nil {
+			return err
+		}
+	}
+	for round := range sz.ProducersRounds {
+		for _, n := range sz.ProducersClients {
+			for k := range producersVariants {
+				v := producersVariants[(round+k)%len(producersVariants)]
+				lat, took, err := block(v.tx, n, sz.ProducersBlock)
+				if err != nil {
+					return fmt.Errorf("%s, %d clients: %w", v.name, n, err)
+				}
+				key := runKey{v.name, n}
+				r := runs[key]
+				if r == nil {
+					r = &ProducersRun{Variant: v.name, Clients: n}
+					runs[key] = r
+				}
+				r.Tx += len(lat)
+				r.Elapsed += took
+				r.BlockRates = append(r.BlockRates, float64(len(lat))/took.Seconds())
+				samples[key] = append(samples[key], lat...)
+			}
+		}
+	}
+	for _, n := range sz.ProducersClients {
+		for _, v := range producersVariants {
+			key := runKey{v.name, n}
+			r := runs[key]
+			r.Latency = summarize(samples[key])
+			res.Runs = append(res.Runs, *r)
+			log.Info("producers", "variant", v.name, "clients", n, "tx/s", int(r.Rate()), "p50", r.Latency.P50, "p99", r.Latency.P99)
+		}
+	}
+	rep.Producers = res
+	return nil
+}
