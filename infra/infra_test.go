@@ -549,6 +549,7 @@ func TestConstructsAlone(t *testing.T) {
 		Relay: infra.RelaySettings{BatchSize: 200, MaxPerKey: 5, PublishConcurrency: 16, Pipelines: 3, MaxRoundBytes: 8 << 20,
 			MaxAttempts: 7, PublishTimeout: 5 * time.Second, Lease: 20 * time.Second, BackoffBase: 500 * time.Millisecond,
 			BackoffMax: 2 * time.Minute, OutageLimit: 6 * time.Hour, PollInterval: 100 * time.Millisecond, RescanInterval: 2 * time.Second},
+		OutboxRetention: 30 * 24 * time.Hour, OutboxPartitionInterval: 6 * time.Hour,
 	})
 	c := infra.NewConsumer(stack, "Billing", &infra.ConsumerProps{
 		Name:            "billing",
@@ -626,7 +627,7 @@ func TestConstructsAlone(t *testing.T) {
 			lambdaenv.RelayPipelines: "3", lambdaenv.RelayMaxRoundBytes: "8388608", lambdaenv.RelayMaxAttempts: "7",
 			lambdaenv.RelayPublishTimeout: "5s", lambdaenv.RelayLease: "20s", lambdaenv.RelayBackoffBase: "500ms",
 			lambdaenv.RelayBackoffMax: "2m0s", lambdaenv.RelayOutageLimit: "6h0m0s", lambdaenv.RelayPollInterval: "100ms",
-			lambdaenv.RelayRescanInterval: "2s",
+			lambdaenv.RelayRescanInterval: "2s", lambdaenv.OutboxRetention: "720h0m0s", lambdaenv.OutboxPartitionInterval: "6h0m0s",
 		} {
 			require.Equal(t, want, relayEnv[k], k)
 		}
@@ -723,6 +724,10 @@ func TestValidation(t *testing.T) {
 			"DeadlineMargin 10s must be shorter than Timeout 10s"},
 		{"a consumer name the Lambda would refuse", consumer(func(p *infra.ConsumerProps) { p.Name = "   " }),
 			"the consumer Lambda would refuse these settings at cold start: consumer settings: SLUICE_CONSUMER_NAME is required"},
+		{"partition settings out of range", func(id string) {
+			infra.NewOutbox(stack, id, &infra.OutboxProps{RelayCodeDir: code, Network: network, Database: db,
+				OutboxRetention: -time.Hour, OutboxPartitionInterval: time.Nanosecond})
+		}, "OutboxRetention must not be negative, got -1h0m0s\nOutboxPartitionInterval: "},
 		{"relay settings out of range, each named", func(id string) {
 			infra.NewOutbox(stack, id, &infra.OutboxProps{RelayCodeDir: code, Network: network, Database: db,
 				Relay: infra.RelaySettings{BatchSize: 20000, PublishTimeout: time.Minute, Lease: 30 * time.Second}})

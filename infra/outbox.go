@@ -19,6 +19,7 @@ import (
 	"github.com/aws/constructs-go/constructs/v10"
 	"github.com/aws/jsii-runtime-go"
 	"github.com/sluicehq/sluice/internal/lambdaenv"
+	sluiceoutbox "github.com/sluicehq/sluice/pkg/outbox"
 )
 
 // RelaySchedule is how often EventBridge starts a relay invocation (EventBridge's floor). Each
@@ -90,6 +91,14 @@ type OutboxProps struct {
 	// Relay tunes the relay (batch size, lease, backoff, ...): the settings `sluice relay` and
 	// the relay Lambda read from the environment. Defaults to the relay's own defaults.
 	Relay RelaySettings
+	// OutboxRetention is the retention of a partitioned outbox_event (SLUICE_OUTBOX_RETENTION):
+	// each relay invocation drops the partitions whose rows were all published longer ago. A
+	// plain outbox_event is never changed. Defaults to 0: nothing is dropped.
+	OutboxRetention time.Duration
+	// OutboxPartitionInterval is how long a new partition of a partitioned outbox_event should
+	// take to fill (SLUICE_OUTBOX_PARTITION_INTERVAL). Defaults to the relay's default,
+	// outbox.DefaultPartitionInterval (24h).
+	OutboxPartitionInterval time.Duration
 	// LogRetention is the relay log group's retention. Defaults to one month.
 	LogRetention awslogs.RetentionDays
 }
@@ -159,6 +168,14 @@ func (p *OutboxProps) validate() error {
 	}
 	if _, err := relayEnvironment(p.Relay, p.RelayMemoryMB); err != nil {
 		errs = append(errs, err)
+	}
+	if p.OutboxRetention < 0 {
+		errs = append(errs, fmt.Errorf("OutboxRetention must not be negative, got %s", p.OutboxRetention))
+	}
+	if p.OutboxPartitionInterval != 0 {
+		if err := (&sluiceoutbox.PartitionOptions{Interval: p.OutboxPartitionInterval}).Check(); err != nil {
+			errs = append(errs, fmt.Errorf("OutboxPartitionInterval: %w", err))
+		}
 	}
 	seen := map[string]bool{}
 	for _, t := range p.LogicalTopics {
@@ -233,6 +250,12 @@ func NewOutbox(scope constructs.Construct, id string, props *OutboxProps) Outbox
 	settings, _ := relayEnvironment(p.Relay, p.RelayMemoryMB) // validated above
 	for _, k := range sortedKeys(settings) {
 		env[k] = jsii.String(settings[k])
+	}
+	if p.OutboxRetention > 0 {
+		env[lambdaenv.OutboxRetention] = jsii.String(p.OutboxRetention.String())
+	}
+	if p.OutboxPartitionInterval > 0 {
+		env[lambdaenv.OutboxPartitionInterval] = jsii.String(p.OutboxPartitionInterval.String())
 	}
 
 	var roleSecret awssecretsmanager.ISecret
