@@ -760,8 +760,9 @@ func sameBounds(parts []Part, p Part) bool {
 
 // keep returns why partition p must be kept ("" when it may be dropped): an unfinished row, a
 // row that finished at or after the cutoff, or (Identity) a newest row written after it.
-// Outside the drop's transaction (locked false) it first summarizes the partition's BRIN
-// indexes, so that the check under the lock reads only their summaries.
+// Outside the drop's transaction (locked false), once no unfinished row keeps the partition, it
+// summarizes the partition's BRIN indexes, so that the check under the lock reads only their
+// summaries.
 func keep(ctx context.Context, q Querier, spec Spec, info Info, p Part, cutoff time.Time, locked bool) (string, error) {
 	part := info.qualified(p.Name)
 	if spec.Kind == Identity && !locked {
@@ -775,19 +776,19 @@ func keep(ctx context.Context, q Querier, spec Spec, info Info, p Part, cutoff t
 			return fmt.Sprintf("its newest row was written at %s, after the cutoff %s", newest.UTC().Format(time.RFC3339), cutoff.UTC().Format(time.RFC3339)), nil
 		}
 	}
-	if !locked {
-		if _, err := q.Exec(ctx, `SELECT brin_summarize_new_values(i.indexrelid)
-			FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am a ON a.oid = c.relam
-			WHERE i.indrelid = to_regclass($1) AND a.amname = 'brin'`, part); err != nil {
-			return "", fmt.Errorf("summarize the BRIN indexes of %s: %w", p.Name, err)
-		}
-	}
 	var unfinished, young bool
 	if err := q.QueryRow(ctx, fmt.Sprintf(spec.Unfinished, part)).Scan(&unfinished); err != nil {
 		return "", fmt.Errorf("look for rows not %s in %s: %w", spec.Finished, p.Name, err)
 	}
 	if unfinished {
 		return fmt.Sprintf("it holds rows not %s yet", spec.Finished), nil
+	}
+	if !locked {
+		if _, err := q.Exec(ctx, `SELECT brin_summarize_new_values(i.indexrelid)
+			FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am a ON a.oid = c.relam
+			WHERE i.indrelid = to_regclass($1) AND a.amname = 'brin'`, part); err != nil {
+			return "", fmt.Errorf("summarize the BRIN indexes of %s: %w", p.Name, err)
+		}
 	}
 	if err := q.QueryRow(ctx, fmt.Sprintf(spec.Young, part), cutoff).Scan(&young); err != nil {
 		return "", fmt.Errorf("look for rows %s after the cutoff in %s: %w", spec.Finished, p.Name, err)
