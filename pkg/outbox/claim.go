@@ -57,33 +57,22 @@ const maxIDSQL = `SELECT coalesce(max(id), 0) FROM outbox_event`
 // per key on outbox_event_pending_key_idx, up to $3 keys, and reports each key's head row: its
 // first pending row, whether quarantined, and until when it backs off. A key's other rows are
 // never read, however many wait behind its head.
-func sweepSQL(bounded bool) string {
-	upper := ""
-	if bounded {
-		upper = " AND o.partition_key < $4"
-	}
-	return `
+const sweepSQL = `
 WITH RECURSIVE walk(partition_key, id, quarantined, available_at, n) AS (
     (SELECT o.partition_key, o.id, o.quarantined_at IS NOT NULL, o.available_at, 1
      FROM outbox_event o
-     WHERE o.published_at IS NULL AND (o.partition_key > $1 OR ($2 AND o.partition_key = $1))` + upper + `
+     WHERE o.published_at IS NULL AND (o.partition_key > $1 OR ($2 AND o.partition_key = $1))
      ORDER BY o.partition_key, o.id LIMIT 1)
     UNION ALL
     SELECT nx.partition_key, nx.id, nx.quarantined, nx.available_at, w.n + 1
     FROM walk w CROSS JOIN LATERAL (
         SELECT o.partition_key, o.id, o.quarantined_at IS NOT NULL AS quarantined, o.available_at
         FROM outbox_event o
-        WHERE o.published_at IS NULL AND o.partition_key > w.partition_key` + upper + `
+        WHERE o.published_at IS NULL AND o.partition_key > w.partition_key
         ORDER BY o.partition_key, o.id LIMIT 1) nx
     WHERE w.n < $3
 )
 SELECT partition_key, id, quarantined, available_at, now() FROM walk`
-}
-
-var (
-	sweepOpenSQL    = sweepSQL(false)
-	sweepBoundedSQL = sweepSQL(true)
-)
 
 // lockKeysSQL takes a transaction-scoped advisory lock per partition key (a 64-bit hash of the
 // key), skipping keys another round holds. The lock is what makes a key belong to one relay at

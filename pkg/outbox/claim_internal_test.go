@@ -54,7 +54,7 @@ func TestRoundStatementsAreBoundedWithStatisticsFromAnEmptyBacklog(t *testing.T)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 
-	buffers, keys := explainBuffers(t, tx, sweepOpenSQL, "", true, sweepKeys)
+	buffers, keys := explainBuffers(t, tx, sweepSQL, "", true, sweepKeys)
 	require.Equal(t, 501, keys, "the sweep sees each pending key once")
 	require.Less(t, buffers, 10*keys+100, "sweep: %d buffers for %d keys", buffers, keys)
 
@@ -74,4 +74,16 @@ func TestRoundStatementsAreBoundedWithStatisticsFromAnEmptyBacklog(t *testing.T)
 	buffers, rows := explainBuffers(t, tx, readSQL, names, floors, perKey, 16<<20, MaxMessageBytes, maxStoredPayload(MaxMessageBytes), int64(0))
 	require.Equal(t, 501*perKey, rows)
 	require.Less(t, buffers, 10*rows+10*len(names)+100, "read: %d buffers for %d rows; the hot key's 3,000 rows are not scanned", buffers, rows)
+
+	// Recording outcomes: one primary-key lookup per row, not a scan of the 13,000 pending rows.
+	var ids []int64
+	idRows, err := tx.Query(ctx, `SELECT id FROM outbox_event WHERE partition_key LIKE 'b%' AND published_at IS NULL ORDER BY id LIMIT 500`)
+	require.NoError(t, err)
+	ids, err = pgx.CollectRows(idRows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	buffers, _ = explainBuffers(t, tx, settlePublishedSQL, ids)
+	require.Less(t, buffers, 20*len(ids)+100, "settle published: %d buffers for %d rows", buffers, len(ids))
+	errs, quarantine, delays, attempts := make([]string, 100), make([]bool, 100), make([]*int64, 100), make([]int32, 100)
+	buffers, _ = explainBuffers(t, tx, settleFailedSQL, ids[:100], errs, quarantine, delays, attempts)
+	require.Less(t, buffers, 20*100+100, "settle failed: %d buffers for 100 rows", buffers)
 }

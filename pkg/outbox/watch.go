@@ -228,7 +228,7 @@ func (w *watcher) sweepStep(ctx context.Context, after string, inclusive bool) (
 	}
 	var heads []head
 	err := w.readOnly(ctx, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, sweepOpenSQL, after, inclusive, sweepKeys)
+		rows, err := tx.Query(ctx, sweepSQL, after, inclusive, sweepKeys)
 		if err != nil {
 			return err
 		}
