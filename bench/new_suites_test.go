@@ -141,6 +141,13 @@ func TestFillWindowMedians(t *testing.T) {
 	}
 }
 
+func TestShortenLines(t *testing.T) {
+	t.Parallel()
+	if got := shortenLines("short\n"+strings.Repeat("é", 10), 5); got != "short\néé…" {
+		t.Fatalf("shortenLines = %q", got)
+	}
+}
+
 func TestSustainedChartPath(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string]string{"../docs/bench.png": "../docs/bench-sustained.png", "docs/bench.png": "docs/bench-sustained.png", "x": "x-sustained"} {

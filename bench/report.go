@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
@@ -610,7 +611,7 @@ func (r *Report) issue10Targets() []target {
 			if strings.HasPrefix(run.Name, "(0)") {
 				continue
 			}
-			goal := fmt.Sprintf("20 idle keys' rows acknowledged ≤ %s after commit (%s publisher, 1 relay, defaults)", dur(isolationTarget), dur(iso.Delay))
+			goal := fmt.Sprintf("%d idle keys' rows acknowledged ≤ %s after commit (%s per publisher call, 1 relay, defaults)", iso.IdleKeys, isolationTarget, iso.Delay)
 			measured := fmt.Sprintf("p50 %s, max %s over %d rows (committed before the relay started: max %s)", dur(run.All.P50), dur(run.All.Max), run.Idle, dur(run.Start.Max))
 			if run.Missing > 0 {
 				measured += fmt.Sprintf("; %d not acknowledged within %s", run.Missing, iso.Settle)
@@ -696,6 +697,22 @@ func (r *Report) issue11Targets() []target {
 	return ts
 }
 
+// shortenLines cuts every line of text longer than n bytes (a plan's array of 500 ids) to n
+// bytes on a character boundary, marking the cut with "…".
+func shortenLines(text string, n int) string {
+	lines := strings.Split(text, "\n")
+	for i, l := range lines {
+		if len(l) > n {
+			cut := n
+			for cut > 0 && !utf8.RuneStart(l[cut]) {
+				cut--
+			}
+			lines[i] = l[:cut] + "…"
+		}
+	}
+	return strings.Join(lines, "\n")
+}
+
 // p50OrNone is l's median, or "none" for an empty sample.
 func p50OrNone(l Latencies) string {
 	if l.N == 0 {
@@ -749,7 +766,7 @@ func (r *Report) isolationMarkdown(w func(string, ...any)) {
 		"%d more waves of idle rows are committed %s apart. An idle row's wait runs from the return of its producer's `Commit` to the "+
 		"stub's acknowledgement. The rows committed before the relay started are found by its first sweep; the later ones by polling "+
 		"(every %s). The blocker's state is checked at the end, so the waits were measured while it was in force.\n\n",
-		iso.IdleKeys, iso.IdleKeys-1, dur(iso.Delay), iso.Waves, iso.WaveEvery, outbox.DefaultPollInterval)
+		iso.IdleKeys, iso.IdleKeys-1, iso.Delay, iso.Waves, iso.WaveEvery, outbox.DefaultPollInterval)
 	w("| scenario | blocker | idle rows | wait p50 | wait max | committed before the relay started: p50 / max | while it ran: p50 / max | not acknowledged | blocker at the end | relay failures |\n")
 	w("|---|---|---:|---:|---:|---:|---:|---:|---|---:|\n")
 	for _, x := range iso.Runs {
@@ -757,11 +774,15 @@ func (r *Report) isolationMarkdown(w func(string, ...any)) {
 		if x.FirstProblem != "" {
 			problems += " (" + x.FirstProblem + ")"
 		}
+		state := x.State
+		if state == "" {
+			state = "—"
+		}
 		w("| %s | %s | %d | %s | **%s** | %s / %s | %s / %s | %d | %s | %s |\n", x.Name, x.Blocker, x.Idle, dur(x.All.P50), dur(x.All.Max),
-			dur(x.Start.P50), dur(x.Start.Max), dur(x.Running.P50), dur(x.Running.Max), x.Missing, x.State, problems)
+			dur(x.Start.P50), dur(x.Start.Max), dur(x.Running.P50), dur(x.Running.Max), x.Missing, state, problems)
 	}
 	w("\nThe target (issue 10) is every idle row within %s; the baseline row shows what an idle key waits with nothing else pending. "+
-		"*Relay failures* counts the rounds, polls and sweeps the relay logged as failed.\n\n", dur(isolationTarget))
+		"*Relay failures* counts the rounds, polls and sweeps the relay logged as failed.\n\n", isolationTarget)
 }
 
 func (r *Report) producersMarkdown(w func(string, ...any)) {
@@ -985,7 +1006,7 @@ func (r *Report) sustainedMarkdown(w func(string, ...any)) {
 			if e.Generic {
 				kind = "generic plan"
 			}
-			w("%s, %s, %s (execution time %s):\n\n```\n%s\n```\n\n", x.Name, e.Kind, kind, e.ExecTime, e.Plan)
+			w("%s, %s, %s (execution time %s):\n\n```\n%s\n```\n\n", x.Name, e.Kind, kind, e.ExecTime, shortenLines(e.Plan, 300))
 		}
 	}
 	w("</details>\n\n")
