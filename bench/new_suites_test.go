@@ -124,6 +124,14 @@ func TestIndexesInPlan(t *testing.T) {
 	if got := indexesInPlan(plan); got != "outbox_event_pending_key_idx, outbox_event_pkey" {
 		t.Fatalf("indexesInPlan = %q", got)
 	}
+	partitioned := []string{
+		"  ->  Index Scan using outbox_event_p0_pkey on outbox_event_p0 o_1",
+		"  ->  Index Scan using outbox_event_p0000000000000010000_pkey on outbox_event_p0000000000000010000 o_2",
+		"  ->  Index Scan using outbox_event_default_pkey on outbox_event_default o_3",
+	}
+	if got := indexesInPlan(partitioned); got != "outbox_event_*_pkey" {
+		t.Fatalf("indexesInPlan = %q", got)
+	}
 	if got := indexesInPlan([]string{"Seq Scan on outbox_event"}); got != "no index" {
 		t.Fatalf("indexesInPlan = %q", got)
 	}

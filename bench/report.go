@@ -688,7 +688,7 @@ func (r *Report) issue11Targets() []target {
 			t, okt := slowdown(base.Throughput, held.Throughput, false)
 			ts = append(ts, target{11, "Relay throughput with VACUUM held back, " + layout,
 				fmt.Sprintf("events acknowledged per second while %s events/s are offered, within %.1f× of the run without", num(float64(s.Rate)), sustainedTarget),
-				fmt.Sprintf("%s vs %s events/s (%.2f× lower); commit → ack p99 %s vs %s; not judged: draining %s rows at the end, %s vs %s rows/s",
+				fmt.Sprintf("%s vs %s events/s (free ÷ held back: %.2f×); commit → ack p99 %s vs %s; not judged: draining %s rows at the end, %s vs %s rows/s",
 					num(held.Throughput), num(base.Throughput), t, dur(held.Latency.P99), dur(base.Latency.P99), num(float64(s.BurstRows)),
 					num(held.Burst.Rate()), num(base.Burst.Rate())),
 				verdictIf(okt, t <= sustainedTarget)})

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -503,8 +504,11 @@ func planIndexes(ctx context.Context, pool *pgxpool.Pool, st sentStmt, generic b
 	return indexesInPlan(lines), nil
 }
 
+// partitionIndex matches the name of an index of one partition of outbox_event.
+var partitionIndex = regexp.MustCompile(`^(outbox_event_)(p\d+|default)_(.+)$`)
+
 // indexesInPlan returns the index names of a text plan's index scans, comma-separated, in order,
-// each once.
+// each once; the indexes of outbox_event's partitions are named outbox_event_*_<index>.
 func indexesInPlan(lines []string) string {
 	var out []string
 	for _, l := range lines {
@@ -513,6 +517,8 @@ func indexesInPlan(lines []string) string {
 			continue
 		}
 		name, _, _ := strings.Cut(rest, " ")
+		// A partition's index stands for the same index on every partition.
+		name = partitionIndex.ReplaceAllString(name, "${1}*_$3")
 		if !slices.Contains(out, name) {
 			out = append(out, name)
 		}
