@@ -436,7 +436,7 @@ consumers' queues with --queue to refuse an --older-than shorter than their rete
 	fl.Var(&durationValue{d: &opts.Interval}, "interval", "time one new partition covers (inbox) or fills in at the observed rate (outbox) (default 24h)")
 	fl.IntVar(&opts.Ahead, "ahead", 0, "empty partitions to keep ready (default 2)")
 	fl.Int64Var(&opts.Size, "size", 0, "ids per new outbox partition instead of a size from the observed rate")
-	fl.Var(&durationValue{d: &opts.LockTimeout}, "lock-timeout", "longest wait for a partition change's lock (default 2s)")
+	fl.Var(&durationValue{d: &opts.LockTimeout}, "lock-timeout", "longest wait for a partition change's lock (default 200ms)")
 	return cmd
 }
 

@@ -68,8 +68,8 @@ type PartitionOptions struct {
 	Retention time.Duration
 	// LockTimeout bounds how long one change waits for its lock before giving up until the next
 	// run, so that writers never queue behind it for longer. Creating a partition locks only
-	// the default partition; dropping one locks inbox_event (consumers wait). Defaults to 2
-	// seconds.
+	// the default partition; dropping one locks inbox_event (consumers wait). Defaults to 200
+	// milliseconds.
 	LockTimeout time.Duration
 }
 

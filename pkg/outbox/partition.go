@@ -72,7 +72,7 @@ type PartitionOptions struct {
 	// LockTimeout bounds how long one change waits for its lock before giving up until the next
 	// run, so that writers never queue behind it for longer. Creating a partition locks only
 	// the default partition (the relay's reads wait); dropping one locks outbox_event (producers
-	// wait). Defaults to 2 seconds.
+	// wait). Defaults to 200 milliseconds.
 	LockTimeout time.Duration
 }
 
