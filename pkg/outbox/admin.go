@@ -115,8 +115,10 @@ func purgeRows(ctx context.Context, db Querier, table string, cutoff time.Time, 
 			), del AS (
 			    -- The test is on o, the row as it is when the DELETE reaches it, not on the batch's
 			    -- snapshot: a row that Replay made unpublished meanwhile is rechecked and kept.
+			    -- o.id > $1 starts the join's index scan at the cursor, not across the index
+			    -- entries of the rows earlier batches deleted.
 			    DELETE FROM `+table+` o USING batch b
-			    WHERE o.id = b.id AND b.published_at IS NOT NULL AND o.published_at IS NOT NULL AND o.published_at < $3
+			    WHERE o.id = b.id AND o.id > $1 AND b.published_at IS NOT NULL AND o.published_at IS NOT NULL AND o.published_at < $3
 			    RETURNING o.id
 			)
 			SELECT max(b.id), (SELECT count(*) FROM del), coalesce(bool_or(b.created_at >= $3), false) FROM batch b`,
