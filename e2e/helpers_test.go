@@ -154,6 +154,9 @@ func (b *bundle) waitApplied(t *testing.T, limit time.Duration) demoapp.Verifica
 	require.NoError(t, err)
 	t.Logf("produced %d, exactly once %d, lost %d, twice %d, out of order %d, p50 %s, p99 %s; event source %+v",
 		v.Produced, v.ExactlyOnce, v.Lost, v.AppliedTwice, v.OrderViolations, v.P50, v.P99, b.stack.Source.Stats())
+	if b.fifo && v.OrderViolations > 0 {
+		b.logOrderViolations(t)
+	}
 	require.Equal(t, b.written, v.Produced, "orders committed")
 	require.Equal(t, b.written, v.Events, "one outbox event per order")
 	require.Empty(t, v.Problems(b.fifo), "every committed event applied exactly once (progress %+v)", p)
@@ -184,4 +187,30 @@ func sleep(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	case <-time.After(d):
 	}
+}
+
+// logOrderViolations logs, for each customer whose ledger is out of order, the orders in the
+// order they were applied, with when each was published and applied: whether the relay
+// published out of order or the queue delivered out of order shows in the timestamps.
+func (b *bundle) logOrderViolations(t *testing.T) {
+	t.Helper()
+	rows, err := b.pool.Query(b.ctx, `
+		WITH l AS (
+			SELECT l.*, lag(l.seq) OVER (PARTITION BY l.customer ORDER BY l.entry_id) AS prev FROM demo_ledger l WHERE l.order_id LIKE $1
+		), bad AS (SELECT DISTINCT customer FROM l WHERE prev IS NOT NULL AND seq <= prev)
+		SELECT l.customer, l.seq, e.id, e.published_at, l.applied_at
+		FROM l JOIN bad USING (customer) JOIN outbox_event e ON e.event_id::text = l.message_id
+		ORDER BY l.customer, l.entry_id`, b.prefix+"%")
+	require.NoError(t, err)
+	defer rows.Close()
+	for rows.Next() {
+		var customer string
+		var seq int
+		var id int64
+		var published, applied time.Time
+		require.NoError(t, rows.Scan(&customer, &seq, &id, &published, &applied))
+		t.Logf("out of order: customer %s seq %d (outbox id %d) published %s applied %s", customer, seq, id,
+			published.Format("15:04:05.000000"), applied.Format("15:04:05.000000"))
+	}
+	require.NoError(t, rows.Err())
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -105,6 +106,8 @@ type EventSource struct {
 	Logger *slog.Logger
 
 	invocations, failedInvocations, deleted, reportedFailures atomic.Int64
+	// receiving makes the pollers of a FIFO queue take turns to receive (see poll).
+	receiving sync.Mutex
 }
 
 // EventSourceStats counts what an EventSource did.
@@ -143,12 +146,25 @@ func (e *EventSource) poll(ctx context.Context) {
 	if batch == 0 {
 		batch = 10
 	}
+	// On a FIFO queue the pollers take turns to receive. SQS never hands out a message group's
+	// next message while an earlier one is in flight, and the Lambda ESM relies on it; moto_server
+	// checks the groups in flight when a long poll begins, so a poll that was already waiting
+	// when another poller took a group's head can return that group's next message, and two
+	// invocations then apply one group out of order. One receive at a time begins every poll
+	// after the previous one returned, which keeps the group's order on any emulator.
+	fifo := strings.HasSuffix(e.QueueURL, ".fifo")
 	for ctx.Err() == nil {
+		if fifo {
+			e.receiving.Lock()
+		}
 		out, err := e.SQS.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
 			QueueUrl: aws.String(e.QueueURL), MaxNumberOfMessages: int32(min(batch, 10)), WaitTimeSeconds: 1,
 			MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameAll},
 			MessageAttributeNames:       []string{"All"},
 		})
+		if fifo {
+			e.receiving.Unlock()
+		}
 		if err != nil {
 			if ctx.Err() == nil {
 				log.Warn("event source: receive failed", "error", err)
