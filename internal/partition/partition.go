@@ -317,9 +317,9 @@ type Options struct {
 
 // Defaults.
 const (
-	DefaultInterval    = 24 * time.Hour
-	DefaultAhead       = 2
-	DefaultMinSize     = 10_000
+	DefaultInterval = 24 * time.Hour
+	DefaultAhead    = 2
+	DefaultMinSize  = 10_000
 	// DefaultLockTimeout is short because writers queue behind a waiting ACCESS EXCLUSIVE
 	// request: a drop that cannot get its lock at once (a long transaction holds the table)
 	// gives up after stalling producers for at most this long, and the next run tries again.
