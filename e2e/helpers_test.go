@@ -157,6 +157,9 @@ func (b *bundle) waitApplied(t *testing.T, limit time.Duration) demoapp.Verifica
 	if b.fifo && v.OrderViolations > 0 {
 		b.logOrderViolations(t)
 	}
+	if v.Lost > 0 {
+		b.logLost(t)
+	}
 	require.Equal(t, b.written, v.Produced, "orders committed")
 	require.Equal(t, b.written, v.Events, "one outbox event per order")
 	require.Empty(t, v.Problems(b.fifo), "every committed event applied exactly once (progress %+v)", p)
@@ -211,6 +214,29 @@ func (b *bundle) logOrderViolations(t *testing.T) {
 		require.NoError(t, rows.Scan(&customer, &seq, &id, &published, &applied))
 		t.Logf("out of order: customer %s seq %d (outbox id %d) published %s applied %s", customer, seq, id,
 			published.Format("15:04:05.000000"), applied.Format("15:04:05.000000"))
+	}
+	require.NoError(t, rows.Err())
+}
+
+// logLost logs the committed events that never reached the ledger, with their outbox state.
+func (b *bundle) logLost(t *testing.T) {
+	t.Helper()
+	rows, err := b.pool.Query(b.ctx, `
+		SELECT e.id, e.topic, e.partition_key, e.attempts, e.published_at, e.quarantined_at IS NOT NULL, coalesce(e.last_error, '')
+		FROM outbox_event e
+		WHERE e.aggregate_id LIKE $1 AND NOT EXISTS (SELECT 1 FROM demo_ledger l WHERE l.message_id = e.event_id::text)
+		ORDER BY e.id LIMIT 20`, b.prefix+"%")
+	require.NoError(t, err)
+	defer rows.Close()
+	for rows.Next() {
+		var id int64
+		var topic, key, lastErr string
+		var attempts int
+		var published *time.Time
+		var quarantined bool
+		require.NoError(t, rows.Scan(&id, &topic, &key, &attempts, &published, &quarantined, &lastErr))
+		t.Logf("not applied: outbox id %d topic %s key %s attempts %d published %v quarantined %v last error %q",
+			id, topic, key, attempts, published, quarantined, lastErr)
 	}
 	require.NoError(t, rows.Err())
 }
