@@ -158,9 +158,10 @@ func TestRelayStatementsStayBoundedOnAPartitionedOutbox(t *testing.T) {
 	require.Equal(t, 5010, parted.readRows)
 	require.Equal(t, plain.pollReturn, parted.pollReturn)
 
-	// Poll and max(id): a primary-key descent per partition above the frontier, one per gap.
+	// Poll and max(id): a primary-key descent (three or four buffers) per partition above the
+	// frontier, one per gap.
 	require.Less(t, parted.poll, plain.poll+4*n, "poll: %d buffers, plain %d", parted.poll, plain.poll)
-	require.Less(t, parted.maxID, 3*n, "max(id): %d buffers", parted.maxID)
+	require.Less(t, parted.maxID, 4*n, "max(id): %d buffers", parted.maxID)
 	// Sweep: per key, one descent of every partition's pending index.
 	require.Less(t, parted.sweep, plain.sweep+3*n*parted.sweepKeys, "sweep: %d buffers, plain %d", parted.sweep, plain.sweep)
 	// Read: per key, one descent per partition above its floor; per row, as on the plain table.
