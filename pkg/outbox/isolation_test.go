@@ -382,7 +382,9 @@ func TestRoundMemoryIsBoundedByTheByteBudget(t *testing.T) { // not parallel: it
 			}
 		}
 	}()
-	st, err := b.relay(t, func(c *outbox.RelayConfig) { c.MaxRoundBytes = 16 << 20 }).RunOnce(context.Background())
+	// A long lease: measuring 1,000 payloads of 250 KB outlasted half the default lease (the
+	// statement timeout) on a machine whose cores were busy, and this test is about memory.
+	st, err := b.relay(t, func(c *outbox.RelayConfig) { c.MaxRoundBytes = 16 << 20; c.Lease = 2 * time.Minute }).RunOnce(context.Background())
 	close(stop)
 	<-sampled
 	require.NoError(t, err)
