@@ -236,6 +236,7 @@ func TestLoneFailingRowIsAnOutageAndQuarantinedOnlyAfterTheOutageLimit(t *testin
 	b.write(t, 1, 1)
 	b.rec.setFail(func(*outbox.Event) error { return errors.New("InternalError") })
 	r := b.relay(t, func(c *outbox.RelayConfig) { c.MaxAttempts = 2; c.OutageLimit = time.Second })
+	start := time.Now()
 	st, err := r.RunOnce(context.Background())
 	require.NoError(t, err)
 	require.Positive(t, st.Outage, "nothing sent to the destination succeeds: its failure, not the row's")
@@ -243,8 +244,11 @@ func TestLoneFailingRowIsAnOutageAndQuarantinedOnlyAfterTheOutageLimit(t *testin
 	require.Len(t, r.DestinationsDown(), 1)
 
 	drainUntil(t, r, func() bool { return b.countWhere(t, "quarantined_at IS NOT NULL") == 1 })
-	require.Equal(t, 1, b.countWhere(t, "attempts = 0 AND quarantined_at - failing_since >= interval '1 second'"),
-		"quarantined by the outage limit, never by attempts")
+	require.Equal(t, 1, b.countWhere(t, "attempts = 0 AND quarantined_at IS NOT NULL"), "quarantined with no attempt counted")
+	// Not before the outage limit: the row failed no earlier than start. (quarantined_at is the
+	// quarantining round's start, so on a busy machine it can precede failing_since + the limit
+	// by that round's length; the decision itself is what the limit bounds.)
+	require.GreaterOrEqual(t, time.Since(start), time.Second, "quarantined by the outage limit, never by attempts")
 }
 
 func TestUnknownTopicIsQuarantinedAtOnceAndDefaultTopicCatchesIt(t *testing.T) {
