@@ -14,32 +14,35 @@ RIE        := .cache/bin/aws-lambda-rie
 # staticcheck, pinned (the newest release, built with and for Go 1.26); `go run` caches the build.
 STATICCHECK := $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # The second AWS emulator: moto_server (pip install 'moto[server]'), when it is on PATH.
-MOTO_PACKAGES := ./e2e/ ./internal/cli/ ./lambdas/relay/
+MOTO_PACKAGES := ./e2e/ ./lambdas/relay/
+# The Go modules besides the root one: the CLI (cobra stays out of the library's module graph),
+# the CDK app. bench/ is a module too, run by `make bench`.
+SUBMODULES := cmd/sluice infra
 
 .PHONY: help
 help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: deps
-deps: $(NODE_STAMP) $(RIE) ## Install Go modules (root and infra/), the pinned npm tools (fauxqs, aws-cdk) and the Lambda emulator.
+deps: $(NODE_STAMP) $(RIE) ## Install Go modules (root, cmd/sluice, infra/), the pinned npm tools (fauxqs, aws-cdk) and the Lambda emulator.
 	$(GO) mod download
-	cd infra && $(GO) mod download
+	for m in $(SUBMODULES); do (cd $$m && $(GO) mod download) || exit 1; done
 
 $(NODE_STAMP): $(NODE_TOOLS)/package-lock.json
 	cd $(NODE_TOOLS) && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
 .PHONY: lint
-lint: ## gofmt check, go vet and staticcheck (root module and infra/; checks in staticcheck.conf).
+lint: ## gofmt check, go vet and staticcheck (root module, cmd/sluice and infra/; checks in staticcheck.conf).
 	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './tools/*'))"; \
 	  if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
-	cd infra && $(GO) vet ./... && $(STATICCHECK) ./...
+	for m in $(SUBMODULES); do (cd $$m && $(GO) vet ./... && $(STATICCHECK) ./...) || exit 1; done
 
 .PHONY: test
 test: deps lint ## Run every test (real PostgreSQL, fauxqs, then moto), infra/'s template tests and the fuzzer.
-	$(DEVENV) $(GOTEST) ./...
+	$(DEVENV) bash -c '$(GOTEST) ./... && cd cmd/sluice && $(GOTEST) ./...'
 	$(MAKE) test-moto
 	cd infra && $(GOTEST) ./...
 	$(MAKE) fuzz
@@ -48,7 +51,7 @@ test: deps lint ## Run every test (real PostgreSQL, fauxqs, then moto), infra/'s
 test-moto: ## The end-to-end, CLI, relay Lambda and SNS publisher tests against moto_server (skipped, saying so, where it is missing).
 	@command -v moto_server >/dev/null || echo "moto_server is not installed (pip install 'moto[server]'): the tests below skip"
 	env -u AWS_ENDPOINT_URL SLUICE_AWS_EMULATOR=moto $(DEVENV) bash -c \
-	  '$(GOTEST) $(MOTO_PACKAGES) && $(GOTEST) -run "^TestSNSPublisher" ./pkg/outbox/'
+	  '$(GOTEST) $(MOTO_PACKAGES) && $(GOTEST) -run "^TestSNSPublisher" ./pkg/outbox/ && cd cmd/sluice && $(GOTEST) ./internal/cli/'
 
 .PHONY: fuzz
 fuzz: ## Fuzz the inbox message parser briefly (seed corpus in pkg/inbox/testdata).
@@ -64,7 +67,7 @@ bench: ## Benchmark sluice against its peers and the machine (about 40 min); wri
 
 .PHONY: cli
 cli: ## Build the sluice operator CLI into bin/sluice (this machine's OS and architecture).
-	CGO_ENABLED=0 $(GO) build -trimpath -o bin/sluice ./cmd/sluice
+	cd cmd/sluice && CGO_ENABLED=0 $(GO) build -trimpath -o ../../bin/sluice .
 
 .PHONY: build
 build: ## Build the Lambda binaries into bin/<fn>/bootstrap (linux/arm64).

@@ -20,7 +20,7 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssecretsmanager"
 	"github.com/aws/constructs-go/constructs/v10"
 	"github.com/aws/jsii-runtime-go"
-	"github.com/sluicehq/sluice/internal/lambdaenv"
+	"github.com/sluicehq/sluice/pkg/lambdaenv"
 )
 
 // Network places a Lambda in a VPC.

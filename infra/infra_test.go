@@ -25,7 +25,7 @@ import (
 	"github.com/aws/jsii-runtime-go"
 	"github.com/cdklabs/cdk-nag-go/cdknag/v2"
 	"github.com/sluicehq/sluice/infra"
-	"github.com/sluicehq/sluice/internal/lambdaenv"
+	"github.com/sluicehq/sluice/pkg/lambdaenv"
 	"github.com/stretchr/testify/require"
 )
 

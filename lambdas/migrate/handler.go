@@ -8,7 +8,7 @@ import (
 	"github.com/aws/aws-lambda-go/cfn"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/sluicehq/sluice/internal/lambdaenv"
+	"github.com/sluicehq/sluice/pkg/lambdaenv"
 	"github.com/sluicehq/sluice/migrations"
 )
 

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/internal/fixture"
-	"github.com/sluicehq/sluice/internal/lambdaenv"
+	"github.com/sluicehq/sluice/pkg/lambdaenv"
 	"github.com/sluicehq/sluice/internal/testdb"
 	"github.com/sluicehq/sluice/migrations"
 )

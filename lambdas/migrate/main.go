@@ -20,7 +20,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 
-	"github.com/sluicehq/sluice/internal/lambdaenv"
+	"github.com/sluicehq/sluice/pkg/lambdaenv"
 )
 
 func main() {

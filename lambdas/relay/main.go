@@ -4,7 +4,7 @@
 // are published well within a second although the schedule fires once a minute. Overlapping
 // invocations are safe (each round holds its partition keys' advisory locks).
 //
-// Configuration (read once per cold start, see internal/lambdaenv): DATABASE_URL, or
+// Configuration (read once per cold start, see pkg/lambdaenv): DATABASE_URL, or
 // DATABASE_SECRET_ARN naming the RDS Secrets Manager secret; DATABASE_MAX_CONNS;
 // SLUICE_TOPIC_ARNS and SLUICE_DEFAULT_TOPIC_ARN; SLUICE_RELAY_STOP_BEFORE and the relay
 // settings of lambdaenv.RelayConfig (SLUICE_RELAY_BATCH_SIZE, SLUICE_RELAY_LEASE, ...);
@@ -28,7 +28,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sns"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/sluicehq/sluice/internal/lambdaenv"
+	"github.com/sluicehq/sluice/pkg/lambdaenv"
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
 

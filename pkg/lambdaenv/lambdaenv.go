@@ -1,5 +1,7 @@
-// Package lambdaenv names the environment variables through which the CDK constructs configure
-// the sluice Lambdas. Both sides import these constants, so they cannot drift apart.
+// Package lambdaenv is the environment contract between the CDK constructs and the Lambdas:
+// the variable names (both sides import these constants, so they cannot drift apart) and the
+// one reader of each setting (RelayConfig, ConsumerConfig, OpenPool), used by sluice's own
+// functions, the CLI and a team's consumer copied from lambdas/consumer.
 package lambdaenv
 
 const (

@@ -31,10 +31,10 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
-	"github.com/sluicehq/sluice/internal/lambdaenv"
+	"github.com/sluicehq/sluice/pkg/lambdaenv"
 )
 
-// Environment variable names the CLI reads (besides those of internal/lambdaenv).
+// Environment variable names the CLI reads (besides those of pkg/lambdaenv).
 const (
 	EnvEndpointURL   = "AWS_ENDPOINT_URL"
 	EnvRegion        = "AWS_REGION"
