@@ -6,8 +6,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/sluicehq/sluice/pkg/lambdaenv"
 	"github.com/sluicehq/sluice/pkg/inbox"
+	"github.com/sluicehq/sluice/pkg/lambdaenv"
 	sluiceoutbox "github.com/sluicehq/sluice/pkg/outbox"
 )
 

@@ -15,8 +15,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/sluicehq/sluice/internal/demoapp"
-	"github.com/sluicehq/sluice/pkg/lambdaenv"
 	"github.com/sluicehq/sluice/internal/localaws"
+	"github.com/sluicehq/sluice/pkg/lambdaenv"
 )
 
 // DefaultConsumerName is StackOptions.ConsumerName's default.

@@ -25,8 +25,8 @@ import (
 	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/sluicehq/sluice/pkg/lambdaenv"
 	"github.com/sluicehq/sluice/pkg/inbox"
+	"github.com/sluicehq/sluice/pkg/lambdaenv"
 )
 
 // handlers is where a team registers its handlers: one Handle call per event type this consumer

@@ -8,8 +8,8 @@ import (
 	"github.com/aws/aws-lambda-go/cfn"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/sluicehq/sluice/pkg/lambdaenv"
 	"github.com/sluicehq/sluice/migrations"
+	"github.com/sluicehq/sluice/pkg/lambdaenv"
 )
 
 // PhysicalResourceID names the migrations resource. It never changes, so an Update never makes
