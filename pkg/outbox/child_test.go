@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -18,11 +20,16 @@ import (
 // against it instead of the tests: a relay in a process of its own, which a test can SIGKILL.
 const childRelayEnv = "SLUICE_TEST_CHILD_RELAY_URL"
 
-// startChildRelay starts the test binary as a relay process with the given lease.
-func startChildRelay(t *testing.T, url string, lease time.Duration) *exec.Cmd {
+// childPauseEnv, when set to a file name, makes the child relay stop after a round locked its
+// keys, before it reads their rows, until that file exists: a test can then block the read.
+const childPauseEnv = "SLUICE_TEST_CHILD_PAUSE_FILE"
+
+// startChildRelay starts the test binary as a relay process with the given lease (and extra
+// environment, such as childPauseEnv).
+func startChildRelay(t *testing.T, url string, lease time.Duration, env ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childRelayEnv+"="+url, "SLUICE_TEST_CHILD_LEASE="+lease.String())
+	cmd.Env = append(append(os.Environ(), childRelayEnv+"="+url, "SLUICE_TEST_CHILD_LEASE="+lease.String()), env...)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
@@ -38,6 +45,9 @@ func runChildRelay(url string) int {
 		return 1
 	}
 	cfg.ConnConfig.RuntimeParams["application_name"] = "sluice-child-relay"
+	if f := os.Getenv(childPauseEnv); f != "" {
+		cfg.ConnConfig.Tracer = pauseAfterLock{file: f}
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child relay:", err)
@@ -60,4 +70,26 @@ func runChildRelay(url string) int {
 		return 1
 	}
 	return 0
+}
+
+// pauseAfterLock holds the child relay after the statement that locks a round's keys until its
+// file exists.
+type pauseAfterLock struct{ file string }
+
+type sqlKey struct{}
+
+func (p pauseAfterLock) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	return context.WithValue(ctx, sqlKey{}, data.SQL)
+}
+
+func (p pauseAfterLock) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryEndData) {
+	if sql, _ := ctx.Value(sqlKey{}).(string); data.Err != nil || !strings.Contains(sql, "pg_try_advisory_xact_lock") {
+		return
+	}
+	for {
+		if _, err := os.Stat(p.file); err == nil {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

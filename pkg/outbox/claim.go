@@ -41,11 +41,12 @@ func roundSettings(lease time.Duration, checkConnection bool) string {
 }
 
 // pollSQL returns rows committed since the relay last looked: those after its frontier in id
-// order, and those whose ids it saw missing (transactions that had not committed yet).
+// order, and those whose ids it saw missing (transactions that had not committed yet), each
+// with whether it is published already (by another relay: then it moves the frontier only).
 const pollSQL = `
-(SELECT id, partition_key FROM outbox_event WHERE id > $1 ORDER BY id LIMIT $2)
+(SELECT id, partition_key, published_at IS NOT NULL FROM outbox_event WHERE id > $1 ORDER BY id LIMIT $2)
 UNION ALL
-(SELECT id, partition_key FROM outbox_event WHERE id = ANY($3::bigint[]) AND id <= $1)`
+(SELECT id, partition_key, published_at IS NOT NULL FROM outbox_event WHERE id = ANY($3::bigint[]) AND id <= $1)`
 
 // epochSQL reads the counter that operator actions bump.
 const epochSQL = `SELECT admin_epoch FROM outbox_control WHERE singleton`
@@ -96,8 +97,9 @@ const lockKeysSQL = `SELECT k FROM unnest($1::text[]) AS k WHERE pg_try_advisory
 //     rendered again only if it is sent, so that large texts do not ride through the sorts.
 //
 // Rows too large to publish (above $5 bytes) are reported by their size, unsent. Floors are
-// ignored when an operator moved the admin epoch since the relay last polled ($7): rows below
-// them may have become pending again, so each key is read from its first pending row.
+// ignored when an operator moved the admin epoch since the floors were set ($7, the epoch the
+// round's keys were taken at): rows below them may have become pending again, so each key is
+// read from its first pending row.
 const readSQL = `
 WITH chain AS (
     SELECT r.*, k.ord
@@ -161,14 +163,15 @@ type claimedRow struct {
 
 // readRows runs readSQL for keys (locked by tx) and returns their rows, each key's in id order,
 // keys in the order given.
-func (r *Relay) readRows(ctx context.Context, tx pgx.Tx, keys []claimKey, perKey int) ([]*claimedRow, error) {
+// epoch is the admin epoch the keys' floors belong to.
+func (r *Relay) readRows(ctx context.Context, tx pgx.Tx, keys []claimKey, perKey int, epoch int64) ([]*claimedRow, error) {
 	names := make([]string, len(keys))
 	floors := make([]int64, len(keys))
 	for i, k := range keys {
 		names[i], floors[i] = k.key, k.floor
 	}
 	rows, err := tx.Query(ctx, readSQL, names, floors, perKey, r.cfg.MaxRoundBytes, r.cfg.MaxMessageBytes,
-		maxStoredPayload(r.cfg.MaxMessageBytes), r.watch.epoch.Load())
+		maxStoredPayload(r.cfg.MaxMessageBytes), epoch)
 	if err != nil {
 		return nil, fmt.Errorf("read claimed outbox rows: %w", err)
 	}

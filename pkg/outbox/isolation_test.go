@@ -8,6 +8,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -128,6 +131,52 @@ func TestFailingTopicBacksOffAloneAndKeepsItsRowsAttempts(t *testing.T) {
 	require.Len(t, down, 1)
 	require.Equal(t, auditARN, down[0].Destination)
 	require.Contains(t, down[0].LastError, "AuthorizationError")
+}
+
+// Scenario 2 at scale: while a destination fails, its keys are not read round after round
+// (each costing a lock and a read only to be deferred again): the relay probes it with a few
+// keys at a time, then every key moves once it answers.
+func TestFailingDestinationIsProbedWithAFewKeysNotReadRoundAfterRound(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const keys, rows = 300, 3
+	for i := range keys {
+		b.writeKey(t, fmt.Sprintf("audit-%03d", i), "audit", rows)
+	}
+	const auditARN = "arn:aws:sns:us-east-1:000000000000:audit"
+	var down atomic.Bool
+	down.Store(true)
+	b.rec.failCall = func(events []*outbox.Event) error {
+		if down.Load() {
+			return errors.New("AuthorizationError: not authorized")
+		}
+		return nil
+	}
+	const backoff = 200 * time.Millisecond
+	r := b.relay(t, func(c *outbox.RelayConfig) {
+		c.Topics = map[string]string{"audit": auditARN}
+		c.BackoffBase, c.BackoffMax = backoff, backoff
+	})
+	ctx := context.Background()
+	first, err := r.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Positive(t, first.Outage)
+
+	for range 3 {
+		time.Sleep(backoff + 100*time.Millisecond) // the next probe is due
+		st, err := r.RunOnce(ctx)
+		require.NoError(t, err)
+		require.Positive(t, st.Claimed, "the destination is probed")
+		require.LessOrEqual(t, st.Claimed, 10*rows, "only a probe's keys are read while it fails")
+		require.Zero(t, st.Published)
+	}
+	require.Zero(t, b.countWhere(t, "attempts > 0 OR quarantined_at IS NOT NULL"))
+
+	down.Store(false)
+	time.Sleep(backoff + 100*time.Millisecond)
+	drainUntil(t, r, func() bool { return b.countWhere(t, "published_at IS NULL") == 0 })
+	require.Equal(t, keys*rows, b.rec.count())
+	b.rec.requireKeyOrder(t)
 }
 
 // Scenario 3: a hot key used to delay idle keys by seconds with no failure at all.
@@ -409,31 +458,80 @@ func TestKilledRelaysKeysAreFreeWithinTheLease(t *testing.T) {
 	_, err = blocker.Exec(ctx, "SELECT 1 FROM outbox_event WHERE event_id = $1 FOR UPDATE", written[0].EventID)
 	require.NoError(t, err)
 
-	const lease = 6 * time.Second
-	child := startChildRelay(t, b.pool.Config().ConnString(), lease)
-	require.Eventually(t, func() bool { // the child published and now waits to record it
+	child := startChildRelay(t, b.pool.Config().ConnString(), killLease)
+	b.waitForChildStatement(t, "UPDATE outbox_event") // the child published and now waits to record it
+	b.requireKilledKeyFreeSoon(t, child, "k")
+	require.NoError(t, blocker.Rollback(ctx))
+	drainUntil(t, b.relay(t), func() bool { return b.countWhere(t, "published_at IS NULL") == 0 })
+}
+
+// Scenario 0b, in the middle of the claim: a relay SIGKILLed while its read of the keys it
+// locked runs (here: waits for a lock) loses those keys within a second or so, not when the
+// statement would end.
+func TestRelayKilledMidClaimFreesItsKeysWithinTheLease(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	b.writeKey(t, "k", testTopic, 3)
+
+	goOn := filepath.Join(t.TempDir(), "go-on")
+	child := startChildRelay(t, b.pool.Config().ConnString(), killLease, childPauseEnv+"="+goOn)
+	require.Eventually(t, func() bool { // the child's round holds the key and pauses before its read
 		var n int
-		_ = b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'sluice-child-relay' AND wait_event_type = 'Lock'`).Scan(&n)
+		_ = b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+			WHERE l.locktype = 'advisory' AND l.granted AND a.application_name = 'sluice-child-relay'`).Scan(&n)
 		return n > 0
-	}, 30*time.Second, 10*time.Millisecond)
+	}, time.Minute, 10*time.Millisecond)
+	blocker, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = blocker.Rollback(ctx) }()
+	_, err = blocker.Exec(ctx, "LOCK TABLE outbox_control IN ACCESS EXCLUSIVE MODE") // the read needs it
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(goOn, nil, 0o600))
+	b.waitForChildStatement(t, "WITH chain") // the read runs (waiting for the table lock)
+	b.requireKilledKeyFreeSoon(t, child, "k")
+	require.NoError(t, blocker.Rollback(ctx))
+	drainUntil(t, b.relay(t), func() bool { return b.countWhere(t, "published_at IS NULL") == 0 })
+}
+
+// killLease is the child relays' lease in the kill tests: long, so that only PostgreSQL noticing
+// the dead client (client_connection_check_interval) frees the keys within a quarter of it;
+// the statement timeout (half the lease) would be too late.
+const killLease = time.Minute
+
+// waitForChildStatement waits until the child relay's session waits for a lock in a statement
+// starting with prefix.
+func (b *bundle) waitForChildStatement(t *testing.T, prefix string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var n int
+		_ = b.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = 'sluice-child-relay' AND wait_event_type = 'Lock' AND ltrim(query, E' \n\t') LIKE $1 || '%'`,
+			prefix).Scan(&n)
+		return n > 0
+	}, time.Minute, 10*time.Millisecond)
+}
+
+// requireKilledKeyFreeSoon SIGKILLs child and requires key's advisory lock to be free within a
+// quarter of killLease.
+func (b *bundle) requireKilledKeyFreeSoon(t *testing.T, child *exec.Cmd, key string) {
+	t.Helper()
+	ctx := context.Background()
 	killed := time.Now()
 	require.NoError(t, child.Process.Kill())
 	_ = child.Wait()
-
 	var free bool
-	for !free && time.Since(killed) < 2*lease {
-		require.NoError(t, b.pool.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtextextended('k', 5433))`).Scan(&free))
+	for !free && time.Since(killed) < killLease {
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtextextended($1, 5433))`, key).Scan(&free))
 		if !free {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
 	elapsed := time.Since(killed)
 	require.True(t, free)
-	_, err = b.pool.Exec(ctx, `SELECT pg_advisory_unlock_all()`)
+	_, err := b.pool.Exec(ctx, `SELECT pg_advisory_unlock_all()`)
 	require.NoError(t, err)
-	require.Less(t, elapsed, lease, "the dead relay's key was free within the lease (took %s)", elapsed)
-	require.NoError(t, blocker.Rollback(ctx))
-	drainUntil(t, b.relay(t), func() bool { return b.countWhere(t, "published_at IS NULL") == 0 })
+	require.Less(t, elapsed, killLease/4, "the dead relay's key was free long before its statement timeout (took %s)", elapsed)
 }
 
 // statsEmpty is scenario 0's setup: 20,000 published rows retained, statistics taken with an

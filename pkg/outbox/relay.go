@@ -397,9 +397,19 @@ func (r *Relay) pipelinesReporting(ctx context.Context, untilIdle bool, report f
 			defer wg.Done()
 			for ctx.Err() == nil {
 				keys := r.book.take(r.cfg.BatchSize, time.Now())
-				if len(keys) == 0 {
+				if len(keys.keys) == 0 {
 					if !untilIdle {
 						r.waitForWork(ctx)
+						continue
+					}
+					if r.watch.sweepWanted() {
+						// An operator action moved the epoch meanwhile: walk the keys again.
+						if err := r.watch.sweep(ctx); err != nil && ctx.Err() == nil {
+							mu.Lock()
+							errs = append(errs, err)
+							mu.Unlock()
+							return
+						}
 						continue
 					}
 					mu.Lock()
@@ -503,8 +513,9 @@ func (r *Relay) DestinationsDown() []DestinationOutage { return r.dests.down() }
 // that holds the keys' advisory locks: BEGIN, lock, read, publish (no statement runs
 // meanwhile), record, COMMIT. Whatever happens, the keys go back to the book with what the
 // round learned about them.
-func (r *Relay) round(ctx context.Context, keys []claimKey) (st Stats, err error) {
+func (r *Relay) round(ctx context.Context, taken roundKeys) (st Stats, err error) {
 	start := time.Now()
+	keys := taken.keys
 	verdicts := map[string]keyResult{}
 	defer func() {
 		results := make([]keyResult, 0, len(keys))
@@ -515,7 +526,9 @@ func (r *Relay) round(ctx context.Context, keys []claimKey) (st Stats, err error
 			}
 			results = append(results, v)
 		}
-		r.book.settle(results, time.Now())
+		now := time.Now()
+		r.book.settle(taken, results, now)
+		r.book.releaseAnswered(r.dests.healthy, now)
 	}()
 
 	tx, err := r.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: roundSettings(r.cfg.Lease, r.watch.checkConnection)})
@@ -544,7 +557,7 @@ func (r *Relay) round(ctx context.Context, keys []claimKey) (st Stats, err error
 		return Stats{}, nil
 	}
 	perKey := max(1, min(r.cfg.MaxPerKey, r.cfg.BatchSize/len(mine)))
-	rows, err := r.readRows(ctx, tx, mine, perKey)
+	rows, err := r.readRows(ctx, tx, mine, perKey, taken.epoch)
 	if err != nil {
 		return Stats{}, r.quiet(ctx, err)
 	}

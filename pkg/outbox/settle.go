@@ -124,10 +124,12 @@ func (p *roundPlan) verdicts(now time.Time) map[string]keyResult {
 				continue
 			case o.err != nil && o.quarantined:
 				res.verdict = verdictParked
+			case o.outage:
+				res.verdict, res.until, res.dest = verdictHeld, o.retryAt, o.dest
 			case o.err != nil:
 				res.verdict, res.until = verdictWait, o.retryAt
 			case !o.deferredUntil.IsZero():
-				res.verdict, res.until = verdictWait, o.deferredUntil
+				res.verdict, res.until, res.dest = verdictHeld, o.deferredUntil, o.dest
 			default: // not attempted: the round stopped
 				res.verdict = verdictMore
 			}

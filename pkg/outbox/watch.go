@@ -25,7 +25,7 @@ type watcher struct {
 	started  bool
 	frontier int64               // every row with an id up to it has been seen or is a gap
 	gaps     map[int64]time.Time // ids below the frontier not seen yet, and since when
-	// epoch is outbox_control.admin_epoch as last polled; rounds read it too.
+	// epoch is outbox_control.admin_epoch as last polled (the book keeps the epoch of its floors).
 	epoch    atomic.Int64
 	lastPoll time.Time
 	// checkConnection: the server has client_connection_check_interval (PostgreSQL 14+).
@@ -95,6 +95,7 @@ func (w *watcher) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("start relay: read the outbox's state (are the migrations applied?): %w", err)
 	}
+	w.r.book.reset(w.epoch.Load(), time.Now())
 	w.checkConnection = version >= 140000
 	w.started = true
 	return nil
@@ -130,8 +131,9 @@ func (w *watcher) pollIfDue(ctx context.Context) error {
 }
 
 type polledRow struct {
-	id  int64
-	key string
+	id        int64
+	key       string
+	published bool
 }
 
 func (w *watcher) pollOnce(ctx context.Context) (int, error) {
@@ -153,7 +155,7 @@ func (w *watcher) pollOnce(ctx context.Context) (int, error) {
 		b := &pgx.Batch{}
 		b.Queue(pollSQL, w.frontier, pollRows, gapIDs).Query(func(rs pgx.Rows) error {
 			var p polledRow
-			_, err := pgx.ForEachRow(rs, []any{&p.id, &p.key}, func() error {
+			_, err := pgx.ForEachRow(rs, []any{&p.id, &p.key, &p.published}, func() error {
 				rows = append(rows, p)
 				return nil
 			})
@@ -170,7 +172,7 @@ func (w *watcher) pollOnce(ctx context.Context) (int, error) {
 		// First, so that new rows do not make keys due with floors that no longer hold (rounds
 		// in flight ignore their floors by themselves: see readSQL).
 		w.epoch.Store(epoch)
-		w.r.book.reset(now)
+		w.r.book.reset(epoch, now)
 		w.wantSweep()
 	}
 	slices.SortFunc(rows, func(a, b polledRow) int { return cmp.Compare(a.id, b.id) })
@@ -185,7 +187,9 @@ func (w *watcher) pollOnce(ctx context.Context) (int, error) {
 			}
 			w.frontier = p.id
 		}
-		w.r.book.sawRow(p.key, p.id, now)
+		if !p.published {
+			w.r.book.sawRow(p.key, p.id, now)
+		}
 	}
 	if w.r.book.takeOverflow() {
 		w.wantSweep()
@@ -197,6 +201,16 @@ func (w *watcher) wantSweep() {
 	select {
 	case w.sweepWant <- struct{}{}:
 	default:
+	}
+}
+
+// sweepWanted takes a pending request for a sweep, if any (RunOnce sweeps itself).
+func (w *watcher) sweepWanted() bool {
+	select {
+	case <-w.sweepWant:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -227,6 +241,7 @@ func (w *watcher) sweepStep(ctx context.Context, after string, inclusive bool) (
 		dbNow       time.Time
 	}
 	var heads []head
+	seq := w.r.book.sweepSeq()
 	err := w.readOnly(ctx, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, sweepSQL, after, inclusive, sweepKeys)
 		if err != nil {
@@ -252,7 +267,7 @@ func (w *watcher) sweepStep(ctx context.Context, after string, inclusive bool) (
 			// The database's clock decides; translate its wait into ours.
 			state, at = headBackingOff, now.Add(h.availableAt.Sub(h.dbNow))
 		}
-		w.r.book.sawHead(h.key, h.id, state, at, now)
+		w.r.book.sawHead(h.key, h.id, state, at, seq, now)
 	}
 	if len(heads) == 0 {
 		return 0, "", nil
