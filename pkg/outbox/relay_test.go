@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"sync"
@@ -293,21 +294,56 @@ func TestRunFindsNewRowsByPollingWithoutATrigger(t *testing.T) {
 	var triggers int
 	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_trigger WHERE tgrelid = 'outbox_event'::regclass AND NOT tgisinternal`).Scan(&triggers))
 	require.Zero(t, triggers, "producers' commits carry no trigger")
-	// Only polling can find the rows: the walk over every pending key happens once an hour.
-	r := b.relay(t, func(c *outbox.RelayConfig) { c.PollInterval = 20 * time.Millisecond; c.RescanInterval = time.Hour })
+	// Only polling (the default interval) can find rows written after Run started: the walk
+	// over every pending key happens once an hour.
+	r := b.relay(t, func(c *outbox.RelayConfig) { c.PollInterval = 0; c.RescanInterval = time.Hour })
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	time.Sleep(200 * time.Millisecond) // Run walks the empty outbox and starts polling
-
-	b.write(t, 5, 5)
-	deadline := time.Now().Add(10 * time.Second)
-	for b.rec.count() < 5 && time.Now().Before(deadline) {
+	// Rows keep coming for two seconds: whatever Run's start found, the later ones can only be
+	// found by the poll.
+	const batches = 20
+	for range batches {
+		b.write(t, 5, 5)
+		time.Sleep(100 * time.Millisecond)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for b.rec.count() < 5*batches && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	require.Equal(t, 5, b.rec.count(), "published long before the hour-long rescan: found by the poll")
+	require.Equal(t, 5*batches, b.rec.count(), "published long before the hour-long rescan: found by the poll")
 	cancel()
 	require.NoError(t, <-done)
+	b.rec.requireKeyOrder(t)
+}
+
+// A row whose transaction commits after later rows were published (its id below the relay's
+// frontier) is found by the poll's watch of missing ids, not only by the next rescan.
+func TestRunFindsALateCommitBelowItsFrontier(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	r := b.relay(t, func(c *outbox.RelayConfig) { c.RescanInterval = time.Hour })
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	b.write(t, 1, 1)
+	require.Eventually(t, func() bool { return b.rec.count() == 1 }, 30*time.Second, 10*time.Millisecond)
+
+	late, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = late.Rollback(ctx) }()
+	_, err = outbox.Write(ctx, late, outbox.Message{Topic: testTopic, AggregateType: "order", AggregateID: "late",
+		EventType: "OrderCreated", PartitionKey: "k0", Payload: json.RawMessage(`{"late":true}`)})
+	require.NoError(t, err)
+	b.write(t, 3, 1) // higher ids of the same key commit and are published first
+	require.Eventually(t, func() bool { return b.rec.count() == 4 }, 30*time.Second, 10*time.Millisecond)
+	require.NoError(t, late.Commit(ctx))
+	require.Eventually(t, func() bool { return b.countWhere(t, "published_at IS NULL") == 0 }, 30*time.Second, 10*time.Millisecond,
+		"the late row is published long before the hour-long rescan")
+	cancel()
+	require.NoError(t, <-done)
+	require.Equal(t, 5, b.rec.count())
 }
 
 func TestRelayConfigIsValidated(t *testing.T) {
