@@ -151,14 +151,17 @@ func TestPartialBatchFailureRetriesOnlyTheFailedEntries(t *testing.T) {
 		}
 		return nil
 	})
-	r := b.relay(t, func(c *outbox.RelayConfig) { c.BackoffBase, c.BackoffMax = 3*time.Second, 3*time.Second })
+	// A backoff far longer than any RunOnce, however busy the machine: the failed rows wait.
+	r := b.relay(t, func(c *outbox.RelayConfig) { c.BackoffBase, c.BackoffMax = time.Hour, time.Hour })
 	st, err := r.RunOnce(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, 18, st.Published, "acknowledged entries are marked at once")
 	require.Equal(t, 2, st.Retrying)
 	require.Equal(t, 2, b.countWhere(t, "published_at IS NULL AND attempts = 1 AND last_error LIKE '%Throttled%' AND available_at IS NOT NULL"))
 
-	drainUntil(t, r, func() bool { return b.countWhere(t, "published_at IS NULL") == 0 })
+	// The backoffs end (a fresh relay, which knows only what the table says, takes over).
+	b.exec(t, `UPDATE outbox_event SET available_at = now() WHERE published_at IS NULL`)
+	drainUntil(t, b.relay(t), func() bool { return b.countWhere(t, "published_at IS NULL") == 0 })
 	require.Equal(t, 20, b.rec.count(), "each row acknowledged once")
 	require.Zero(t, b.countWhere(t, "quarantined_at IS NOT NULL"))
 }
@@ -361,6 +364,10 @@ func TestRelayConfigIsValidated(t *testing.T) {
 	require.Less(t, strings.Index(err.Error(), "BatchSize"), strings.Index(err.Error(), "PollInterval"), "problems are reported in field order")
 }
 
+// hungLease is the hung relay's lease: the other relay's first RunOnce must start within it,
+// which leaves a busy machine seconds.
+const hungLease = 5 * time.Second
+
 func TestHungRelayLosesItsKeysAfterTheLease(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -372,7 +379,7 @@ func TestHungRelayLosesItsKeysAfterTheLease(t *testing.T) {
 	hung := newRecorder()
 	hung.fail = func(*outbox.Event) error { started <- struct{}{}; <-release; return nil }
 	a, err := outbox.NewRelay(b.pool, outbox.RelayConfig{Publisher: hung, Topics: map[string]string{testTopic: testARN},
-		Lease: time.Second, PublishTimeout: 500 * time.Millisecond, PublishConcurrency: 1, Pipelines: 1, Logger: testLogger()})
+		Lease: hungLease, PublishTimeout: hungLease / 2, PublishConcurrency: 1, Pipelines: 1, Logger: testLogger()})
 	require.NoError(t, err)
 	aDone := make(chan error, 1)
 	go func() { _, err := a.RunOnce(context.Background()); aDone <- err }()
