@@ -56,7 +56,7 @@ type ConsumerProps struct {
 	Network Network
 	// Database is how the consumer reaches PostgreSQL. Database.Secret is required.
 	Database Database
-	// Migrations, when set, gives the consumer its own database role (read, insert and update
+	// Migrations, when set, gives the consumer its own database role (read, insert, update and delete
 	// its own inbox_event rows, plus DatabaseGrants) with its own rotated secret, so handler code
 	// never runs as Database.Secret's user; the consumer is created after the migrations ran,
 	// and its connections are booked against the migrations' connection budget. Without, the
