@@ -2,6 +2,7 @@ package infra_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -10,6 +11,7 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/assertions"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsec2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsrds"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssecretsmanager"
 	"github.com/aws/jsii-runtime-go"
 	"github.com/stretchr/testify/require"
@@ -77,9 +79,10 @@ func TestTemplatesPassCfnLint(t *testing.T) {
 }
 
 // Synthesis fails when the functions may open more connections than the server allows, and
-// says which and how many.
+// says which and how many. A consumer behind an RDS Proxy books the proxy's share, once per
+// proxy, instead of its own connections.
 func TestConnectionBudgetFailsSynthWithTheArithmetic(t *testing.T) {
-	build := func(maxConns, relayConcurrency int) (err error) {
+	build := func(maxConns, relayConcurrency, proxyPercent int) (err error) {
 		defer func() {
 			if r := recover(); r != nil {
 				err, _ = r.(error)
@@ -96,32 +99,66 @@ func TestConnectionBudgetFailsSynthWithTheArithmetic(t *testing.T) {
 			MaxConnections: 100, ReservedConnections: 10})
 		ob := infra.NewOutbox(stack, "Outbox", &infra.OutboxProps{RelayCodeDir: assetDir(t, "relay"), Network: network, Database: db,
 			Migrations: mig, RelayReservedConcurrency: relayConcurrency})
-		infra.NewConsumer(stack, "Billing", &infra.ConsumerProps{Name: "billing", CodeDir: assetDir(t, "consumer"), Topic: ob.Topic(),
-			Network: network, Database: db, Migrations: mig, MaxConcurrency: 10})
+		consumer := func(name string, proxy awsrds.DatabaseProxy, role infra.DatabaseRole) {
+			infra.NewConsumer(stack, name, &infra.ConsumerProps{Name: name, CodeDir: assetDir(t, "consumer"), Topic: ob.Topic(),
+				Network: network, Database: db, Migrations: mig, MaxConcurrency: 10, Proxy: proxy, DatabaseRole: role, ProxyMaxConnectionsPercent: proxyPercent})
+		}
+		if proxyPercent == 0 {
+			consumer("billing", nil, nil)
+			return nil
+		}
+		instance := awsrds.DatabaseInstance_FromDatabaseInstanceAttributes(stack, jsii.String("Db"), &awsrds.DatabaseInstanceAttributes{
+			InstanceIdentifier: jsii.String("db"), InstanceEndpointAddress: jsii.String("db.example"), Port: jsii.Number(5432),
+			SecurityGroups: &[]awsec2.ISecurityGroup{}, Engine: awsrds.DatabaseInstanceEngine_POSTGRES(),
+		})
+		var roles []infra.DatabaseRole
+		var secrets []awssecretsmanager.ISecret
+		for _, name := range []string{"billing", "audit"} {
+			r := infra.NewDatabaseRole(stack, name+"Role", &infra.DatabaseRoleProps{Migrations: mig, Name: "sluice_consumer_" + name,
+				Kind: infra.RoleConsumer, Consumer: name, Network: network, Database: db})
+			roles, secrets = append(roles, r), append(secrets, r.Secret())
+		}
+		proxy := awsrds.NewDatabaseProxy(stack, jsii.String("Proxy"), &awsrds.DatabaseProxyProps{
+			ProxyTarget: awsrds.ProxyTarget_FromInstance(instance), Secrets: &secrets, Vpc: vpc, RequireTLS: jsii.Bool(true),
+			MaxConnectionsPercent: jsii.Number(float64(proxyPercent)),
+		})
+		consumer("billing", proxy, roles[0])
+		consumer("audit", proxy, roles[1]) // the same proxy: its share is booked once
 		return nil
 	}
-	// 1 + 6×4 + 10×4 = 65 < 100 − 10.
-	require.NoError(t, build(4, 6))
-	// 1 + 6×8 + 10×8 = 129 ≥ 90: the consumer tips it over.
-	err := build(8, 6)
+	// 2 + 6×4 + 10×4 = 66 < 100 − 10.
+	require.NoError(t, build(4, 6, 0))
+	// 2 + 6×8 + 10×8 = 130 ≥ 90: the consumer tips it over.
+	err := build(8, 6, 0)
 	require.Error(t, err)
 	for _, want := range []string{
-		"migrations 1 × 1 = 1", "relay 6 (reserved concurrency) × 8 (pool) = 48", "consumer billing 10 (maximum concurrency) × 8 (pool) = 80",
-		"total 129, but max_connections 100 − 10 reserved = 90",
+		"migrations 2 (a deploy and a scheduled partition maintenance) × 1 = 2", "relay 6 (reserved concurrency) × 8 (pool) = 48",
+		"consumer billing 10 (maximum concurrency) × 8 (pool) = 80", "total 130, but max_connections 100 − 10 reserved = 90",
 	} {
 		require.Contains(t, err.Error(), want)
 	}
-	// Exactly at the budget is already too much: 1 + 89 relays × 1.
-	require.Error(t, build(1, 89))
+	// Exactly at the budget is already too much: 2 + 88 relays × 1.
+	err = build(1, 88, 0)
+	require.ErrorContains(t, err, "total 90, but max_connections 100 − 10 reserved = 90")
+
+	// Two consumers behind one proxy with 25%: 2 + 24 + 25 = 51.
+	require.NoError(t, build(4, 6, 25))
+	// With RDS Proxy's default 100%: 2 + 24 + 100 = 126 ≥ 90, and the error says why.
+	err = build(4, 6, 100)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "RDS Proxy Budget/Proxy 100% of max_connections 100 = 100")
+	require.Contains(t, err.Error(), "total 126, but max_connections 100 − 10 reserved = 90")
+	require.NotContains(t, err.Error(), "consumer billing 10 (maximum concurrency)", "the consumers' connections end at the proxy")
 }
 
 // A consumer behind RDS Proxy connects to the proxy with pgx in exec mode, its connections are
-// the proxy's, and the relay still connects to the database itself.
+// the proxy's, and the relay still connects to the database itself. With NAT gateways the
+// consumer's handler code may call HTTPS anywhere; the relay still only what it calls.
 func TestConsumerProxy(t *testing.T) {
 	app := awscdk.NewApp(nil)
 	s := infra.NewSluiceStack(app, "Proxied", &infra.SluiceStackProps{
 		RelayCodeDir: assetDir(t, "relay"), ConsumerCodeDir: assetDir(t, "consumer"), MigrateCodeDir: assetDir(t, "migrate"),
-		CABundle: caBundle(t), NoAlarmDestination: true, ConsumerProxy: true,
+		CABundle: caBundle(t), NoAlarmDestination: true, ConsumerProxy: true, NatGateways: 1,
 	})
 	withNag(s)
 	tmpl := assertions.Template_FromStack(s, nil)
@@ -143,4 +180,59 @@ func TestConsumerProxy(t *testing.T) {
 	relayFn := resources(tmpl, "AWS::Lambda::Function")[*s.GetLogicalId(s.Outbox().Relay().Node().DefaultChild().(awscdk.CfnElement))]
 	require.NotContains(t, env(relayFn), lambdaenv.DatabaseHost, "the relay stays off the proxy")
 	require.NotContains(t, env(relayFn), lambdaenv.DatabaseQueryExecMode)
+
+	tmpl.ResourceCountIs(jsii.String("AWS::EC2::NatGateway"), jsii.Number(1))
+	egress := func(fn awscdk.CfnElement) []string {
+		var out []string
+		f := resources(tmpl, "AWS::Lambda::Function")[*s.GetLogicalId(fn)]
+		for _, sg := range props(f)["VpcConfig"].(map[string]any)["SecurityGroupIds"].([]any) {
+			for _, e := range asList(props(resources(tmpl, "AWS::EC2::SecurityGroup")[refID(sg)])["SecurityGroupEgress"]) {
+				if rule, ok := e.(map[string]any); ok {
+					out = append(out, fmt.Sprintf("%v:%v", rule["CidrIp"], rule["FromPort"]))
+				}
+			}
+		}
+		return out
+	}
+	require.Contains(t, egress(s.Consumer().Function().Node().DefaultChild().(awscdk.CfnElement)), "0.0.0.0/0:443", "handler code calls other services through NAT")
+	require.NotContains(t, egress(s.Outbox().Relay().Node().DefaultChild().(awscdk.CfnElement)), "0.0.0.0/0:443", "the relay calls only SNS and Secrets Manager, through the endpoints")
+}
+
+// An imported database with its max_connections and instance identifier gets the connection
+// budget and the database alarms, like the stack's own.
+func TestImportedDatabase(t *testing.T) {
+	build := func(maxConnections int) (tmpl assertions.Template, err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err, _ = r.(error)
+			}
+		}()
+		app := awscdk.NewApp(nil)
+		s := infra.NewSluiceStack(app, "Imported", &infra.SluiceStackProps{
+			RelayCodeDir: assetDir(t, "relay"), ConsumerCodeDir: assetDir(t, "consumer"), MigrateCodeDir: assetDir(t, "migrate"),
+			CABundle: caBundle(t), NoAlarmDestination: true,
+			Database: &infra.ExistingDatabase{SecretARN: "arn:aws:secretsmanager:eu-west-1:111111111111:secret:db-AbCdEf",
+				SecurityGroupID: "sg-0123456789abcdef0", MaxConnections: maxConnections, InstanceIdentifier: "orders-db"},
+		})
+		return assertions.Template_FromStack(s, nil), nil
+	}
+	// 2 + 6×4 + 5×4 = 46 ≥ 50 − 15 = 35.
+	_, err := build(50)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "total 46, but max_connections 50 − 15 reserved = 35")
+
+	tmpl, err := build(400)
+	require.NoError(t, err)
+	tmpl.ResourceCountIs(jsii.String("AWS::RDS::DBInstance"), jsii.Number(0))
+	tmpl.HasResourceProperties(jsii.String("AWS::CloudWatch::Alarm"), map[string]any{
+		"Namespace": "AWS/RDS", "MetricName": "DatabaseConnections", "Threshold": 320.0, // 80% of 400
+		"Dimensions": []any{map[string]any{"Name": "DBInstanceIdentifier", "Value": "orders-db"}},
+	})
+	n := 0
+	for _, a := range resources(tmpl, "AWS::CloudWatch::Alarm") {
+		if props(a)["Namespace"] == "AWS/RDS" {
+			n++
+		}
+	}
+	require.Equal(t, 5, n, "CPU, memory, storage, connections, transaction IDs")
 }

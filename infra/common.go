@@ -39,8 +39,9 @@ type Network struct {
 	// ApiEndpoints are the interface VPC endpoints (Secrets Manager, SNS) through which the
 	// functions call AWS, e.g. NewVpcEndpoints(...).Connections(): the functions' security groups
 	// then allow HTTPS only to them (the migrations also to any address on 443, for the S3
-	// gateway endpoint whose prefix list a region-agnostic template cannot name). Defaults to none:
-	// HTTPS to any address, through a NAT gateway.
+	// gateway endpoint whose prefix list a region-agnostic template cannot name, and so does a
+	// consumer with ConsumerProps.HTTPSToAnywhere). Defaults to none: HTTPS to any address,
+	// through a NAT gateway.
 	ApiEndpoints awsec2.IConnectable
 }
 
@@ -49,8 +50,9 @@ type Database struct {
 	// Secret holds credentials in the RDS JSON shape ({"host","port","username","password",
 	// "dbname"}), such as the secret RDS generates for its master user. With Migrations (see
 	// OutboxProps.Migrations, ConsumerProps.Migrations) only the migrations function logs in with
-	// it; the relay and the consumers get roles and secrets of their own. Without, the function
-	// logs in with this secret. The Lambda gets read access to the secret it uses. Required.
+	// it; the relay and the consumers get roles and secrets of their own. Without, a function
+	// logs in with this secret only when its props say UseDatabaseSecret. The Lambda gets read
+	// access to the secret it uses. Required.
 	Secret awssecretsmanager.ISecret
 	// Connections, when set, gets an ingress rule on its default port from the Lambda's security
 	// groups, e.g. an awsrds.DatabaseInstance or an imported one. Leave nil when you manage the

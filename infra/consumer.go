@@ -3,6 +3,7 @@ package infra
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
@@ -56,12 +57,17 @@ type ConsumerProps struct {
 	Network Network
 	// Database is how the consumer reaches PostgreSQL. Database.Secret is required.
 	Database Database
-	// Migrations, when set, gives the consumer its own database role (read, insert and update
+	// Migrations, when set, gives the consumer its own database role (read, insert, update and delete
 	// its own inbox_event rows, plus DatabaseGrants) with its own rotated secret, so handler code
 	// never runs as Database.Secret's user; the consumer is created after the migrations ran,
-	// and its connections are booked against the migrations' connection budget. Without, the
-	// consumer logs in with Database.Secret. Recommended.
+	// and its connections are booked against the migrations' connection budget. Required unless
+	// UseDatabaseSecret.
 	Migrations Migrations
+	// UseDatabaseSecret makes the consumer, and so its handler code, log in with
+	// Database.Secret itself (typically the owner or the master user) instead of a role of its
+	// own. It is the explicit choice for a stack without Migrations: synthesis fails when
+	// neither is set, and warns when this is. Defaults to false.
+	UseDatabaseSecret bool
 	// DatabaseRoleName is the consumer's role name with Migrations. Defaults to
 	// "sluice_consumer_<Name>" (lower case, other characters as "_").
 	DatabaseRoleName string
@@ -74,9 +80,14 @@ type ConsumerProps struct {
 	// Proxy, when set, is an RDS Proxy (with RequireTLS) the consumer connects through, whose
 	// secrets include the consumer's (DatabaseRole's). pgx then runs in exec mode (no named
 	// prepared statements, which would pin each client connection to a database connection),
-	// and the consumer's connections count against the proxy's share instead of the database.
-	// Defaults to a direct connection.
+	// and the consumer's connections are the proxy's: the connection budget books the proxy's
+	// share of max_connections (ProxyMaxConnectionsPercent, once per proxy) instead of the
+	// consumer's. Defaults to a direct connection.
 	Proxy awsrds.DatabaseProxy
+	// ProxyMaxConnectionsPercent is Proxy's MaxConnectionsPercent (the share of max_connections
+	// its target group may open), booked against the migrations' connection budget. Defaults
+	// to 100, RDS Proxy's own default; set it to the proxy's value.
+	ProxyMaxConnectionsPercent int
 	// CommitMode is CommitPerRecord or CommitBatched (SLUICE_CONSUMER_COMMIT_MODE). Defaults to
 	// the consumer's default (per-record). CommitAsync is refused: no processor is deployed.
 	CommitMode string
@@ -89,6 +100,17 @@ type ConsumerProps struct {
 	StorePayload bool
 	// Environment adds environment variables to the consumer Lambda (e.g. your handler's settings).
 	Environment map[string]string
+	// HTTPSToAnywhere lets the consumer's handler code call HTTPS services anywhere (through the
+	// VPC's NAT gateways): its security group then also allows 443 to any address, not only to
+	// Network.ApiEndpoints. The example stack sets it when it has NAT gateways. Defaults to
+	// false.
+	HTTPSToAnywhere bool
+	// Redrivers are IAM principal ARNs (roles) allowed to send messages to the queue directly,
+	// e.g. the operator role that runs `sluice redrive` (or starts an SQS message move task)
+	// from the DLQs. The queue policy denies sqs:SendMessage to every other principal but the
+	// topic's deliveries, so that nobody can forge a message the consumer would apply. Defaults
+	// to none.
+	Redrivers []string
 
 	// Timeout is the consumer Lambda's timeout. Defaults to 30 seconds.
 	Timeout time.Duration
@@ -170,6 +192,7 @@ func (p *ConsumerProps) withDefaults() ConsumerProps {
 	out.RetentionPeriod = orDefault(out.RetentionPeriod, 4*24*time.Hour)
 	out.DeadLetterRetentionPeriod = orDefault(out.DeadLetterRetentionPeriod, 14*24*time.Hour)
 	out.LogRetention = orDefault(out.LogRetention, awslogs.RetentionDays_ONE_MONTH)
+	out.ProxyMaxConnectionsPercent = orDefault(out.ProxyMaxConnectionsPercent, 100)
 	return out
 }
 
@@ -243,6 +266,27 @@ func (p *ConsumerProps) validate() error {
 	}
 	if p.DatabaseRole != nil && (len(p.DatabaseGrants) > 0 || p.DatabaseRoleName != "") {
 		errs = append(errs, errors.New("with DatabaseRole, its grants and name belong to the role: leave DatabaseRoleName and DatabaseGrants empty"))
+	}
+	switch {
+	case p.Migrations == nil && !p.UseDatabaseSecret:
+		errs = append(errs, errors.New("Migrations is not set, so the consumer's handler code would log in with Database.Secret (the owner's or master credentials): "+
+			"set Migrations to give the consumer a role of its own (recommended), or UseDatabaseSecret to log in with Database.Secret knowingly"))
+	case p.Migrations != nil && p.UseDatabaseSecret:
+		errs = append(errs, errors.New("UseDatabaseSecret and Migrations exclude each other: with Migrations the consumer logs in with its own role"))
+	case p.Migrations != nil:
+		if m, ok := p.Migrations.(*migrations); ok {
+			if err := m.checkInboxRetention(p.Name, p.RetentionPeriod, p.DeadLetterRetentionPeriod); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if p.ProxyMaxConnectionsPercent < 0 || p.ProxyMaxConnectionsPercent > 100 {
+		errs = append(errs, fmt.Errorf("ProxyMaxConnectionsPercent must be between 1 and 100, got %d", p.ProxyMaxConnectionsPercent))
+	}
+	for i, a := range p.Redrivers {
+		if !strings.HasPrefix(a, "arn:") {
+			errs = append(errs, fmt.Errorf("Redrivers[%d] %q is not an ARN", i, a))
+		}
 	}
 	if p.Proxy != nil && p.Migrations == nil {
 		errs = append(errs, errors.New("Proxy needs the consumer's own role (Migrations and DatabaseRole): the proxy authenticates it with that role's secret"))
@@ -319,6 +363,26 @@ func NewConsumer(scope constructs.Construct, id string, props *ConsumerProps) Co
 		Resources:  &[]*string{c.queue.QueueArn()},
 		Conditions: fromTopic,
 	}))
+	// Nobody else may send: a message in this queue is applied by the consumer, so a forged
+	// one would be too. The Deny wins over any identity policy in the account; the listed
+	// redrivers (operators moving messages back from the DLQs) are the only exception.
+	// Requests without aws:SourceArn (every direct SendMessage) match ArnNotEquals.
+	redrivers := []any{}
+	for _, a := range p.Redrivers {
+		redrivers = append(redrivers, a)
+	}
+	notFromTopic := map[string]any{"ArnNotEquals": map[string]any{"aws:SourceArn": p.Topic.TopicArn()}}
+	if len(redrivers) > 0 {
+		notFromTopic["ArnNotEquals"] = map[string]any{"aws:SourceArn": p.Topic.TopicArn(), "aws:PrincipalArn": redrivers}
+	}
+	c.queue.AddToResourcePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Sid:        jsii.String("OnlyTheTopicAndRedriversSend"),
+		Effect:     awsiam.Effect_DENY,
+		Principals: &[]awsiam.IPrincipal{awsiam.NewAnyPrincipal()},
+		Actions:    jsii.Strings("sqs:SendMessage"),
+		Resources:  &[]*string{c.queue.QueueArn()},
+		Conditions: &notFromTopic,
+	}))
 	c.queueKey.AddToResourcePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
 		Sid:        jsii.String("TopicEncryptsForTheQueues"),
 		Principals: &[]awsiam.IPrincipal{sns},
@@ -365,13 +429,19 @@ func NewConsumer(scope constructs.Construct, id string, props *ConsumerProps) Co
 		roleSecret = role.Secret()
 	}
 	var via awsec2.IConnectable
-	if p.Proxy != nil {
+	switch {
+	case p.Proxy != nil:
 		via = p.Proxy
 		env[lambdaenv.DatabaseHost] = p.Proxy.Endpoint()
 		env[lambdaenv.DatabaseQueryExecMode] = jsii.String("exec")
-	} else if p.Migrations != nil {
+		// The consumer's connections end at the proxy; the database sees the proxy's share.
+		p.Migrations.(*migrations).bookProxy(p.Proxy, p.ProxyMaxConnectionsPercent)
+	case p.Migrations != nil:
 		p.Migrations.UseConnections(fmt.Sprintf("consumer %s %d (maximum concurrency) × %d (pool)", p.Name, p.MaxConcurrency, p.Database.maxConns()),
 			p.MaxConcurrency*p.Database.maxConns())
+	default:
+		awscdk.Annotations_Of(this).AddWarningV2(jsii.String("sluice:consumerUsesDatabaseSecret"), jsii.String(
+			"UseDatabaseSecret: the consumer's handler code logs in with Database.Secret, not a role of its own; set Migrations to give it one"), nil)
 	}
 	c.fn = newGoFunction(this, "Function", goFunctionProps{
 		secret:       roleSecret,
@@ -384,6 +454,8 @@ func NewConsumer(scope constructs.Construct, id string, props *ConsumerProps) Co
 		database:     p.Database,
 		environment:  env,
 		logRetention: p.LogRetention,
+		// Handler code may call other services through NAT, when the stack has it.
+		httpsAnywhere: p.HTTPSToAnywhere,
 	})
 	esp := &awslambdaeventsources.SqsEventSourceProps{
 		BatchSize:               jsii.Number(float64(p.BatchSize)),

@@ -189,10 +189,10 @@ func TestSluiceStack(t *testing.T) {
 			"AWS::SQS::Queue":                       3, // queue, DLQ, subscription DLQ
 			"AWS::SNS::Subscription":                2, // queue, alarm e-mail
 			"AWS::Lambda::EventSourceMapping":       1,
-			"AWS::Events::Rule":                     1,
+			"AWS::Events::Rule":                     2, // relay, partition maintenance
 			"AWS::RDS::DBInstance":                  1,
 			infra.MigrationsResourceType:            1,
-			"AWS::CloudWatch::Alarm":                17,
+			"AWS::CloudWatch::Alarm":                18,
 			"AWS::CloudWatch::Dashboard":            1,
 			"AWS::SecretsManager::Secret":           3, // master (migrations only), relay role, consumer role
 			"AWS::SecretsManager::RotationSchedule": 3,
@@ -372,7 +372,8 @@ func TestSluiceStack(t *testing.T) {
 
 	t.Run("resource policies: only the relay publishes; SNS uses the queue key for this topic only", func(t *testing.T) {
 		relayArn := assertions.NewCapture(nil)
-		tmpl.HasResourceProperties(jsii.String("AWS::Events::Rule"), map[string]any{"Targets": []any{map[string]any{"Arn": relayArn, "RetryPolicy": assertions.Match_AnyValue()}}})
+		tmpl.HasResourceProperties(jsii.String("AWS::Events::Rule"), map[string]any{"ScheduleExpression": "rate(1 minute)",
+			"Targets": []any{map[string]any{"Arn": relayArn, "RetryPolicy": assertions.Match_AnyValue()}}})
 		relay := resources(tmpl, "AWS::Lambda::Function")[refID(relayArn.AsObject())]
 		relayRole := refID(props(relay)["Role"])
 		principals := assertions.NewCapture(nil)
@@ -482,17 +483,17 @@ func TestSluiceStack(t *testing.T) {
 		} {
 			alarm(metric, want)
 		}
-		for _, m := range []string{"Errors", "Throttles"} {
+		for m, want := range map[string]int{"Errors": 3, "Throttles": 2} { // errors: also the partition maintenance's
 			n := 0
 			for _, a := range resources(tmpl, "AWS::CloudWatch::Alarm") {
 				if p := props(a); p["MetricName"] == m && p["Namespace"] == "AWS/Lambda" {
 					n++
 				}
 			}
-			require.Equal(t, 2, n, "relay and consumer %s alarms", m)
+			require.Equal(t, want, n, "%s alarms", m)
 		}
 		tmpl.HasResourceProperties(jsii.String("AWS::SNS::Subscription"), map[string]any{"Protocol": "email", "Endpoint": "oncall@example.com"})
-		require.Len(t, s.Monitoring().Alarms(), 17)
+		require.Len(t, s.Monitoring().Alarms(), 18)
 	})
 
 	t.Run("dashboard shows the commit-to-apply latency", func(t *testing.T) {
@@ -500,6 +501,78 @@ func TestSluiceStack(t *testing.T) {
 		tmpl.HasResourceProperties(jsii.String("AWS::CloudWatch::Dashboard"), map[string]any{"DashboardBody": body})
 		require.Contains(t, fmt.Sprint(body.AsObject()), infra.MetricCommitToApplyLatency)
 		require.Contains(t, fmt.Sprint(body.AsObject()), infra.MetricOutboxOldestPendingAge)
+	})
+
+	migrateID := refID(props(resources(tmpl, infra.MigrationsResourceType)[firstKey(resources(tmpl, infra.MigrationsResourceType))])["ServiceToken"])
+	migrateRole := refID(props(resources(tmpl, "AWS::Lambda::Function")[migrateID])["Role"])
+
+	t.Run("only the migrations function can read the master secret", func(t *testing.T) {
+		master := map[string]bool{}
+		for id, a := range resources(tmpl, "AWS::SecretsManager::SecretTargetAttachment") {
+			master[id], master[refID(props(a)["SecretId"])] = true, true
+		}
+		require.Len(t, master, 2, "the generated secret and its attachment")
+		refersToMaster := func(v any) bool {
+			for _, r := range asList(v) {
+				if master[refID(r)] {
+					return true
+				}
+			}
+			return false
+		}
+		fns := resources(tmpl, "AWS::Lambda::Function")
+		require.Len(t, fns, 3)
+		for id, fn := range fns {
+			arn := env(fn)[lambdaenv.DatabaseSecretARN]
+			require.Equal(t, id == migrateID, master[refID(arn)], "%s logs in with %v", id, arn)
+		}
+		readers := map[string]bool{}
+		for id, pol := range resources(tmpl, "AWS::IAM::Policy") {
+			for _, st := range props(pol)["PolicyDocument"].(map[string]any)["Statement"].([]any) {
+				if refersToMaster(st.(map[string]any)["Resource"]) {
+					for _, r := range props(pol)["Roles"].([]any) {
+						readers[refID(r)] = true
+					}
+					require.Equal(t, []any{map[string]any{"Ref": migrateRole}}, props(pol)["Roles"], "policy %s grants the master secret", id)
+				}
+			}
+		}
+		require.Equal(t, map[string]bool{migrateRole: true}, readers, "the migrations function reads it")
+	})
+
+	t.Run("queue policy: only the topic sends to the consumer's queue", func(t *testing.T) {
+		topic := map[string]any{"Ref": firstKeyWithPrefix(resources(tmpl, "AWS::SNS::Topic"), "OutboxTopic")}
+		queue := assertions.NewCapture(nil)
+		tmpl.HasResourceProperties(jsii.String("AWS::SQS::QueuePolicy"), map[string]any{
+			"Queues": []any{queue},
+			"PolicyDocument": map[string]any{"Statement": assertions.Match_ArrayWith(&[]any{map[string]any{
+				"Sid": "OnlyTheTopicAndRedriversSend", "Effect": "Deny", "Action": "sqs:SendMessage", "Principal": map[string]any{"AWS": "*"},
+				"Resource": assertions.Match_AnyValue(), "Condition": map[string]any{"ArnNotEquals": map[string]any{"aws:SourceArn": topic}},
+			}})},
+		})
+		q := resources(tmpl, "AWS::SQS::Queue")[refID(queue.AsObject())]
+		require.Contains(t, props(q), "RedrivePolicy", "the consumer's queue, the one with a DLQ")
+	})
+
+	t.Run("partition maintenance: hourly, as the owner, after the migrations, alarmed", func(t *testing.T) {
+		target := assertions.NewCapture(nil)
+		tmpl.HasResource(jsii.String("AWS::Events::Rule"), map[string]any{
+			"Properties": map[string]any{"ScheduleExpression": "rate(1 hour)", "State": "ENABLED",
+				"Targets": []any{map[string]any{"Arn": target, "RetryPolicy": map[string]any{"MaximumEventAgeInSeconds": 3600.0, "MaximumRetryAttempts": 2.0}}}},
+			"DependsOn": assertions.Match_ArrayWith(&[]any{*s.GetLogicalId(s.Migrations().Resource().Node().DefaultChild().(awscdk.CfnElement))}),
+		})
+		require.Equal(t, migrateID, refID(target.AsObject()), "the migrations function, the one that owns the tables")
+		tmpl.HasResourceProperties(jsii.String("AWS::CloudWatch::Alarm"), map[string]any{
+			"Namespace": "AWS/Lambda", "MetricName": "Errors", "Period": 3600.0, "Threshold": 0.0, "ComparisonOperator": "GreaterThanThreshold",
+			"Dimensions":   []any{map[string]any{"Name": "FunctionName", "Value": map[string]any{"Ref": migrateID}}},
+			"AlarmActions": assertions.Match_AnyValue(),
+		})
+		require.Contains(t, s.Monitoring().Alarms(), "PartitionMaintenanceErrors")
+		fn := resources(tmpl, "AWS::Lambda::Function")[migrateID]
+		require.NotContains(t, env(fn), lambdaenv.OutboxRetention, "no retention asked: partitions are created ahead, none dropped")
+		for id, f := range resources(tmpl, "AWS::Lambda::Function") {
+			require.NotContains(t, env(f), lambdaenv.OutboxPartitionInterval, "%s: only the migrations function maintains partitions", id)
+		}
 	})
 
 	t.Run("IAM: no wildcard action on a wildcard resource", func(t *testing.T) {
@@ -550,21 +623,24 @@ func TestConstructsAlone(t *testing.T) {
 			MaxAttempts: 7, PublishTimeout: 5 * time.Second, Lease: 20 * time.Second, BackoffBase: 500 * time.Millisecond,
 			BackoffMax: 2 * time.Minute, OutageLimit: 6 * time.Hour, PollInterval: 100 * time.Millisecond, RescanInterval: 2 * time.Second},
 		OutboxRetention: 30 * 24 * time.Hour, OutboxPartitionInterval: 6 * time.Hour,
+		UseDatabaseSecret: true, // no Migrations: the relay maintains the partitions itself, as the owner
 	})
 	c := infra.NewConsumer(stack, "Billing", &infra.ConsumerProps{
-		Name:            "billing",
-		CodeDir:         assetDir(t, "consumer"),
-		Topic:           ob.Topic(),
-		Fifo:            true,
-		Network:         network,
-		Database:        db,
-		CommitMode:      infra.CommitBatched,
-		DeadlineMargin:  5 * time.Second,
-		StorePayload:    true,
-		Timeout:         time.Minute,
-		MaxReceiveCount: 3,
-		BatchSize:       5,
-		MaxConcurrency:  2,
+		Name:              "billing",
+		CodeDir:           assetDir(t, "consumer"),
+		Topic:             ob.Topic(),
+		Fifo:              true,
+		Network:           network,
+		Database:          db,
+		CommitMode:        infra.CommitBatched,
+		DeadlineMargin:    5 * time.Second,
+		StorePayload:      true,
+		Timeout:           time.Minute,
+		MaxReceiveCount:   3,
+		BatchSize:         5,
+		MaxConcurrency:    2,
+		UseDatabaseSecret: true,
+		Redrivers:         []string{"arn:aws:iam::111111111111:role/operator"},
 	})
 	infra.NewMonitoring(stack, "Monitoring", &infra.MonitoringProps{Outbox: ob, Consumers: []infra.Consumer{c}, OldestPendingAge: time.Minute,
 		NoAlarmDestination: true})
@@ -657,6 +733,22 @@ func TestConstructsAlone(t *testing.T) {
 			})},
 		})
 	})
+	t.Run("logging in with the database secret is an explicit choice, said at synth", func(t *testing.T) {
+		for _, w := range []string{"the relay logs in with Database.Secret", "the consumer's handler code logs in with Database.Secret"} {
+			assertions.Annotations_FromStack(stack).HasWarning(jsii.String("*"), assertions.Match_StringLikeRegexp(jsii.String(w)))
+		}
+	})
+	t.Run("the redrivers may send to the queue besides the topic", func(t *testing.T) {
+		condition := assertions.NewCapture(nil)
+		tmpl.HasResourceProperties(jsii.String("AWS::SQS::QueuePolicy"), map[string]any{
+			"PolicyDocument": map[string]any{"Statement": assertions.Match_ArrayWith(&[]any{assertions.Match_ObjectLike(&map[string]any{
+				"Sid": "OnlyTheTopicAndRedriversSend", "Effect": "Deny", "Condition": condition,
+			})})},
+		})
+		not := (*condition.AsObject())["ArnNotEquals"].(map[string]any)
+		require.Equal(t, []any{"arn:aws:iam::111111111111:role/operator"}, not["aws:PrincipalArn"])
+		require.Contains(t, not, "aws:SourceArn")
+	})
 	t.Run("IAM: no wildcard action on a wildcard resource", func(t *testing.T) {
 		requireNoWildcardGrants(t, tmpl)
 	})
@@ -679,10 +771,11 @@ func TestValidation(t *testing.T) {
 	standard := awssns.NewTopic(stack, jsii.String("Standard"), nil)
 	fifo := awssns.NewTopic(stack, jsii.String("Fifo"), &awssns.TopicProps{Fifo: jsii.Bool(true)})
 	code := assetDir(t, "fn")
-	ob := infra.NewOutbox(stack, "Outbox", &infra.OutboxProps{RelayCodeDir: code, Network: network, Database: db})
+	mig := infra.NewMigrations(stack, "Migrations", &infra.MigrationsProps{CodeDir: code, Network: network, Database: db, InboxRetention: 10 * 24 * time.Hour})
+	ob := infra.NewOutbox(stack, "Outbox", &infra.OutboxProps{RelayCodeDir: code, Network: network, Database: db, UseDatabaseSecret: true})
 	consumer := func(mod func(*infra.ConsumerProps)) func(id string) {
 		return func(id string) {
-			p := &infra.ConsumerProps{Name: "c", CodeDir: code, Topic: standard, Network: network, Database: db}
+			p := &infra.ConsumerProps{Name: "c", CodeDir: code, Topic: standard, Network: network, Database: db, UseDatabaseSecret: true}
 			mod(p)
 			infra.NewConsumer(stack, id, p)
 		}
@@ -716,8 +809,26 @@ func TestValidation(t *testing.T) {
 			infra.NewMonitoring(stack, id, &infra.MonitoringProps{Outbox: ob, QueueOldestMessageAge: -time.Minute, HeartbeatMissingMinutes: -2, NoAlarmDestination: true})
 		}, "HeartbeatMissingMinutes must not be negative, got -2\nQueueOldestMessageAge must not be negative, got -1m0s"},
 		{"relay concurrency below the schedule overlap", func(id string) {
-			infra.NewOutbox(stack, id, &infra.OutboxProps{RelayCodeDir: code, Network: network, Database: db, RelayTimeout: 5 * time.Minute, RelayReservedConcurrency: 2})
+			infra.NewOutbox(stack, id, &infra.OutboxProps{RelayCodeDir: code, Network: network, Database: db, RelayTimeout: 5 * time.Minute, RelayReservedConcurrency: 2, UseDatabaseSecret: true})
 		}, "RelayReservedConcurrency 2 is below the 5 overlapping invocations"},
+		{"a relay that would log in with the master secret unasked", func(id string) {
+			infra.NewOutbox(stack, id, &infra.OutboxProps{RelayCodeDir: code, Network: network, Database: db})
+		}, "Migrations is not set, so the relay would log in with Database.Secret (the owner's or master credentials): set Migrations"},
+		{"a consumer that would log in with the master secret unasked", consumer(func(p *infra.ConsumerProps) { p.UseDatabaseSecret = false }),
+			"Migrations is not set, so the consumer's handler code would log in with Database.Secret"},
+		{"the master secret and a role of its own at once", consumer(func(p *infra.ConsumerProps) { p.Migrations = mig }),
+			"UseDatabaseSecret and Migrations exclude each other"},
+		{"an inbox retention a redelivery outlives", consumer(func(p *infra.ConsumerProps) { p.UseDatabaseSecret, p.Migrations = false, mig }),
+			"the migrations' InboxRetention 240h0m0s is not longer than consumer c's dead-letter queues retention 336h0m0s"},
+		{"partition maintenance slower than the partitions fill", func(id string) {
+			infra.NewMigrations(stack, id, &infra.MigrationsProps{CodeDir: code, Network: network, Database: db,
+				MaintenanceSchedule: 2 * time.Hour, InboxPartitionInterval: time.Hour, OutboxRetention: -time.Hour})
+		}, "OutboxRetention must not be negative, got -1h0m0s\nInboxPartitionInterval 1h0m0s is shorter than MaintenanceSchedule 2h0m0s"},
+		{"an outbox partition interval the maintenance cannot keep up with", func(id string) {
+			infra.NewOutbox(stack, id, &infra.OutboxProps{RelayCodeDir: code, Network: network, Database: db, Migrations: mig, OutboxPartitionInterval: 30 * time.Minute})
+		}, "OutboxPartitionInterval 30m0s is shorter than the migrations' MaintenanceSchedule 1h0m0s"},
+		{"a redriver that is no ARN", consumer(func(p *infra.ConsumerProps) { p.Redrivers = []string{"operator"} }),
+			`Redrivers[0] "operator" is not an ARN`},
 		{"async commit mode without a processor", consumer(func(p *infra.ConsumerProps) { p.CommitMode = infra.CommitAsync }),
 			"CommitMode async needs the inbox processor, which these constructs do not deploy yet"},
 		{"a deadline margin the timeout cannot hold", consumer(func(p *infra.ConsumerProps) { p.Timeout, p.DeadlineMargin = 10*time.Second, 10*time.Second }),
@@ -725,11 +836,11 @@ func TestValidation(t *testing.T) {
 		{"a consumer name the Lambda would refuse", consumer(func(p *infra.ConsumerProps) { p.Name = "   " }),
 			"the consumer Lambda would refuse these settings at cold start: consumer settings: SLUICE_CONSUMER_NAME is required"},
 		{"partition settings out of range", func(id string) {
-			infra.NewOutbox(stack, id, &infra.OutboxProps{RelayCodeDir: code, Network: network, Database: db,
+			infra.NewOutbox(stack, id, &infra.OutboxProps{RelayCodeDir: code, Network: network, Database: db, UseDatabaseSecret: true,
 				OutboxRetention: -time.Hour, OutboxPartitionInterval: time.Nanosecond})
 		}, "OutboxRetention must not be negative, got -1h0m0s\nOutboxPartitionInterval: "},
 		{"relay settings out of range, each named", func(id string) {
-			infra.NewOutbox(stack, id, &infra.OutboxProps{RelayCodeDir: code, Network: network, Database: db,
+			infra.NewOutbox(stack, id, &infra.OutboxProps{RelayCodeDir: code, Network: network, Database: db, UseDatabaseSecret: true,
 				Relay: infra.RelaySettings{BatchSize: 20000, PublishTimeout: time.Minute, Lease: 30 * time.Second}})
 		}, "Relay: relay settings: SLUICE_RELAY_BATCH_SIZE: BatchSize must be between 1 and 10000, got 20000\nSLUICE_RELAY_LEASE: Lease (30s) must be longer than PublishTimeout (1m0s)"},
 		{"verify-full without a CA bundle", consumer(func(p *infra.ConsumerProps) { p.Database.CABundle = "" }),

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsevents"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awseventstargets"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssecretsmanager"
@@ -49,7 +51,38 @@ type MigrationsProps struct {
 	// rds.rds_superuser_reserved_connections (2), the secret rotation functions, and an operator's
 	// `sluice` and psql sessions. Defaults to 15.
 	ReservedConnections int
+
+	// MaintenanceSchedule is how often an EventBridge rule invokes the handler to maintain the
+	// partitions of a partitioned outbox_event and inbox_event, as their owner (the relay and
+	// consumer roles may not create or drop tables): it creates partitions ahead and, with a
+	// retention below, drops the expired ones; on plain tables it only reads the catalog.
+	// Between 1 minute and 24 hours, and at most the partition intervals. Defaults to
+	// DefaultMaintenanceSchedule (1 hour).
+	MaintenanceSchedule time.Duration
+	// OutboxRetention drops the partitions of a partitioned outbox_event whose rows were all
+	// published longer ago (SLUICE_OUTBOX_RETENTION). OutboxProps.OutboxRetention sets it too.
+	// Defaults to 0: nothing is dropped.
+	OutboxRetention time.Duration
+	// OutboxPartitionInterval is how long a new outbox partition should take to fill
+	// (SLUICE_OUTBOX_PARTITION_INTERVAL). Defaults to outbox.DefaultPartitionInterval (24h).
+	OutboxPartitionInterval time.Duration
+	// InboxRetention drops the partitions of a partitioned inbox_event whose rows were all
+	// processed longer ago (SLUICE_INBOX_RETENTION). A dropped message is no longer recognised
+	// as a duplicate, so it must be longer than every consumer queue's and DLQ's retention
+	// (NewConsumer checks). Defaults to 0: nothing is dropped.
+	InboxRetention time.Duration
+	// InboxPartitionInterval is the time one new inbox partition covers
+	// (SLUICE_INBOX_PARTITION_INTERVAL). Defaults to inbox.DefaultPartitionInterval (24h).
+	InboxPartitionInterval time.Duration
 }
+
+// DefaultMaintenanceSchedule is MigrationsProps.MaintenanceSchedule's default.
+const DefaultMaintenanceSchedule = time.Hour
+
+// MigrationsConnections is what the migrations function books of the connection budget: one
+// connection each for a deploy's custom resource event and a scheduled partition maintenance,
+// which may overlap.
+const MigrationsConnections = 2
 
 // DefaultReservedConnections is MigrationsProps.ReservedConnections's default.
 const DefaultReservedConnections = 15
@@ -66,16 +99,27 @@ type Migrations interface {
 	// constructs book their functions themselves. With MigrationsProps.MaxConnections it panics,
 	// showing the arithmetic, once the bookings reach MaxConnections − ReservedConnections.
 	UseConnections(what string, connections int)
+	// MaintenanceSchedule is the EventBridge rule that invokes Function to maintain the tables'
+	// partitions (MigrationsProps.MaintenanceSchedule).
+	MaintenanceSchedule() awsevents.Rule
 }
 
 type migrations struct {
 	constructs.Construct
 	fn       awslambda.Function
 	res      awscdk.CustomResource
+	rule     awsevents.Rule
 	roles    []any
 	bookings []booking
 	max      int
 	reserved int
+	// schedule and the partition settings, as the maintenance runs them (OutboxProps may set
+	// the outbox's later).
+	schedule                        time.Duration
+	outboxRetention, outboxInterval time.Duration
+	inboxRetention, inboxInterval   time.Duration
+	// proxies are the RDS Proxies already booked, by construct path: consumers may share one.
+	proxies map[string]bool
 }
 
 type booking struct {
@@ -83,9 +127,71 @@ type booking struct {
 	n    int
 }
 
-func (m *migrations) Function() awslambda.IFunction   { return m.fn }
-func (m *migrations) Resource() awscdk.CustomResource { return m.res }
+func (m *migrations) Function() awslambda.IFunction       { return m.fn }
+func (m *migrations) Resource() awscdk.CustomResource     { return m.res }
+func (m *migrations) MaintenanceSchedule() awsevents.Rule { return m.rule }
 
+// bookProxy books an RDS Proxy's share of max_connections (its MaxConnectionsPercent) once,
+// however many consumers connect through it.
+func (m *migrations) bookProxy(proxy constructs.IConstruct, percent int) {
+	path := *proxy.Node().Path()
+	if m.proxies[path] {
+		return
+	}
+	m.proxies[path] = true
+	if m.max == 0 {
+		m.UseConnections(fmt.Sprintf("RDS Proxy %s %d%% of max_connections (not set)", path, percent), 0)
+		return
+	}
+	m.UseConnections(fmt.Sprintf("RDS Proxy %s %d%% of max_connections %d", path, percent, m.max), m.max*percent/100)
+}
+
+// checkOutboxPartitions reports what OutboxProps' partition settings would conflict with.
+func (m *migrations) checkOutboxPartitions(retention, interval time.Duration) error {
+	var errs []error
+	if retention > 0 && m.outboxRetention > 0 && retention != m.outboxRetention {
+		errs = append(errs, fmt.Errorf("OutboxRetention %s differs from the migrations' OutboxRetention %s: set it in one place", retention, m.outboxRetention))
+	}
+	if interval > 0 && m.outboxInterval > 0 && interval != m.outboxInterval {
+		errs = append(errs, fmt.Errorf("OutboxPartitionInterval %s differs from the migrations' OutboxPartitionInterval %s: set it in one place", interval, m.outboxInterval))
+	}
+	if interval > 0 && interval < m.schedule {
+		errs = append(errs, fmt.Errorf("OutboxPartitionInterval %s is shorter than the migrations' MaintenanceSchedule %s: partitions would not be created ahead in time (new rows would go to the default partition)", interval, m.schedule))
+	}
+	return errors.Join(errs...)
+}
+
+// maintainOutbox hands OutboxProps' partition settings to the scheduled maintenance (checked
+// with checkOutboxPartitions).
+func (m *migrations) maintainOutbox(retention, interval time.Duration) {
+	if retention > 0 {
+		m.outboxRetention = retention
+	}
+	if interval > 0 {
+		m.outboxInterval = interval
+	}
+	env, _ := maintenanceEnvironment(m.outboxRetention, m.outboxInterval, m.inboxRetention, m.inboxInterval) // checked
+	for _, k := range sortedKeys(env) {
+		m.fn.AddEnvironment(jsii.String(k), jsii.String(env[k]), nil)
+	}
+}
+
+// checkInboxRetention refuses an inbox retention that is not longer than a queue's: a message
+// redelivered or redriven after its inbox row was dropped would be applied twice.
+func (m *migrations) checkInboxRetention(consumer string, queue, dlq time.Duration) error {
+	if m.inboxRetention <= 0 {
+		return nil
+	}
+	longest, what := queue, "queue"
+	if dlq > longest {
+		longest, what = dlq, "dead-letter queues"
+	}
+	if m.inboxRetention <= longest {
+		return fmt.Errorf("the migrations' InboxRetention %s is not longer than consumer %s's %s retention %s: a message redelivered or redriven after its inbox row was dropped would be applied twice",
+			m.inboxRetention, consumer, what, longest)
+	}
+	return nil
+}
 func (m *migrations) UseConnections(what string, n int) {
 	m.bookings = append(m.bookings, booking{what, n})
 	if m.max == 0 {
@@ -140,6 +246,7 @@ const RolesProperty = "Roles"
 
 func (p *MigrationsProps) withDefaults() MigrationsProps {
 	out := *p
+	out.MaintenanceSchedule = orDefault(out.MaintenanceSchedule, DefaultMaintenanceSchedule)
 	out.ReservedConnections = orDefault(out.ReservedConnections, DefaultReservedConnections)
 	out.Timeout = orDefault(out.Timeout, 5*time.Minute)
 	out.ServiceTimeout = orDefault(out.ServiceTimeout, out.Timeout+5*time.Minute)
@@ -158,6 +265,28 @@ func (p *MigrationsProps) validate() error {
 	if p.ServiceTimeout <= p.Timeout || p.ServiceTimeout > time.Hour {
 		errs = append(errs, fmt.Errorf("ServiceTimeout must be longer than Timeout (%s) and at most 1h, got %s", p.Timeout, p.ServiceTimeout))
 	}
+	if p.MaintenanceSchedule < time.Minute || p.MaintenanceSchedule > 24*time.Hour || p.MaintenanceSchedule%time.Minute != 0 {
+		errs = append(errs, fmt.Errorf("MaintenanceSchedule must be whole minutes between 1m and 24h, got %s", p.MaintenanceSchedule))
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"OutboxRetention", p.OutboxRetention}, {"OutboxPartitionInterval", p.OutboxPartitionInterval}, {"InboxRetention", p.InboxRetention}, {"InboxPartitionInterval", p.InboxPartitionInterval}} {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("%s must not be negative, got %s", d.name, d.v))
+		}
+	}
+	if _, err := maintenanceEnvironment(max(p.OutboxRetention, 0), max(p.OutboxPartitionInterval, 0), max(p.InboxRetention, 0), max(p.InboxPartitionInterval, 0)); err != nil {
+		errs = append(errs, err)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"OutboxPartitionInterval", p.OutboxPartitionInterval}, {"InboxPartitionInterval", p.InboxPartitionInterval}} {
+		if d.v > 0 && d.v < p.MaintenanceSchedule {
+			errs = append(errs, fmt.Errorf("%s %s is shorter than MaintenanceSchedule %s: partitions would not be created ahead in time (new rows would go to the default partition)", d.name, d.v, p.MaintenanceSchedule))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -167,7 +296,14 @@ func NewMigrations(scope constructs.Construct, id string, props *MigrationsProps
 	p := props.withDefaults()
 	invalid("Migrations", id, p.validate())
 
-	m := &migrations{max: p.MaxConnections, reserved: p.ReservedConnections}
+	m := &migrations{max: p.MaxConnections, reserved: p.ReservedConnections, schedule: p.MaintenanceSchedule,
+		outboxRetention: p.OutboxRetention, outboxInterval: p.OutboxPartitionInterval,
+		inboxRetention: p.InboxRetention, inboxInterval: p.InboxPartitionInterval, proxies: map[string]bool{}}
+	env, _ := maintenanceEnvironment(p.OutboxRetention, p.OutboxPartitionInterval, p.InboxRetention, p.InboxPartitionInterval) // validated
+	fnEnv := map[string]*string{}
+	for _, k := range sortedKeys(env) {
+		fnEnv[k] = jsii.String(env[k])
+	}
 	constructs.NewConstruct_Override(m, scope, &id) // m itself is the jsii construct, so it can be passed to CDK APIs
 	this := m
 	m.fn = newGoFunction(this, "Function", goFunctionProps{
@@ -178,6 +314,7 @@ func NewMigrations(scope constructs.Construct, id string, props *MigrationsProps
 		network:      p.Network,
 		database:     p.Database,
 		logRetention: p.LogRetention,
+		environment:  fnEnv,
 		// CloudFormation's response goes to a presigned S3 URL: the S3 gateway endpoint (or NAT).
 		httpsAnywhere: true,
 	})
@@ -199,11 +336,23 @@ func NewMigrations(scope constructs.Construct, id string, props *MigrationsProps
 			m.res.Node().AddDependency(sg)
 		}
 	}
+	// The scheduled partition maintenance: the handler tells a scheduled event from a
+	// CloudFormation request. It starts once the migrations ran (the tables exist). A failed
+	// run is retried by Lambda's asynchronous invocation; the next one comes at the next tick.
+	m.rule = awsevents.NewRule(this, jsii.String("PartitionMaintenance"), &awsevents.RuleProps{
+		Description: jsii.String(fmt.Sprintf("Maintains the partitions of a partitioned outbox_event and inbox_event every %s (sluice migrations function, as the owner).", p.MaintenanceSchedule)),
+		Schedule:    awsevents.Schedule_Rate(awscdk.Duration_Minutes(jsii.Number(p.MaintenanceSchedule.Minutes()))),
+		Targets: &[]awsevents.IRuleTarget{awseventstargets.NewLambdaFunction(m.fn, &awseventstargets.LambdaFunctionProps{
+			RetryAttempts: jsii.Number(2),
+			MaxEventAge:   seconds(p.MaintenanceSchedule),
+		})},
+	})
+	m.rule.Node().AddDependency(m.res)
 	suppressLambdaFindings(m.fn)
 	if p.MaxConnections == 0 {
 		awscdk.Annotations_Of(m).AddWarningV2(jsii.String("sluice:connectionBudget"), jsii.String(
 			"MaxConnections is not set: the database connections of the sluice functions are not checked against max_connections"), nil)
 	}
-	m.UseConnections("migrations 1 × 1", 1)
+	m.UseConnections(fmt.Sprintf("migrations %d (a deploy and a scheduled partition maintenance) × 1", MigrationsConnections), MigrationsConnections)
 	return m
 }

@@ -24,6 +24,9 @@ type MonitoringProps struct {
 	Outbox Outbox
 	// Consumers are the consumers to watch. Optional.
 	Consumers []Consumer
+	// Migrations adds the alarm on its function's errors: the scheduled partition maintenance
+	// failing (a failed migration fails the deploy instead). Optional.
+	Migrations Migrations
 	// AlarmTopic receives every alarm's ALARM and OK notifications. Defaults to a new
 	// KMS-encrypted topic that CloudWatch may publish to.
 	AlarmTopic awssns.ITopic
@@ -154,8 +157,8 @@ func (p *MonitoringProps) validate() error {
 			errs = append(errs, errors.New("Database thresholds must not be negative"))
 		}
 	}
-	if p.Outbox == nil && len(p.Consumers) == 0 {
-		errs = append(errs, errors.New("nothing to monitor: set Outbox or Consumers"))
+	if p.Outbox == nil && len(p.Consumers) == 0 && p.Migrations == nil {
+		errs = append(errs, errors.New("nothing to monitor: set Outbox, Consumers or Migrations"))
 	}
 	return errors.Join(errs...)
 }
@@ -289,6 +292,15 @@ func NewMonitoring(scope constructs.Construct, id string, props *MonitoringProps
 			graph("Consumer "+n+": Lambda errors and throttles", []awscloudwatch.IMetric{c.Function().MetricErrors(fiveMin), c.Function().MetricThrottles(fiveMin)}, nil),
 			graph("Consumer "+n+": Lambda duration p99 (ms)", []awscloudwatch.IMetric{c.Function().MetricDuration(&awscloudwatch.MetricOptions{Statistic: jsii.String("p99")})}, nil),
 		)
+	}
+
+	if mig := p.Migrations; mig != nil {
+		// The function answers CloudFormation's requests without failing (their outcome is the
+		// deploy's), so its errors are the scheduled maintenance's. One-hour periods: the
+		// schedule's, so a failing maintenance keeps the alarm raised until a run succeeds.
+		hourly := &awscloudwatch.MetricOptions{Period: awscdk.Duration_Hours(jsii.Number(1)), Statistic: jsii.String("Sum")}
+		alarm("PartitionMaintenanceErrors", "The scheduled partition maintenance (migrations function) failed: partitions are not created ahead or expired ones not dropped.",
+			mig.Function().MetricErrors(hourly), gt, 0, 1, notBreaching)
 	}
 
 	if d := p.Database; d != nil {

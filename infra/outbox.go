@@ -46,9 +46,14 @@ type OutboxProps struct {
 	// Migrations, when set, creates the relay's own database role (DatabaseRole; read and update
 	// outbox_event, read outbox_control) with its own rotated secret, so the relay never logs in
 	// as Database.Secret's user; the relay is created after the migrations ran, and its
-	// connections are booked against the migrations' connection budget. Without, the relay logs
-	// in with Database.Secret. Recommended.
+	// connections are booked against the migrations' connection budget. Required unless
+	// UseDatabaseSecret.
 	Migrations Migrations
+	// UseDatabaseSecret makes the relay log in with Database.Secret itself (typically the owner
+	// or the master user) instead of a role of its own. It is the explicit choice for a stack
+	// without Migrations: synthesis fails when neither is set, and warns when this is. Defaults
+	// to false.
+	UseDatabaseSecret bool
 	// DatabaseRole is the relay's role name with Migrations. Defaults to "sluice_relay".
 	DatabaseRole string
 	// Publishers are further IAM principal ARNs (roles) allowed to publish to the topic, e.g. an
@@ -92,11 +97,14 @@ type OutboxProps struct {
 	// the relay Lambda read from the environment. Defaults to the relay's own defaults.
 	Relay RelaySettings
 	// OutboxRetention is the retention of a partitioned outbox_event (SLUICE_OUTBOX_RETENTION):
-	// each relay invocation drops the partitions whose rows were all published longer ago. A
-	// plain outbox_event is never changed. Defaults to 0: nothing is dropped.
+	// partition maintenance drops the partitions whose rows were all published longer ago. With
+	// Migrations it is the migrations function's scheduled maintenance
+	// (MigrationsProps.OutboxRetention, which this sets); with UseDatabaseSecret each relay
+	// invocation maintains the partitions itself, as Database.Secret's user. A plain
+	// outbox_event is never changed. Defaults to 0: nothing is dropped.
 	OutboxRetention time.Duration
 	// OutboxPartitionInterval is how long a new partition of a partitioned outbox_event should
-	// take to fill (SLUICE_OUTBOX_PARTITION_INTERVAL). Defaults to the relay's default,
+	// take to fill (SLUICE_OUTBOX_PARTITION_INTERVAL), for the same maintenance. Defaults to
 	// outbox.DefaultPartitionInterval (24h).
 	OutboxPartitionInterval time.Duration
 	// LogRetention is the relay log group's retention. Defaults to one month.
@@ -177,6 +185,19 @@ func (p *OutboxProps) validate() error {
 			errs = append(errs, fmt.Errorf("OutboxPartitionInterval: %w", err))
 		}
 	}
+	switch {
+	case p.Migrations == nil && !p.UseDatabaseSecret:
+		errs = append(errs, errors.New("Migrations is not set, so the relay would log in with Database.Secret (the owner's or master credentials): "+
+			"set Migrations to give the relay a role of its own (recommended), or UseDatabaseSecret to log in with Database.Secret knowingly"))
+	case p.Migrations != nil && p.UseDatabaseSecret:
+		errs = append(errs, errors.New("UseDatabaseSecret and Migrations exclude each other: with Migrations the relay logs in with its own role"))
+	case p.Migrations != nil:
+		if m, ok := p.Migrations.(*migrations); ok {
+			if err := m.checkOutboxPartitions(p.OutboxRetention, p.OutboxPartitionInterval); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
 	seen := map[string]bool{}
 	for _, t := range p.LogicalTopics {
 		if t == "" {
@@ -251,15 +272,22 @@ func NewOutbox(scope constructs.Construct, id string, props *OutboxProps) Outbox
 	for _, k := range sortedKeys(settings) {
 		env[k] = jsii.String(settings[k])
 	}
-	if p.OutboxRetention > 0 {
-		env[lambdaenv.OutboxRetention] = jsii.String(p.OutboxRetention.String())
-	}
-	if p.OutboxPartitionInterval > 0 {
-		env[lambdaenv.OutboxPartitionInterval] = jsii.String(p.OutboxPartitionInterval.String())
+	if p.Migrations == nil {
+		// Logged in as Database.Secret's user (UseDatabaseSecret), the relay maintains a
+		// partitioned outbox itself: setting the interval is what asks it to.
+		if p.OutboxRetention > 0 {
+			env[lambdaenv.OutboxRetention] = jsii.String(p.OutboxRetention.String())
+		}
+		env[lambdaenv.OutboxPartitionInterval] = jsii.String(orDefault(p.OutboxPartitionInterval, sluiceoutbox.DefaultPartitionInterval).String())
+		awscdk.Annotations_Of(this).AddWarningV2(jsii.String("sluice:relayUsesDatabaseSecret"), jsii.String(
+			"UseDatabaseSecret: the relay logs in with Database.Secret, not a role of its own; set Migrations to give it one"), nil)
 	}
 
 	var roleSecret awssecretsmanager.ISecret
 	if p.Migrations != nil {
+		// The relay's role may not create or drop tables: the migrations function, which logs
+		// in as the owner, maintains the partitions on its schedule.
+		p.Migrations.(*migrations).maintainOutbox(p.OutboxRetention, p.OutboxPartitionInterval)
 		role := NewDatabaseRole(this, "DatabaseRole", &DatabaseRoleProps{
 			Migrations: p.Migrations, Name: p.DatabaseRole, Kind: RoleRelay, Network: p.Network, Database: p.Database,
 		})

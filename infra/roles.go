@@ -18,7 +18,7 @@ import (
 const (
 	// RoleRelay may read outbox_event and update its rows, and read outbox_control.
 	RoleRelay = "relay"
-	// RoleConsumer may read, insert and update the inbox_event rows of its consumer name (row
+	// RoleConsumer may read, insert, update and delete the inbox_event rows of its consumer name (row
 	// level security), plus its Grants.
 	RoleConsumer = "consumer"
 )

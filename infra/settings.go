@@ -1,6 +1,7 @@
 package infra
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"strconv"
@@ -89,6 +90,28 @@ func consumerEnvironment(p *ConsumerProps) (map[string]string, error) {
 	maps.Copy(env, lambdaenv.ConsumerEnvironment(inbox.Config{DeadlineMargin: p.DeadlineMargin, StorePayload: p.StorePayload}))
 	if _, err := lambdaenv.ConsumerConfig(func(k string) string { return env[k] }); err != nil {
 		return nil, fmt.Errorf("the consumer Lambda would refuse these settings at cold start: %w", err)
+	}
+	return env, nil
+}
+
+// maintenanceEnvironment returns the migrations function's partition maintenance variables
+// (zero durations are left unset), checked by the function's own readers
+// (lambdaenv.OutboxPartitions, InboxPartitions): an error is what its cold start would refuse.
+func maintenanceEnvironment(outboxRetention, outboxInterval, inboxRetention, inboxInterval time.Duration) (map[string]string, error) {
+	env := map[string]string{}
+	for k, d := range map[string]time.Duration{
+		lambdaenv.OutboxRetention: outboxRetention, lambdaenv.OutboxPartitionInterval: outboxInterval,
+		lambdaenv.InboxRetention: inboxRetention, lambdaenv.InboxPartitionInterval: inboxInterval,
+	} {
+		if d > 0 {
+			env[k] = d.String()
+		}
+	}
+	get := func(k string) string { return env[k] }
+	_, oerr := lambdaenv.OutboxPartitions(get)
+	_, ierr := lambdaenv.InboxPartitions(get)
+	if err := errors.Join(oerr, ierr); err != nil {
+		return nil, fmt.Errorf("partition maintenance: %w", err)
 	}
 	return env, nil
 }

@@ -24,9 +24,13 @@ type ExistingDatabase struct {
 	SecurityGroupID string
 	// Port is the database port. Defaults to 5432.
 	Port int
-	// MaxConnections is the database's max_connections, for the synth-time connection check.
-	// Defaults to 0: not checked (synthesis warns).
+	// MaxConnections is the database's max_connections, for the synth-time connection check
+	// and the connections alarm. Defaults to 0: not checked (synthesis warns).
 	MaxConnections int
+	// InstanceIdentifier is the RDS DB instance identifier, for the database alarms (CPU,
+	// memory, storage, connections with MaxConnections, transaction ID age). Defaults to none:
+	// no database alarms.
+	InstanceIdentifier string
 }
 
 // SluiceStackProps configure the example stack.
@@ -51,8 +55,9 @@ type SluiceStackProps struct {
 	MaxConnections int
 	// NatGateways is the number of NAT gateways. The functions reach AWS through interface VPC
 	// endpoints (Secrets Manager, SNS) and the S3 gateway endpoint, so they need none; with
-	// NatGateways > 0 the Lambda subnets get a route to the internet too (handler code that
-	// calls other services). Defaults to 0.
+	// NatGateways > 0 the Lambda subnets get a route to the internet too, and the consumer's
+	// security group allows HTTPS to any address (handler code that calls other services;
+	// ConsumerProps.HTTPSToAnywhere). The relay's still allows only the endpoints. Defaults to 0.
 	NatGateways int
 	// ConsumerProxy puts an RDS Proxy between the example consumer and the database. Defaults to false.
 	ConsumerProxy bool
@@ -61,6 +66,13 @@ type SluiceStackProps struct {
 	CABundle string
 	// Publishers are IAM role ARNs allowed to publish to the topic besides the relay (OutboxProps.Publishers).
 	Publishers []string
+	// Redrivers are IAM role ARNs allowed to send to the consumer's queue besides the topic,
+	// e.g. the operator role of `sluice redrive` (ConsumerProps.Redrivers).
+	Redrivers []string
+	// OutboxRetention and InboxRetention are the retentions of a partitioned outbox_event and
+	// inbox_event, applied by the migrations function's hourly partition maintenance
+	// (MigrationsProps). Default to 0: partitions are created ahead, none is dropped.
+	OutboxRetention, InboxRetention time.Duration
 
 	// Fifo makes the topic and the consumer's queues FIFO. Defaults to standard.
 	Fifo bool
@@ -145,6 +157,9 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 	if p.ConsumerProxy && p.Database != nil {
 		errs = append(errs, errors.New("ConsumerProxy needs the stack's own database (a proxy targets an instance)"))
 	}
+	if d := p.Database; d != nil && d.InstanceIdentifier != "" && d.MaxConnections == 0 {
+		errs = append(errs, errors.New("Database.InstanceIdentifier needs Database.MaxConnections (the connections alarm is a share of it)"))
+	}
 	invalid("SluiceStack", id, errs...)
 	p.ConsumerName = orDefault(p.ConsumerName, "example")
 	if p.InstanceType == nil && p.Database == nil {
@@ -166,7 +181,8 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 
 	db := Database{CABundle: p.CABundle}
 	var dbDeps []constructs.IConstruct
-	var instance awsrds.DatabaseInstance
+	var instance awsrds.IDatabaseInstance
+	var ownInstance awsrds.DatabaseInstance // the stack's own, for an RDS Proxy
 	maxConnections := p.MaxConnections
 	if d := p.Database; d != nil {
 		s.secret = awssecretsmanager.Secret_FromSecretAttributes(stack, jsii.String("DatabaseSecret"), &awssecretsmanager.SecretAttributes{
@@ -183,21 +199,30 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 			})
 		}
 		maxConnections = d.MaxConnections
+		if d.InstanceIdentifier != "" {
+			// Only its metrics are used: the alarms' DBInstanceIdentifier dimension.
+			instance = awsrds.DatabaseInstance_FromDatabaseInstanceAttributes(stack, jsii.String("Database"), &awsrds.DatabaseInstanceAttributes{
+				InstanceIdentifier:      jsii.String(d.InstanceIdentifier),
+				InstanceEndpointAddress: s.secret.SecretValueFromJson(jsii.String("host")).UnsafeUnwrap(),
+				Port:                    jsii.Number(float64(orDefault(d.Port, 5432))),
+				SecurityGroups:          &[]awsec2.ISecurityGroup{},
+			})
+		}
 	} else {
-		var sg awsec2.SecurityGroup
-		instance, sg = newDatabase(stack, network, p)
-		s.secret = instance.Secret()
+		created, sg := newDatabase(stack, network, p)
+		instance, ownInstance = created, created
+		s.secret = created.Secret()
 		db.Secret = s.secret
-		db.Connections = instance
-		dbDeps = append(dbDeps, instance, sg)
+		db.Connections = created
+		dbDeps = append(dbDeps, created, sg)
 		awscdk.NewCfnOutput(stack, jsii.String("DatabaseEndpoint"), &awscdk.CfnOutputProps{
 			Description: jsii.String("PostgreSQL endpoint (private; reachable from the Lambdas' security groups only)"),
-			Value:       instance.DbInstanceEndpointAddress(),
+			Value:       created.DbInstanceEndpointAddress(),
 		})
 	}
 
 	s.migrations = NewMigrations(stack, "Migrations", &MigrationsProps{CodeDir: p.MigrateCodeDir, Network: network, Database: db,
-		MaxConnections: maxConnections})
+		MaxConnections: maxConnections, OutboxRetention: p.OutboxRetention, InboxRetention: p.InboxRetention})
 	for _, d := range dbDeps {
 		s.migrations.Resource().Node().AddDependency(d)
 	}
@@ -224,6 +249,10 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 		CommitMode:     p.ConsumerCommitMode,
 		DeadlineMargin: p.ConsumerDeadlineMargin,
 		StorePayload:   p.ConsumerStorePayload,
+		Redrivers:      p.Redrivers,
+		// With NAT, the VPC routes to the internet for handler code that calls other services;
+		// the relay and the migrations still reach only what they call.
+		HTTPSToAnywhere: p.VpcID == "" && p.NatGateways > 0,
 	}
 	if p.ConsumerProxy {
 		role := NewDatabaseRole(stack, "ConsumerDatabaseRole", &DatabaseRoleProps{
@@ -231,13 +260,14 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 			Grants: consumerProps.DatabaseGrants, Network: network, Database: db,
 		})
 		consumerProps.DatabaseRole, consumerProps.DatabaseGrants = role, nil
-		consumerProps.Proxy = newConsumerProxy(stack, network, instance, role, s.migrations, maxConnections)
+		consumerProps.Proxy, consumerProps.ProxyMaxConnectionsPercent = newConsumerProxy(stack, network, ownInstance, role)
 	}
 	s.consumer = NewConsumer(stack, "Consumer", consumerProps)
 
 	mon := &MonitoringProps{
 		Outbox:             s.outbox,
 		Consumers:          []Consumer{s.consumer},
+		Migrations:         s.migrations,
 		AlarmEmail:         p.AlarmEmail,
 		NoAlarmDestination: p.NoAlarmDestination,
 	}
@@ -314,8 +344,8 @@ func newNetwork(stack awscdk.Stack, natGateways int) Network {
 }
 
 // newConsumerProxy creates an RDS Proxy for the consumer role (TLS required, its secret only)
-// and books its share of the database's connections.
-func newConsumerProxy(stack awscdk.Stack, network Network, instance awsrds.DatabaseInstance, role DatabaseRole, mig Migrations, maxConnections int) awsrds.DatabaseProxy {
+// and returns it with its share of the database's connections (the consumer books it).
+func newConsumerProxy(stack awscdk.Stack, network Network, instance awsrds.DatabaseInstance, role DatabaseRole) (awsrds.DatabaseProxy, int) {
 	const percent = 25
 	sg := awsec2.NewSecurityGroup(stack, jsii.String("ConsumerProxySecurityGroup"), &awsec2.SecurityGroupProps{
 		Vpc:              network.Vpc,
@@ -335,8 +365,7 @@ func newConsumerProxy(stack awscdk.Stack, network Network, instance awsrds.Datab
 		BorrowTimeout: awscdk.Duration_Seconds(jsii.Number(30)),
 	})
 	instance.Connections().AllowDefaultPortFrom(sg, jsii.String("sluice consumer RDS Proxy to PostgreSQL"))
-	mig.UseConnections(fmt.Sprintf("consumer RDS Proxy %d%% of max_connections %d", percent, maxConnections), maxConnections*percent/100)
-	return proxy
+	return proxy, percent
 }
 
 func newDatabase(stack awscdk.Stack, network Network, p SluiceStackProps) (awsrds.DatabaseInstance, awsec2.SecurityGroup) {

@@ -9,18 +9,25 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sluicehq/sluice/migrations"
+	"github.com/sluicehq/sluice/pkg/inbox"
 	"github.com/sluicehq/sluice/pkg/lambdaenv"
+	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
 // PhysicalResourceID names the migrations resource. It never changes, so an Update never makes
 // CloudFormation delete the "old" resource.
 const PhysicalResourceID = "sluice-migrations"
 
-// handler applies the migrations and the functions' roles for CloudFormation events.
+// handler applies the migrations and the functions' roles for CloudFormation events, and
+// maintains the tables' partitions for scheduled events (maintain.go).
 type handler struct {
 	getenv  lambdaenv.Getenv
 	secrets secretStore
 	log     *slog.Logger
+	// outboxPartitions and inboxPartitions tune the scheduled partition maintenance (nil: the
+	// libraries' defaults, which create partitions ahead and drop nothing).
+	outboxPartitions *outbox.PartitionOptions
+	inboxPartitions  *inbox.PartitionOptions
 }
 
 // Handle applies the migrations, then creates or updates the roles of the Roles property, on

@@ -6,16 +6,22 @@
 // Manager secret in DATABASE_SECRET_ARN (or DATABASE_URL), read on every event, and answers
 // CloudFormation by PUTting to the event's ResponseURL (aws-lambda-go's cfn.LambdaWrap).
 //
+// Invoked by an EventBridge scheduled event instead, it maintains the partitions of a
+// partitioned outbox_event and inbox_event (creates them ahead; with SLUICE_OUTBOX_RETENTION or
+// SLUICE_INBOX_RETENTION drops the expired ones; SLUICE_OUTBOX_PARTITION_INTERVAL and
+// SLUICE_INBOX_PARTITION_INTERVAL size new ones), as the owner that may; plain tables are left
+// alone. A failed maintenance fails the invocation, so the function's Errors metric alarms.
+//
 // Build: GOOS=linux GOARCH=arm64 CGO_ENABLED=0 go build -tags lambda.norpc -trimpath -o bin/migrate/bootstrap ./lambdas/migrate
 package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 
-	"github.com/aws/aws-lambda-go/cfn"
 	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
@@ -30,18 +36,25 @@ func main() {
 		log.Error("migrate cold start failed", "error", err)
 		os.Exit(1)
 	}
-	lambda.Start(cfn.LambdaWrap(h.Handle))
+	lambda.Start(h.Invoke)
 }
 
-// wire checks that a database is configured and builds the Secrets Manager client once per
-// cold start; the secret itself is read on every event.
+// wire checks that a database is configured, reads the partition maintenance settings and
+// builds the Secrets Manager client once per cold start; the secret itself is read on every
+// event.
 func wire(ctx context.Context, getenv lambdaenv.Getenv, log *slog.Logger) (*handler, error) {
 	if getenv(lambdaenv.DatabaseURL) == "" && getenv(lambdaenv.DatabaseSecretARN) == "" {
 		return nil, fmt.Errorf("no database configured: set %s, or %s to an RDS Secrets Manager secret", lambdaenv.DatabaseURL, lambdaenv.DatabaseSecretARN)
+	}
+	outboxParts, oerr := lambdaenv.OutboxPartitions(getenv)
+	inboxParts, ierr := lambdaenv.InboxPartitions(getenv)
+	if err := errors.Join(oerr, ierr); err != nil {
+		return nil, err
 	}
 	awsCfg, err := config.LoadDefaultConfig(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("load AWS config: %w", err)
 	}
-	return &handler{getenv: getenv, secrets: secretsmanager.NewFromConfig(awsCfg), log: log}, nil
+	return &handler{getenv: getenv, secrets: secretsmanager.NewFromConfig(awsCfg), log: log,
+		outboxPartitions: outboxParts, inboxPartitions: inboxParts}, nil
 }

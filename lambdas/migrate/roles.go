@@ -26,8 +26,9 @@ const (
 	// KindRelay may read outbox_event and update its rows (publication and relay bookkeeping),
 	// and read outbox_control. Nothing else.
 	KindRelay = "relay"
-	// KindConsumer may read, insert and update inbox_event rows of its own consumer name (row
-	// level security), plus the grants it declares.
+	// KindConsumer may read, insert, update and delete inbox_event rows of its own consumer name
+	// (row level security), plus the grants it declares. The batched commit mode deletes the
+	// rows it inserted for records that did not finish before it commits.
 	KindConsumer = "consumer"
 )
 
@@ -342,7 +343,9 @@ func applyRole(ctx context.Context, tx pgx.Tx, r Role, password string) error {
 			return err
 		}
 		sqls = append(sqls,
-			"GRANT SELECT, INSERT, UPDATE ON TABLE inbox_event TO "+ident,
+			// DELETE: the batched mode removes the inbox rows of a batch's failed records before
+			// its commit (pkg/inbox, deleteFree); row level security keeps it to its own rows.
+			"GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE inbox_event TO "+ident,
 			// The owner (the migrations' role) is exempt; every other role sees only what a
 			// policy gives it.
 			"ALTER TABLE inbox_event ENABLE ROW LEVEL SECURITY",

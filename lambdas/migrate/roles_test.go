@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-lambda-go/cfn"
+	"github.com/aws/aws-lambda-go/events"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 	"github.com/jackc/pgx/v5"
@@ -25,6 +26,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/emf"
 	"github.com/sluicehq/sluice/internal/testdb"
+	"github.com/sluicehq/sluice/pkg/inbox"
 	"github.com/sluicehq/sluice/pkg/lambdaenv"
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
@@ -210,6 +212,9 @@ func TestRolesGrantEachFunctionOnlyWhatItNeeds(t *testing.T) {
 		tag, err := c.Exec(ctx, `UPDATE inbox_event SET last_error = 'x' WHERE consumer = 'audit'`)
 		require.NoError(t, err)
 		require.Zero(t, tag.RowsAffected(), "another consumer's rows cannot be changed")
+		tag, err = c.Exec(ctx, `DELETE FROM inbox_event WHERE consumer = 'audit'`)
+		require.NoError(t, err)
+		require.Zero(t, tag.RowsAffected(), "another consumer's rows cannot be deleted")
 		_, err = c.Exec(ctx, `INSERT INTO inbox_event (consumer, message_id, event_type) VALUES ('audit', 'm-forged', 'OrderCreated')`)
 		requireSQLState(t, err, "42501", "no rows in another consumer's name (row level security)")
 
@@ -312,4 +317,147 @@ type acceptAll struct{}
 
 func (acceptAll) PublishBatch(_ context.Context, _ string, events []*outbox.Event) []error {
 	return make([]error, len(events))
+}
+
+// consumerRecord is a raw-delivery SQS record of event type Invoiced whose handler inserts an
+// invoice row and fails when the body says so.
+func consumerRecord(id string, fail bool) events.SQSMessage {
+	body := fmt.Sprintf(`{"order":%q,"fail":%t}`, id, fail)
+	attr := func(v string) events.SQSMessageAttribute {
+		return events.SQSMessageAttribute{DataType: "String", StringValue: aws.String(v)}
+	}
+	return events.SQSMessage{MessageId: "sqs-" + id, Body: body, EventSource: "aws:sqs",
+		Attributes: map[string]string{"ApproximateReceiveCount": "1"},
+		MessageAttributes: map[string]events.SQSMessageAttribute{
+			"messageId": attr(id), "eventType": attr("Invoiced"), "aggregateType": attr("order"), "aggregateId": attr(id),
+		}}
+}
+
+// invoicing is the consumer's handler: an effect in a service table, then a failure on demand.
+func invoicing(ctx context.Context, tx pgx.Tx, msg inbox.Message) error {
+	v, err := inbox.Decode[struct {
+		Order string `json:"order"`
+		Fail  bool   `json:"fail"`
+	}](msg)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO invoice (order_id, cents) VALUES ($1, 100)`, v.Order); err != nil {
+		return err
+	}
+	if v.Fail {
+		return errors.New("scripted failure")
+	}
+	return nil
+}
+
+// What the roles allow is what the real functions need, on plain and on partitioned tables: an
+// inbox.Consumer logged in as the consumer's role applies a batch with a failing record in both
+// synchronous commit modes (the batched mode deletes the failed record's inbox row before its
+// commit), and an outbox relay logged in as the relay's role publishes.
+func TestRolesRunTheRealConsumerAndRelay(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := testdb.EmptyURL(t)
+	admin, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	_, err = admin.Exec(ctx, `CREATE TABLE invoice (order_id text PRIMARY KEY, cents int NOT NULL)`)
+	require.NoError(t, err)
+
+	suffix := fmt.Sprint(time.Now().UnixNano())
+	relay, billing := "sluice_relay_real_"+suffix, "sluice_billing_real_"+suffix
+	book := &secretBook{secrets: map[string]string{}}
+	for _, r := range []string{relay, billing} {
+		book.secrets["arn:"+r] = fmt.Sprintf(`{"username":%q,"password":"pw"}`, r)
+		t.Cleanup(func() {
+			c, err := pgx.Connect(context.Background(), dbURL)
+			if err == nil {
+				_, _ = c.Exec(context.Background(), "DROP OWNED BY "+r)
+				c.Close(context.Background())
+			}
+		})
+	}
+	h := &handler{getenv: func(k string) string { return map[string]string{lambdaenv.DatabaseURL: dbURL}[k] }, secrets: book, log: slog.New(slog.DiscardHandler)}
+	ev := createEvent(t)
+	ev.ResourceProperties = map[string]any{RolesProperty: []any{
+		map[string]any{"Name": relay, "Kind": KindRelay, "SecretArn": "arn:" + relay},
+		map[string]any{"Name": billing, "Kind": KindConsumer, "SecretArn": "arn:" + billing, "Consumer": "billing",
+			"Grants": []any{map[string]any{"Table": "invoice", "Privileges": []any{"INSERT"}}}},
+	}}
+	_, _, err = h.Handle(ctx, ev)
+	require.NoError(t, err)
+
+	poolAs := func(t *testing.T, role string) *pgxpool.Pool {
+		u, err := url.Parse(dbURL)
+		require.NoError(t, err)
+		u.User = url.User(role)
+		pool, err := pgxpool.New(ctx, u.String())
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		return pool
+	}
+	consumerPool, relayPool := poolAs(t, billing), poolAs(t, relay)
+	router := inbox.NewRouter(inbox.FailUnknown)
+	router.Handle("Invoiced", invoicing)
+
+	run := func(t *testing.T, layout string) {
+		for _, mode := range []inbox.Mode{inbox.PerRecord, inbox.Batched} {
+			c, err := inbox.New(consumerPool, inbox.Config{Consumer: "billing", Router: router, Mode: mode, Logger: slog.New(slog.DiscardHandler)})
+			require.NoError(t, err)
+			p := layout + "-" + mode.String() + "-"
+			resp, err := c.HandleSQS(ctx, events.SQSEvent{Records: []events.SQSMessage{
+				consumerRecord(p+"ok-1", false), consumerRecord(p+"bad", true), consumerRecord(p+"ok-2", false),
+			}})
+			require.NoError(t, err, mode.String())
+			require.Equal(t, []events.SQSBatchItemFailure{{ItemIdentifier: "sqs-" + p + "bad"}}, resp.BatchItemFailures,
+				"%s: only the failing record comes back", mode)
+			var inboxRows, invoices []string
+			rows, err := admin.Query(ctx, `SELECT message_id FROM inbox_event WHERE message_id LIKE $1 || '%' ORDER BY 1`, p)
+			require.NoError(t, err)
+			inboxRows, err = pgx.CollectRows(rows, pgx.RowTo[string])
+			require.NoError(t, err)
+			rows, err = admin.Query(ctx, `SELECT order_id FROM invoice WHERE order_id LIKE $1 || '%' ORDER BY 1`, p)
+			require.NoError(t, err)
+			invoices, err = pgx.CollectRows(rows, pgx.RowTo[string])
+			require.NoError(t, err)
+			want := []string{p + "ok-1", p + "ok-2"}
+			require.Equal(t, want, inboxRows, "%s: the failed record left no inbox row", mode)
+			require.Equal(t, want, invoices, "%s: the failed record's effect was rolled back", mode)
+
+			// Redelivered, the applied records are duplicates and the fixed one is applied.
+			fixed := consumerRecord(p+"bad", false)
+			resp, err = c.HandleSQS(ctx, events.SQSEvent{Records: []events.SQSMessage{consumerRecord(p+"ok-1", false), fixed}})
+			require.NoError(t, err)
+			require.Empty(t, resp.BatchItemFailures, mode.String())
+			var n int
+			require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM invoice WHERE order_id LIKE $1 || '%'`, p).Scan(&n))
+			require.Equal(t, 3, n, "%s: each message applied once", mode)
+		}
+
+		_, err := admin.Exec(ctx, `INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload)
+			VALUES (gen_random_uuid(), 'orders', 'order', $1, 'OrderCreated', $1, '{}')`, layout)
+		require.NoError(t, err)
+		r, err := outbox.NewRelay(relayPool, outbox.RelayConfig{Publisher: acceptAll{}, DefaultTopic: "arn:aws:sns:us-east-1:000000000000:orders",
+			Logger: slog.New(slog.DiscardHandler)})
+		require.NoError(t, err)
+		st, err := r.RunOnce(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 1, st.Published, "the relay role publishes (%s tables)", layout)
+	}
+
+	t.Run("plain tables", func(t *testing.T) { run(t, "plain") })
+
+	// The conversion keeps the grants and policies (the partitions inherit nothing: the
+	// functions reach them only through the partitioned table).
+	_, err = outbox.ConvertToPartitioned(ctx, admin, &outbox.PartitionOptions{Size: 1000}, nil)
+	require.NoError(t, err)
+	_, err = inbox.ConvertToPartitioned(ctx, admin, nil, nil)
+	require.NoError(t, err)
+	for _, table := range []string{"outbox_event", "inbox_event"} {
+		var kind string
+		require.NoError(t, admin.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)`, table).Scan(&kind))
+		require.Equal(t, "p", kind, table)
+	}
+	t.Run("partitioned tables", func(t *testing.T) { run(t, "partitioned") })
 }

@@ -28,7 +28,9 @@ type handler struct {
 	lag        outbox.Querier
 	stopBefore time.Duration
 	log        *slog.Logger
-	// db and partitions maintain a partitioned outbox_event at each invocation (nil: never).
+	// db and partitions maintain a partitioned outbox_event at each invocation (nil: never, the
+	// default: only a relay explicitly given SLUICE_OUTBOX_RETENTION or
+	// SLUICE_OUTBOX_PARTITION_INTERVAL, which then needs the table owner's privileges).
 	db         outbox.DB
 	partitions *outbox.PartitionOptions
 }
@@ -89,9 +91,12 @@ func (h *handler) Handle(ctx context.Context, ev events.EventBridgeEvent) (Resul
 }
 
 // maintain keeps a partitioned outbox_event's partitions created ahead, and drops the expired
-// ones when a retention is set, alongside the relay; on a plain table it costs one catalog
-// read. It never fails the invocation: problems are logged, and the next invocation tries again
-// (rows beyond the partitions created go to the default partition meanwhile, nothing fails).
+// ones when a retention is set, alongside the relay, when the relay was asked to (partitions
+// set); on a plain table it costs one catalog read. It never fails the invocation: problems are
+// logged, and the next invocation tries again (rows beyond the partitions created go to the
+// default partition meanwhile, nothing fails). In the CDK stack the relay is not asked: its
+// role may not create or drop tables, and the migrate function's schedule maintains both
+// tables as their owner.
 func (h *handler) maintain(ctx context.Context) {
 	if h.partitions == nil || h.db == nil {
 		return

@@ -8,9 +8,11 @@
 // DATABASE_SECRET_ARN naming the RDS Secrets Manager secret; DATABASE_MAX_CONNS;
 // SLUICE_TOPIC_ARNS and SLUICE_DEFAULT_TOPIC_ARN; SLUICE_RELAY_STOP_BEFORE and the relay
 // settings of lambdaenv.RelayConfig (SLUICE_RELAY_BATCH_SIZE, SLUICE_RELAY_LEASE, ...);
-// SLUICE_OUTBOX_RETENTION and SLUICE_OUTBOX_PARTITION_INTERVAL for a partitioned outbox_event,
-// whose partitions each invocation creates ahead (and drops once expired, with a retention). A
-// setting out of range stops the cold start with an error naming it. AWS clients honour
+// SLUICE_OUTBOX_RETENTION and SLUICE_OUTBOX_PARTITION_INTERVAL, when set, make each invocation
+// maintain a partitioned outbox_event (create partitions ahead, drop expired ones with a
+// retention), which needs the owner's privileges; unset, the relay does no DDL (the CDK stack
+// maintains partitions from the migrate function). A setting out of range stops the cold start
+// with an error naming it. AWS clients honour
 // AWS_ENDPOINT_URL.
 //
 // Build: GOOS=linux GOARCH=arm64 CGO_ENABLED=0 go build -tags lambda.norpc -trimpath -o bin/relay/bootstrap ./lambdas/relay
@@ -73,23 +75,14 @@ func wire(ctx context.Context, getenv lambdaenv.Getenv, log *slog.Logger) (*hand
 	return &handler{relay: relay, lag: pool, stopBefore: stopBefore, log: log, db: pool, partitions: parts}, pool, nil
 }
 
-// partitionOptions reads the maintenance of a partitioned outbox_event: SLUICE_OUTBOX_RETENTION
-// (unset: drop nothing) and SLUICE_OUTBOX_PARTITION_INTERVAL.
+// partitionOptions reads the maintenance of a partitioned outbox_event
+// (lambdaenv.OutboxPartitions): nil, no maintenance, unless SLUICE_OUTBOX_RETENTION or
+// SLUICE_OUTBOX_PARTITION_INTERVAL is set. Creating and dropping partitions needs the table
+// owner's privileges, which the relay's own role does not have: the CDK constructs maintain
+// partitions from the migrate function instead and set these only on a relay that logs in as
+// the owner.
 func partitionOptions(getenv lambdaenv.Getenv) (*outbox.PartitionOptions, error) {
-	retention, err := lambdaenv.Duration(getenv, lambdaenv.OutboxRetention, 0)
-	if err != nil {
-		return nil, err
-	}
-	interval, err := lambdaenv.Duration(getenv, lambdaenv.OutboxPartitionInterval, outbox.DefaultPartitionInterval)
-	if err != nil {
-		return nil, err
-	}
-	opts := &outbox.PartitionOptions{Interval: interval}
-	if err := opts.Check(); err != nil { // the retention's only bound, not negative, is Duration's
-		return nil, fmt.Errorf("%s: %w", lambdaenv.OutboxPartitionInterval, err)
-	}
-	opts.Retention = retention
-	return opts, nil
+	return lambdaenv.OutboxPartitions(getenv)
 }
 
 // relayConfig reads the relay's settings from the environment (lambdaenv.RelayConfig, without

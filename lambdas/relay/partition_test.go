@@ -19,9 +19,9 @@ type idle struct{}
 func (idle) Run(ctx context.Context) error                     { <-ctx.Done(); return nil }
 func (idle) RunOnce(ctx context.Context) (outbox.Stats, error) { return outbox.Stats{}, nil }
 
-// Each invocation maintains a partitioned outbox alongside the relay: it creates partitions
-// ahead and, with a retention, drops the partitions whose rows all expired, never one holding
-// a row published within the retention.
+// A relay asked to maintain a partitioned outbox does it at each invocation, alongside the
+// relay: it creates partitions ahead and, with a retention, drops the partitions whose rows all
+// expired, never one holding a row published within the retention.
 func TestHandleMaintainsAPartitionedOutbox(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -62,8 +62,8 @@ func TestHandleMaintainsAPartitionedOutbox(t *testing.T) {
 	require.Equal(t, 30, left)
 }
 
-// The maintenance settings come from the environment; a bad one stops the cold start with an
-// error naming it.
+// The maintenance settings come from the environment, and only they switch it on; a bad one
+// stops the cold start with an error naming it.
 func TestPartitionOptionsFromTheEnvironment(t *testing.T) {
 	t.Parallel()
 	env := func(kv ...string) lambdaenv.Getenv {
@@ -74,6 +74,9 @@ func TestPartitionOptionsFromTheEnvironment(t *testing.T) {
 		return func(k string) string { return m[k] }
 	}
 	opts, err := partitionOptions(env())
+	require.NoError(t, err)
+	require.Nil(t, opts, "not asked: the relay does no DDL (its role may not)")
+	opts, err = partitionOptions(env(lambdaenv.OutboxPartitionInterval, "24h"))
 	require.NoError(t, err)
 	require.Equal(t, outbox.PartitionOptions{Interval: outbox.DefaultPartitionInterval}, *opts, "no retention: nothing is dropped")
 	opts, err = partitionOptions(env(lambdaenv.OutboxRetention, "720h", lambdaenv.OutboxPartitionInterval, "6h"))

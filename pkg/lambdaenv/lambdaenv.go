@@ -56,13 +56,15 @@ const (
 	// DatabaseSecretRefresh is the shortest time between two re-reads of DatabaseSecretARN after
 	// a connection attempt failed (Go duration). Defaults to 5s.
 	DatabaseSecretRefresh = "DATABASE_SECRET_REFRESH"
-	// OutboxRetention, on the relay, is the retention of a partitioned outbox_event (Go duration,
-	// e.g. 720h): each invocation drops the partitions whose rows were all published longer ago
-	// (outbox.MaintainPartitions). Defaults to unset: nothing is dropped (partitions are still
-	// created ahead). A plain outbox_event is never changed.
+	// OutboxRetention is the retention of a partitioned outbox_event (Go duration, e.g. 720h):
+	// maintenance drops the partitions whose rows were all published longer ago
+	// (outbox.MaintainPartitions). Read by the migrate Lambda's scheduled maintenance, and by a
+	// relay Lambda, which maintains partitions only when this or OutboxPartitionInterval is set
+	// (it needs the owner's privileges). Defaults to unset: nothing is dropped (partitions are
+	// still created ahead). A plain outbox_event is never changed. See OutboxPartitions.
 	OutboxRetention = "SLUICE_OUTBOX_RETENTION"
-	// OutboxPartitionInterval, on the relay, is how long a new partition of a partitioned
-	// outbox_event should take to fill at the observed rate (Go duration). Defaults to
+	// OutboxPartitionInterval is how long a new partition of a partitioned outbox_event should
+	// take to fill at the observed rate (Go duration). Defaults to
 	// outbox.DefaultPartitionInterval (24h).
 	OutboxPartitionInterval = "SLUICE_OUTBOX_PARTITION_INTERVAL"
 )

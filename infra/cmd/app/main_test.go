@@ -1,0 +1,51 @@
+package main
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func context(kv map[string]string) func(string) string { return func(k string) string { return kv[k] } }
+
+// maxConnections is the new database's, or the imported one's: then it reaches
+// ExistingDatabase, where the connection budget and the database alarms read it.
+func TestMaxConnectionsReachesTheImportedDatabase(t *testing.T) {
+	noEnv := context(nil)
+	p, err := stackProps(context(map[string]string{"maxConnections": "400"}), noEnv)
+	require.NoError(t, err)
+	require.Equal(t, 400, p.MaxConnections)
+	require.Nil(t, p.Database)
+
+	p, err = stackProps(context(map[string]string{
+		"maxConnections": "400", "databaseSecretArn": "arn:aws:secretsmanager:eu-west-1:111111111111:secret:db-AbCdEf",
+		"databaseInstanceId": "orders-db", "databasePort": "5433",
+	}), noEnv)
+	require.NoError(t, err)
+	require.NotNil(t, p.Database)
+	require.Equal(t, 400, p.Database.MaxConnections)
+	require.Equal(t, "orders-db", p.Database.InstanceIdentifier)
+	require.Equal(t, 5433, p.Database.Port)
+	require.Zero(t, p.MaxConnections, "the stack's own database is not created")
+}
+
+func TestStackPropsFromContext(t *testing.T) {
+	p, err := stackProps(context(map[string]string{
+		"redriveRoleArns": "arn:aws:iam::111111111111:role/ops, arn:aws:iam::111111111111:role/oncall", "outboxRetention": "720h",
+		"inboxRetention": "1000h", "natGateways": "1", "alarmDestination": "none",
+	}), context(map[string]string{"CDK_DEFAULT_ACCOUNT": "111111111111", "CDK_DEFAULT_REGION": "eu-west-1"}))
+	require.NoError(t, err)
+	require.Equal(t, []string{"arn:aws:iam::111111111111:role/ops", "arn:aws:iam::111111111111:role/oncall"}, p.Redrivers)
+	require.Equal(t, 720*time.Hour, p.OutboxRetention)
+	require.Equal(t, 1000*time.Hour, p.InboxRetention)
+	require.Equal(t, 1, p.NatGateways)
+	require.True(t, p.NoAlarmDestination)
+	require.Equal(t, "eu-west-1", *p.Env.Region)
+
+	_, err = stackProps(context(map[string]string{"maxConnections": "many", "inboxRetention": "30 days", "fifo": "yes please",
+		"databaseInstanceId": "orders-db"}), context(nil))
+	for _, want := range []string{"context maxConnections", "context inboxRetention", "context fifo", "databaseInstanceId names an imported database"} {
+		require.ErrorContains(t, err, want)
+	}
+}

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/aws/aws-lambda-go/cfn"
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sluicehq/sluice/pkg/inbox"
+	"github.com/sluicehq/sluice/pkg/lambdaenv"
+	"github.com/sluicehq/sluice/pkg/outbox"
+)
+
+// The migrate function is the stack's one function that logs in as the tables' owner, so it is
+// also the one that may create and drop their partitions: an EventBridge schedule (hourly in
+// the CDK constructs) invokes it with a scheduled event, and it runs outbox.MaintainPartitions
+// and inbox.MaintainPartitions. On plain tables each costs one catalog read.
+
+// Invoke answers both kinds of event the function receives: a CloudFormation custom resource
+// request (Handle, its response PUT to the event's ResponseURL) and an EventBridge scheduled
+// event (Maintain). Anything else is an error.
+func (h *handler) Invoke(ctx context.Context, payload json.RawMessage) (any, error) {
+	var probe struct {
+		RequestType string `json:"RequestType"`
+		ResponseURL string `json:"ResponseURL"`
+		Source      string `json:"source"`
+		DetailType  string `json:"detail-type"`
+	}
+	if err := json.Unmarshal(payload, &probe); err != nil {
+		return nil, fmt.Errorf("read the event: %w", err)
+	}
+	switch {
+	case probe.RequestType != "" && probe.ResponseURL != "":
+		var ev cfn.Event
+		if err := json.Unmarshal(payload, &ev); err != nil {
+			return nil, fmt.Errorf("read the CloudFormation event: %w", err)
+		}
+		// The wrapper reports Handle's error to CloudFormation and returns an error only when
+		// that report fails: a failed migration fails the deploy, not the function.
+		reason, err := cfn.LambdaWrap(h.Handle)(ctx, ev)
+		return reason, err
+	case probe.Source == "aws.events" && probe.DetailType == "Scheduled Event":
+		var ev events.EventBridgeEvent
+		if err := json.Unmarshal(payload, &ev); err != nil {
+			return nil, fmt.Errorf("read the scheduled event: %w", err)
+		}
+		return h.Maintain(ctx, ev)
+	}
+	return nil, fmt.Errorf("unknown event (source %q, detail-type %q): neither a CloudFormation custom resource request nor an EventBridge scheduled event", probe.Source, probe.DetailType)
+}
+
+// MaintenanceResult is a scheduled invocation's response: what the maintenance did to each table.
+type MaintenanceResult struct {
+	Outbox TableMaintenance `json:"outbox"`
+	Inbox  TableMaintenance `json:"inbox"`
+}
+
+// TableMaintenance is what the maintenance did to one table.
+type TableMaintenance struct {
+	// Partitioned is false for a plain table, which is left alone.
+	Partitioned bool `json:"partitioned"`
+	// Created and Dropped name the partitions created ahead and dropped as expired.
+	Created []string `json:"created,omitempty"`
+	Dropped []string `json:"dropped,omitempty"`
+	// Purged counts expired rows deleted from the default partition.
+	Purged int64 `json:"purged,omitempty"`
+	// Error is set when this table's maintenance failed.
+	Error string `json:"error,omitempty"`
+}
+
+// Maintain creates partitions ahead on a partitioned outbox_event and inbox_event and, with a
+// retention (SLUICE_OUTBOX_RETENTION, SLUICE_INBOX_RETENTION), drops the expired ones, logged
+// in as the owner. Both tables are maintained even when one fails; it returns an error when
+// either failed, so that the function's Errors metric (and its alarm) tells an operator. A
+// partition whose lock was busy is kept and tried again at the next run, which is no error.
+func (h *handler) Maintain(ctx context.Context, ev events.EventBridgeEvent) (MaintenanceResult, error) {
+	h.log.InfoContext(ctx, "partition maintenance", "event_id", ev.ID, "scheduled_at", ev.Time)
+	var res MaintenanceResult
+	url, err := lambdaenv.DatabaseURLFrom(ctx, h.getenv, h.secrets)
+	if err != nil {
+		return res, err
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return res, fmt.Errorf("partition maintenance: connect to the database: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+
+	orep, oerr := outbox.MaintainPartitions(ctx, conn, h.outboxPartitions)
+	res.Outbox = TableMaintenance{Partitioned: orep.Partitioned, Purged: orep.Purged}
+	for _, p := range orep.Created {
+		res.Outbox.Created = append(res.Outbox.Created, p.Name)
+		h.log.InfoContext(ctx, "outbox partition created", "partition", outbox.DescribePartition(p))
+	}
+	for _, p := range orep.Dropped {
+		res.Outbox.Dropped = append(res.Outbox.Dropped, p.Name)
+		h.log.InfoContext(ctx, "outbox partition dropped", "partition", outbox.DescribePartition(p), "rows_estimate", p.Rows)
+	}
+	for _, k := range orep.Kept {
+		h.log.DebugContext(ctx, "outbox partition kept", "partition", outbox.DescribePartition(k.Partition), "reason", k.Reason)
+	}
+	for _, w := range orep.Warnings {
+		h.log.WarnContext(ctx, "outbox partitions: "+w)
+	}
+
+	irep, ierr := inbox.MaintainPartitions(ctx, conn, h.inboxPartitions)
+	res.Inbox = TableMaintenance{Partitioned: irep.Partitioned, Purged: irep.Purged}
+	for _, p := range irep.Created {
+		res.Inbox.Created = append(res.Inbox.Created, p.Name)
+		h.log.InfoContext(ctx, "inbox partition created", "partition", inbox.DescribePartition(p))
+	}
+	for _, p := range irep.Dropped {
+		res.Inbox.Dropped = append(res.Inbox.Dropped, p.Name)
+		h.log.InfoContext(ctx, "inbox partition dropped", "partition", inbox.DescribePartition(p), "rows_estimate", p.Rows)
+	}
+	for _, k := range irep.Kept {
+		h.log.DebugContext(ctx, "inbox partition kept", "partition", inbox.DescribePartition(k.Partition), "reason", k.Reason)
+	}
+	for _, w := range irep.Warnings {
+		h.log.WarnContext(ctx, "inbox partitions: "+w)
+	}
+
+	if oerr != nil {
+		res.Outbox.Error = oerr.Error()
+	}
+	if ierr != nil {
+		res.Inbox.Error = ierr.Error()
+	}
+	if err := errors.Join(oerr, ierr); err != nil {
+		h.log.ErrorContext(ctx, "partition maintenance failed; the next scheduled run tries again", "error", err)
+		return res, err
+	}
+	h.log.InfoContext(ctx, "partition maintenance done", "outbox_partitioned", res.Outbox.Partitioned, "inbox_partitioned", res.Inbox.Partitioned,
+		"created", len(res.Outbox.Created)+len(res.Inbox.Created), "dropped", len(res.Outbox.Dropped)+len(res.Inbox.Dropped))
+	return res, nil
+}
