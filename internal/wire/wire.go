@@ -18,3 +18,17 @@ const (
 	// Tracestate is the W3C trace state header.
 	Tracestate = "tracestate"
 )
+
+// The claim check's pointer, in the format of AWS's extended client libraries for SNS and SQS
+// (payload offloading): the body is a JSON array of the pointer class and the object's place,
+// and a Number attribute gives the payload's size in bytes.
+const (
+	// ExtendedPayloadSize is the attribute that marks a message whose payload is in S3.
+	ExtendedPayloadSize = "ExtendedPayloadSize"
+	// LegacyPayloadSize is the attribute older extended clients wrote instead.
+	LegacyPayloadSize = "SQSLargePayloadSize"
+	// PointerClass names the pointer in the body: [PointerClass, {"s3BucketName", "s3Key"}].
+	PointerClass = "software.amazon.payloadoffloading.PayloadS3Pointer"
+	// LegacyPointerClass is the pointer class older extended clients wrote.
+	LegacyPointerClass = "com.amazon.sqs.javamessaging.MessageS3Pointer"
+)

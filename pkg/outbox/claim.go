@@ -170,8 +170,8 @@ func (r *Relay) readRows(ctx context.Context, tx pgx.Tx, keys []claimKey, perKey
 	for i, k := range keys {
 		names[i], floors[i] = k.key, k.floor
 	}
-	rows, err := tx.Query(ctx, readSQL, names, floors, perKey, r.cfg.MaxRoundBytes, r.cfg.MaxMessageBytes,
-		maxStoredPayload(r.cfg.MaxMessageBytes), epoch)
+	rows, err := tx.Query(ctx, readSQL, names, floors, perKey, r.cfg.MaxRoundBytes, r.readBytes,
+		maxStoredPayload(r.readBytes), epoch)
 	if err != nil {
 		return nil, fmt.Errorf("read claimed outbox rows: %w", err)
 	}

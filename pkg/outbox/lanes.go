@@ -14,6 +14,8 @@ type outcome struct {
 	dest          string
 	unpublishable error
 	size          int
+	// offload: the payload goes to the claim check's store and the message carries a pointer.
+	offload bool
 	// done: the broker acknowledged it. err: the attempt failed; outage: because the whole
 	// destination failed, which does not count as an attempt of the row. Neither: not attempted.
 	done   bool
@@ -51,8 +53,8 @@ func (l *lane) fail(err error, outage bool, retryAt time.Time) {
 	l.next = len(l.rows)
 }
 
-// laneSet schedules one round's publish calls. Each call carries the next row of up to
-// maxEntries lanes that share a destination and fit maxBytes together; a lane is never in two
+// laneSet schedules one round's publish calls. Each call carries the next row of as many lanes
+// as its destination takes in a call (Limits: entries and bytes) that share that destination; a lane is never in two
 // calls at once and its next row goes out only after the previous one was acknowledged, so a
 // key's rows reach the broker in id order and a failed row is never overtaken by a later row
 // of its key. Workers loop on next and finish.
@@ -60,16 +62,16 @@ type laneSet struct {
 	mu         sync.Mutex
 	cond       *sync.Cond
 	ready      []*lane
-	inFlight   int
-	maxEntries int
-	maxBytes   int
+	inFlight int
+	// limits gives each destination's limits of one call.
+	limits func(dest string) Limits
 	// admit gates calls by destination (destinations.admit).
 	admit func(dest string) (bool, time.Time)
 }
 
 // newLaneSet groups outcomes, in id order, into lanes: one per partition key.
-func newLaneSet(outcomes []*outcome, maxEntries, maxBytes int, admit func(string) (bool, time.Time)) *laneSet {
-	s := &laneSet{maxEntries: maxEntries, maxBytes: maxBytes, admit: admit}
+func newLaneSet(outcomes []*outcome, limits func(string) Limits, admit func(string) (bool, time.Time)) *laneSet {
+	s := &laneSet{limits: limits, admit: admit}
 	s.cond = sync.NewCond(&s.mu)
 	byKey := map[string]*lane{}
 	for _, o := range outcomes {
@@ -108,24 +110,26 @@ func (s *laneSet) next(stopping func() bool) (string, []*lane, bool) {
 	}
 }
 
-// takeBatch removes up to maxEntries ready lanes whose current rows share one admitted
-// destination and fit maxBytes. On the way, lanes whose row cannot be published fail and lanes
-// whose destination backs off are set aside until it may be tried again.
+// takeBatch removes ready lanes whose current rows share one admitted destination, as many as
+// that destination's call takes (entries and bytes). On the way, lanes whose row cannot be
+// published fail and lanes whose destination backs off are set aside until it may be tried
+// again.
 func (s *laneSet) takeBatch() (string, []*lane) {
 	var (
 		dest  string
+		lim   = Limits{MaxEntries: 1}
 		batch []*lane
 		size  int
 		rest  []*lane
 		i     int
 	)
-	for ; i < len(s.ready) && len(batch) < s.maxEntries; i++ {
+	for ; i < len(s.ready) && len(batch) < lim.MaxEntries; i++ {
 		l := s.ready[i]
 		o := l.current()
 		switch {
 		case o.unpublishable != nil:
 			l.fail(o.unpublishable, false, time.Time{})
-		case dest != "" && (o.dest != dest || size+o.size > s.maxBytes):
+		case dest != "" && (o.dest != dest || size+o.size > lim.MaxCallBytes):
 			rest = append(rest, l)
 		case dest == "":
 			if ok, retryAt := s.admit(o.dest); !ok {
@@ -133,7 +137,7 @@ func (s *laneSet) takeBatch() (string, []*lane) {
 				l.next = len(l.rows)
 				continue
 			}
-			dest, size, batch = o.dest, o.size, append(batch, l)
+			dest, size, batch, lim = o.dest, o.size, append(batch, l), s.limits(o.dest)
 		default:
 			size += o.size
 			batch = append(batch, l)

@@ -25,7 +25,7 @@ func TestLaneSetBatchesOneRowPerKeyPerDestinationAndSize(t *testing.T) {
 		outs = append(outs, laneOutcome(int64(k), fmt.Sprintf("k%d", k), "A", 100))
 	}
 	outs = append(outs, laneOutcome(20, "k0", "A", 100), laneOutcome(21, "x", "B", 100), laneOutcome(22, "big", "A", 950))
-	s := newLaneSet(outs, 10, 1000, admitAll)
+	s := newLaneSet(outs, fixedLimits(10, 1000), admitAll)
 
 	dest, batch, ok := s.next(never)
 	require.True(t, ok)
@@ -49,7 +49,7 @@ func TestLaneSetBatchesOneRowPerKeyPerDestinationAndSize(t *testing.T) {
 func TestLaneSetKeepsAKeysRowsInOrderAndStopsAtAFailure(t *testing.T) {
 	t.Parallel()
 	outs := []*outcome{laneOutcome(1, "k", "A", 1), laneOutcome(2, "k", "A", 1), laneOutcome(3, "k", "A", 1)}
-	s := newLaneSet(outs, 10, 1000, admitAll)
+	s := newLaneSet(outs, fixedLimits(10, 1000), admitAll)
 	_, b1, _ := s.next(never)
 	require.Equal(t, int64(1), b1[0].current().event.ID)
 	done := make(chan struct{})
@@ -81,7 +81,7 @@ func TestLaneSetDefersADestinationThatBacksOffAndFailsUnpublishableRows(t *testi
 	bad := laneOutcome(1, "bad", "", 1)
 	bad.unpublishable = Permanent(errors.New("unknown topic"))
 	outs := []*outcome{bad, laneOutcome(2, "down", "D", 1), laneOutcome(3, "up", "U", 1)}
-	s := newLaneSet(outs, 10, 1000, func(dest string) (bool, time.Time) {
+	s := newLaneSet(outs, fixedLimits(10, 1000), func(dest string) (bool, time.Time) {
 		if dest == "D" {
 			return false, retry
 		}
@@ -102,7 +102,7 @@ func TestLaneSetDefersADestinationThatBacksOffAndFailsUnpublishableRows(t *testi
 func TestLaneSetStopsHandingOutCallsWhenStopping(t *testing.T) {
 	t.Parallel()
 	outs := []*outcome{laneOutcome(1, "a", "A", 1), laneOutcome(2, "b", "B", 1)}
-	s := newLaneSet(outs, 10, 1000, admitAll)
+	s := newLaneSet(outs, fixedLimits(10, 1000), admitAll)
 	var mu sync.Mutex
 	stop := false
 	stopping := func() bool { mu.Lock(); defer mu.Unlock(); return stop }
@@ -159,4 +159,39 @@ func TestTruncateTextIsValidUTF8WithoutNUL(t *testing.T) {
 	s := truncateText("ab\x00cé\xffd", 5)
 	require.Equal(t, "abcé", s, "NUL removed, cut before the character that would not fit")
 	require.Equal(t, "abc\uFFFDd", truncateText("abc\xffd", 100))
+}
+
+// fixedLimits gives every destination calls of entries events and bytes bytes.
+func fixedLimits(entries, bytes int) func(string) Limits {
+	return func(string) Limits { return Limits{MaxEntries: entries, MaxMessageBytes: bytes, MaxCallBytes: bytes} }
+}
+
+func TestLaneSetTakesEachDestinationsOwnLimits(t *testing.T) {
+	t.Parallel()
+	var outs []*outcome
+	for i := range 30 {
+		dest := "sns"
+		if i%2 == 1 {
+			dest = "kinesis"
+		}
+		outs = append(outs, &outcome{event: &Event{ID: int64(i + 1), PartitionKey: string(rune('a' + i))}, dest: dest, size: 10})
+	}
+	s := newLaneSet(outs, func(dest string) Limits {
+		if dest == "kinesis" {
+			return Limits{MaxEntries: 500, MaxMessageBytes: 1 << 20, MaxCallBytes: 5 << 20}
+		}
+		return snsLimits
+	}, admitAll)
+	sizes := map[string][]int{}
+	for {
+		dest, batch, ok := s.next(func() bool { return false })
+		if !ok {
+			break
+		}
+		sizes[dest] = append(sizes[dest], len(batch))
+		results := make([]callResult, len(batch))
+		s.finish(batch, results)
+	}
+	require.Equal(t, []int{15}, sizes["kinesis"], "one call takes every Kinesis lane")
+	require.Equal(t, []int{10, 5}, sizes["sns"], "SNS calls take 10 entries")
 }

@@ -206,4 +206,8 @@ type Event struct {
 	CreatedAt time.Time
 	// Attempts counts earlier failed publish attempts.
 	Attempts int
+	// ExtendedPayloadSize is set when the claim check stored the payload in S3: the stored
+	// payload's size in bytes, published as the ExtendedPayloadSize attribute, while Payload
+	// holds the pointer to it. 0 otherwise.
+	ExtendedPayloadSize int
 }

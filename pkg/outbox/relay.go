@@ -70,10 +70,15 @@ type RelayConfig struct {
 	// the budget still goes out alone). The relay Lambda derives it from its memory size.
 	// Defaults to 16 MiB.
 	MaxRoundBytes int
-	// MaxMessageBytes is the largest message the destination accepts, payload and attributes
-	// together; a larger row is quarantined without being read into memory. Defaults to
-	// MaxMessageBytes (256 KiB, SNS's limit).
+	// MaxMessageBytes caps the largest message, payload and attributes together, below what
+	// each destination accepts (its Limits: SNS and EventBridge 256 KiB, Kinesis and Kafka
+	// 1 MiB); a larger row is quarantined without being read into memory, or with ClaimCheck
+	// its payload is stored in S3. Defaults to 0: each destination's own limit.
 	MaxMessageBytes int
+	// ClaimCheck, when set, stores payloads of messages above its threshold in S3 and publishes
+	// a pointer in the AWS extended clients' format instead. Defaults to nil: such rows are
+	// quarantined as too large.
+	ClaimCheck *ClaimCheck
 	// PublishTimeout bounds one PublishBatch call. Defaults to 10 seconds.
 	PublishTimeout time.Duration
 	// Lease bounds how long one round holds its partition keys: publishing stops at three
@@ -129,7 +134,6 @@ func (c RelayConfig) WithDefaults() RelayConfig {
 	defInt(&c.Pipelines, DefaultPipelines)
 	defInt(&c.MaxAttempts, DefaultMaxAttempts)
 	defInt(&c.MaxRoundBytes, DefaultMaxRoundBytes)
-	defInt(&c.MaxMessageBytes, MaxMessageBytes)
 	def(&c.PublishTimeout, DefaultPublishTimeout)
 	def(&c.Lease, DefaultLease)
 	def(&c.BackoffBase, DefaultBackoffBase)
@@ -158,6 +162,18 @@ func (c RelayConfig) validate() error {
 			errs = append(errs, fmt.Errorf("Topics has an empty name or destination (%q: %q)", k, c.Topics[k]))
 		}
 	}
+	if checker, ok := c.Publisher.(DestinationChecker); ok {
+		for _, dest := range c.destinations() {
+			if err := checker.CheckDestination(dest); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if c.ClaimCheck != nil {
+		if err := c.ClaimCheck.validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if err := c.CheckSettings(); err != nil {
 		errs = append(errs, err.(interface{ Unwrap() []error }).Unwrap()...)
 	}
@@ -165,6 +181,22 @@ func (c RelayConfig) validate() error {
 		return fmt.Errorf("outbox: invalid RelayConfig: %w", err)
 	}
 	return nil
+}
+
+// destinations returns every destination of c, sorted, without duplicates.
+func (c RelayConfig) destinations() []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, k := range sortedKeys(c.Topics) {
+		if d := c.Topics[k]; d != "" && !seen[d] {
+			seen[d] = true
+			out = append(out, d)
+		}
+	}
+	if d := c.DefaultTopic; d != "" && !seen[d] {
+		out = append(out, d)
+	}
+	return out
 }
 
 // CheckSettings reports every out-of-range setting of c (after WithDefaults, so zero fields
@@ -183,7 +215,12 @@ func (c RelayConfig) CheckSettings() error {
 		{"Pipelines", c.Pipelines, 1, MaxPipelines},
 		{"MaxAttempts", c.MaxAttempts, 1, 1000},
 		{"MaxRoundBytes", c.MaxRoundBytes, 64 << 10, 1 << 30},
-		{"MaxMessageBytes", c.MaxMessageBytes, 1024, 64 << 20},
+	}
+	if c.MaxMessageBytes != 0 {
+		ints = append(ints, struct {
+			name      string
+			v, lo, hi int
+		}{"MaxMessageBytes", c.MaxMessageBytes, 1024, 64 << 20})
 	}
 	for _, f := range ints {
 		if f.v < f.lo || f.v > f.hi {
@@ -229,6 +266,10 @@ type Relay struct {
 	book     *keyBook
 	dests    *destinations
 	watch    *watcher
+	// limits holds each destination's limits (capped by MaxMessageBytes); readBytes is the
+	// largest message the relay reads into memory to publish (or to store, with a claim check).
+	limits    map[string]Limits
+	readBytes int
 }
 
 // bookCapacity bounds the keys a relay schedules at once; the rest wait for a later sweep.
@@ -255,6 +296,18 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 		dests:    newDestinations(cfg.BackoffBase, cfg.BackoffMax, jitter),
 	}
 	r.watch = newWatcher(r)
+	r.limits = map[string]Limits{}
+	for _, dest := range cfg.destinations() {
+		lim := limitsOf(cfg.Publisher, dest)
+		if cfg.MaxMessageBytes > 0 {
+			lim.MaxMessageBytes = min(lim.MaxMessageBytes, cfg.MaxMessageBytes)
+		}
+		r.limits[dest] = lim
+		r.readBytes = max(r.readBytes, lim.MaxMessageBytes)
+	}
+	if cc := cfg.ClaimCheck; cc != nil {
+		r.readBytes = max(r.readBytes, cc.maxPayload())
+	}
 	if cfg.Metrics != nil {
 		r.metrics = emf.New(cfg.Metrics, map[string]string{emf.DimensionService: emf.ServiceRelay})
 	}
@@ -285,6 +338,9 @@ type Stats struct {
 	Quarantined int
 	// Rounds is the number of rounds that held keys.
 	Rounds int
+	// Offloaded is the number of published rows whose payload the claim check stored in S3,
+	// and OffloadedBytes the size of those payloads.
+	Offloaded, OffloadedBytes int
 }
 
 func (s *Stats) add(o Stats) {
@@ -294,6 +350,8 @@ func (s *Stats) add(o Stats) {
 	s.Outage += o.Outage
 	s.Quarantined += o.Quarantined
 	s.Rounds += o.Rounds
+	s.Offloaded += o.Offloaded
+	s.OffloadedBytes += o.OffloadedBytes
 }
 
 // RunOnce drains the outbox: it walks every pending partition key, then claims and publishes
@@ -617,7 +675,7 @@ func (r *Relay) lockKeys(ctx context.Context, tx pgx.Tx, keys []claimKey) (map[s
 // publish sends the round's outcomes lane by lane (see laneSet) with up to PublishConcurrency
 // calls in flight across the relay's rounds.
 func (r *Relay) publish(ctx context.Context, roundStart time.Time, outcomes []*outcome) {
-	set := newLaneSet(outcomes, maxBatchEntries, r.cfg.MaxMessageBytes, func(dest string) (bool, time.Time) {
+	set := newLaneSet(outcomes, r.limit, func(dest string) (bool, time.Time) {
 		return r.dests.admit(dest, time.Now())
 	})
 	stopping := func() bool { return ctx.Err() != nil }
@@ -641,6 +699,14 @@ func (r *Relay) publish(ctx context.Context, roundStart time.Time, outcomes []*o
 // maxBatchEntries is the most entries of one PublishBatch call (SNS's limit).
 const maxBatchEntries = 10
 
+// limit returns dest's limits (a configured destination; SNS's for any other).
+func (r *Relay) limit(dest string) Limits {
+	if l, ok := r.limits[dest]; ok {
+		return l
+	}
+	return snsLimits
+}
+
 // call publishes the current rows of batch's lanes to dest and judges the answer: a call whose
 // every entry was refused as permanent is asked again entry by entry (the refusal may be the
 // request's, not each row's); a call whose every entry failed with a retryable error while
@@ -656,16 +722,43 @@ func (r *Relay) call(ctx context.Context, roundStart time.Time, dest string, bat
 			since = *fs
 		}
 	}
-	errs := r.send(ctx, dest, events)
-	if len(events) > 1 && allPermanent(errs) && ctx.Err() == nil {
-		for i := range events {
-			errs[i] = r.send(ctx, dest, events[i:i+1])[0]
+	// Payloads for the claim check go to its store first; a row whose payload could not be
+	// stored is not sent, and its failure is the row's, not the destination's.
+	stored := r.offload(ctx, batch, events)
+	var sent []int
+	for i := range events {
+		if stored[i] == nil {
+			sent = append(sent, i)
+		}
+	}
+	errs := make([]error, len(events))
+	if len(sent) > 0 {
+		toSend := make([]*Event, len(sent))
+		for j, i := range sent {
+			toSend[j] = events[i]
+		}
+		sendErrs := r.send(ctx, dest, toSend)
+		if len(toSend) > 1 && allPermanent(sendErrs) && ctx.Err() == nil {
+			for j := range toSend {
+				sendErrs[j] = r.send(ctx, dest, toSend[j:j+1])[0]
+			}
+		}
+		for j, i := range sent {
+			errs[i] = sendErrs[j]
 		}
 	}
 	results := make([]callResult, len(batch))
 	stopping := ctx.Err() != nil
-	answered, allRetryable := false, true
+	answered, allRetryable := false, len(sent) > 0
 	for i, err := range errs {
+		if stored[i] != nil {
+			if stopping {
+				results[i].cancelled = true
+			} else {
+				results[i].err = stored[i]
+			}
+			continue
+		}
 		switch {
 		case err == nil:
 			answered = true
@@ -694,6 +787,43 @@ func (r *Relay) call(ctx context.Context, roundStart time.Time, dest string, bat
 	}
 	return results
 }
+
+// offload stores the payloads of batch's rows that the claim check offloads, several at once,
+// and puts into events the pointer messages that replace them. It returns, per row, why its
+// payload could not be stored (nil for the others).
+func (r *Relay) offload(ctx context.Context, batch []*lane, events []*Event) []error {
+	errs := make([]error, len(batch))
+	cc := r.cfg.ClaimCheck
+	if cc == nil {
+		return errs
+	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, offloadConcurrency)
+	for i, l := range batch {
+		if !l.current().offload {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			e := events[i]
+			sctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+			defer cancel()
+			if err := cc.Store.PutPayload(sctx, cc.Bucket, cc.key(e), e.Payload); err != nil {
+				errs[i] = fmt.Errorf("claim check: %w", err)
+				return
+			}
+			events[i] = cc.offloaded(e)
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+// offloadConcurrency bounds the claim check's uploads in flight for one call.
+const offloadConcurrency = 8
 
 func allPermanent(errs []error) bool {
 	for _, err := range errs {

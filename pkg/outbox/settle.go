@@ -77,22 +77,30 @@ func (r *Relay) planRound(keys []claimKey, rows []*claimedRow, perKey int) *roun
 		o := &outcome{event: &c.Event, row: c}
 		switch {
 		case c.payloadLen == -1:
-			o.unpublishable = Permanent(fmt.Errorf("payload is stored in more than %d bytes: too large to publish", maxStoredPayload(r.cfg.MaxMessageBytes)))
+			o.unpublishable = Permanent(fmt.Errorf("payload is stored in more than %d bytes: too large to publish", maxStoredPayload(r.readBytes)))
 		case c.payloadLen == -2:
 			o.unpublishable = Permanent(fmt.Errorf("payload holds a number beyond ±1e100 or within 1e-100 of zero, which PostgreSQL prints in full (up to 131,072 digits): set aside unread"))
 		default:
 			dest, err := r.destination(&c.Event)
+			lim := r.limit(dest)
 			size := c.payloadLen + attributesSize(&c.Event)
+			cc := r.cfg.ClaimCheck
+			offload := err == nil && cc != nil && size > cc.threshold(lim)
+			if offload {
+				size = cc.messageSize(&c.Event, c.payloadLen)
+			}
 			switch {
 			case err != nil:
 				o.unpublishable = err
-			case size > r.cfg.MaxMessageBytes:
-				o.unpublishable = Permanent(fmt.Errorf("message is %d bytes with its attributes, above the destination's %d", size, r.cfg.MaxMessageBytes))
+			case offload && c.payloadLen > cc.maxPayload():
+				o.unpublishable = Permanent(fmt.Errorf("payload is %d bytes, above the claim check's %d", c.payloadLen, cc.maxPayload()))
+			case size > lim.MaxMessageBytes:
+				o.unpublishable = Permanent(fmt.Errorf("message is %d bytes with its attributes, above the destination's %d", size, lim.MaxMessageBytes))
 			case !c.loaded:
 				kp.stop = stopBudget
 				continue
 			default:
-				o.dest, o.size = dest, size
+				o.dest, o.size, o.offload = dest, size, offload
 			}
 			if dropped := droppedHeaders(&c.Event); len(dropped) > 0 {
 				r.log.Warn("outbox row has more headers than the message attributes limit allows; these are not published",
@@ -173,6 +181,10 @@ func (r *Relay) settle(ctx context.Context, tx pgx.Tx, outcomes []*outcome) (Sta
 		switch {
 		case o.done:
 			published = append(published, o.event.ID)
+			if o.offload {
+				st.Offloaded++
+				st.OffloadedBytes += o.row.payloadLen
+			}
 		case o.err != nil:
 			e, row := o.event, o.row
 			attempt := int32(1)

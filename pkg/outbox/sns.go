@@ -47,6 +47,22 @@ var permanentSNSCodes = map[string]bool{
 	"TooManyEntriesInBatchRequest": true, "BatchRequestTooLong": true, "InvalidSecurity": true,
 }
 
+var (
+	_ LimitedPublisher   = (*SNSPublisher)(nil)
+	_ DestinationChecker = (*SNSPublisher)(nil)
+)
+
+// Limits implements LimitedPublisher: 10 entries and 256 KiB a call.
+func (p *SNSPublisher) Limits(string) Limits { return snsLimits }
+
+// CheckDestination implements DestinationChecker: dest must be an SNS topic ARN.
+func (p *SNSPublisher) CheckDestination(dest string) error {
+	if d, err := ParseDestination(dest); err != nil || d.Kind != SNS {
+		return fmt.Errorf("destination %q is not an SNS topic ARN (arn:aws:sns:REGION:ACCOUNT:NAME)", dest)
+	}
+	return nil
+}
+
 // PublishBatch implements Publisher.
 func (p *SNSPublisher) PublishBatch(ctx context.Context, topicARN string, events []*Event) []error {
 	if len(events) == 0 {
@@ -101,8 +117,9 @@ func entryIndex(id *string, n int) (int, bool) {
 }
 
 // Attributes returns the message attributes of the wire contract for e: the five contract
-// attributes (empty values omitted, as SNS refuses them) and then headers, traceparent and
-// tracestate first and the rest by name, while SNS's limit of 10 attributes allows.
+// attributes (empty values omitted, as SNS refuses them), the claim check's Number attribute
+// ExtendedPayloadSize when the payload is in S3, and then headers, traceparent and tracestate
+// first and the rest by name, while SNS's limit of 10 attributes allows.
 func Attributes(e *Event) map[string]types.MessageAttributeValue {
 	attrs := make(map[string]types.MessageAttributeValue, MaxAttributes)
 	put := func(k, v string) {
@@ -115,6 +132,9 @@ func Attributes(e *Event) map[string]types.MessageAttributeValue {
 	put(AttrAggregateType, e.AggregateType)
 	put(AttrAggregateID, e.AggregateID)
 	put(AttrCreatedAt, e.CreatedAt.UTC().Format(time.RFC3339Nano))
+	if e.ExtendedPayloadSize > 0 {
+		attrs[wire.ExtendedPayloadSize] = types.MessageAttributeValue{DataType: aws.String("Number"), StringValue: aws.String(extendedSizeAttr(e.ExtendedPayloadSize))}
+	}
 	for _, k := range headerOrder(e.Headers) {
 		if checkHeaderName(k) == "" && checkAttrValue(e.Headers[k]) == "" {
 			put(k, e.Headers[k])

@@ -1,0 +1,157 @@
+package outbox
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/smithy-go"
+
+	"github.com/sluicehq/sluice/internal/wire"
+)
+
+// Defaults and bounds of ClaimCheck.
+const (
+	// DefaultMaxOffloadBytes is ClaimCheck.MaxPayloadBytes's default.
+	DefaultMaxOffloadBytes = 32 << 20
+	// MaxOffloadBytes bounds ClaimCheck.MaxPayloadBytes: the relay reads a payload whole.
+	MaxOffloadBytes = 256 << 20
+)
+
+// ClaimCheck stores the payloads of messages too large for their destination in S3 and
+// publishes, instead of the payload, a pointer in the format of AWS's extended client
+// libraries (the body ["software.amazon.payloadoffloading.PayloadS3Pointer",
+// {"s3BucketName": ..., "s3Key": ...}] and the Number attribute ExtendedPayloadSize), which the
+// inbox, and consumers written with the extended clients in Java or Python, resolve. The
+// object's key is KeyPrefix + event_id, so a republished row overwrites its object instead of
+// leaving another; the relay never deletes objects (the bucket's lifecycle does).
+type ClaimCheck struct {
+	// Store receives the payloads: NewS3PayloadStore(s3.NewFromConfig(cfg)). Required.
+	Store PayloadStore
+	// Bucket is the S3 bucket. Required.
+	Bucket string
+	// KeyPrefix is put before each object's key (the event id), e.g. "outbox/". Defaults to "".
+	KeyPrefix string
+	// Threshold: a message larger than this (payload and attributes, as the destination counts
+	// them) has its payload stored in S3. Defaults to, and is at most, the destination's
+	// message limit (Limits.MaxMessageBytes).
+	Threshold int
+	// MaxPayloadBytes is the largest payload the relay stores in S3; a larger row is
+	// quarantined. Defaults to DefaultMaxOffloadBytes (32 MiB); at most MaxOffloadBytes.
+	MaxPayloadBytes int
+}
+
+func (c *ClaimCheck) validate() error {
+	var errs []error
+	if c.Store == nil {
+		errs = append(errs, errors.New("ClaimCheck.Store is required"))
+	}
+	if strings.TrimSpace(c.Bucket) == "" {
+		errs = append(errs, errors.New("ClaimCheck.Bucket is required"))
+	}
+	if len(c.KeyPrefix) > 900 {
+		errs = append(errs, fmt.Errorf("ClaimCheck.KeyPrefix is %d bytes; S3 keys are at most 1,024 with the event id", len(c.KeyPrefix)))
+	}
+	if c.Threshold < 0 || (c.Threshold > 0 && c.Threshold < 1024) {
+		errs = append(errs, fmt.Errorf("ClaimCheck.Threshold must be 0 (the destination's limit) or at least 1024, got %d", c.Threshold))
+	}
+	if c.MaxPayloadBytes < 0 || c.MaxPayloadBytes > MaxOffloadBytes {
+		errs = append(errs, fmt.Errorf("ClaimCheck.MaxPayloadBytes must be between 0 (the default, %d) and %d, got %d", DefaultMaxOffloadBytes, MaxOffloadBytes, c.MaxPayloadBytes))
+	}
+	return errors.Join(errs...)
+}
+
+func (c *ClaimCheck) maxPayload() int {
+	if c.MaxPayloadBytes == 0 {
+		return DefaultMaxOffloadBytes
+	}
+	return c.MaxPayloadBytes
+}
+
+// threshold returns the message size above which a message of a destination with lim is offloaded.
+func (c *ClaimCheck) threshold(lim Limits) int {
+	if c.Threshold == 0 {
+		return lim.MaxMessageBytes
+	}
+	return min(c.Threshold, lim.MaxMessageBytes)
+}
+
+// key returns the object key of e's payload.
+func (c *ClaimCheck) key(e *Event) string { return c.KeyPrefix + e.EventID.String() }
+
+// pointer returns the body that replaces e's payload.
+func (c *ClaimCheck) pointer(e *Event) []byte {
+	return PayloadPointer(c.Bucket, c.key(e))
+}
+
+// PayloadPointer returns the extended clients' pointer body for an object.
+func PayloadPointer(bucket, key string) []byte {
+	ref, _ := json.Marshal(struct {
+		Bucket string `json:"s3BucketName"`
+		Key    string `json:"s3Key"`
+	}{bucket, key})
+	var b bytes.Buffer
+	b.WriteString(`["` + wire.PointerClass + `",`)
+	b.Write(ref)
+	b.WriteString("]")
+	return b.Bytes()
+}
+
+// messageSize is the size of e's message once its payload of payloadLen bytes is offloaded:
+// the pointer, the attributes and ExtendedPayloadSize.
+func (c *ClaimCheck) messageSize(e *Event, payloadLen int) int {
+	return len(c.pointer(e)) + attributesSize(e) + len(wire.ExtendedPayloadSize) + len("Number") + len(extendedSizeAttr(payloadLen))
+}
+
+// offloaded returns a copy of e whose payload is the pointer to the stored one.
+func (c *ClaimCheck) offloaded(e *Event) *Event {
+	o := *e
+	o.ExtendedPayloadSize = len(e.Payload)
+	o.Payload = c.pointer(e)
+	return &o
+}
+
+// PayloadStore stores claim-checked payloads.
+type PayloadStore interface {
+	// PutPayload stores body at bucket/key, replacing what is there. An error wrapped with
+	// Permanent means retrying cannot help.
+	PutPayload(ctx context.Context, bucket, key string, body []byte) error
+}
+
+// s3Putter is the one S3 call a PayloadStore needs.
+type s3Putter interface {
+	PutObject(ctx context.Context, in *s3.PutObjectInput, opts ...func(*s3.Options)) (*s3.PutObjectOutput, error)
+}
+
+var _ s3Putter = (*s3.Client)(nil)
+
+// S3PayloadStore is a PayloadStore on S3 (PutObject, content type application/json).
+type S3PayloadStore struct{ client s3Putter }
+
+// NewS3PayloadStore returns a PayloadStore over an S3 client.
+func NewS3PayloadStore(client s3Putter) *S3PayloadStore { return &S3PayloadStore{client: client} }
+
+// PutPayload implements PayloadStore.
+func (s *S3PayloadStore) PutPayload(ctx context.Context, bucket, key string, body []byte) error {
+	_, err := s.client.PutObject(ctx, &s3.PutObjectInput{
+		Bucket: aws.String(bucket), Key: aws.String(key), Body: bytes.NewReader(body),
+		ContentLength: aws.Int64(int64(len(body))), ContentType: aws.String("application/json"),
+	})
+	if err != nil {
+		err = fmt.Errorf("store payload in s3://%s/%s: %w", bucket, key, err)
+		var apiErr smithy.APIError
+		if errors.As(err, &apiErr) && (apiErr.ErrorCode() == "InvalidBucketName" || apiErr.ErrorCode() == "KeyTooLongError" || apiErr.ErrorCode() == "EntityTooLarge") {
+			err = Permanent(err)
+		}
+	}
+	return err
+}
+
+// extendedSizeAttr is the ExtendedPayloadSize attribute's value.
+func extendedSizeAttr(n int) string { return strconv.Itoa(n) }
