@@ -59,9 +59,9 @@ func (l *lane) fail(err error, outage bool, retryAt time.Time) {
 // key's rows reach the broker in id order and a failed row is never overtaken by a later row
 // of its key. Workers loop on next and finish.
 type laneSet struct {
-	mu         sync.Mutex
-	cond       *sync.Cond
-	ready      []*lane
+	mu       sync.Mutex
+	cond     *sync.Cond
+	ready    []*lane
 	inFlight int
 	// limits gives each destination's limits of one call.
 	limits func(dest string) Limits
