@@ -2,6 +2,8 @@
 // publishes them (pkg/outbox) and the consumers that read them (pkg/inbox).
 package wire
 
+import "encoding/json"
+
 // String message attributes carried on every published message.
 const (
 	// MessageID is the outbox event_id: the consumers' dedup key and the FIFO deduplication id.
@@ -32,3 +34,25 @@ const (
 	// LegacyPointerClass is the pointer class older extended clients wrote.
 	LegacyPointerClass = "com.amazon.sqs.javamessaging.MessageS3Pointer"
 )
+
+// Envelope is the JSON document that carries an event to destinations without message
+// attributes: EventBridge's detail and a Kinesis record's data. The contract's attributes are
+// under "metadata", the payload, as published to SNS, under "data" (a claim check's pointer
+// when metadata.extendedPayloadSize is set).
+type Envelope struct {
+	Metadata EnvelopeMetadata `json:"metadata"`
+	Data     json.RawMessage  `json:"data"`
+}
+
+// EnvelopeMetadata is an Envelope's metadata: the attributes of the wire contract.
+type EnvelopeMetadata struct {
+	MessageID     string            `json:"messageId"`
+	EventType     string            `json:"eventType"`
+	AggregateType string            `json:"aggregateType,omitempty"`
+	AggregateID   string            `json:"aggregateId,omitempty"`
+	PartitionKey  string            `json:"partitionKey"`
+	CreatedAt     string            `json:"createdAt"`
+	Headers       map[string]string `json:"headers,omitempty"`
+	// ExtendedPayloadSize is set when data is a claim check's pointer: the stored payload's size.
+	ExtendedPayloadSize int `json:"extendedPayloadSize,omitempty"`
+}

@@ -1,0 +1,159 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/internal/wire"
+)
+
+// kafkaProducer is the one franz-go call the relay needs.
+type kafkaProducer interface {
+	ProduceSync(ctx context.Context, rs ...*kgo.Record) kgo.ProduceResults
+}
+
+var _ kafkaProducer = (*kgo.Client)(nil)
+
+// DefaultKafkaMaxMessageBytes is KafkaPublisher's default message limit: a broker's default
+// message.max.bytes (1 MiB, with room for the record batch's overhead).
+const DefaultKafkaMaxMessageBytes = 1_000_000
+
+// KafkaPublisher produces events to Kafka topics (Amazon MSK or any cluster) with franz-go: the
+// record key is the row's partition key, so a key stays on one partition, the value is the
+// payload as published to SNS, and the contract's attributes and the headers are record
+// headers. The client should keep franz-go's defaults of an idempotent producer with acks=all
+// (NewKafkaClient does): an event is acknowledged when every in-sync replica has it. The relay
+// sends a key's next row only after its previous one was acknowledged, so a key's records are
+// in id order on its partition (docs/destinations.md).
+type KafkaPublisher struct {
+	client     kafkaProducer
+	maxMessage int
+}
+
+// NewKafkaPublisher returns a Publisher over a franz-go client; maxMessageBytes is the largest
+// record value and headers the brokers accept (0 for DefaultKafkaMaxMessageBytes).
+func NewKafkaPublisher(client kafkaProducer, maxMessageBytes int) *KafkaPublisher {
+	if maxMessageBytes <= 0 {
+		maxMessageBytes = DefaultKafkaMaxMessageBytes
+	}
+	return &KafkaPublisher{client: client, maxMessage: maxMessageBytes}
+}
+
+var (
+	_ LimitedPublisher   = (*KafkaPublisher)(nil)
+	_ DestinationChecker = (*KafkaPublisher)(nil)
+)
+
+// Limits implements LimitedPublisher: up to 500 records a call.
+func (p *KafkaPublisher) Limits(string) Limits {
+	return Limits{MaxEntries: 500, MaxMessageBytes: p.maxMessage, MaxCallBytes: 64 << 20}
+}
+
+// CheckDestination implements DestinationChecker: dest must be kafka://TOPIC.
+func (p *KafkaPublisher) CheckDestination(dest string) error {
+	if d, err := ParseDestination(dest); err != nil || d.Kind != Kafka {
+		return fmt.Errorf("destination %q is not a Kafka topic (kafka://NAME)", dest)
+	}
+	return nil
+}
+
+// KafkaRecord returns the record that carries e to topic.
+func KafkaRecord(topic string, e *Event) *kgo.Record {
+	headers := []kgo.RecordHeader{
+		{Key: wire.MessageID, Value: []byte(e.EventID.String())},
+		{Key: wire.EventType, Value: []byte(e.EventType)},
+		{Key: wire.CreatedAt, Value: []byte(e.CreatedAt.UTC().Format(time.RFC3339Nano))},
+	}
+	if e.AggregateType != "" {
+		headers = append(headers, kgo.RecordHeader{Key: wire.AggregateType, Value: []byte(e.AggregateType)})
+	}
+	if e.AggregateID != "" {
+		headers = append(headers, kgo.RecordHeader{Key: wire.AggregateID, Value: []byte(e.AggregateID)})
+	}
+	if e.ExtendedPayloadSize > 0 {
+		headers = append(headers, kgo.RecordHeader{Key: wire.ExtendedPayloadSize, Value: []byte(strconv.Itoa(e.ExtendedPayloadSize))})
+	}
+	for _, k := range headerOrder(e.Headers) {
+		if checkHeaderName(k) == "" && checkAttrValue(e.Headers[k]) == "" {
+			headers = append(headers, kgo.RecordHeader{Key: k, Value: []byte(e.Headers[k])})
+		}
+	}
+	return &kgo.Record{Topic: topic, Key: []byte(e.PartitionKey), Value: e.Payload, Headers: headers, Timestamp: e.CreatedAt}
+}
+
+// permanentKafkaErrors are broker answers that producing the same record again cannot fix.
+var permanentKafkaErrors = []error{
+	kerr.MessageTooLarge, kerr.RecordListTooLarge, kerr.InvalidTopicException, kerr.InvalidRecord,
+	kerr.CorruptMessage, kerr.InvalidRequiredAcks, kerr.UnsupportedForMessageFormat, kerr.UnsupportedCompressionType,
+}
+
+// PublishBatch implements Publisher: one ProduceSync of every event, each acknowledged (or not)
+// on its own.
+func (p *KafkaPublisher) PublishBatch(ctx context.Context, dest string, events []*Event) []error {
+	d, err := ParseDestination(dest)
+	if err != nil || d.Kind != Kafka {
+		return fillErrors(len(events), Permanent(fmt.Errorf("destination %q is not a Kafka topic (kafka://NAME)", dest)))
+	}
+	errs := make([]error, len(events))
+	var (
+		records []*kgo.Record
+		index   []int
+	)
+	for i, e := range events {
+		rec := KafkaRecord(d.Name, e)
+		n := len(rec.Key) + len(rec.Value)
+		for _, h := range rec.Headers {
+			n += len(h.Key) + len(h.Value)
+		}
+		if n > p.maxMessage {
+			errs[i] = Permanent(fmt.Errorf("kafka: event %s is %d bytes as a record, above the %d the brokers take", e.EventID, n, p.maxMessage))
+			continue
+		}
+		records, index = append(records, rec), append(index, i)
+	}
+	if len(records) == 0 {
+		return errs
+	}
+	// An idempotent producer never fails a record whose request was sent (it cannot know
+	// whether the broker wrote it), so ProduceSync may outlast the call's deadline while a broker
+	// refuses: the call ends at the deadline, and records franz-go still holds may be delivered
+	// later (duplicates, never reordered: the relay retries a key's row before its next one).
+	done := make(chan kgo.ProduceResults, 1)
+	go func() { done <- p.client.ProduceSync(ctx, records...) }()
+	var results kgo.ProduceResults
+	select {
+	case results = <-done:
+	case <-ctx.Done():
+		for _, i := range index {
+			errs[i] = fmt.Errorf("kafka produce to %s: %w", d.Name, ctx.Err())
+		}
+		return errs
+	}
+	byRecord := make(map[*kgo.Record]error, len(results))
+	for _, r := range results {
+		byRecord[r.Record] = r.Err
+	}
+	for j, rec := range records {
+		err, ok := byRecord[rec]
+		if !ok {
+			err = errors.New("kafka produce: record missing from the results")
+		}
+		if err != nil {
+			err = fmt.Errorf("kafka produce to %s: %w", d.Name, err)
+			for _, perm := range permanentKafkaErrors {
+				if errors.Is(err, perm) {
+					err = Permanent(err)
+					break
+				}
+			}
+		}
+		errs[index[j]] = err
+	}
+	return errs
+}
