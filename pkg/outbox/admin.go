@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/sluicehq/sluice/internal/admin"
 	"github.com/sluicehq/sluice/internal/partition"
 )
 
@@ -33,7 +34,7 @@ type Lag struct {
 }
 
 // LagOf reads the backlog figures. Its cost follows the backlog, not the table: it reads only
-// the partial index of unpublished rows and the newest rows.
+// the partial index of unpublished rows and the newest rows. inbox.LagOf is its counterpart.
 func LagOf(ctx context.Context, db Querier) (Lag, error) {
 	var (
 		lag    Lag
@@ -57,9 +58,19 @@ func LagOf(ctx context.Context, db Querier) (Lag, error) {
 	return lag, nil
 }
 
+// DefaultPurgeBatchSize is PurgeOptions.BatchSize's default, the same in outbox and inbox
+// (inbox.DefaultPurgeBatchSize).
+const DefaultPurgeBatchSize = admin.DefaultPurgeBatchSize
+
+// ErrInvalidBatchSize is returned, wrapped, for a negative PurgeOptions.BatchSize; it is the
+// same error as inbox.ErrInvalidBatchSize.
+var ErrInvalidBatchSize = admin.ErrInvalidBatchSize
+
 // PurgeOptions tune Purge. A nil *PurgeOptions takes the defaults.
 type PurgeOptions struct {
-	// BatchSize is the number of rows examined per DELETE statement. Defaults to 5000.
+	// BatchSize is the most rows one DELETE statement removes (each statement examines as many
+	// rows in primary-key order). Defaults to DefaultPurgeBatchSize; a negative value is refused
+	// with ErrInvalidBatchSize.
 	BatchSize int
 }
 
@@ -76,9 +87,13 @@ func Purge(ctx context.Context, db Querier, olderThan time.Duration, opts *Purge
 	if olderThan <= 0 {
 		return 0, fmt.Errorf("outbox: purge needs a positive retention, got %s", olderThan)
 	}
-	batch := 5000
-	if opts != nil && opts.BatchSize > 0 {
-		batch = opts.BatchSize
+	var o PurgeOptions
+	if opts != nil {
+		o = *opts
+	}
+	batch, err := admin.PurgeBatch(o.BatchSize)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: purge: %w", err)
 	}
 	layout, err := partition.Read(ctx, db, outboxPartitions)
 	if err != nil {
@@ -180,16 +195,30 @@ func ListQuarantined(ctx context.Context, db Querier, limit int) ([]QuarantinedR
 	return out, nil
 }
 
-// ErrNothingSelected is returned when an operation was given an empty selection.
-var ErrNothingSelected = errors.New("no rows selected")
+// ErrNothingSelected is returned by RetryQuarantined for an empty selection; it is the same
+// error as inbox.ErrNothingSelected.
+var ErrNothingSelected = admin.ErrNothingSelected
 
-// RetryQuarantined releases quarantined rows (the given ids, or all when ids is nil) for the
-// relay to publish again with a fresh attempt count; it returns how many it released.
-// The last error is kept for the record until the row is published.
+// RetryQuarantined releases the quarantined rows among ids for the relay to publish again with a
+// fresh attempt count, and returns how many it released (ids that are not quarantined are
+// ignored). An empty ids, nil or not, changes nothing and returns ErrNothingSelected: to
+// release every quarantined row, call RetryAllQuarantined. The last error is kept for the
+// record until the row is published. inbox.RetryParked is its counterpart.
 func RetryQuarantined(ctx context.Context, db Querier, ids []int64) (int64, error) {
-	if ids != nil && len(ids) == 0 {
-		return 0, ErrNothingSelected
+	if len(ids) == 0 {
+		return 0, fmt.Errorf("retry quarantined outbox rows: %w (RetryAllQuarantined releases every one)", ErrNothingSelected)
 	}
+	return retryQuarantined(ctx, db, ids)
+}
+
+// RetryAllQuarantined releases every quarantined row, as RetryQuarantined does the rows it is
+// given, and returns how many. inbox.RetryAllParked is its counterpart.
+func RetryAllQuarantined(ctx context.Context, db Querier) (int64, error) {
+	return retryQuarantined(ctx, db, nil)
+}
+
+// retryQuarantined releases the quarantined rows of ids, every one when ids is nil.
+func retryQuarantined(ctx context.Context, db Querier, ids []int64) (int64, error) {
 	var n int64
 	err := db.QueryRow(ctx, `
 		WITH released AS (

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/pkg/inbox"
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
@@ -89,11 +90,37 @@ func TestReplayPublishesTheChosenRowsAgainWithTheSameEventID(t *testing.T) {
 	require.ErrorContains(t, err, "range is empty")
 }
 
+// An empty selection is a mistake (a filter that matched nothing), never "all": nil and an
+// empty slice change nothing; RetryAllQuarantined is the explicit "all".
 func TestRetryQuarantinedWithEmptySelectionChangesNothing(t *testing.T) {
 	t.Parallel()
+	ctx := context.Background()
 	b := setup(t)
-	_, err := outbox.RetryQuarantined(context.Background(), b.pool, []int64{})
-	require.ErrorIs(t, err, outbox.ErrNothingSelected)
+	b.write(t, 3, 3)
+	_, err := b.pool.Exec(ctx, `UPDATE outbox_event SET quarantined_at = now(), attempts = 10`)
+	require.NoError(t, err)
+	for _, ids := range [][]int64{nil, {}} {
+		_, err := outbox.RetryQuarantined(ctx, b.pool, ids)
+		require.ErrorIs(t, err, outbox.ErrNothingSelected)
+		require.ErrorIs(t, err, inbox.ErrNothingSelected, "the same error as the inbox's")
+	}
+	require.Equal(t, 3, b.countWhere(t, "quarantined_at IS NOT NULL"), "nothing released")
+
+	n, err := outbox.RetryQuarantined(ctx, b.pool, []int64{1, 999})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "ids that are not quarantined are ignored")
+	n, err = outbox.RetryAllQuarantined(ctx, b.pool)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+	require.Zero(t, b.countWhere(t, "quarantined_at IS NOT NULL OR attempts <> 0"))
+}
+
+func TestPurgeRefusesANegativeBatchSize(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := outbox.Purge(context.Background(), b.pool, time.Hour, &outbox.PurgeOptions{BatchSize: -1})
+	require.ErrorIs(t, err, outbox.ErrInvalidBatchSize)
+	require.ErrorIs(t, err, inbox.ErrInvalidBatchSize, "the same error as the inbox's")
 }
 
 // holdTx opens a transaction on a connection of its own (named application in

@@ -184,7 +184,7 @@ func ReadStatus(ctx context.Context, db Querier, opts StatusOptions) (*Status, e
 	if err != nil {
 		return nil, err
 	}
-	consumers, err := inbox.Stats(ctx, db)
+	consumers, err := inbox.LagOf(ctx, db)
 	if err != nil {
 		return nil, err
 	}
