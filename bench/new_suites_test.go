@@ -318,3 +318,25 @@ func TestNewSuitesMerge(t *testing.T) {
 		t.Fatal("merge kept the wrong suites")
 	}
 }
+
+// notes.md is a template: it renders with every suite's results and without them (n/a), and
+// quotes the run's numbers.
+func TestNotesRender(t *testing.T) {
+	t.Parallel()
+	for name, rep := range map[string]*Report{"new suites": newSuitesReport(), "no suites": {}} {
+		out := rep.renderNotes(notes)
+		if strings.Contains(out, "{{") || strings.Contains(out, "does not parse") || strings.Contains(out, "does not render") {
+			t.Fatalf("%s: notes.md did not render:\n%s", name, out[max(0, len(out)-400):])
+		}
+	}
+	out := newSuitesReport().renderNotes(notes)
+	for _, want := range []string{"reached 2,500 tx/s from 16 clients against 5,000 tx/s without it (50%", "the longest wait of an idle key's row was 1.20 s, (b) key in backoff",
+		"claim **not met**"} {
+		if !strings.Contains(out, strings.ReplaceAll(want, "**", "")) {
+			t.Errorf("notes lack %q", want)
+		}
+	}
+	if bad := (&Report{}).renderNotes("{{.no_such_value}}"); !strings.Contains(bad, "does not render") {
+		t.Errorf("a misspelt value must show, got %q", bad)
+	}
+}

@@ -239,7 +239,7 @@ func (r *Report) Markdown() string {
 	r.wakeupMarkdown(w)
 	r.sustainedMarkdown(w)
 
-	w("## Analysis\n\n%s\n", strings.TrimSpace(notes))
+	w("## Analysis\n\n%s\n", strings.TrimSpace(r.renderNotes(notes)))
 	w("\n## Run time\n\n| suite | time |\n|---|---|\n")
 	for _, s := range r.SuiteTimes {
 		w("| %s | %s |\n", s.Name, s.Took.Round(time.Second))
