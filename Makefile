@@ -62,7 +62,7 @@ fuzz: ## Fuzz the inbox message parser briefly (seed corpus in pkg/inbox/testdat
 BENCH_FLAGS ?= -out ../BENCHMARKS.md -chart ../docs/bench.png -chart-ref docs/bench.png -results results.json
 
 .PHONY: bench
-bench: ## Benchmark sluice against its peers and the machine (about 40 min); writes BENCHMARKS.md, docs/bench.png and docs/bench-sustained.png.
+bench: ## Benchmark sluice against its peers and the machine (about 45 min, 32 of them the sustained suite; `cd bench && go run . -quick -out /tmp/q.md` proves the harness in about 3); writes BENCHMARKS.md, docs/bench.png and docs/bench-sustained.png.
 	cd bench && $(GO) run . $(BENCH_FLAGS) -command "go run . $(BENCH_FLAGS)"
 
 .PHONY: cli

@@ -70,6 +70,19 @@ func (b *waitBook) pending(ids []uuid.UUID) int {
 	return n
 }
 
+// committedSince returns the ids, in their order, whose commit was recorded at or after t.
+func (b *waitBook) committedSince(ids []uuid.UUID, t time.Time) []uuid.UUID {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []uuid.UUID
+	for _, id := range ids {
+		if c, ok := b.committed[id]; ok && !c.Before(t) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
 // waits returns the commit-to-acknowledgement time of each of ids that was acknowledged, in
 // the order of ids, and how many were not. A wait is never negative: the broker can
 // acknowledge an event a few microseconds before its producer's Commit call returns.

@@ -156,6 +156,11 @@ func writeSustainedChart(path string, rep *Report) error {
 		lat.Y.Tick.Marker = plot.LogTicks{Prec: -1}
 		lat.Legend.Top, lat.Legend.Left = true, true
 		hasLat := false
+		var marks []struct {
+			at  time.Duration
+			c   color.Color
+			who string
+		}
 		for _, run := range s.Runs {
 			if run.layout() != layout {
 				continue
@@ -163,6 +168,13 @@ func writeSustainedChart(path string, rep *Report) error {
 			c, who := color.Color(free), "VACUUM free"
 			if run.HeldBack {
 				c, who = held, "held back"
+			}
+			if run.Warmup > 0 {
+				marks = append(marks, struct {
+					at  time.Duration
+					c   color.Color
+					who string
+				}{run.Warmup, c, who})
 			}
 			for j, ser := range []struct {
 				name string
@@ -210,6 +222,28 @@ func writeSustainedChart(path string, rep *Report) error {
 		}
 		sizes.Add(plotter.NewGrid())
 		sizes.Y.Min = 0
+		// Where each run's measurement window begins: a dotted vertical line across both plots,
+		// drawn once the plots' ranges are known.
+		for _, m := range marks {
+			for _, p := range []*plot.Plot{sizes, lat} {
+				if p == lat && !hasLat {
+					continue
+				}
+				lo, hi := p.Y.Min, p.Y.Max
+				if p == lat && lo <= 0 {
+					lo = hi / 1000
+				}
+				l, err := plotter.NewLine(plotter.XYs{{X: m.at.Minutes(), Y: lo}, {X: m.at.Minutes(), Y: hi}})
+				if err != nil {
+					return err
+				}
+				l.Color, l.Dashes, l.Width = m.c, []vg.Length{vg.Points(1), vg.Points(3)}, vg.Points(1)
+				p.Add(l)
+				if p == sizes {
+					p.Legend.Add(m.who+": measurement window begins", l)
+				}
+			}
+		}
 		if hasLat {
 			lat.Add(plotter.NewGrid())
 		}

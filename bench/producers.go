@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // ProducersResult is the concurrent-producer suite's outcome (issue 11, sections 1 and 2): the
@@ -50,13 +52,55 @@ const (
 	varMinimal = "order + minimal row"
 	varWrite   = "order + outbox.Write"
 	varQueue   = "order + outbox.Queue"
+	// varNotify is the minimal row with migration 0001's trigger back on outbox_event: one
+	// pg_notify per inserting statement, so every producer's commit queues a notification.
+	varNotify = "order + minimal row + NOTIFY trigger"
+	// varNotifyIdle is the minimal row with a trigger that notifies only when no older row is
+	// pending, the alternative issue 11 names. No relay runs here, so older rows are always
+	// pending: it measures the check alone, never a notification (its best case; its worst
+	// case, a relay that keeps the table empty, is varNotify plus the check).
+	varNotifyIdle = "order + minimal row + NOTIFY only when none pending"
 )
 
-// producersVariants maps each variant to its orderTx variant.
-var producersVariants = []struct {
-	name string
-	tx   int
-}{{varOrder, 0}, {varMinimal, 3}, {varWrite, 1}, {varQueue, 5}}
+// producersVariant is one concurrent-producer variant: an orderTx variant, with setup run
+// before each of its blocks and teardown after (the trigger variants create their trigger on
+// outbox_event for the block and drop it after, so that no other variant's block has it).
+type producersVariant struct {
+	name            string
+	tx              int
+	setup, teardown string
+}
+
+// producersVariants are the variants in the report's order.
+var producersVariants = []producersVariant{{name: varOrder, tx: 0}, {name: varMinimal, tx: 3}, {name: varWrite, tx: 1}, {name: varQueue, tx: 5},
+	{name: varNotify, tx: 3,
+		setup:    "CREATE TRIGGER bench_outbox_notify AFTER INSERT ON outbox_event FOR EACH STATEMENT EXECUTE FUNCTION bench_outbox_notify()",
+		teardown: "DROP TRIGGER bench_outbox_notify ON outbox_event"},
+	{name: varNotifyIdle, tx: 3,
+		setup: "CREATE TRIGGER bench_outbox_notify_if_idle AFTER INSERT ON outbox_event REFERENCING NEW TABLE AS new_rows " +
+			"FOR EACH STATEMENT EXECUTE FUNCTION bench_outbox_notify_if_idle()",
+		teardown: "DROP TRIGGER bench_outbox_notify_if_idle ON outbox_event"},
+}
+
+// createNotifyFunctions creates the trigger functions of the NOTIFY variants: migration 0001's
+// outbox_event_notify() (dropped by migration 0003), and one that notifies only when no row
+// older than the statement's is pending.
+const createNotifyFunctions = `
+CREATE OR REPLACE FUNCTION bench_outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('sluice_outbox', '');
+    RETURN NULL;
+END;
+$$;
+CREATE OR REPLACE FUNCTION bench_outbox_notify_if_idle() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM outbox_event o
+                   WHERE o.published_at IS NULL AND o.id < (SELECT min(n.id) FROM new_rows n)) THEN
+        PERFORM pg_notify('sluice_outbox', '');
+    END IF;
+    RETURN NULL;
+END;
+$$;`
 
 func (p *ProducersResult) run(variant string, clients int) (ProducersRun, bool) {
 	for _, r := range p.Runs {
@@ -94,6 +138,9 @@ func runProducersSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes
 	if _, err := pool.Exec(ctx, createOrders); err != nil {
 		return err
 	}
+	if _, err := pool.Exec(ctx, createNotifyFunctions); err != nil {
+		return err
+	}
 	res := &ProducersResult{Clients: sz.ProducersClients, Rounds: sz.ProducersRounds, Block: sz.ProducersBlock, Durable: denv.Durable}
 
 	type runKey struct {
@@ -104,42 +151,24 @@ func runProducersSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes
 	runs := map[runKey]*ProducersRun{}
 	seq := 0
 	// block runs n clients of variant v for d and returns their latencies and the block's length.
-	block := func(v, n int, d time.Duration) ([]time.Duration, time.Duration, error) {
-		var (
-			mu    sync.Mutex
-			lat   []time.Duration
-			first error
-			wg    sync.WaitGroup
-		)
-		start := time.Now()
-		end := start.Add(d)
-		for c := range n {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				var mine []time.Duration
-				for i := 0; time.Now().Before(end); i++ {
-					took, err := orderTx(ctx, pool, v, seq+c*1_000_000+i)
-					if err != nil {
-						mu.Lock()
-						first = err
-						mu.Unlock()
-						return
-					}
-					mine = append(mine, took)
+	block := func(v producersVariant, n int, d time.Duration) (lat []time.Duration, took time.Duration, err error) {
+		if v.setup != "" {
+			if _, err := pool.Exec(ctx, v.setup); err != nil {
+				return nil, 0, fmt.Errorf("set up %s: %w", v.name, err)
+			}
+			defer func() {
+				if _, terr := pool.Exec(context.WithoutCancel(ctx), v.teardown); terr != nil && err == nil {
+					err = fmt.Errorf("tear down %s: %w", v.name, terr)
 				}
-				mu.Lock()
-				lat = append(lat, mine...)
-				mu.Unlock()
 			}()
 		}
-		wg.Wait()
+		lat, took, err = runBlock(ctx, pool, v.tx, n, d, seq)
 		seq += 100_000_000
-		return lat, time.Since(start), first
+		return lat, took, err
 	}
 	// Warm-up: every variant on every connection (prepared statements, caches).
 	for _, v := range producersVariants {
-		if _, _, err := block(v.tx, maxClients, sz.ProducersBlock/2); err != nil {
+		if _, _, err := block(v, maxClients, sz.ProducersBlock/2); err != nil {
 			return err
 		}
 	}
@@ -147,7 +176,7 @@ func runProducersSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes
 		for _, n := range sz.ProducersClients {
 			for k := range producersVariants {
 				v := producersVariants[(round+k)%len(producersVariants)]
-				lat, took, err := block(v.tx, n, sz.ProducersBlock)
+				lat, took, err := block(v, n, sz.ProducersBlock)
 				if err != nil {
 					return fmt.Errorf("%s, %d clients: %w", v.name, n, err)
 				}
@@ -175,4 +204,39 @@ func runProducersSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes
 	}
 	rep.Producers = res
 	return nil
+}
+
+// runBlock runs n clients of orderTx variant v back to back for d, each transaction numbered
+// from seq, and returns every transaction's latency and the block's length.
+func runBlock(ctx context.Context, pool *pgxpool.Pool, v, n int, d time.Duration, seq int) ([]time.Duration, time.Duration, error) {
+	var (
+		mu    sync.Mutex
+		lat   []time.Duration
+		first error
+		wg    sync.WaitGroup
+	)
+	start := time.Now()
+	end := start.Add(d)
+	for c := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var mine []time.Duration
+			for i := 0; time.Now().Before(end); i++ {
+				took, err := orderTx(ctx, pool, v, seq+c*1_000_000+i)
+				if err != nil {
+					mu.Lock()
+					first = err
+					mu.Unlock()
+					return
+				}
+				mine = append(mine, took)
+			}
+			mu.Lock()
+			lat = append(lat, mine...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return lat, time.Since(start), first
 }

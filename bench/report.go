@@ -239,7 +239,7 @@ func (r *Report) Markdown() string {
 	r.wakeupMarkdown(w)
 	r.sustainedMarkdown(w)
 
-	w("## Analysis\n\n%s\n", strings.TrimSpace(notes))
+	w("## Analysis\n\n%s\n", strings.TrimSpace(r.renderNotes(notes)))
 	w("\n## Run time\n\n| suite | time |\n|---|---|\n")
 	for _, s := range r.SuiteTimes {
 		w("| %s | %s |\n", s.Name, s.Took.Round(time.Second))
@@ -515,8 +515,8 @@ func (r *Report) scaleMarkdown(w func(string, ...any)) {
 			float64(c.Latency.P50)/float64(base), c.ExplainTime, settle)
 	}
 	p := s.Purge
-	w("\nPurge: `outbox.Purge(ctx, pool, 7*24h, nil)` (batches of 5,000 by primary key) deleted **%s rows in %s: %s rows/s**.\n\n",
-		num(float64(p.Deleted)), p.Elapsed.Round(time.Millisecond), num(p.Rate()))
+	w("\nPurge: `outbox.Purge(ctx, pool, 7*24h, nil)` (batches of %s by primary key) deleted **%s rows in %s: %s rows/s**.\n\n",
+		num(float64(outbox.DefaultPurgeBatchSize)), num(float64(p.Deleted)), p.Elapsed.Round(time.Millisecond), num(p.Rate()))
 	w("| outbox_event | rows | table (heap, TOAST, maps) | indexes |\n|---|---:|---:|---:|\n")
 	for _, row := range []struct {
 		name string
@@ -637,8 +637,8 @@ func (r *Report) issue11Targets() []target {
 			ratio := w.Rate() / m.Rate()
 			ts = append(ts, target{11, fmt.Sprintf("Concurrent producers, %d clients, durable commits", maxC),
 				"order + outbox.Write ≥ 90% of the tx/s of order + a hand-written minimal row",
-				fmt.Sprintf("%.1f%% (%s vs %s tx/s); the minimal row goes into the same table: migration 0003 dropped the NOTIFY trigger the issue compared against",
-					100*ratio, num(w.Rate()), num(m.Rate())), verdict(ratio >= 0.9)})
+				fmt.Sprintf("%.1f%% (%s vs %s tx/s); the minimal row goes into the same table: migration 0003 dropped the NOTIFY trigger the issue compared against%s",
+					100*ratio, num(w.Rate()), num(m.Rate()), notifyNote(p, maxC)), verdict(ratio >= 0.9)})
 		}
 		var parts []string
 		ok, measuredAll := true, true
@@ -678,23 +678,40 @@ func (r *Report) issue11Targets() []target {
 			if !ok {
 				continue
 			}
+			// The held-back run is judged only when it measured behind a snapshot as old as the
+			// issue asks (a -quick run's is not).
+			aged := held.HorizonAtMeasure >= sustainedHeldAge
+			window := fmt.Sprintf("over %s of measurement begun when the held snapshot was %s old", held.Measure, held.HorizonAtMeasure.Round(time.Second))
+			if !aged {
+				window += fmt.Sprintf(" (not judged: issue 11 asks for %s)", sustainedHeldAge)
+			}
 			c, okc := slowdown(float64(base.Claim.P50), float64(held.Claim.P50), true)
-			cl, okcl := slowdown(float64(base.ClaimLate.P50), float64(held.ClaimLate.P50), true)
 			ts = append(ts, target{11, "Claim latency with VACUUM held back, " + layout,
-				fmt.Sprintf("p50 within %.1f× of the run without, over the whole run and over its last quarter (the claim must stay cheap)", sustainedTarget),
-				fmt.Sprintf("whole run: %.2f× (%s vs %s); last quarter: %.2f× (%s vs %s); VACUUM held back for %s at the end",
-					c, dur(held.Claim.P50), dur(base.Claim.P50), cl, dur(held.ClaimLate.P50), dur(base.ClaimLate.P50), held.HorizonAge.Round(time.Second)),
-				verdictIf(okc && okcl, c <= sustainedTarget && cl <= sustainedTarget)})
+				fmt.Sprintf("p50 within %.1f× of the run without, while a transaction at least %s old holds VACUUM back and %s events/s flow", sustainedTarget, sustainedHeldAge, num(float64(s.Rate))),
+				fmt.Sprintf("%.2f× (%s vs %s) %s; during the warm-up (not judged): %s vs %s", c, dur(held.Claim.P50), dur(base.Claim.P50), window,
+					p50OrNone(held.ClaimWarmup), p50OrNone(base.ClaimWarmup)),
+				verdictIf(okc && aged, c <= sustainedTarget)})
 			t, okt := slowdown(base.Throughput, held.Throughput, false)
 			ts = append(ts, target{11, "Relay throughput with VACUUM held back, " + layout,
-				fmt.Sprintf("events acknowledged per second while %s events/s are offered, within %.1f× of the run without", num(float64(s.Rate)), sustainedTarget),
-				fmt.Sprintf("%s vs %s events/s (free ÷ held back: %.2f×); commit → ack p99 %s vs %s; not judged: draining %s rows at the end, %s vs %s rows/s",
-					num(held.Throughput), num(base.Throughput), t, dur(held.Latency.P99), dur(base.Latency.P99), num(float64(s.BurstRows)),
+				fmt.Sprintf("events acknowledged per second while %s events/s are offered, within %.1f× of the run without, behind the same transaction", num(float64(s.Rate)), sustainedTarget),
+				fmt.Sprintf("%s vs %s events/s (free ÷ held back: %.2f×) %s; commit → ack p99 %s vs %s; not judged: draining %s rows at the end, %s vs %s rows/s",
+					num(held.Throughput), num(base.Throughput), t, window, dur(held.Latency.P99), dur(base.Latency.P99), num(float64(s.BurstRows)),
 					num(held.Burst.Rate()), num(base.Burst.Rate())),
-				verdictIf(okt, t <= sustainedTarget)})
+				verdictIf(okt && aged, t <= sustainedTarget)})
 		}
 	}
 	return ts
+}
+
+// notifyNote is, when the suite measured it, the minimal row's tx/s with the NOTIFY trigger
+// back, for the targets table.
+func notifyNote(p *ProducersResult, clients int) string {
+	m, okm := p.run(varMinimal, clients)
+	n, okn := p.run(varNotify, clients)
+	if !okm || !okn || m.Rate() <= 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (with that trigger back, the minimal row reaches %s tx/s, %.0f%% of its rate without)", num(n.Rate()), 100*n.Rate()/m.Rate())
 }
 
 // shortenLines cuts every line of text longer than n bytes (a plan's array of 500 ids) to n
@@ -793,13 +810,19 @@ func (r *Report) producersMarkdown(w func(string, ...any)) {
 	w("## 7. Concurrent producers (durable commits)\n\n")
 	w("Section 2's business transaction (`BEGIN; INSERT INTO bench_order ... RETURNING id; COMMIT`) from %s concurrent clients, "+
 		"each running its transactions back to back on its own pooled connection, on the durable server (fsync and synchronous_commit on: "+
-		"each commit waits for its WAL flush, and concurrent commits can share one). Four variants:\n\n", joinInts(p.Clients))
+		"each commit waits for its WAL flush, and concurrent commits can share one). The variants:\n\n", joinInts(p.Clients))
 	w("- **%s**;\n- **%s**: plus a hand-written `INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, "+
 		"partition_key, payload) VALUES (...)` of the same row, the least any outbox on this table pays. Issue 11 compared against the table "+
 		"without its `NOTIFY` trigger; migration 0003 dropped the trigger, so this is the same table `outbox.Write` writes to;\n"+
 		"- **%s**: plus `outbox.Write` of one event (validation, rendering, the multi-row `INSERT ... unnest`);\n"+
-		"- **%s**: the order (with a client-made id) and `outbox.Queue`'s insert in one `pgx.Batch`, one round trip.\n\n",
-		varOrder, varMinimal, varWrite, varQueue)
+		"- **%s**: the order (with a client-made id) and `outbox.Queue`'s insert in one `pgx.Batch`, one round trip;\n"+
+		"- **%s**: the minimal row with migration 0001's trigger put back on `outbox_event` for the variant's blocks "+
+		"(`AFTER INSERT ... FOR EACH STATEMENT EXECUTE FUNCTION` a function doing `pg_notify('sluice_outbox', '')`, created before each block "+
+		"and dropped after it, so no other variant's block has it): every producer's commit queues a notification, what migration 0003 removed;\n"+
+		"- **%s**: the minimal row with a statement trigger (with a transition table) that calls `pg_notify` only when no older row is pending, "+
+		"the cheaper wake-up issue 11 names. No relay runs in this suite, so older rows are always pending: this variant measures the check alone "+
+		"and never notifies, its best case; its worst case, a relay that keeps the table empty, is the NOTIFY trigger's row plus the check.\n\n",
+		varOrder, varMinimal, varWrite, varQueue, varNotify, varNotifyIdle)
 	w("Each variant runs in blocks of %s per client count; a round runs every client count and, within it, every variant, "+
 		"the variants' order rotated by round so that none always runs first or last; %d rounds after a warm-up of every variant on every "+
 		"connection. tx/s is all blocks' transactions over their summed time; latency is BEGIN to COMMIT's return of every transaction. "+
@@ -829,6 +852,7 @@ func (r *Report) producersMarkdown(w func(string, ...any)) {
 				added, strings.Join(blocks, " / "))
 		}
 	}
+	r.notifyMarkdown(w)
 	w("\nIssue 11 asks for `outbox.Write` \"within 1.1× of the cost of the minimal row\". The cost meant is what each adds to the business " +
 		"transaction (its +27%% against `outbox.Write`'s +34%% in the issue), so the ratio is **(order + outbox.Write − order only) ÷ " +
 		"(order + minimal row − order only)**, at p50; the ratio of the totals (order + outbox.Write ÷ order + minimal row) would be close to 1 " +
@@ -850,6 +874,37 @@ func (r *Report) producersMarkdown(w func(string, ...any)) {
 	}
 	w("\nThe added costs are differences of medians measured in interleaved blocks, so a few microseconds of noise move the ratio; " +
 		"the minimal row's cost is the denominator, and when it is small the ratio swings most.\n\n")
+}
+
+// notifyMarkdown renders what the NOTIFY trigger costs concurrent producers: the minimal row's
+// tx/s with each trigger over its tx/s without, per client count.
+func (r *Report) notifyMarkdown(w func(string, ...any)) {
+	p := r.Producers
+	var rows []string
+	for _, c := range p.Clients {
+		m, okm := p.run(varMinimal, c)
+		n, okn := p.run(varNotify, c)
+		if !okm || !okn || m.Rate() <= 0 {
+			continue
+		}
+		idle := "n/a"
+		if i, ok := p.run(varNotifyIdle, c); ok {
+			idle = fmt.Sprintf("%s tx/s (%.0f%%)", num(i.Rate()), 100*i.Rate()/m.Rate())
+		}
+		rows = append(rows, fmt.Sprintf("| %d | %s tx/s | **%s tx/s (%.0f%%)** | %s | %s / %s |", c, num(m.Rate()), num(n.Rate()), 100*n.Rate()/m.Rate(),
+			idle, dur(n.Latency.P50), dur(m.Latency.P50)))
+	}
+	if len(rows) == 0 {
+		return
+	}
+	w("\n**Why migration 0003 dropped the NOTIFY trigger.** The same transaction (the order and the minimal row) without a trigger, with " +
+		"migration 0001's trigger, and with the notify-only-when-none-pending trigger (percentages of the row without a trigger). " +
+		"Issue 11 measured about 2,600 tx/s with the trigger against 5,200 without at 16 clients on a durable server:\n\n")
+	w("| clients | minimal row, no trigger | with the NOTIFY trigger | notify only when none pending (check only: rows always pending) | p50 with the trigger / without |\n|---:|---:|---:|---:|---:|\n")
+	for _, row := range rows {
+		w("%s\n", row)
+	}
+	w("\n")
 }
 
 func clientsLabel(n int) string {
@@ -893,7 +948,7 @@ func (r *Report) sustainedMarkdown(w func(string, ...any)) {
 		return
 	}
 	w("## 9. Sustained load, retention, and VACUUM held back\n\n")
-	w("A producer commits %s events/s for %s, each event its own transaction (`outbox.Write`), over %s keys, while one relay runs "+
+	w("A producer commits %s events/s without a pause, each event its own transaction (`outbox.Write`), over %s keys, while one relay runs "+
 		"(`outbox.NewRelay` with its defaults, `Run`, a stub broker that acknowledges at once, so the relay's database work is what is measured) "+
 		"and retention with %s runs every %s (autovacuum at the server's defaults): on the plain table `outbox.Purge(ctx, pool, %s, nil)`; "+
 		"on the partitioned table, converted while empty by `outbox.ConvertToPartitioned` with partitions of %s ids (%s at the offered rate), "+
@@ -901,19 +956,27 @@ func (r *Report) sustainedMarkdown(w func(string, ...any)) {
 		"published before the cutoff (what the relay Lambda runs at each invocation). Every %s the harness records the table's and its "+
 		"indexes' sizes (summed over partitions) and the dead and live tuples the statistics report. Each run has a fresh database. "+
 		"The *VACUUM held back* runs add a session that holds a snapshot: `BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1 FROM outbox_event LIMIT 1;` "+
-		"in the same database, kept open for the whole run, so no row version deleted or updated after it began can be removed, by VACUUM, "+
+		"in the same database, opened before the producer starts and kept open for the whole run, so no row version deleted or updated after it began can be removed, by VACUUM, "+
 		"by HOT pruning or by index scans marking entries dead. That session also holds the `ACCESS SHARE` lock its `SELECT` took on "+
-		"outbox_event and the partitions that existed then, so on the partitioned table it also keeps those partitions from being dropped.\n\n",
-		num(float64(s.Rate)), s.Duration, num(float64(s.Keys)), s.Retention, s.PurgeEvery, s.Retention, num(float64(s.PartitionSize)), s.PurgeEvery, s.SampleEvery)
+		"outbox_event, and dropping a partition locks the parent table too (`ACCESS EXCLUSIVE`), so on the partitioned table no partition is dropped "+
+		"while it lasts: each drop gives up after its lock timeout and the partition is kept for the next call.\n\n",
+		num(float64(s.Rate)), num(float64(s.Keys)), s.Retention, s.PurgeEvery, s.Retention, num(float64(s.PartitionSize)), s.PurgeEvery, s.SampleEvery)
+	w("Each run first produces for a warm-up and then for a **measurement window of %s**, over which the claim, the throughput and the latency "+
+		"are reported and judged (the producer does not pause in between). The runs without the held-back VACUUM warm up for %s, for "+
+		"retention (%s every %s) and autovacuum to settle into their steady state; the held-back runs warm up for **%s**, so that their window measures the relay "+
+		"behind a snapshot at least that old (issue 11: \"a 10-minute-old open transaction in another session while 1,000 events/s flow\"), "+
+		"with every row version the relay and retention left behind in those minutes still in the table and its indexes. "+
+		"The chart shows each run from its start, the window's beginning marked by a dotted vertical line.\n\n",
+		s.Measure, s.Warmup, s.Retention, s.PurgeEvery, s.HeldWarmup)
 	w("The relay's statements are timed at the client by a pgx tracer on its pool: a **claim** is a round's lock statement "+
 		"(`pg_try_advisory_xact_lock` per key) plus its read (`WITH chain AS ...`: each locked key's rows after its floor), counted for rounds "+
 		"that read rows; the **sweep** walks every pending key (`WITH RECURSIVE walk ...`, one descent of `outbox_event_pending_key_idx` per "+
 		"key); the **poll** reads rows above the relay's frontier; **settle** marks rows published. Throughput is the events the stub "+
-		"acknowledged while the producer ran, per second. At the end of each run, with the producer stopped and the snapshot still held, "+
+		"acknowledged during the measurement window, per second of it; the latency is that of the events committed in the window. At the end of each run, with the producer stopped and the snapshot still held, "+
 		"%s rows in %s keys are inserted at once and the time to acknowledge them all gives the relay's drain rate in the state the run left.\n\n",
 		num(float64(s.BurstRows)), num(float64(s.Keys)))
-	w("| run | events/s offered / reached | acknowledged while producing | commit → ack p50 / p99 | claim p50 (last quarter) | claim p95 | burst drain | retention: rows removed | at the end: heap / indexes / pending-key index | dead tuples | autovacuums | oldest transaction (outbox.HorizonOf) |\n")
-	w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+	w("| run | warm-up + window | oldest transaction when the window began | events/s offered / reached | acknowledged in the window | commit → ack p50 / p99 | claim p50 in the window (warm-up) | claim p95 | burst drain | retention: rows removed | at the end: heap / indexes / pending-key index | dead tuples | autovacuums | oldest transaction at the end (outbox.HorizonOf) |\n")
+	w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 	for _, x := range s.Runs {
 		var (
 			deleted                int64
@@ -951,14 +1014,14 @@ func (r *Report) sustainedMarkdown(w func(string, ...any)) {
 		}
 		latency := fmt.Sprintf("%s / %s", dur(x.Latency.P50), dur(x.Latency.P99))
 		if x.Missing > 0 {
-			latency += fmt.Sprintf(" (%s events not acknowledged 60 s after the end)", num(float64(x.Missing)))
+			latency += fmt.Sprintf(" (%s events of the window not acknowledged 60 s after the end)", num(float64(x.Missing)))
 		}
-		w("| %s | %s / %s | **%s events/s** | %s | **%s** (%s) | %s | %s | %s | %s | %s | %d | %s |\n",
-			x.Name, num(float64(s.Rate)), num(x.Achieved), num(x.Throughput), latency,
-			dur(x.Claim.P50), dur(x.ClaimLate.P50), dur(x.Claim.P95), burst,
+		w("| %s | %s + %s | %s | %s / %s | **%s events/s** | %s | **%s** (%s) | %s | %s | %s | %s | %s | %d | %s |\n",
+			x.Name, x.Warmup, x.Measure, x.HorizonAtMeasure.Round(time.Second), num(float64(s.Rate)), num(x.Achieved), num(x.Throughput), latency,
+			p50OrNone(x.Claim), p50OrNone(x.ClaimWarmup), dur(x.Claim.P95), burst,
 			retention, end, num(float64(x.DeadTuples)), x.Autovacuums, horizon)
 	}
-	w("\nThe relay's statements, p50 over the run (and over its last quarter):\n\n| statement |")
+	w("\nThe relay's statements, p50 in the measurement window (and during the warm-up), and how many ran in the window:\n\n| statement |")
 	for _, x := range s.Runs {
 		w(" %s |", x.Name)
 	}
@@ -970,8 +1033,8 @@ func (r *Report) sustainedMarkdown(w func(string, ...any)) {
 	for _, k := range []string{stmtLock, stmtRead, stmtSweep, stmtPoll, stmtSettle} {
 		w("| %s |", k)
 		for _, x := range s.Runs {
-			l, late := x.Stmts[k], x.StmtsLate[k]
-			w(" %s (%s), %s statements |", p50OrNone(l), p50OrNone(late), num(float64(l.N)))
+			l, warm := x.Stmts[k], x.StmtsWarmup[k]
+			w(" %s (%s), %s statements |", p50OrNone(l), p50OrNone(warm), num(float64(l.N)))
 		}
 		w("\n")
 	}
@@ -989,9 +1052,10 @@ func (r *Report) sustainedMarkdown(w func(string, ...any)) {
 	}
 	for _, layout := range []string{layoutPlain, layoutPartitioned} {
 		if base, held, ok := s.pair(layout); ok {
-			w("\n%s, VACUUM held back ÷ free (p50): claim %s over the run, %s over its last quarter; in the last quarter the read %s, the sweep %s and the settle %s.\n",
-				layout, ratioOf(base.Claim, held.Claim), ratioOf(base.ClaimLate, held.ClaimLate), ratioOf(base.StmtsLate[stmtRead], held.StmtsLate[stmtRead]),
-				ratioOf(base.StmtsLate[stmtSweep], held.StmtsLate[stmtSweep]), ratioOf(base.StmtsLate[stmtSettle], held.StmtsLate[stmtSettle]))
+			w("\n%s, VACUUM held back ÷ free (p50, measurement windows): claim %s, the read %s, the sweep %s, the poll %s and the settle %s; during the warm-ups the claim %s.\n",
+				layout, ratioOf(base.Claim, held.Claim), ratioOf(base.Stmts[stmtRead], held.Stmts[stmtRead]),
+				ratioOf(base.Stmts[stmtSweep], held.Stmts[stmtSweep]), ratioOf(base.Stmts[stmtPoll], held.Stmts[stmtPoll]),
+				ratioOf(base.Stmts[stmtSettle], held.Stmts[stmtSettle]), ratioOf(base.ClaimWarmup, held.ClaimWarmup))
 		}
 	}
 	if r.ChartRef != "" {

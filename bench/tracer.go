@@ -234,6 +234,17 @@ func durations(s []stmtSample) []time.Duration {
 	return d
 }
 
+// before returns the samples that ended before at.
+func before(s []stmtSample, at time.Duration) []stmtSample {
+	var out []stmtSample
+	for _, x := range s {
+		if x.At < at {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
 // after returns the samples that ended at or after at.
 func after(s []stmtSample, at time.Duration) []stmtSample {
 	var out []stmtSample

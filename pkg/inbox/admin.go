@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/sluicehq/sluice/internal/admin"
 	"github.com/sluicehq/sluice/internal/partition"
 )
 
@@ -18,8 +19,9 @@ type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// ConsumerStatus is the inbox backlog of one consumer, for `sluice status`.
-type ConsumerStatus struct {
+// Lag is the inbox backlog of one consumer, the figures its alarms watch (outbox.Lag is the
+// outbox's).
+type Lag struct {
 	Consumer string `json:"consumer"`
 	// Unprocessed counts stored rows not yet applied and not parked (the Async mode's backlog).
 	Unprocessed int64 `json:"unprocessed"`
@@ -29,10 +31,16 @@ type ConsumerStatus struct {
 	Parked int64 `json:"parked"`
 }
 
-// Stats returns the backlog of every consumer that has unprocessed or parked rows, sorted by
+// ConsumerStatus is the former name of Lag.
+//
+// Deprecated: use Lag.
+type ConsumerStatus = Lag
+
+// LagOf returns the backlog of every consumer that has unprocessed or parked rows, sorted by
 // consumer name. Consumers whose rows are all processed are not listed. It reads only the
-// partial indexes, so its cost follows the backlog, not the table.
-func Stats(ctx context.Context, db Querier) ([]ConsumerStatus, error) {
+// partial indexes, so its cost follows the backlog, not the table. outbox.LagOf is its
+// counterpart.
+func LagOf(ctx context.Context, db Querier) ([]Lag, error) {
 	rows, err := db.Query(ctx, `
 SELECT consumer,
        count(*) FILTER (WHERE parked_at IS NULL),
@@ -43,20 +51,26 @@ WHERE processed_at IS NULL
 GROUP BY consumer
 ORDER BY consumer`)
 	if err != nil {
-		return nil, fmt.Errorf("inbox stats: %w", err)
+		return nil, fmt.Errorf("read inbox lag: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ConsumerStatus, error) {
-		var s ConsumerStatus
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Lag, error) {
+		var s Lag
 		var age float64
 		err := r.Scan(&s.Consumer, &s.Unprocessed, &age, &s.Parked)
 		s.OldestUnprocessedAge = time.Duration(age * float64(time.Second))
 		return s, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("inbox stats: %w", err)
+		return nil, fmt.Errorf("read inbox lag: %w", err)
 	}
 	return out, nil
 }
+
+// Stats is the former name of LagOf (the relay's counters are outbox.Stats, the processor's
+// ProcessStats: "stats" now means what a component did, "lag" the backlog).
+//
+// Deprecated: use LagOf.
+func Stats(ctx context.Context, db Querier) ([]Lag, error) { return LagOf(ctx, db) }
 
 // ParkedEvent is a stored message the Processor gave up on.
 type ParkedEvent struct {
@@ -102,21 +116,43 @@ LIMIT $2`, consumer, limit)
 	return out, nil
 }
 
-// RetryParked un-parks rows of consumer so the Processor tries them again right away with a
-// fresh attempt count; with no messageIDs it un-parks every parked row of the consumer. It
-// returns how many rows it un-parked (ids that are not parked are ignored).
-func RetryParked(ctx context.Context, db Querier, consumer string, messageIDs ...string) (int64, error) {
+// ErrNothingSelected is returned by RetryParked for an empty selection; it is the same error
+// as outbox.ErrNothingSelected.
+var ErrNothingSelected = admin.ErrNothingSelected
+
+// RetryParked un-parks the parked rows of consumer among messageIDs so the Processor tries them
+// again right away with a fresh attempt count, and returns how many it un-parked (ids that are
+// not parked are ignored). An empty messageIDs, nil or not, changes nothing and returns
+// ErrNothingSelected: to un-park every parked row of the consumer, call RetryAllParked. An
+// empty consumer is refused with ErrInvalidArgument. outbox.RetryQuarantined is its
+// counterpart.
+func RetryParked(ctx context.Context, db Querier, consumer string, messageIDs []string) (int64, error) {
 	if consumer == "" {
 		return 0, fmt.Errorf("%w: retry parked inbox rows: consumer name is required", ErrInvalidArgument)
 	}
-	if messageIDs == nil {
-		messageIDs = []string{} // a nil slice would be NULL, and cardinality(NULL) is NULL
+	if len(messageIDs) == 0 {
+		return 0, fmt.Errorf("retry parked inbox rows: %w (RetryAllParked un-parks every one)", ErrNothingSelected)
 	}
+	return retryParked(ctx, db, consumer, messageIDs)
+}
+
+// RetryAllParked un-parks every parked row of consumer, as RetryParked does the rows it is
+// given, and returns how many. An empty consumer is refused with ErrInvalidArgument.
+// outbox.RetryAllQuarantined is its counterpart.
+func RetryAllParked(ctx context.Context, db Querier, consumer string) (int64, error) {
+	if consumer == "" {
+		return 0, fmt.Errorf("%w: retry parked inbox rows: consumer name is required", ErrInvalidArgument)
+	}
+	return retryParked(ctx, db, consumer, nil)
+}
+
+// retryParked un-parks the parked rows of consumer among messageIDs, every one when nil.
+func retryParked(ctx context.Context, db Querier, consumer string, messageIDs []string) (int64, error) {
 	tag, err := db.Exec(ctx, `
 UPDATE inbox_event
 SET parked_at = NULL, attempts = 0, next_attempt_at = NULL
 WHERE consumer = $1 AND parked_at IS NOT NULL AND processed_at IS NULL
-  AND (cardinality($2::text[]) = 0 OR message_id = ANY($2::text[]))`, consumer, messageIDs)
+  AND ($2::text[] IS NULL OR message_id = ANY($2::text[]))`, consumer, messageIDs)
 	if err != nil {
 		return 0, fmt.Errorf("retry parked inbox rows: %w", err)
 	}
@@ -127,10 +163,19 @@ WHERE consumer = $1 AND parked_at IS NOT NULL AND processed_at IS NULL
 type PurgeOptions struct {
 	// Consumer limits the purge to one consumer. Defaults to "" (every consumer).
 	Consumer string
-	// BatchSize is how many rows each DELETE removes, keeping locks and WAL bursts small.
-	// Defaults to 1000.
+	// BatchSize is the most rows one DELETE statement removes, keeping locks and WAL bursts
+	// small. Defaults to DefaultPurgeBatchSize; a negative value is refused with
+	// ErrInvalidBatchSize (and ErrInvalidArgument).
 	BatchSize int
 }
+
+// DefaultPurgeBatchSize is PurgeOptions.BatchSize's default, the same in inbox and outbox
+// (outbox.DefaultPurgeBatchSize).
+const DefaultPurgeBatchSize = admin.DefaultPurgeBatchSize
+
+// ErrInvalidBatchSize is returned, wrapped, for a negative PurgeOptions.BatchSize; it is the
+// same error as outbox.ErrInvalidBatchSize.
+var ErrInvalidBatchSize = admin.ErrInvalidBatchSize
 
 // Purge deletes processed inbox rows whose processed_at is older than olderThan, in batches
 // (each its own statement, so each commits on its own when db is a pool), and returns how many
@@ -150,15 +195,13 @@ func Purge(ctx context.Context, db Querier, olderThan time.Duration, opts *Purge
 	if olderThan <= 0 {
 		return 0, fmt.Errorf("%w: purge inbox: olderThan must be positive, got %s", ErrInvalidArgument, olderThan)
 	}
-	o := PurgeOptions{BatchSize: 1000}
+	var o PurgeOptions
 	if opts != nil {
-		o.Consumer = opts.Consumer
-		if opts.BatchSize < 0 {
-			return 0, fmt.Errorf("%w: purge inbox: BatchSize must not be negative", ErrInvalidArgument)
-		}
-		if opts.BatchSize > 0 {
-			o.BatchSize = opts.BatchSize
-		}
+		o = *opts
+	}
+	var err error
+	if o.BatchSize, err = admin.PurgeBatch(o.BatchSize); err != nil {
+		return 0, fmt.Errorf("%w: purge inbox: %w", ErrInvalidArgument, err)
 	}
 	if o.Consumer == "" {
 		layout, err := partition.Read(ctx, db, inboxPartitions)

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/pkg/inbox"
+	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
 func TestPurgeDeletesOnlyOldProcessedRowsInBatches(t *testing.T) {
@@ -45,9 +46,35 @@ func TestPurgeDeletesOnlyOldProcessedRowsInBatches(t *testing.T) {
 	require.ErrorIs(t, err, inbox.ErrInvalidArgument)
 	_, err = inbox.Purge(ctx, b.pool, time.Hour, &inbox.PurgeOptions{BatchSize: -1})
 	require.ErrorIs(t, err, inbox.ErrInvalidArgument)
+	require.ErrorIs(t, err, inbox.ErrInvalidBatchSize)
+	require.ErrorIs(t, err, outbox.ErrInvalidBatchSize, "the same error as the outbox's")
+	require.Equal(t, outbox.DefaultPurgeBatchSize, inbox.DefaultPurgeBatchSize)
 }
 
-func TestStatsPerConsumer(t *testing.T) {
+// An empty selection is a mistake (a filter that matched nothing), never "all", exactly as in
+// the outbox: RetryAllParked is the explicit "all".
+func TestRetryParkedWithEmptySelectionChangesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	newAsync(t, b, "a").Process(ctx, batchOf(rec("m1", script{N: 1}), rec("m2", script{N: 2})))
+	_, err := b.pool.Exec(ctx, `UPDATE inbox_event SET parked_at = now(), attempts = 5`)
+	require.NoError(t, err)
+	for _, ids := range [][]string{nil, {}} {
+		_, err := inbox.RetryParked(ctx, b.pool, "a", ids)
+		require.ErrorIs(t, err, inbox.ErrNothingSelected)
+		require.ErrorIs(t, err, outbox.ErrNothingSelected, "the same error as the outbox's")
+	}
+	lag, err := inbox.LagOf(ctx, b.pool)
+	require.NoError(t, err)
+	require.Equal(t, []inbox.Lag{{Consumer: "a", Parked: 2}}, lag, "nothing un-parked")
+
+	n, err := inbox.RetryAllParked(ctx, b.pool, "a")
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+}
+
+func TestLagPerConsumer(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
@@ -58,13 +85,13 @@ func TestStatsPerConsumer(t *testing.T) {
 	_, err = b.pool.Exec(ctx, `UPDATE inbox_event SET parked_at = now() WHERE consumer = 'b'`)
 	require.NoError(t, err)
 
-	st, err := inbox.Stats(ctx, b.pool)
+	st, err := inbox.LagOf(ctx, b.pool)
 	require.NoError(t, err)
 	require.Len(t, st, 2)
 	require.Equal(t, "a", st[0].Consumer)
 	require.EqualValues(t, 2, st[0].Unprocessed)
 	require.InDelta(t, 90, st[0].OldestUnprocessedAge.Seconds(), 10)
-	require.Equal(t, inbox.ConsumerStatus{Consumer: "b", Parked: 1}, st[1])
+	require.Equal(t, inbox.Lag{Consumer: "b", Parked: 1}, st[1])
 
 	parked, err := inbox.ListParked(ctx, b.pool, "", 10)
 	require.NoError(t, err)

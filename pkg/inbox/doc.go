@@ -17,8 +17,8 @@
 //     failing record rolls back alone.
 //   - [Async]: the consumer only stores the full message and acknowledges; a [Processor] drains
 //     the stored rows with FOR UPDATE SKIP LOCKED, applies each in its own transaction, retries
-//     with backoff and parks rows that keep failing. [ListParked], [RetryParked] and [Stats]
-//     serve operators; [Purge] removes processed rows after the retention period.
+//     with backoff and parks rows that keep failing. [LagOf], [ListParked], [RetryParked] and
+//     [RetryAllParked] serve operators; [Purge] removes processed rows after the retention period.
 //
 // Messages arrive either by raw delivery (attributes on the SQS message) or inside the SNS JSON
 // envelope; [Parse] accepts both and takes the dedup key from the messageId attribute, falling

@@ -48,7 +48,7 @@ func TestAsyncStoresThenProcessorApplies(t *testing.T) {
 	require.Equal(t, 3, c.Process(ctx, ev).Count(inbox.Duplicate), "a redelivery is a duplicate of the stored row")
 	require.Empty(t, dbState(t, b.pool).Effects, "the consumer applies nothing itself")
 
-	st, err := inbox.Stats(ctx, b.pool)
+	st, err := inbox.LagOf(ctx, b.pool)
 	require.NoError(t, err)
 	require.Len(t, st, 1)
 	require.Equal(t, "billing", st[0].Consumer)
@@ -74,7 +74,7 @@ func TestAsyncStoresThenProcessorApplies(t *testing.T) {
 	stats, err = p.Drain(ctx)
 	require.NoError(t, err)
 	require.Equal(t, inbox.ProcessStats{}, stats, "nothing left")
-	st, err = inbox.Stats(ctx, b.pool)
+	st, err = inbox.LagOf(ctx, b.pool)
 	require.NoError(t, err)
 	require.Empty(t, st)
 }
@@ -111,9 +111,9 @@ func TestProcessorRetriesParksAndOperatorRetries(t *testing.T) {
 	require.JSONEq(t, `{"n":2,"fail":"error"}`, string(byID["bad"].Payload))
 	require.False(t, byID["bad"].ParkedAt.IsZero())
 
-	st, err := inbox.Stats(ctx, b.pool)
+	st, err := inbox.LagOf(ctx, b.pool)
 	require.NoError(t, err)
-	require.Equal(t, []inbox.ConsumerStatus{{Consumer: "billing", Parked: 2}}, st)
+	require.Equal(t, []inbox.Lag{{Consumer: "billing", Parked: 2}}, st)
 
 	// The operator fixes the cause (here: the handler) and retries one row.
 	fixed := inbox.NewRouter(inbox.FailUnknown)
@@ -121,14 +121,16 @@ func TestProcessorRetriesParksAndOperatorRetries(t *testing.T) {
 		_, err := tx.Exec(ctx, `INSERT INTO effect VALUES ('billing', $1, 0)`, msg.ID)
 		return err
 	})
-	n, err := inbox.RetryParked(ctx, b.pool, "billing", "bad", "no-such-id")
+	n, err := inbox.RetryParked(ctx, b.pool, "billing", []string{"bad", "no-such-id"})
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 	st2, err := newProcessor(t, b, "billing", fixed, 3).Drain(ctx)
 	require.NoError(t, err)
 	require.Equal(t, inbox.ProcessStats{Applied: 1}, st2)
 
-	n, err = inbox.RetryParked(ctx, b.pool, "billing") // all the rest
+	_, err = inbox.RetryParked(ctx, b.pool, "billing", nil)
+	require.ErrorIs(t, err, inbox.ErrNothingSelected, "no ids is not all ids")
+	n, err = inbox.RetryAllParked(ctx, b.pool, "billing") // all the rest
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 	_, err = newProcessor(t, b, "billing", fixed, 3).Drain(ctx)
@@ -137,7 +139,9 @@ func TestProcessorRetriesParksAndOperatorRetries(t *testing.T) {
 	require.Equal(t, 0, count(t, b.pool, `SELECT count(*) FROM inbox_event WHERE processed_at IS NULL`))
 	require.Equal(t, 0, count(t, b.pool, `SELECT count(*) FROM inbox_event WHERE last_error IS NOT NULL`))
 
-	_, err = inbox.RetryParked(ctx, b.pool, "")
+	_, err = inbox.RetryParked(ctx, b.pool, "", []string{"bad"})
+	require.ErrorIs(t, err, inbox.ErrInvalidArgument)
+	_, err = inbox.RetryAllParked(ctx, b.pool, "")
 	require.ErrorIs(t, err, inbox.ErrInvalidArgument)
 }
 

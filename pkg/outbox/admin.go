@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/sluicehq/sluice/internal/admin"
 	"github.com/sluicehq/sluice/internal/partition"
 )
 
@@ -33,7 +34,7 @@ type Lag struct {
 }
 
 // LagOf reads the backlog figures. Its cost follows the backlog, not the table: it reads only
-// the partial index of unpublished rows and the newest rows.
+// the partial index of unpublished rows and the newest rows. inbox.LagOf is its counterpart.
 func LagOf(ctx context.Context, db Querier) (Lag, error) {
 	var (
 		lag    Lag
@@ -57,9 +58,19 @@ func LagOf(ctx context.Context, db Querier) (Lag, error) {
 	return lag, nil
 }
 
+// DefaultPurgeBatchSize is PurgeOptions.BatchSize's default, the same in outbox and inbox
+// (inbox.DefaultPurgeBatchSize).
+const DefaultPurgeBatchSize = admin.DefaultPurgeBatchSize
+
+// ErrInvalidBatchSize is returned, wrapped, for a negative PurgeOptions.BatchSize; it is the
+// same error as inbox.ErrInvalidBatchSize.
+var ErrInvalidBatchSize = admin.ErrInvalidBatchSize
+
 // PurgeOptions tune Purge. A nil *PurgeOptions takes the defaults.
 type PurgeOptions struct {
-	// BatchSize is the number of rows examined per DELETE statement. Defaults to 5000.
+	// BatchSize is the most rows one DELETE statement removes (each statement examines as many
+	// rows in primary-key order). Defaults to DefaultPurgeBatchSize; a negative value is refused
+	// with ErrInvalidBatchSize.
 	BatchSize int
 }
 
@@ -76,9 +87,13 @@ func Purge(ctx context.Context, db Querier, olderThan time.Duration, opts *Purge
 	if olderThan <= 0 {
 		return 0, fmt.Errorf("outbox: purge needs a positive retention, got %s", olderThan)
 	}
-	batch := 5000
-	if opts != nil && opts.BatchSize > 0 {
-		batch = opts.BatchSize
+	var o PurgeOptions
+	if opts != nil {
+		o = *opts
+	}
+	batch, err := admin.PurgeBatch(o.BatchSize)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: purge: %w", err)
 	}
 	layout, err := partition.Read(ctx, db, outboxPartitions)
 	if err != nil {
@@ -180,16 +195,30 @@ func ListQuarantined(ctx context.Context, db Querier, limit int) ([]QuarantinedR
 	return out, nil
 }
 
-// ErrNothingSelected is returned when an operation was given an empty selection.
-var ErrNothingSelected = errors.New("no rows selected")
+// ErrNothingSelected is returned by RetryQuarantined for an empty selection; it is the same
+// error as inbox.ErrNothingSelected.
+var ErrNothingSelected = admin.ErrNothingSelected
 
-// RetryQuarantined releases quarantined rows (the given ids, or all when ids is nil) for the
-// relay to publish again with a fresh attempt count; it returns how many it released.
-// The last error is kept for the record until the row is published.
+// RetryQuarantined releases the quarantined rows among ids for the relay to publish again with a
+// fresh attempt count, and returns how many it released (ids that are not quarantined are
+// ignored). An empty ids, nil or not, changes nothing and returns ErrNothingSelected: to
+// release every quarantined row, call RetryAllQuarantined. The last error is kept for the
+// record until the row is published. inbox.RetryParked is its counterpart.
 func RetryQuarantined(ctx context.Context, db Querier, ids []int64) (int64, error) {
-	if ids != nil && len(ids) == 0 {
-		return 0, ErrNothingSelected
+	if len(ids) == 0 {
+		return 0, fmt.Errorf("retry quarantined outbox rows: %w (RetryAllQuarantined releases every one)", ErrNothingSelected)
 	}
+	return retryQuarantined(ctx, db, ids)
+}
+
+// RetryAllQuarantined releases every quarantined row, as RetryQuarantined does the rows it is
+// given, and returns how many. inbox.RetryAllParked is its counterpart.
+func RetryAllQuarantined(ctx context.Context, db Querier) (int64, error) {
+	return retryQuarantined(ctx, db, nil)
+}
+
+// retryQuarantined releases the quarantined rows of ids, every one when ids is nil.
+func retryQuarantined(ctx context.Context, db Querier, ids []int64) (int64, error) {
 	var n int64
 	err := db.QueryRow(ctx, `
 		WITH released AS (
@@ -272,50 +301,129 @@ func Replay(ctx context.Context, db Querier, f ReplayFilter) (int64, error) {
 // new ids, and read every key from its first pending row again.
 const bumpEpoch = `, epoch AS (UPDATE outbox_control SET admin_epoch = admin_epoch + 1 RETURNING 1)`
 
-// Horizon is what holds back VACUUM: the oldest transaction whose snapshot keeps dead rows
-// alive. While it lasts, the index entries of published rows stay in
+// Horizon is what holds back VACUUM: the transactions and replication slots that keep dead
+// rows alive. While it lasts, the index entries of published rows stay in
 // outbox_event_pending_key_idx and every reader steps over them, and the table and its indexes
-// grow. Alarm on its age.
+// grow. Alarm on OldestTransactionAge.
 type Horizon struct {
-	// OldestTransactionAge is the age of the oldest such transaction (0 when none).
+	// OldestTransactionAge is the age of the oldest transaction holding it back: a session's
+	// open transaction that holds a snapshot or has written (since it began), or a prepared
+	// transaction (since PREPARE TRANSACTION). 0 when none.
 	OldestTransactionAge time.Duration
-	// HeldBy names it: "session 4242 (psql, idle in transaction)" or "prepared transaction x".
+	// HeldBy names that transaction: "session 4242 (psql, idle in transaction)" or
+	// "prepared transaction nightly-17 (owner billing)". Empty when none.
 	HeldBy string
+	// XIDAge is how many transactions old the horizon is: age() of the oldest transaction id
+	// or snapshot xmin held by a transaction, a replication slot's xmin or a standby's feedback
+	// (0 when nothing holds one, or when no transaction id was assigned since). VACUUM of
+	// outbox_event can remove no row version deleted by a later transaction.
+	XIDAge int64
+	// Replication names a replication slot (or a standby's feedback through a walsender without
+	// a slot) that holds the horizon further back than every transaction, with its age in
+	// transactions: these record no start time, so they have no OldestTransactionAge. A
+	// logical slot's catalog_xmin holds back only the system catalogs' VACUUM, and says so.
+	// Empty when no slot holds the horizon further back.
+	Replication string
 }
 
-// HorizonOf reads the oldest open or prepared transaction in this database that holds a
-// snapshot, other than the caller's own (transactions in other databases of the server do not
-// hold back this one's VACUUM). Seeing other roles' sessions needs the pg_read_all_stats role (granted to
-// the relay's role by the migrations custom resource); without it only the caller's role's
-// sessions count.
+// horizonHolder is one row of HorizonOf's query.
+type horizonHolder struct {
+	timed bool // a transaction with a start time (a session or a prepared transaction)
+	// catalogOnly: a logical slot's catalog_xmin, which holds back only the system catalogs.
+	catalogOnly bool
+	name        string
+	age         *time.Duration
+	xidAge      *int64
+}
+
+// HorizonOf reads what holds back VACUUM in this database: the oldest open or prepared
+// transaction other than the caller's own session's, and any replication slot that holds the
+// horizon further back. A session counts when its transaction holds a snapshot
+// (pg_stat_activity.backend_xmin: REPEATABLE READ, or a statement running) or has written
+// (backend_xid: a READ COMMITTED transaction that wrote a row and sits idle in transaction,
+// the commonest case). Transactions in other databases of the server do not hold back this
+// one's VACUUM and are left out; replication slots and standbys' feedback hold back every
+// database's. Seeing other roles' sessions needs the pg_read_all_stats role (granted to the
+// relay's role by the migrations custom resource); without it only the caller's role's sessions
+// count.
 func HorizonOf(ctx context.Context, db Querier) (Horizon, error) {
-	var (
-		h      Horizon
-		age    *time.Duration
-		heldBy *string
-	)
-	err := db.QueryRow(ctx, `
-		SELECT age, held_by FROM (
-		    SELECT now() - xact_start AS age,
-		           format('session %s (%s, %s)', pid, coalesce(nullif(application_name, ''), usename::text, '?'), state) AS held_by
-		    FROM pg_stat_activity
-		    WHERE backend_xmin IS NOT NULL AND xact_start IS NOT NULL AND pid <> pg_backend_pid()
-		      AND datname = current_database()
-		    UNION ALL
-		    SELECT now() - prepared, format('prepared transaction %s', gid) FROM pg_prepared_xacts
-		    WHERE database = current_database()
-		) t ORDER BY age DESC LIMIT 1`).Scan(&age, &heldBy)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Horizon{}, nil
-	}
+	rows, err := db.Query(ctx, `
+		SELECT true, false,
+		       format('session %s (%s, %s)', pid, coalesce(nullif(application_name, ''), usename::text, '?'), coalesce(state, '?')),
+		       now() - xact_start, greatest(age(backend_xid), age(backend_xmin))::bigint
+		FROM pg_stat_activity
+		WHERE (backend_xid IS NOT NULL OR backend_xmin IS NOT NULL) AND xact_start IS NOT NULL
+		  AND pid <> pg_backend_pid() AND datname = current_database()
+		  -- VACUUM's own snapshot is ignored by other VACUUMs.
+		  AND backend_type <> 'autovacuum worker'
+		UNION ALL
+		SELECT true, false, format('prepared transaction %s (owner %s)', gid, owner), now() - prepared, age(transaction)::bigint
+		FROM pg_prepared_xacts
+		WHERE database = current_database()
+		UNION ALL
+		SELECT false, xmin IS NULL,
+		       format('replication slot %s (%s, %s; %s %s transactions old)', slot_name, slot_type,
+		              CASE WHEN active THEN 'active' ELSE 'inactive' END,
+		              CASE WHEN xmin IS NOT NULL THEN 'xmin' ELSE 'catalog_xmin, which holds back only the system catalogs:' END,
+		              coalesce(age(xmin), age(catalog_xmin))),
+		       NULL, coalesce(age(xmin), age(catalog_xmin))::bigint
+		FROM pg_replication_slots
+		WHERE xmin IS NOT NULL OR catalog_xmin IS NOT NULL
+		UNION ALL
+		SELECT false, false,
+		       format('standby feedback through walsender %s (%s; xmin %s transactions old)', pid,
+		              coalesce(nullif(application_name, ''), usename::text, '?'), age(backend_xmin)),
+		       NULL, age(backend_xmin)::bigint
+		FROM pg_stat_activity
+		WHERE backend_type = 'walsender' AND backend_xmin IS NOT NULL`)
 	if err != nil {
 		return Horizon{}, fmt.Errorf("read the oldest transaction: %w", err)
 	}
-	if age != nil {
-		h.OldestTransactionAge = max(*age, 0)
+	holders, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (horizonHolder, error) {
+		var h horizonHolder
+		err := row.Scan(&h.timed, &h.catalogOnly, &h.name, &h.age, &h.xidAge)
+		return h, err
+	})
+	if err != nil {
+		return Horizon{}, fmt.Errorf("read the oldest transaction: %w", err)
 	}
-	if heldBy != nil {
-		h.HeldBy = *heldBy
+	return horizonFrom(holders), nil
+}
+
+// horizonFrom picks, among holders, the oldest transaction (by start time) and the replication
+// hold that reaches further back than every transaction (by transaction id age).
+func horizonFrom(holders []horizonHolder) Horizon {
+	var (
+		h                Horizon
+		txXID, replXID   int64
+		haveTx, haveRepl bool
+		repl             string
+	)
+	for _, x := range holders {
+		xid := int64(0)
+		if x.xidAge != nil {
+			xid = *x.xidAge
+		}
+		if !x.catalogOnly {
+			h.XIDAge = max(h.XIDAge, xid)
+		}
+		if !x.timed {
+			if !haveRepl || xid > replXID {
+				repl, replXID, haveRepl = x.name, xid, true
+			}
+			continue
+		}
+		txXID = max(txXID, xid)
+		age := time.Duration(0)
+		if x.age != nil {
+			age = max(*x.age, 0)
+		}
+		if !haveTx || age > h.OldestTransactionAge {
+			h.OldestTransactionAge, h.HeldBy, haveTx = age, x.name, true
+		}
 	}
-	return h, nil
+	if haveRepl && (!haveTx || replXID > txXID) {
+		h.Replication = repl
+	}
+	return h
 }

@@ -267,7 +267,7 @@ func TestUnknownTopicIsQuarantinedAtOnceAndDefaultTopicCatchesIt(t *testing.T) {
 	require.Equal(t, 1, st.Quarantined)
 	require.Equal(t, 1, b.countWhere(t, `attempts = 1 AND last_error LIKE '%unknown topic "payments"%'`))
 
-	_, err = outbox.RetryQuarantined(ctx, b.pool, nil)
+	_, err = outbox.RetryAllQuarantined(ctx, b.pool)
 	require.NoError(t, err)
 	st, err = b.relay(t, func(c *outbox.RelayConfig) { c.DefaultTopic = "arn:aws:sns:us-east-1:000000000000:catch-all" }).RunOnce(ctx)
 	require.NoError(t, err)

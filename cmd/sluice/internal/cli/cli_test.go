@@ -186,7 +186,8 @@ func TestStatusJSONGoldenAndTable(t *testing.T) {
 	doc["time"] = "<now>"
 	db := doc["database"].(map[string]any)
 	require.GreaterOrEqual(t, db["oldest_transaction_age_seconds"], 0.0)
-	db["oldest_transaction_age_seconds"], db["oldest_transaction"] = "<age>", "<session>"
+	require.GreaterOrEqual(t, db["horizon_xid_age"], 0.0)
+	db["oldest_transaction_age_seconds"], db["oldest_transaction"], db["horizon_xid_age"] = "<age>", "<session>", "<xids>"
 	q := doc["queues"].([]any)[0].(map[string]any)
 	require.Equal(t, queueURL, q["url"])
 	q["url"] = "<queue-url>"
@@ -323,4 +324,29 @@ func TestStatusNamesTheTransactionThatHoldsBackVacuum(t *testing.T) {
 	require.GreaterOrEqual(t, st.Database.OldestTransactionAgeSeconds, 1.0)
 	require.Contains(t, st.Database.OldestTransaction, "nightly-report")
 	require.Contains(t, st.Database.OldestTransaction, "idle in transaction")
+	require.Regexp(t, `DATABASE\s+OLDEST TRANSACTION\s+AGE\s+HORIZON \(XIDS\)\n\s+session \d+ \(nightly-report, idle in transaction\)\s+\d+s\s+\d+`,
+		b.ok(t, "status"))
+}
+
+// A READ COMMITTED transaction that wrote and sits idle holds no snapshot between statements,
+// yet holds back VACUUM by its transaction id: status names it.
+func TestStatusNamesAnIdleWriter(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	require.Contains(t, b.ok(t, "status"), "(none)", "nothing holds the horizon")
+	conn, err := pgx.Connect(ctx, b.env["DATABASE_URL"])
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	// Exec without arguments: the simple protocol, which leaves no portal (and no snapshot) open.
+	_, err = conn.Exec(ctx, "SET application_name = 'forgotten-psql'")
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "BEGIN; CREATE TEMP TABLE scratch (n int); INSERT INTO scratch VALUES (1)")
+	require.NoError(t, err)
+
+	var st cli.Status
+	require.NoError(t, json.Unmarshal([]byte(b.ok(t, "status", "--json")), &st))
+	require.Contains(t, st.Database.OldestTransaction, "forgotten-psql, idle in transaction")
+	require.Positive(t, st.Database.HorizonXIDAge)
+	require.Contains(t, b.ok(t, "status"), "forgotten-psql, idle in transaction")
 }

@@ -205,7 +205,7 @@ func retryParked(ctx context.Context, db Querier, rows []inbox.ParkedEvent) (int
 	slices.Sort(consumers)
 	var total int64
 	for _, c := range consumers {
-		n, err := inbox.RetryParked(ctx, db, c, byConsumer[c]...)
+		n, err := inbox.RetryParked(ctx, db, c, byConsumer[c])
 		if err != nil {
 			return total, err
 		}

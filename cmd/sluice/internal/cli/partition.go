@@ -292,8 +292,8 @@ it again. There is no automatic way back to a plain table.`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.Var(&durationValue{d: &opts.Interval}, "interval", "time one partition covers (inbox) or fills in at the observed rate (outbox) (default 24h)")
-	fl.IntVar(&opts.Ahead, "ahead", 0, "empty partitions to keep ready (default 2)")
+	fl.Var(&durationValue{d: &opts.Interval}, "interval", fmt.Sprintf("time one partition covers (inbox) or fills in at the observed rate (outbox) (default %s)", FormatDuration(outbox.DefaultPartitionInterval)))
+	fl.IntVar(&opts.Ahead, "ahead", 0, fmt.Sprintf("empty partitions to keep ready (default %d)", outbox.DefaultPartitionsAhead))
 	fl.Int64Var(&opts.Size, "size", 0, "ids per outbox partition instead of a size from the observed rate")
 	fl.BoolVarP(&opts.Yes, "yes", "y", false, "convert (without it, only print the plan)")
 	return cmd
@@ -433,10 +433,10 @@ consumers' queues with --queue to refuse an --older-than shorter than their rete
 	fl.StringArrayVar(&opts.Queues, "queue", nil, "SQS queue URL of an inbox consumer; refuse if its (or its DLQ's) retention is not shorter than --older-than (repeatable)")
 	fl.BoolVar(&opts.OutboxOnly, "outbox-only", false, "maintain only the outbox")
 	fl.BoolVar(&opts.InboxOnly, "inbox-only", false, "maintain only the inbox")
-	fl.Var(&durationValue{d: &opts.Interval}, "interval", "time one new partition covers (inbox) or fills in at the observed rate (outbox) (default 24h)")
-	fl.IntVar(&opts.Ahead, "ahead", 0, "empty partitions to keep ready (default 2)")
+	fl.Var(&durationValue{d: &opts.Interval}, "interval", fmt.Sprintf("time one new partition covers (inbox) or fills in at the observed rate (outbox) (default %s)", FormatDuration(outbox.DefaultPartitionInterval)))
+	fl.IntVar(&opts.Ahead, "ahead", 0, fmt.Sprintf("empty partitions to keep ready (default %d)", outbox.DefaultPartitionsAhead))
 	fl.Int64Var(&opts.Size, "size", 0, "ids per new outbox partition instead of a size from the observed rate")
-	fl.Var(&durationValue{d: &opts.LockTimeout}, "lock-timeout", "longest wait for a partition change's lock (default 200ms)")
+	fl.Var(&durationValue{d: &opts.LockTimeout}, "lock-timeout", fmt.Sprintf("longest wait for a partition change's lock (default %s)", outbox.DefaultPartitionLockTimeout))
 	return cmd
 }
 

@@ -80,7 +80,7 @@ Durations: Go durations plus a day suffix (36h, 7d, 30d).`,
 	fl.Var(&durationValue{d: &olderThan}, "older-than", "retention: delete rows published/processed longer ago than this (required; e.g. 30d)")
 	fl.StringArrayVar(&queues, "queue", nil, "SQS queue URL of an inbox consumer; refuse if its (or its DLQ's) retention is not shorter than --older-than (repeatable)")
 	fl.StringVar(&consumer, "consumer", "", "purge only this inbox consumer's rows")
-	fl.IntVar(&batchSize, "batch-size", 0, "rows per DELETE statement (default: the library's, 5000 outbox / 1000 inbox)")
+	fl.IntVar(&batchSize, "batch-size", 0, fmt.Sprintf("most rows per DELETE statement (default %d)", outbox.DefaultPurgeBatchSize))
 	fl.BoolVar(&outboxOnly, "outbox-only", false, "purge only the outbox")
 	fl.BoolVar(&inboxOnly, "inbox-only", false, "purge only the inbox")
 	return cmd
@@ -97,7 +97,8 @@ type PurgeOptions struct {
 	Queues []string
 	// Consumer purges only this inbox consumer's rows. Defaults to every consumer.
 	Consumer string
-	// BatchSize is the rows per DELETE statement. Defaults to the libraries' defaults.
+	// BatchSize is the most rows per DELETE statement. Defaults to outbox.DefaultPurgeBatchSize
+	// (the same as inbox.DefaultPurgeBatchSize).
 	BatchSize int
 	// OutboxOnly and InboxOnly purge one table only; at most one may be set.
 	OutboxOnly, InboxOnly bool

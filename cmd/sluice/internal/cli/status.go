@@ -43,12 +43,22 @@ type OutboxStatus struct {
 	PublishedLastMinute     int64   `json:"published_last_minute"`
 }
 
-// DatabaseStatus reports the oldest transaction holding a snapshot (outbox.HorizonOf): while it
-// lasts, VACUUM cannot remove published rows' dead index entries.
+// DatabaseStatus reports what holds back VACUUM (outbox.HorizonOf): the oldest open or prepared
+// transaction that holds a snapshot or has written, and a replication slot holding the horizon
+// further back. While they last, VACUUM cannot remove published rows' dead index entries.
 type DatabaseStatus struct {
+	// OldestTransactionAgeSeconds is the age of the oldest such transaction (0 when none): what
+	// the OldestTransactionAge alarm watches.
 	OldestTransactionAgeSeconds float64 `json:"oldest_transaction_age_seconds"`
-	// OldestTransaction names it ("session 4242 (psql, idle in transaction)"); empty when none.
+	// OldestTransaction names it ("session 4242 (psql, idle in transaction)", "prepared
+	// transaction x (owner y)"); empty when none.
 	OldestTransaction string `json:"oldest_transaction"`
+	// HorizonXIDAge is how many transactions old the horizon is, over transactions, replication
+	// slots and standbys' feedback (0 when nothing holds it).
+	HorizonXIDAge int64 `json:"horizon_xid_age"`
+	// Replication names a replication slot (or a standby's feedback) holding the horizon further
+	// back than every transaction; empty when none does.
+	Replication string `json:"replication_hold,omitempty"`
 }
 
 // horizonWarning is the oldest-transaction age from which status warns.
@@ -95,12 +105,15 @@ func (a *app) statusCommand() *cobra.Command {
 rows published in the last minute; each inbox consumer's unprocessed and parked rows; and for every
 --queue, its depth, the age of its oldest message (CloudWatch) and its DLQ's depth.
 
-It also names the database's oldest transaction holding a snapshot, and warns when it is older
-than 5 minutes: while it lasts VACUUM cannot clean up behind it.
+It also names what holds back VACUUM: the database's oldest open or prepared transaction that
+holds a snapshot or has written (a forgotten BEGIN in psql, a long report, a prepared
+transaction), and a replication slot holding the horizon further back. It warns when that
+transaction is older than 5 minutes: while it lasts VACUUM cannot clean up behind it.
 
 --json prints a stable document (outbox.pending, outbox.oldest_pending_age_seconds,
 outbox.quarantined, outbox.published_last_minute, inbox[], database.oldest_transaction_age_seconds,
-database.oldest_transaction, queues[]) for scripts and checks.`,
+database.oldest_transaction, database.horizon_xid_age, database.replication_hold, queues[]) for
+scripts and checks.`,
 		Example: `  sluice status
   sluice status --json | jq .outbox.oldest_pending_age_seconds
   sluice status --queue https://sqs.eu-west-1.amazonaws.com/123456789012/billing`,
@@ -171,7 +184,7 @@ func ReadStatus(ctx context.Context, db Querier, opts StatusOptions) (*Status, e
 	if err != nil {
 		return nil, err
 	}
-	consumers, err := inbox.Stats(ctx, db)
+	consumers, err := inbox.LagOf(ctx, db)
 	if err != nil {
 		return nil, err
 	}
@@ -185,10 +198,11 @@ func ReadStatus(ctx context.Context, db Querier, opts StatusOptions) (*Status, e
 			Pending: lag.Pending, OldestPendingAgeSeconds: seconds(lag.OldestPendingAge),
 			Quarantined: lag.Quarantined, PublishedLastMinute: lag.PublishedLastMinute,
 		},
-		Inbox:    make([]ConsumerState, 0, len(consumers)),
-		Database: DatabaseStatus{OldestTransactionAgeSeconds: seconds(horizon.OldestTransactionAge), OldestTransaction: horizon.HeldBy},
-		Queues:   qs,
-		Notes:    notes,
+		Inbox: make([]ConsumerState, 0, len(consumers)),
+		Database: DatabaseStatus{OldestTransactionAgeSeconds: seconds(horizon.OldestTransactionAge), OldestTransaction: horizon.HeldBy,
+			HorizonXIDAge: horizon.XIDAge, Replication: horizon.Replication},
+		Queues: qs,
+		Notes:  notes,
 	}
 	for _, c := range consumers {
 		st.Inbox = append(st.Inbox, ConsumerState{Consumer: c.Consumer, Unprocessed: c.Unprocessed,
@@ -280,6 +294,22 @@ func printStatus(w io.Writer, st *Status) error {
 	}
 	for _, c := range st.Inbox {
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t\n", c.Consumer, c.Unprocessed, FormatDuration(dur(c.OldestUnprocessedAgeSeconds)), c.Parked)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	// What holds back VACUUM, in columns of its own: a session's name is wider than the counts.
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	d := st.Database
+	fmt.Fprintln(tw, "DATABASE\tOLDEST TRANSACTION\tAGE\tHORIZON (XIDS)")
+	held := d.OldestTransaction
+	age := FormatDuration(dur(d.OldestTransactionAgeSeconds))
+	if held == "" {
+		held, age = "(none)", "-"
+	}
+	fmt.Fprintf(tw, "\t%s\t%s\t%d\n", held, age, d.HorizonXIDAge)
+	if d.Replication != "" {
+		fmt.Fprintf(tw, "\t%s\t-\t\n", d.Replication)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
