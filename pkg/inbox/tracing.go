@@ -42,17 +42,23 @@ var defaultPropagator propagation.TextMapPropagator = propagation.TraceContext{}
 // tracing starts and ends the inbox's spans. A nil *tracing is tracing off: every caller
 // checks for nil first, so a consumer without a TracerProvider does no tracing work at all.
 type tracing struct {
-	tracer   trace.Tracer
-	prop     propagation.TextMapPropagator
-	consumer string
-	mode     string
+	tracer trace.Tracer
+	prop   propagation.TextMapPropagator
+	// static are the attributes every span of this consumer carries.
+	static []otelattr.KeyValue
 }
 
 func newTracing(tp trace.TracerProvider, prop propagation.TextMapPropagator, consumer, mode string) *tracing {
 	if tp == nil {
 		return nil
 	}
-	return &tracing{tracer: tp.Tracer(ScopeName), prop: prop, consumer: consumer, mode: mode}
+	return &tracing{tracer: tp.Tracer(ScopeName), prop: prop, static: []otelattr.KeyValue{
+		semconv.MessagingSystemAWSSQS,
+		semconv.MessagingOperationTypeProcess,
+		semconv.MessagingOperationName("process"),
+		semconv.MessagingConsumerGroupName(consumer),
+		otelattr.String(SpanAttrMode, mode),
+	}}
 }
 
 // start starts the consumer span of msg. Its parent is the writer's span, from the message's
@@ -81,13 +87,8 @@ func (t *tracing) start(ctx context.Context, msg Message, xray, queueARN string,
 	if msg.EventType != "" {
 		name += " " + msg.EventType
 	}
-	attrs := []otelattr.KeyValue{
-		semconv.MessagingSystemAWSSQS,
-		semconv.MessagingOperationTypeProcess,
-		semconv.MessagingOperationName("process"),
-		semconv.MessagingConsumerGroupName(t.consumer),
-		otelattr.String(SpanAttrMode, t.mode),
-	}
+	attrs := make([]otelattr.KeyValue, len(t.static), len(t.static)+4)
+	copy(attrs, t.static)
 	if q := queueName(queueARN); q != "" {
 		attrs = append(attrs, semconv.MessagingDestinationName(q))
 	}
@@ -101,11 +102,11 @@ func (t *tracing) start(ctx context.Context, msg Message, xray, queueARN string,
 
 // end records the final outcome on span and ends it at now.
 func (t *tracing) end(span trace.Span, msg Message, out Outcome, err error, now time.Time, extra ...otelattr.KeyValue) {
-	span.SetAttributes(otelattr.String(SpanAttrOutcome, out.String()))
-	span.SetAttributes(extra...)
+	attrs := append(extra, otelattr.String(SpanAttrOutcome, out.String()))
 	if (out == Applied || out == Skipped) && !msg.CreatedAt.IsZero() {
-		span.SetAttributes(otelattr.Int64(SpanAttrCommitToApplyMillis, now.Sub(msg.CreatedAt).Milliseconds()))
+		attrs = append(attrs, otelattr.Int64(SpanAttrCommitToApplyMillis, now.Sub(msg.CreatedAt).Milliseconds()))
 	}
+	span.SetAttributes(attrs...)
 	if out == Failed {
 		if err != nil {
 			span.RecordError(err, trace.WithTimestamp(now))
