@@ -36,7 +36,9 @@
 //  8. wake-up (issue 11): commit-to-publish latency of a running relay at 100 events/s, with no
 //     trigger in the producers' commits;
 //  9. sustained (issue 11): 1,000 events/s for minutes with retention running, table and index
-//     sizes over time, without and with a transaction holding VACUUM back.
+//     sizes over time, without and with a transaction holding VACUUM back;
+//  10. tracing (issue 14, tracing.go): relay and consumer throughput without a tracer provider,
+//     with the no-op one and with a recording one sampling every span.
 package main
 
 import (
@@ -60,7 +62,7 @@ func main() {
 		chart     = flag.String("chart", "bench.png", "where to write the relay chart (PNG); the sustained suite's goes next to it, with -sustained before the extension")
 		chartRef  = flag.String("chart-ref", "", "how the report links the chart (defaults to -chart)")
 		quick     = flag.Bool("quick", false, "reduced sizes, for developing the harness (numbers are not the reported ones)")
-		only      = flag.String("only", "", "comma-separated suites to run (relay,producer,consumer,e2e,scale,isolation,producers,wakeup,sustained); default all")
+		only      = flag.String("only", "", "comma-separated suites to run (relay,producer,consumer,e2e,scale,isolation,producers,wakeup,sustained,tracing); default all")
 		command   = flag.String("command", "", "the command line to print in the report (defaults to this process's)")
 		verbosity = flag.Bool("v", false, "log progress of every run")
 		results   = flag.String("results", "", "where to save the raw results as JSON, for -render (make bench: bench/results.json); with -render and -base, the merged results")
@@ -255,6 +257,7 @@ func run(ctx context.Context, log *slog.Logger, o runOptions) error {
 		{"producers", runProducersSuite},
 		{"wakeup", runWakeupSuite},
 		{"sustained", runSustainedSuite},
+		{"tracing", runTracingSuite}, // issue 14, bench/tracing.go
 	}
 	for _, s := range suites {
 		if !want(s.name) {
@@ -335,6 +338,8 @@ func mergeOnto(base string, part *Report) (*Report, error) {
 			rep.Wakeup = part.Wakeup
 		case "sustained":
 			rep.Sustained = part.Sustained
+		case "tracing": // issue 14, bench/tracing.go
+			rep.Tracing = part.Tracing
 		}
 		replaced := false
 		for i := range rep.SuiteTimes {
