@@ -73,8 +73,6 @@ func (s *jsonSpan) attr(key string) string {
 	return fmt.Sprint(v)
 }
 
-func (s *jsonSpan) duration() time.Duration { return s.EndTime.Sub(s.StartTime) }
-
 // spanLog is an io.Writer in front of the demo's log: it keeps every span line written through
 // it and passes everything on. Writers hand it whole lines (localrun's instances do).
 type spanLog struct {
