@@ -88,21 +88,24 @@ func (p *tracingPublisher) PublishBatch(ctx context.Context, destination string,
 			},
 		}
 	}
-	name := topicName(destination)
+	name, system := destinationName(destination)
+	attrs := []attribute.KeyValue{
+		system,
+		semconv.MessagingOperationTypeSend,
+		semconv.MessagingOperationName("publish"),
+		semconv.MessagingDestinationName(name),
+		semconv.MessagingBatchMessageCount(len(events)),
+		attribute.StringSlice(SpanAttrMessageIDs, ids),
+		attribute.Int64(SpanAttrOutboxMaxWaitMillis, maxWait.Milliseconds()),
+	}
+	if system == semconv.MessagingSystemAWSSNS {
+		attrs = append(attrs, semconv.AWSSNSTopicARN(destination))
+	}
 	ctx, span := p.tracer.Start(ctx, "publish "+name,
 		trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithTimestamp(now),
 		trace.WithLinks(links...),
-		trace.WithAttributes(
-			semconv.MessagingSystemAWSSNS,
-			semconv.MessagingOperationTypeSend,
-			semconv.MessagingOperationName("publish"),
-			semconv.MessagingDestinationName(name),
-			semconv.AWSSNSTopicARN(destination),
-			semconv.MessagingBatchMessageCount(len(events)),
-			attribute.StringSlice(SpanAttrMessageIDs, ids),
-			attribute.Int64(SpanAttrOutboxMaxWaitMillis, maxWait.Milliseconds()),
-		))
+		trace.WithAttributes(attrs...))
 	defer span.End()
 	errs := p.next.PublishBatch(ctx, destination, events)
 	failed := 0
@@ -125,12 +128,29 @@ func (p *tracingPublisher) PublishBatch(ctx context.Context, destination string,
 	return errs
 }
 
-// topicName returns the topic name of an SNS topic ARN (its last field), or destination itself.
-func topicName(destination string) string {
-	if i := strings.LastIndexByte(destination, ':'); i >= 0 && strings.HasPrefix(destination, "arn:") {
-		return destination[i+1:]
+// destinationName returns the name of a destination and its messaging.system: for an ARN
+// (arn:aws:SERVICE:region:account:NAME, or .../NAME) the last part and "aws.sns" for SNS,
+// "aws_sqs" for SQS, "aws.SERVICE" otherwise; for kafka://TOPIC the topic and "kafka"; anything
+// else as it is, with the system "unknown".
+func destinationName(destination string) (string, attribute.KeyValue) {
+	if topic, ok := strings.CutPrefix(destination, "kafka://"); ok {
+		return topic, semconv.MessagingSystemKafka
 	}
-	return destination
+	parts := strings.SplitN(destination, ":", 6)
+	if len(parts) < 6 || parts[0] != "arn" {
+		return destination, semconv.MessagingSystemKey.String("unknown")
+	}
+	name := parts[5]
+	if i := strings.LastIndexByte(name, '/'); i >= 0 {
+		name = name[i+1:]
+	}
+	switch parts[2] {
+	case "sns":
+		return name, semconv.MessagingSystemAWSSNS
+	case "sqs":
+		return name, semconv.MessagingSystemAWSSQS
+	}
+	return name, semconv.MessagingSystemKey.String("aws." + parts[2])
 }
 
 // traceHeaders returns the headers the writer's propagator injects for the span context of

@@ -33,3 +33,20 @@ func BenchmarkTracingPublisher(b *testing.B) {
 		p.PublishBatch(ctx, "arn:aws:sns:us-east-1:000000000000:orders", events)
 	}
 }
+
+func TestDestinationName(t *testing.T) {
+	t.Parallel()
+	for dest, want := range map[string][2]string{
+		"arn:aws:sns:us-east-1:000000000000:orders":            {"orders", "aws.sns"},
+		"arn:aws:sns:us-east-1:000000000000:orders.fifo":       {"orders.fifo", "aws.sns"},
+		"arn:aws:events:us-east-1:000000000000:event-bus/shop": {"shop", "aws.events"},
+		"arn:aws:kinesis:us-east-1:000000000000:stream/clicks": {"clicks", "aws.kinesis"},
+		"kafka://orders": {"orders", "kafka"},
+		"somewhere":      {"somewhere", "unknown"},
+	} {
+		name, system := destinationName(dest)
+		if name != want[0] || system.Value.AsString() != want[1] {
+			t.Errorf("%s: got %s, %s; want %v", dest, name, system.Value.AsString(), want)
+		}
+	}
+}
