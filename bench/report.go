@@ -47,6 +47,8 @@ type Report struct {
 	Producers *ProducersResult `json:",omitempty"`
 	Wakeup    *WakeupResult    `json:",omitempty"`
 	Sustained *SustainedResult `json:",omitempty"`
+	// Tracing is issue 14's suite (bench/tracing.go).
+	Tracing *TracingResult `json:",omitempty"`
 }
 
 // suiteTime is how long one suite took.
@@ -238,6 +240,7 @@ func (r *Report) Markdown() string {
 	r.producersMarkdown(w)
 	r.wakeupMarkdown(w)
 	r.sustainedMarkdown(w)
+	r.tracingMarkdown(w) // issue 14, bench/tracing.go
 
 	w("## Analysis\n\n%s\n", strings.TrimSpace(r.renderNotes(notes)))
 	w("\n## Run time\n\n| suite | time |\n|---|---|\n")

@@ -6,7 +6,9 @@
 // payload (fail_attempts, hold_ms) that the end-to-end tests set. Neither belongs in a real
 // consumer.
 //
-// Configuration: as lambdas/consumer (lambdaenv.ConsumerConfig, lambdaenv.OpenPool).
+// Configuration: as lambdas/consumer (lambdaenv.ConsumerConfig, lambdaenv.OpenPool,
+// OTEL_TRACES_EXPORTER through lambdatrace.Setup: `make demo` sets it to console to draw one
+// order's trace).
 //
 // Build: go build -tags lambda.norpc -trimpath -o bootstrap ./examples/ledger
 package main
@@ -23,6 +25,7 @@ import (
 	"github.com/sluicehq/sluice/internal/demoapp"
 	"github.com/sluicehq/sluice/pkg/inbox"
 	"github.com/sluicehq/sluice/pkg/lambdaenv"
+	"github.com/sluicehq/sluice/pkg/lambdatrace"
 )
 
 func main() {
@@ -33,6 +36,12 @@ func main() {
 		log.Error("ledger cold start failed", "error", err)
 		os.Exit(1)
 	}
+	tp, stopTracing, err := lambdatrace.Setup(os.Getenv, os.Stdout, "ledger")
+	if err != nil {
+		log.Error("ledger cold start failed", "error", err)
+		os.Exit(1)
+	}
+	cfg.TracerProvider = tp
 	pool, err := lambdaenv.OpenPool(ctx, os.Getenv)
 	if err != nil {
 		log.Error("ledger cold start failed", "error", err)
@@ -44,7 +53,7 @@ func main() {
 		log.Error("ledger cold start failed", "error", err)
 		os.Exit(1)
 	}
-	lambda.StartWithOptions(c.HandleSQS, lambda.WithEnableSIGTERM(pool.Close))
+	lambda.StartWithOptions(c.HandleSQS, lambda.WithEnableSIGTERM(pool.Close, func() { _ = stopTracing(context.Background()) }))
 }
 
 // newConsumer ensures the demo tables exist and builds the inbox consumer over pool.

@@ -1,52 +1,35 @@
 package emf
 
-// Dimension names and values of every sluice metric: relay metrics carry exactly
-// {Service=relay}; consumer metrics {Service=consumer, Consumer=<name>}; the asynchronous inbox
-// processor {Service=inbox-processor, Consumer=<name>}. The CDK alarms are built on these.
+import "github.com/sluicehq/sluice/pkg/metrics"
+
+// Dimension names and values: see pkg/metrics.
 const (
-	DimensionService      = "Service"
-	DimensionConsumer     = "Consumer"
-	ServiceRelay          = "relay"
-	ServiceConsumer       = "consumer"
-	ServiceInboxProcessor = "inbox-processor"
+	DimensionService      = metrics.DimensionService
+	DimensionConsumer     = metrics.DimensionConsumer
+	ServiceRelay          = metrics.ServiceRelay
+	ServiceConsumer       = metrics.ServiceConsumer
+	ServiceInboxProcessor = metrics.ServiceInboxProcessor
 )
 
-// Relay metric names.
+// Relay metric names: see pkg/metrics.
 const (
-	// OutboxPending is the number of unpublished, unquarantined outbox rows (Count).
-	OutboxPending = "OutboxPending"
-	// OutboxOldestPendingAge is the age of the oldest unpublished row (Seconds).
-	OutboxOldestPendingAge = "OutboxOldestPendingAgeSeconds"
-	// OutboxQuarantined is the number of quarantined outbox rows (Count).
-	OutboxQuarantined = "OutboxQuarantined"
-	// RelayHeartbeat is emitted at least once a minute by every running relay (Count).
-	RelayHeartbeat = "RelayHeartbeat"
-	// Published counts messages the broker acknowledged (Count).
-	Published = "Published"
-	// PublishFailures counts failed publish attempts (Count).
-	PublishFailures = "PublishFailures"
-	// DestinationsDown is the number of destinations a relay backs off as a whole because
-	// every call to them fails (Count).
-	DestinationsDown = "DestinationsDown"
-	// OldestTransactionAge is the age of the database's oldest transaction holding a snapshot,
-	// which holds back VACUUM (Seconds).
-	OldestTransactionAge = "OldestTransactionAgeSeconds"
+	OutboxPending          = metrics.OutboxPending
+	OutboxOldestPendingAge = metrics.OutboxOldestPendingAge
+	OutboxQuarantined      = metrics.OutboxQuarantined
+	RelayHeartbeat         = metrics.RelayHeartbeat
+	Published              = metrics.Published
+	PublishFailures        = metrics.PublishFailures
+	DestinationsDown       = metrics.DestinationsDown
+	OldestTransactionAge   = metrics.OldestTransactionAge
 )
 
-// Inbox metric names (consumer and asynchronous processor).
+// Inbox metric names: see pkg/metrics.
 const (
-	// InboxProcessed counts messages applied and committed (Count).
-	InboxProcessed = "InboxProcessed"
-	// InboxSkipped counts unknown event types recorded without effect (Count).
-	InboxSkipped = "InboxSkipped"
-	// InboxDuplicates counts deliveries the inbox already had (Count).
-	InboxDuplicates = "InboxDuplicates"
-	// InboxFailures counts records or attempts that failed (Count).
-	InboxFailures = "InboxFailures"
-	// InboxStored counts messages stored by the asynchronous inbox (Count).
-	InboxStored = "InboxStored"
-	// InboxParked counts rows the processor parked (Count).
-	InboxParked = "InboxParked"
-	// CommitToApplyLatency is now minus the createdAt attribute, per applied message (Milliseconds).
-	CommitToApplyLatency = "CommitToApplyLatency"
+	InboxProcessed       = metrics.InboxProcessed
+	InboxSkipped         = metrics.InboxSkipped
+	InboxDuplicates      = metrics.InboxDuplicates
+	InboxFailures        = metrics.InboxFailures
+	InboxStored          = metrics.InboxStored
+	InboxParked          = metrics.InboxParked
+	CommitToApplyLatency = metrics.CommitToApplyLatency
 )

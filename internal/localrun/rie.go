@@ -52,6 +52,7 @@ type Function struct {
 type instance struct {
 	url  string
 	proc *localproc.Process
+	log  *lineWriter
 }
 
 // StartFunction starts opts.Instances emulators running opts.Bootstrap and waits until they accept
@@ -101,14 +102,15 @@ func (f *Function) startInstance(ctx context.Context) (*instance, error) {
 		"AWS_LAMBDA_FUNCTION_NAME="+f.opts.Name,
 		"AWS_LAMBDA_FUNCTION_TIMEOUT="+strconv.Itoa(int(f.opts.Timeout.Round(time.Second)/time.Second)),
 		"AWS_LAMBDA_FUNCTION_MEMORY_SIZE=256")
-	cmd.Stdout, cmd.Stderr = f.opts.Log, f.opts.Log
+	lw := newLineWriter(f.opts.Log)
+	cmd.Stdout, cmd.Stderr = lw, lw
 	// SIGTERM to the group reaches the function too (its SIGTERM hook runs), as on Lambda.
 	p, err := localproc.Start(ctx, localproc.Spec{Name: "the emulator for " + f.opts.Name, Cmd: cmd, SignalGroup: true,
 		StopGrace: 3 * time.Second, ReadyTimeout: 20 * time.Second, Ready: localproc.Dial(addr)})
 	if err != nil {
 		return nil, err
 	}
-	return &instance{url: "http://" + addr + invokePath, proc: p}, nil
+	return &instance{url: "http://" + addr + invokePath, proc: p, log: lw}, nil
 }
 
 // FunctionError is an invocation that failed: the function returned an error, crashed or timed out.
@@ -224,5 +226,6 @@ func children(pid int) []int {
 func (f *Function) Stop() {
 	for _, in := range f.instances {
 		in.proc.Stop()
+		in.log.flush()
 	}
 }

@@ -11,7 +11,9 @@
 // is refused at cold start, since no inbox Processor runs beside this Lambda),
 // SLUICE_CONSUMER_DEADLINE_MARGIN, SLUICE_CONSUMER_STORE_PAYLOAD; DATABASE_URL, or
 // DATABASE_SECRET_ARN naming the RDS Secrets Manager secret; DATABASE_MAX_CONNS. AWS clients
-// honour AWS_ENDPOINT_URL.
+// honour AWS_ENDPOINT_URL. OTEL_TRACES_EXPORTER=console records a consumer span per record, a
+// child of the span that wrote the event, as JSON lines in the log (pkg/lambdatrace; see
+// docs/tracing.md to export to X-Ray or any OTLP backend instead).
 //
 // Build: GOOS=linux GOARCH=arm64 CGO_ENABLED=0 go build -tags lambda.norpc -trimpath -o bin/consumer/bootstrap ./lambdas/consumer
 package main
@@ -27,6 +29,7 @@ import (
 
 	"github.com/sluicehq/sluice/pkg/inbox"
 	"github.com/sluicehq/sluice/pkg/lambdaenv"
+	"github.com/sluicehq/sluice/pkg/lambdatrace"
 )
 
 // handlers is where a team registers its handlers: one Handle call per event type this consumer
@@ -60,6 +63,13 @@ func main() {
 		log.Error("consumer cold start failed", "error", err)
 		os.Exit(1)
 	}
+	// Tracing is off unless OTEL_TRACES_EXPORTER asks for it (a nil provider costs nothing).
+	tp, stopTracing, err := lambdatrace.Setup(os.Getenv, os.Stdout, "sluice-consumer")
+	if err != nil {
+		log.Error("consumer cold start failed", "error", err)
+		os.Exit(1)
+	}
+	cfg.TracerProvider = tp
 	pool, err := lambdaenv.OpenPool(ctx, os.Getenv)
 	if err != nil {
 		log.Error("consumer cold start failed", "error", err)
@@ -70,7 +80,7 @@ func main() {
 		log.Error("consumer cold start failed", "error", err)
 		os.Exit(1)
 	}
-	lambda.StartWithOptions(c.HandleSQS, lambda.WithEnableSIGTERM(pool.Close))
+	lambda.StartWithOptions(c.HandleSQS, lambda.WithEnableSIGTERM(pool.Close, func() { _ = stopTracing(context.Background()) }))
 }
 
 // newConsumer builds the inbox consumer over db with cfg's settings and this file's handlers.

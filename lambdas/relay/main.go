@@ -12,8 +12,9 @@
 // maintain a partitioned outbox_event (create partitions ahead, drop expired ones with a
 // retention), which needs the owner's privileges; unset, the relay does no DDL (the CDK stack
 // maintains partitions from the migrate function). A setting out of range stops the cold start
-// with an error naming it. AWS clients honour
-// AWS_ENDPOINT_URL.
+// with an error naming it. AWS clients honour AWS_ENDPOINT_URL. OTEL_TRACES_EXPORTER=console
+// records a span per PublishBatch call as JSON lines in the log (pkg/lambdatrace;
+// docs/tracing.md for OTLP and X-Ray).
 //
 // Build: GOOS=linux GOARCH=arm64 CGO_ENABLED=0 go build -tags lambda.norpc -trimpath -o bin/relay/bootstrap ./lambdas/relay
 package main
@@ -31,48 +32,57 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sluicehq/sluice/pkg/lambdaenv"
+	"github.com/sluicehq/sluice/pkg/lambdatrace"
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
 func main() {
 	log := lambdaenv.Logger(os.Getenv, "relay")
-	h, pool, err := wire(context.Background(), os.Getenv, log)
+	h, pool, stopTracing, err := wire(context.Background(), os.Getenv, log)
 	if err != nil {
 		log.Error("relay cold start failed", "error", err)
 		os.Exit(1)
 	}
-	lambda.StartWithOptions(h.Handle, lambda.WithEnableSIGTERM(pool.Close))
+	lambda.StartWithOptions(h.Handle, lambda.WithEnableSIGTERM(pool.Close, stopTracing))
 }
 
-// wire builds everything once per cold start: AWS config, database pool, SNS publisher, relay.
-func wire(ctx context.Context, getenv lambdaenv.Getenv, log *slog.Logger) (*handler, *pgxpool.Pool, error) {
+// wire builds everything once per cold start: AWS config, database pool, SNS publisher, the
+// tracer provider the environment asks for (none by default), relay. stopTracing flushes the
+// tracer provider.
+func wire(ctx context.Context, getenv lambdaenv.Getenv, log *slog.Logger) (h *handler, pool *pgxpool.Pool, stopTracing func(), err error) {
 	awsCfg, err := config.LoadDefaultConfig(ctx)
 	if err != nil {
-		return nil, nil, fmt.Errorf("load AWS config: %w", err)
+		return nil, nil, nil, fmt.Errorf("load AWS config: %w", err)
 	}
-	pool, err := lambdaenv.OpenPool(ctx, getenv)
+	tp, stop, err := lambdatrace.Setup(getenv, os.Stdout, "sluice-relay")
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
+	}
+	stopTracing = func() { _ = stop(context.Background()) }
+	pool, err = lambdaenv.OpenPool(ctx, getenv)
+	if err != nil {
+		return nil, nil, nil, err
 	}
 	relayCfg, stopBefore, err := relayConfig(getenv)
 	if err != nil {
 		pool.Close()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	relayCfg.Publisher = outbox.NewSNSPublisher(sns.NewFromConfig(awsCfg))
 	relayCfg.Metrics = os.Stdout
+	relayCfg.TracerProvider = tp
 	relayCfg.Logger = log
 	relay, err := outbox.NewRelay(pool, relayCfg)
 	if err != nil {
 		pool.Close()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	parts, err := partitionOptions(getenv)
 	if err != nil {
 		pool.Close()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return &handler{relay: relay, lag: pool, stopBefore: stopBefore, log: log, db: pool, partitions: parts}, pool, nil
+	return &handler{relay: relay, lag: pool, stopBefore: stopBefore, log: log, db: pool, partitions: parts}, pool, stopTracing, nil
 }
 
 // partitionOptions reads the maintenance of a partitioned outbox_event

@@ -63,10 +63,12 @@ func (b *batch) runBatched(ctx context.Context) {
 	res := b.runBulk(ctx, false)
 	if res == bulkHandlerFailed {
 		restore()
+		b.spanEvent("batch rolled back: a handler failed; applying again with a savepoint per record")
 		res = b.runBulk(ctx, true)
 	}
 	if res == bulkInsertFailed {
 		restore()
+		b.spanEvent("batch insert failed; applying record by record")
 		b.runEach(ctx)
 	}
 }
@@ -189,7 +191,8 @@ func (b *batch) runBulk(ctx context.Context, savepoints bool) bulkResult {
 	var rows batchRows
 	for i := range b.recs {
 		r := &b.recs[i]
-		ok, began := b.ready(ctx, r, t)
+		rctx := b.recordCtx(ctx, r)
+		ok, began := b.ready(rctx, r, t)
 		if !ok {
 			continue
 		}
@@ -213,10 +216,10 @@ func (b *batch) runBulk(ctx context.Context, savepoints bool) bulkResult {
 		if !skip {
 			if !savepoints {
 				// A failure (error, panic, or a swallowed failed statement) cannot be undone alone.
-				if runHandler(ctx, h, t.tx, r.msg) != nil {
+				if runHandler(rctx, h, t.tx, r.msg) != nil {
 					return bulkHandlerFailed
 				}
-			} else if err := t.savepoint(ctx, r.msg.ID, func() error { return runHandler(ctx, h, t.tx, r.msg) }); err != nil {
+			} else if err := t.savepoint(rctx, r.msg.ID, func() error { return runHandler(rctx, h, t.tx, r.msg) }); err != nil {
 				b.fail(r, err) // its row stays free: a later delivery of the id may take it
 				continue
 			}
@@ -348,12 +351,13 @@ func (b *batch) runEach(ctx context.Context) {
 	defer t.close(ctx)
 	for i := range b.recs {
 		r := &b.recs[i]
-		if ok, _ := b.ready(ctx, r, t); !ok {
+		rctx := b.recordCtx(ctx, r)
+		if ok, _ := b.ready(rctx, r, t); !ok {
 			continue
 		}
 		var out Outcome
-		if err := t.savepoint(ctx, r.msg.ID, func() (err error) {
-			out, err = b.c.apply(ctx, t.tx, r.msg)
+		if err := t.savepoint(rctx, r.msg.ID, func() (err error) {
+			out, err = b.c.apply(rctx, t.tx, r.msg)
 			return err
 		}); err != nil {
 			b.fail(r, err)

@@ -13,8 +13,10 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
-	"github.com/sluicehq/sluice/internal/emf"
+	"github.com/sluicehq/sluice/pkg/metrics"
 )
 
 // Beginner starts transactions: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx (whose Begin opens a savepoint).
@@ -84,9 +86,20 @@ type Config struct {
 	StorePayload bool
 	// Logger receives structured logs. Defaults to slog.Default().
 	Logger *slog.Logger
-	// Metrics receives Embedded Metric Format lines (os.Stdout in a Lambda). Defaults to nil,
-	// which writes none.
+	// Metrics receives Embedded Metric Format lines (os.Stdout in a Lambda): a shorthand for
+	// MetricsRecorder: metrics.NewEMF(Metrics). Defaults to nil, which writes none.
 	Metrics io.Writer
+	// MetricsRecorder receives the consumer's metrics (pkg/metrics names, dimensions
+	// {Service: consumer, Consumer: <name>}) once per batch, e.g. otelmetrics.New(provider).
+	// When Metrics is set too, both receive everything. Defaults to none.
+	MetricsRecorder metrics.Recorder
+	// TracerProvider records a consumer span per record, a child of the span that wrote the
+	// event (see docs/tracing.md); handlers get its context. Defaults to none: no spans, no
+	// cost; pass otel.GetTracerProvider() for the global one.
+	TracerProvider trace.TracerProvider
+	// Propagator reads the writer's span context from the message's headers. Defaults to W3C
+	// trace context (propagation.TraceContext), what outbox.Write injects.
+	Propagator propagation.TextMapPropagator
 }
 
 // DefaultDeadlineMargin is Config.DeadlineMargin's default.
@@ -99,6 +112,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.Propagator == nil {
+		c.Propagator = defaultPropagator
 	}
 	return c
 }
@@ -135,7 +151,9 @@ type Consumer struct {
 	db      Beginner
 	cfg     Config
 	log     *slog.Logger
-	metrics *emf.Logger
+	metrics metrics.Recorder
+	dims    metrics.Dimensions
+	tracing *tracing // nil: tracing off
 	now     func() time.Time
 	// layout is how inbox_event is stored (layoutPlain, layoutPartitioned), read once from
 	// the catalog (see partition_insert.go).
@@ -155,7 +173,9 @@ func New(db Beginner, cfg Config) (*Consumer, error) {
 		db:      db,
 		cfg:     cfg,
 		log:     cfg.Logger.With("consumer", cfg.Consumer),
-		metrics: metricsFor(cfg.Metrics, emf.ServiceConsumer, cfg.Consumer),
+		metrics: recorder(cfg.Metrics, cfg.MetricsRecorder),
+		dims:    dimensions(metrics.ServiceConsumer, cfg.Consumer),
+		tracing: newTracing(cfg.TracerProvider, cfg.Propagator, cfg.Consumer, cfg.Mode.String()),
 		now:     time.Now,
 	}, nil
 }
@@ -274,6 +294,7 @@ func (c *Consumer) Process(ctx context.Context, event events.SQSEvent) Report {
 	default:
 		b.runPerRecord(ctx)
 	}
+	b.endSpans(ctx)
 
 	rep := Report{Results: b.results}
 	for _, res := range rep.Results {
@@ -286,7 +307,7 @@ func (c *Consumer) Process(ctx context.Context, event events.SQSEvent) Report {
 			}
 		}
 	}
-	c.emit(rep, b.recs)
+	c.emit(ctx, rep, b.recs)
 	return rep
 }
 
@@ -296,6 +317,11 @@ type record struct {
 	sqs events.SQSMessage // as delivered
 	msg Message           // the parsed message; zero when err is set
 	err error             // why the record could not be parsed
+	// ctx and span are the record's consumer span and its context, once started (tracing on);
+	// spanDone once it ended with the record's final outcome.
+	ctx      context.Context
+	span     trace.Span
+	spanDone bool
 }
 
 // group returns the record's FIFO message group, "" on a standard queue (also when the record
@@ -341,17 +367,22 @@ func (b *batch) fail(r *record, err error) {
 func (b *batch) runPerRecord(ctx context.Context) {
 	for i := range b.recs {
 		r := &b.recs[i]
-		if err := b.precheck(ctx, r); err != nil {
-			b.fail(r, err)
-			continue
-		}
-		out, err := b.c.applyInTx(ctx, r.msg)
-		if err != nil {
-			b.fail(r, err)
-			continue
-		}
-		b.results[r.i].Outcome = out
+		b.runOne(b.recordCtx(ctx, r), r)
+		b.endSpan(ctx, r) // its own transaction: the outcome is final
 	}
+}
+
+func (b *batch) runOne(ctx context.Context, r *record) {
+	if err := b.precheck(ctx, r); err != nil {
+		b.fail(r, err)
+		return
+	}
+	out, err := b.c.applyInTx(ctx, r.msg)
+	if err != nil {
+		b.fail(r, err)
+		return
+	}
+	b.results[r.i].Outcome = out
 }
 
 // applyInTx runs one record in its own transaction and commits it.
@@ -453,19 +484,20 @@ func classify(err error) error {
 	return err
 }
 
-// Metric names written by the Consumer and the Processor, with dimensions Service and Consumer.
+// Metric names written by the Consumer and the Processor, with dimensions Service and Consumer
+// (defined in pkg/metrics; repeated here for existing callers).
 const (
-	MetricProcessed  = emf.InboxProcessed  // handlers applied and committed (Count)
-	MetricSkipped    = emf.InboxSkipped    // unknown event types recorded without effect (Count)
-	MetricDuplicates = emf.InboxDuplicates // deliveries found in the inbox (Count)
-	MetricFailures   = emf.InboxFailures   // records or attempts that failed (Count)
-	MetricStored     = emf.InboxStored     // messages stored by the Async mode (Count)
-	MetricParked     = emf.InboxParked     // rows the Processor parked (Count)
+	MetricProcessed  = metrics.InboxProcessed  // handlers applied and committed (Count)
+	MetricSkipped    = metrics.InboxSkipped    // unknown event types recorded without effect (Count)
+	MetricDuplicates = metrics.InboxDuplicates // deliveries found in the inbox (Count)
+	MetricFailures   = metrics.InboxFailures   // records or attempts that failed (Count)
+	MetricStored     = metrics.InboxStored     // messages stored by the Async mode (Count)
+	MetricParked     = metrics.InboxParked     // rows the Processor parked (Count)
 	// MetricCommitToApplyLatency is now minus the createdAt attribute, per applied message (Milliseconds).
-	MetricCommitToApplyLatency = emf.CommitToApplyLatency
+	MetricCommitToApplyLatency = metrics.CommitToApplyLatency
 )
 
-func (c *Consumer) emit(rep Report, recs []record) {
+func (c *Consumer) emit(ctx context.Context, rep Report, recs []record) {
 	if c.metrics == nil || len(rep.Results) == 0 {
 		return
 	}
@@ -476,34 +508,26 @@ func (c *Consumer) emit(rep Report, recs []record) {
 			lat = append(lat, float64(now.Sub(created).Milliseconds()))
 		}
 	}
-	ms := []emf.Metric{
-		{Name: MetricProcessed, Unit: emf.Count, Value: float64(rep.Count(Applied))},
-		{Name: MetricSkipped, Unit: emf.Count, Value: float64(rep.Count(Skipped))},
-		{Name: MetricDuplicates, Unit: emf.Count, Value: float64(rep.Count(Duplicate))},
-		{Name: MetricFailures, Unit: emf.Count, Value: float64(rep.Count(Failed))},
+	ms := []metrics.Measurement{
+		counter(MetricProcessed, rep.Count(Applied)),
+		counter(MetricSkipped, rep.Count(Skipped)),
+		counter(MetricDuplicates, rep.Count(Duplicate)),
+		counter(MetricFailures, rep.Count(Failed)),
 	}
 	if c.cfg.Mode == Async {
-		ms = append(ms, emf.Metric{Name: MetricStored, Unit: emf.Count, Value: float64(rep.Count(Stored))})
+		ms = append(ms, counter(MetricStored, rep.Count(Stored)))
 	}
-	emitLatency(c.metrics, ms, lat)
+	c.metrics.Record(ctx, c.dims, withLatency(ms, lat)...)
 }
 
-// emitLatency writes counts and latency samples, at most 100 samples per line (EMF's limit).
-func emitLatency(l *emf.Logger, counts []emf.Metric, lat []float64) {
-	first := true
-	for first || len(lat) > 0 {
-		ms := []emf.Metric{}
-		if first {
-			ms = append(ms, counts...)
-		}
-		if len(lat) > 0 {
-			n := min(len(lat), 100)
-			ms = append(ms, emf.Metric{Name: MetricCommitToApplyLatency, Unit: emf.Milliseconds, Values: lat[:n]})
-			lat = lat[n:]
-		}
-		first = false
-		if len(ms) > 0 {
-			l.Emit(ms...)
-		}
+func counter(name string, n int) metrics.Measurement {
+	return metrics.Measurement{Name: name, Kind: metrics.Counter, Unit: metrics.Count, Value: float64(n)}
+}
+
+// withLatency adds the commit-to-apply latency samples to ms, when there are any.
+func withLatency(ms []metrics.Measurement, lat []float64) []metrics.Measurement {
+	if len(lat) == 0 {
+		return ms
 	}
+	return append(ms, metrics.Measurement{Name: MetricCommitToApplyLatency, Kind: metrics.Histogram, Unit: metrics.Milliseconds, Samples: lat})
 }

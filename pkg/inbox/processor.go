@@ -10,8 +10,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	otelattr "go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
-	"github.com/sluicehq/sluice/internal/emf"
+	"github.com/sluicehq/sluice/pkg/metrics"
 )
 
 // ProcessorConfig configures a Processor.
@@ -34,8 +37,20 @@ type ProcessorConfig struct {
 	PollInterval time.Duration
 	// Logger receives structured logs. Defaults to slog.Default().
 	Logger *slog.Logger
-	// Metrics receives Embedded Metric Format lines. Defaults to nil, which writes none.
+	// Metrics receives Embedded Metric Format lines: a shorthand for MetricsRecorder:
+	// metrics.NewEMF(Metrics). Defaults to nil, which writes none.
 	Metrics io.Writer
+	// MetricsRecorder receives the processor's metrics (pkg/metrics names, dimensions
+	// {Service: inbox-processor, Consumer: <name>}) once per Drain. When Metrics is set too,
+	// both receive everything. Defaults to none.
+	MetricsRecorder metrics.Recorder
+	// TracerProvider records a consumer span per applied row, a child of the span that wrote
+	// the event (read from the stored headers); handlers get its context. Defaults to none: no
+	// spans, no cost.
+	TracerProvider trace.TracerProvider
+	// Propagator reads the writer's span context from the stored headers. Defaults to W3C
+	// trace context (propagation.TraceContext), what outbox.Write injects.
+	Propagator propagation.TextMapPropagator
 }
 
 // DefaultMaxAttempts is ProcessorConfig.MaxAttempts's default.
@@ -75,6 +90,9 @@ func (c ProcessorConfig) WithDefaults() ProcessorConfig {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.Propagator == nil {
+		c.Propagator = defaultPropagator
+	}
 	return c
 }
 
@@ -107,7 +125,9 @@ type Processor struct {
 	db      Beginner
 	cfg     ProcessorConfig
 	log     *slog.Logger
-	metrics *emf.Logger
+	metrics metrics.Recorder
+	dims    metrics.Dimensions
+	tracing *tracing // nil: tracing off
 }
 
 // NewProcessor returns a Processor that opens its transactions on db (usually a *pgxpool.Pool).
@@ -120,16 +140,10 @@ func NewProcessor(db Beginner, cfg ProcessorConfig) (*Processor, error) {
 		return nil, err
 	}
 	return &Processor{db: db, cfg: cfg, log: cfg.Logger.With("consumer", cfg.Consumer),
-		metrics: metricsFor(cfg.Metrics, emf.ServiceInboxProcessor, cfg.Consumer)}, nil
-}
-
-// metricsFor returns the EMF writer of one inbox consumer's metrics, or nil (no metrics, no
-// work) when w is nil.
-func metricsFor(w io.Writer, service, consumer string) *emf.Logger {
-	if w == nil {
-		return nil
-	}
-	return emf.New(w, map[string]string{emf.DimensionService: service, emf.DimensionConsumer: consumer})
+		metrics: recorder(cfg.Metrics, cfg.MetricsRecorder),
+		dims:    dimensions(metrics.ServiceInboxProcessor, cfg.Consumer),
+		tracing: newTracing(cfg.TracerProvider, cfg.Propagator, cfg.Consumer, "processor"),
+	}, nil
 }
 
 // ProcessStats counts what one Drain did.
@@ -308,7 +322,7 @@ func (p *Processor) statements(ctx context.Context, f func(Querier) error) error
 func (p *Processor) Drain(ctx context.Context) (ProcessStats, error) {
 	var st ProcessStats
 	var lat []float64
-	defer func() { p.emit(st, lat) }()
+	defer func() { p.emit(ctx, st, lat) }()
 	after, progressed := "", false
 	for ctx.Err() == nil {
 		b, err := p.claim(ctx, after)
@@ -407,6 +421,7 @@ type oneResult struct {
 // and eventually parked. afterSeq is the seq of the row of c's group this processor applied
 // just before (see lockSQL).
 func (p *Processor) one(ctx context.Context, c claimed, afterSeq int64) (res oneResult, taken bool, err error) {
+	started := time.Now()
 	tx, err := p.db.Begin(ctx)
 	if err != nil {
 		return res, false, fmt.Errorf("inbox processor: begin: %w", err)
@@ -437,6 +452,17 @@ func (p *Processor) one(ctx context.Context, c claimed, afterSeq int64) (res one
 	msg.Headers, msg.Payload = headers, json.RawMessage(payload)
 	res.created = msg.CreatedAt
 
+	var herr error // the attempt's failure
+	if p.tracing != nil {
+		var span trace.Span
+		ctx, span = p.tracing.start(ctx, msg, "", "", started)
+		defer func() {
+			if err != nil && herr == nil {
+				herr = err
+			}
+			p.tracing.end(span, msg, res.outcome, herr, time.Now(), otelattr.Bool(SpanAttrParked, res.parked))
+		}()
+	}
 	res.outcome = Applied
 	h, skip, herr := p.cfg.Router.lookup(msg.EventType)
 	if herr != nil {
@@ -490,14 +516,14 @@ func (p *Processor) one(ctx context.Context, c claimed, afterSeq int64) (res one
 	return res, true, nil
 }
 
-func (p *Processor) emit(st ProcessStats, lat []float64) {
+func (p *Processor) emit(ctx context.Context, st ProcessStats, lat []float64) {
 	if p.metrics == nil {
 		return
 	}
-	emitLatency(p.metrics, []emf.Metric{
-		{Name: MetricProcessed, Unit: emf.Count, Value: float64(st.Applied)},
-		{Name: MetricSkipped, Unit: emf.Count, Value: float64(st.Skipped)},
-		{Name: MetricFailures, Unit: emf.Count, Value: float64(st.Failed)},
-		{Name: MetricParked, Unit: emf.Count, Value: float64(st.Parked)},
-	}, lat)
+	p.metrics.Record(context.WithoutCancel(ctx), p.dims, withLatency([]metrics.Measurement{
+		counter(MetricProcessed, st.Applied),
+		counter(MetricSkipped, st.Skipped),
+		counter(MetricFailures, st.Failed),
+		counter(MetricParked, st.Parked),
+	}, lat)...)
 }

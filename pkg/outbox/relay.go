@@ -12,8 +12,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
-	"github.com/sluicehq/sluice/internal/emf"
+	"github.com/sluicehq/sluice/pkg/metrics"
 )
 
 // Defaults and bounds of RelayConfig, exported so that the Lambda's and the CLI's settings can
@@ -110,8 +112,20 @@ type RelayConfig struct {
 	RescanInterval time.Duration
 	// MetricsInterval is how often Run emits the heartbeat and lag metrics. Defaults to 30 seconds.
 	MetricsInterval time.Duration
-	// Metrics receives Embedded Metric Format lines (a Lambda passes os.Stdout). Defaults to none.
+	// Metrics receives Embedded Metric Format lines (a Lambda passes os.Stdout): a shorthand
+	// for MetricsRecorder: metrics.NewEMF(Metrics). Defaults to none.
 	Metrics io.Writer
+	// MetricsRecorder receives the relay's metrics (pkg/metrics names, dimensions
+	// {Service: relay}), e.g. otelmetrics.New(meterProvider). When Metrics is set too, both
+	// receive everything. Defaults to none.
+	MetricsRecorder metrics.Recorder
+	// TracerProvider records a span per PublishBatch call, linked to the span that wrote each
+	// event (see docs/tracing.md). Defaults to none: no spans, no cost; pass
+	// otel.GetTracerProvider() for the global one.
+	TracerProvider trace.TracerProvider
+	// Propagator reads the writer's span context from each event's headers, for the span's
+	// links. Defaults to W3C trace context (propagation.TraceContext), what Write injects.
+	Propagator propagation.TextMapPropagator
 	// Logger receives operational logs. Defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -260,7 +274,7 @@ type Relay struct {
 	pool    *pgxpool.Pool
 	cfg     RelayConfig
 	log     *slog.Logger
-	metrics *emf.Logger
+	metrics metrics.Recorder
 	// inFlight bounds PublishBatch calls across pipelines.
 	inFlight chan struct{}
 	book     *keyBook
@@ -287,6 +301,7 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	cfg.Publisher = tracePublisher(cfg.Publisher, cfg.TracerProvider, cfg.Propagator)
 	r := &Relay{
 		pool:     pool,
 		cfg:      cfg,
@@ -308,9 +323,7 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 	if cc := cfg.ClaimCheck; cc != nil {
 		r.readBytes = max(r.readBytes, cc.maxPayload())
 	}
-	if cfg.Metrics != nil {
-		r.metrics = emf.New(cfg.Metrics, map[string]string{emf.DimensionService: emf.ServiceRelay})
-	}
+	r.metrics = recorder(cfg.Metrics, cfg.MetricsRecorder)
 	return r, nil
 }
 
@@ -537,23 +550,29 @@ func (r *Relay) waitForWork(ctx context.Context) {
 func (r *Relay) emitMetrics(ctx context.Context, s Stats) {
 	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	ms := []emf.Metric{
-		{Name: emf.RelayHeartbeat, Unit: emf.Count, Value: 1},
-		{Name: emf.Published, Unit: emf.Count, Value: float64(s.Published)},
-		{Name: emf.PublishFailures, Unit: emf.Count, Value: float64(s.Retrying + s.Quarantined + s.Outage)},
-		{Name: emf.DestinationsDown, Unit: emf.Count, Value: float64(len(r.dests.down()))},
+	count := func(name string, v int) metrics.Measurement {
+		return metrics.Measurement{Name: name, Kind: metrics.Counter, Unit: metrics.Count, Value: float64(v)}
+	}
+	gauge := func(name string, u metrics.Unit, v float64) metrics.Measurement {
+		return metrics.Measurement{Name: name, Kind: metrics.Gauge, Unit: u, Value: v}
+	}
+	ms := []metrics.Measurement{
+		count(metrics.RelayHeartbeat, 1),
+		count(metrics.Published, s.Published),
+		count(metrics.PublishFailures, s.Retrying+s.Quarantined+s.Outage),
+		gauge(metrics.DestinationsDown, metrics.Count, float64(len(r.dests.down()))),
 	}
 	if lag, err := LagOf(lctx, r.pool); err == nil {
 		ms = append(ms,
-			emf.Metric{Name: emf.OutboxPending, Unit: emf.Count, Value: float64(lag.Pending)},
-			emf.Metric{Name: emf.OutboxOldestPendingAge, Unit: emf.Seconds, Value: lag.OldestPendingAge.Seconds()},
-			emf.Metric{Name: emf.OutboxQuarantined, Unit: emf.Count, Value: float64(lag.Quarantined)},
+			gauge(metrics.OutboxPending, metrics.Count, float64(lag.Pending)),
+			gauge(metrics.OutboxOldestPendingAge, metrics.Seconds, lag.OldestPendingAge.Seconds()),
+			gauge(metrics.OutboxQuarantined, metrics.Count, float64(lag.Quarantined)),
 		)
 	} else {
 		r.log.Warn("read outbox lag", "error", err)
 	}
 	if h, err := HorizonOf(lctx, r.pool); err == nil {
-		ms = append(ms, emf.Metric{Name: emf.OldestTransactionAge, Unit: emf.Seconds, Value: h.OldestTransactionAge.Seconds()})
+		ms = append(ms, gauge(metrics.OldestTransactionAge, metrics.Seconds, h.OldestTransactionAge.Seconds()))
 		if h.OldestTransactionAge > 5*time.Minute {
 			r.log.Warn("an old transaction holds back VACUUM: published rows' index entries pile up", "held_by", h.HeldBy,
 				"age", h.OldestTransactionAge.Round(time.Second))
@@ -561,7 +580,7 @@ func (r *Relay) emitMetrics(ctx context.Context, s Stats) {
 	} else {
 		r.log.Warn("read the oldest transaction", "error", err)
 	}
-	r.metrics.Emit(ms...)
+	r.metrics.Record(ctx, relayDimensions, ms...)
 }
 
 // DestinationsDown returns the destinations this relay currently backs off as a whole.

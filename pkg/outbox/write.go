@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/propagation"
 )
 
 // Executor is what Write needs: a pgx.Tx, or anything with the same Exec and CopyFrom
@@ -26,6 +27,16 @@ type WriterConfig struct {
 	// CopyThreshold is the number of messages from which Write uses COPY instead of one
 	// multi-row INSERT. Defaults to 100.
 	CopyThreshold int
+	// Propagator injects the span context active in Write's ctx into each message's headers,
+	// so that the consumer's span joins the writer's trace (see docs/tracing.md). A message
+	// whose Headers already hold one of the propagator's fields is left as it is. Injected
+	// headers count against SNS's attribute limit like any other: they are added only while
+	// they fit (count and size), and a message with no room is written without them rather than
+	// refused, so tracing never makes a Write fail. Defaults to W3C trace context
+	// (propagation.TraceContext: traceparent and tracestate); pass
+	// propagation.NewCompositeTextMapPropagator() to inject nothing, or
+	// otel.GetTextMapPropagator() for the global one.
+	Propagator propagation.TextMapPropagator
 }
 
 // WithDefaults returns c with every zero field set to its default.
@@ -35,6 +46,9 @@ func (c WriterConfig) WithDefaults() WriterConfig {
 	}
 	if c.CopyThreshold == 0 {
 		c.CopyThreshold = 100
+	}
+	if c.Propagator == nil {
+		c.Propagator = defaultPropagator
 	}
 	return c
 }
@@ -67,7 +81,9 @@ func NewWriter(cfg WriterConfig) (*Writer, error) {
 var defaultWriter = &Writer{cfg: WriterConfig{}.WithDefaults()}
 
 // Write inserts msgs into the outbox inside tx, in one round trip, and returns the messages
-// as written (with EventID and PartitionKey filled). It never begins, commits or rolls back:
+// as written (with EventID, PartitionKey and the trace headers it injected filled). The span
+// context active in ctx, if any, goes into each message's headers (W3C traceparent, see
+// WriterConfig.Propagator) unless the message carries trace headers of its own. It never begins, commits or rolls back:
 // the events become visible to the relay exactly when the caller's transaction commits.
 // Invalid input is refused before the database is touched, with a *ValidationError.
 func Write(ctx context.Context, tx Executor, msgs ...Message) ([]Message, error) {
@@ -78,7 +94,7 @@ var columns = []string{"event_id", "topic", "aggregate_type", "aggregate_id", "e
 
 // Write is the package-level Write with this Writer's configuration.
 func (w *Writer) Write(ctx context.Context, tx Executor, msgs ...Message) ([]Message, error) {
-	prepared, headers, err := w.prepare(msgs)
+	prepared, headers, err := w.prepare(msgs, w.traceHeaders(ctx))
 	if err != nil || len(prepared) == 0 {
 		return nil, err
 	}
@@ -101,14 +117,30 @@ func (w *Writer) Write(ctx context.Context, tx Executor, msgs ...Message) ([]Mes
 // Queue adds the insert of msgs to b, so that it travels in the same round trip as the
 // statements you queue beside it; send b inside your transaction (tx.SendBatch). It validates
 // like Write, before anything is queued, and returns the messages as they will be written; a
-// database error surfaces when the batch's results are read or closed.
+// database error surfaces when the batch's results are read or closed. Queue has no context,
+// so it injects no trace headers: use QueueContext to carry the active span.
 func Queue(b *pgx.Batch, msgs ...Message) ([]Message, error) {
 	return defaultWriter.Queue(b, msgs...)
 }
 
+// QueueContext is Queue that also injects the span context active in ctx into the messages'
+// headers, as Write does.
+func QueueContext(ctx context.Context, b *pgx.Batch, msgs ...Message) ([]Message, error) {
+	return defaultWriter.QueueContext(ctx, b, msgs...)
+}
+
 // Queue is the package-level Queue with this Writer's configuration.
 func (w *Writer) Queue(b *pgx.Batch, msgs ...Message) ([]Message, error) {
-	prepared, headers, err := w.prepare(msgs)
+	return w.queue(b, msgs, nil)
+}
+
+// QueueContext is the package-level QueueContext with this Writer's configuration.
+func (w *Writer) QueueContext(ctx context.Context, b *pgx.Batch, msgs ...Message) ([]Message, error) {
+	return w.queue(b, msgs, w.traceHeaders(ctx))
+}
+
+func (w *Writer) queue(b *pgx.Batch, msgs []Message, trace map[string]string) ([]Message, error) {
+	prepared, headers, err := w.prepare(msgs, trace)
 	if err != nil || len(prepared) == 0 {
 		return nil, err
 	}
@@ -116,8 +148,9 @@ func (w *Writer) Queue(b *pgx.Batch, msgs ...Message) ([]Message, error) {
 	return prepared, nil
 }
 
-// prepare validates msgs, fills their defaults and encodes their headers.
-func (w *Writer) prepare(msgs []Message) ([]Message, [][]byte, error) {
+// prepare validates msgs, fills their defaults, adds the trace headers (see withTrace) and
+// encodes their headers.
+func (w *Writer) prepare(msgs []Message, trace map[string]string) ([]Message, [][]byte, error) {
 	prepared := make([]Message, len(msgs))
 	headers := make([][]byte, len(msgs))
 	for i, m := range msgs {
@@ -125,8 +158,12 @@ func (w *Writer) prepare(msgs []Message) ([]Message, [][]byte, error) {
 		if err != nil {
 			return nil, nil, err
 		}
-		if size := wireSize(p); size > w.cfg.MaxMessageBytes {
+		size := wireSize(p)
+		if size > w.cfg.MaxMessageBytes {
 			return nil, nil, &ValidationError{Index: i, Field: "Payload", Problem: fmt.Sprintf("message is %d bytes with its attributes, above the publishable %d bytes", size, w.cfg.MaxMessageBytes)}
+		}
+		if len(trace) > 0 {
+			p.Headers = withTrace(p, size, trace, w.cfg.Propagator.Fields(), w.cfg.MaxMessageBytes)
 		}
 		h := p.Headers
 		if h == nil {

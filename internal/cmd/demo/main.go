@@ -4,8 +4,10 @@
 // APIs, runs the relay and consumer bootstraps under the Lambda runtime interface emulator with
 // drivers playing EventBridge and the SQS event source mapping, has a sample orders service
 // write N orders at a chosen rate, shows a live progress line, and ends with a verification:
-// every committed event applied exactly once. It exits non-zero on any discrepancy and stops
-// everything it started when it ends or is interrupted.
+// every committed event applied exactly once, and one order's trace drawn as a waterfall (write,
+// commit, outbox wait, publish, SQS, apply) from the spans the orders service and both Lambdas
+// exported (see trace.go). It exits non-zero on any discrepancy and stops everything it started
+// when it ends or is interrupted.
 //
 //	go run ./internal/cmd/demo -n 500 -rate 200 [-fifo]
 package main
@@ -27,6 +29,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicehq/sluice/internal/demoapp"
 	"github.com/sluicehq/sluice/internal/localaws"
@@ -77,6 +80,15 @@ func run(ctx context.Context, o options) int {
 	}
 	defer logFile.Close()
 	log := slog.New(slog.NewJSONHandler(logFile, nil))
+	// Every span of the run passes through spans on its way to the log.
+	spans := &spanLog{w: logFile}
+	tp, err := newTracerProvider(spans)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		return 1
+	}
+	defer func() { _ = tp.Shutdown(context.WithoutCancel(ctx)) }()
+	tracer := tp.Tracer("orders-service")
 	step := func(format string, args ...any) { fmt.Printf("==> "+format+"\n", args...) }
 	fail := func(what string, err error) int {
 		fmt.Fprintf(os.Stderr, "\ndemo: %s: %v (logs: %s)\n", what, err, logPath)
@@ -95,7 +107,12 @@ func run(ctx context.Context, o options) int {
 	} else {
 		step("PostgreSQL: using DATABASE_URL")
 	}
-	pool, err := pgxpool.New(ctx, dbURL)
+	poolCfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		return fail("parse the database URL", err)
+	}
+	poolCfg.ConnConfig.Tracer = statementSpans{tracer: tracer}
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
 	if err != nil {
 		return fail("connect to PostgreSQL", err)
 	}
@@ -146,7 +163,8 @@ func run(ctx context.Context, o options) int {
 		kind = "FIFO"
 	}
 	st, err := localrun.StartStack(ctx, localrun.StackOptions{RIE: rie, BinDir: binDir, DatabaseURL: dbURL, Endpoint: endpoint,
-		Name: "sluice-demo-" + runID, FIFO: o.fifo, Log: logFile, Logger: log})
+		Name: "sluice-demo-" + runID, FIFO: o.fifo, Log: spans, Logger: log,
+		RelayEnv: functionTraceEnv, ConsumerEnv: functionTraceEnv})
 	if err != nil {
 		return fail("start the local pipeline", err)
 	}
@@ -164,7 +182,7 @@ func run(ctx context.Context, o options) int {
 	start := time.Now()
 	var produced atomic.Int64
 	prodErr := make(chan error, 1)
-	go func() { prodErr <- produce(ctx, pool, o, prefix, &produced) }()
+	go func() { prodErr <- produce(ctx, pool, tracer, o, prefix, &produced) }()
 
 	deadline := time.Now().Add(o.timeout)
 	tty := isTerminal(os.Stdout)
@@ -236,12 +254,14 @@ func run(ctx context.Context, o options) int {
 		return 1
 	}
 	fmt.Printf("OK: every committed event was applied exactly once (function logs: %s)\n", logPath)
+	printWaterfall(os.Stdout, spans.all(), v.Produced)
 	return 0
 }
 
 // produce is the sample orders service: it places o.n orders at o.rate per second, spread over
-// o.customers customers; each customer's orders are numbered in commit order.
-func produce(ctx context.Context, pool *pgxpool.Pool, o options, prefix string, produced *atomic.Int64) error {
+// o.customers customers; each customer's orders are numbered in commit order. Each order is
+// placed inside a span, whose context outbox.Write carries to the consumer.
+func produce(ctx context.Context, pool *pgxpool.Pool, tracer trace.Tracer, o options, prefix string, produced *atomic.Int64) error {
 	var wg sync.WaitGroup
 	var firstErr error
 	var once sync.Once
@@ -257,7 +277,10 @@ func produce(ctx context.Context, pool *pgxpool.Pool, o options, prefix string, 
 				seq[c]++
 				order := demoapp.OrderCreated{OrderID: fmt.Sprintf("%s%06d", prefix, i), Customer: fmt.Sprintf("customer-%03d", c),
 					Seq: seq[c], AmountCents: int64(100 + i%9000), Currency: []string{"EUR", "USD", "GBP"}[i%3]}
-				if _, err := demoapp.PlaceOrder(ctx, pool, order); err != nil {
+				octx, span := tracer.Start(ctx, placeOrderSpan, placeOrderAttrs(order.OrderID))
+				_, err := demoapp.PlaceOrder(octx, pool, order)
+				span.End()
+				if err != nil {
 					once.Do(func() { firstErr = err })
 					continue
 				}
