@@ -28,7 +28,6 @@ import (
 
 	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/aws/aws-sdk-go-v2/config"
-	"github.com/aws/aws-sdk-go-v2/service/sns"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sluicehq/sluice/pkg/lambdaenv"
@@ -68,7 +67,18 @@ func wire(ctx context.Context, getenv lambdaenv.Getenv, log *slog.Logger) (h *ha
 		pool.Close()
 		return nil, nil, nil, err
 	}
-	relayCfg.Publisher = outbox.NewSNSPublisher(sns.NewFromConfig(awsCfg))
+	pub, closePub, err := lambdaenv.RelayPublisher(ctx, getenv, awsCfg, relayCfg.Destinations())
+	if err != nil {
+		pool.Close()
+		return nil, nil, nil, err
+	}
+	relayCfg.Publisher = pub
+	if relayCfg.ClaimCheck, err = lambdaenv.ClaimCheck(getenv, awsCfg); err != nil {
+		pool.Close()
+		closePub()
+		return nil, nil, nil, err
+	}
+	stopTracing = func() { _ = stop(context.Background()); closePub() }
 	relayCfg.Metrics = os.Stdout
 	relayCfg.TracerProvider = tp
 	relayCfg.Logger = log

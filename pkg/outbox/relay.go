@@ -177,7 +177,7 @@ func (c RelayConfig) validate() error {
 		}
 	}
 	if checker, ok := c.Publisher.(DestinationChecker); ok {
-		for _, dest := range c.destinations() {
+		for _, dest := range c.Destinations() {
 			if err := checker.CheckDestination(dest); err != nil {
 				errs = append(errs, err)
 			}
@@ -197,8 +197,9 @@ func (c RelayConfig) validate() error {
 	return nil
 }
 
-// destinations returns every destination of c, sorted, without duplicates.
-func (c RelayConfig) destinations() []string {
+// Destinations returns every destination of c (Topics' and DefaultTopic), sorted, without
+// duplicates: what a publisher for c must serve.
+func (c RelayConfig) Destinations() []string {
 	seen := map[string]bool{}
 	var out []string
 	for _, k := range sortedKeys(c.Topics) {
@@ -312,7 +313,7 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 	}
 	r.watch = newWatcher(r)
 	r.limits = map[string]Limits{}
-	for _, dest := range cfg.destinations() {
+	for _, dest := range cfg.Destinations() {
 		lim := limitsOf(cfg.Publisher, dest)
 		if cfg.MaxMessageBytes > 0 {
 			lim.MaxMessageBytes = min(lim.MaxMessageBytes, cfg.MaxMessageBytes)

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/service/sns"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
@@ -68,7 +67,15 @@ relay round holds its partition keys' locks.`,
 			if !opts.Once {
 				fmt.Fprintln(a.io.Err, "relaying until interrupted (Ctrl-C)")
 			}
-			res, err := Relay(ctx, pool, outbox.NewSNSPublisher(sns.NewFromConfig(awsCfg)), opts)
+			pub, closePub, err := lambdaenv.RelayPublisher(ctx, opts.Getenv, awsCfg, cfg.Destinations())
+			if err != nil {
+				return usageError{err}
+			}
+			defer closePub()
+			if opts.ClaimCheck, err = lambdaenv.ClaimCheck(opts.Getenv, awsCfg); err != nil {
+				return usageError{err}
+			}
+			res, err := Relay(ctx, pool, pub, opts)
 			if opts.Once {
 				st := res.Stats
 				fmt.Fprintf(a.io.Out, "published %d, retrying %d, destination outage %d, quarantined %d (claimed %d in %d rounds)\n",
@@ -86,7 +93,7 @@ relay round holds its partition keys' locks.`,
 	f := cmd.Flags()
 	f.BoolVar(&opts.Once, "once", false, "drain the outbox and exit")
 	f.StringArrayVar(&opts.Topics, "topic", nil, "NAME=ARN topic mapping (repeatable; overrides $SLUICE_TOPIC_ARNS entries)")
-	f.StringVar(&opts.DefaultTopic, "default-topic", "", "SNS topic ARN for rows whose topic is not mapped (default $SLUICE_DEFAULT_TOPIC_ARN)")
+	f.StringVar(&opts.DefaultTopic, "default-topic", "", "destination (SNS topic, EventBridge bus or Kinesis stream ARN, or kafka://TOPIC) for rows whose topic is not mapped (default $SLUICE_DEFAULT_TOPIC_ARN)")
 	f.IntVar(&opts.BatchSize, "batch-size", 0, fmt.Sprintf("rows per round, 1 to %d (default $%s, else %d)", outbox.MaxBatchSize, lambdaenv.RelayBatchSize, outbox.DefaultBatchSize))
 	return cmd
 }
@@ -109,6 +116,9 @@ type RelayOptions struct {
 	Once bool
 	// Logger receives the relay's logs. Defaults to discarding them.
 	Logger *slog.Logger
+	// ClaimCheck stores payloads too large for their destination in S3 (lambdaenv.ClaimCheck
+	// reads it from SLUICE_CLAIM_CHECK_*). Defaults to none.
+	ClaimCheck *outbox.ClaimCheck
 }
 
 // RelayResult is what Relay ran with and did.
@@ -159,7 +169,7 @@ func Relay(ctx context.Context, pool *pgxpool.Pool, pub outbox.Publisher, opts R
 	if pub == nil {
 		return RelayResult{}, fmt.Errorf("cli: Relay needs a publisher")
 	}
-	cfg.Publisher, cfg.Logger = pub, opts.Logger
+	cfg.Publisher, cfg.Logger, cfg.ClaimCheck = pub, opts.Logger, opts.ClaimCheck
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
