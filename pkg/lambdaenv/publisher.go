@@ -166,7 +166,7 @@ func ClaimCheck(getenv Getenv, awsCfg aws.Config) (*outbox.ClaimCheck, error) {
 		return nil, err
 	}
 	return &outbox.ClaimCheck{
-		Store: outbox.NewS3PayloadStore(s3.NewFromConfig(awsCfg, func(o *s3.Options) { o.UsePathStyle = pathStyle(awsCfg) })),
+		Store:  outbox.NewS3PayloadStore(s3.NewFromConfig(awsCfg, func(o *s3.Options) { o.UsePathStyle = pathStyle(awsCfg) })),
 		Bucket: bucket, KeyPrefix: getenv(ClaimCheckPrefix), Threshold: threshold, MaxPayloadBytes: maxPayload,
 	}, nil
 }
