@@ -31,11 +31,6 @@ type Lag struct {
 	Parked int64 `json:"parked"`
 }
 
-// ConsumerStatus is the former name of Lag.
-//
-// Deprecated: use Lag.
-type ConsumerStatus = Lag
-
 // LagOf returns the backlog of every consumer that has unprocessed or parked rows, sorted by
 // consumer name. Consumers whose rows are all processed are not listed. It reads only the
 // partial indexes, so its cost follows the backlog, not the table. outbox.LagOf is its
@@ -65,12 +60,6 @@ ORDER BY consumer`)
 	}
 	return out, nil
 }
-
-// Stats is the former name of LagOf (the relay's counters are outbox.Stats, the processor's
-// ProcessStats: "stats" now means what a component did, "lag" the backlog).
-//
-// Deprecated: use LagOf.
-func Stats(ctx context.Context, db Querier) ([]Lag, error) { return LagOf(ctx, db) }
 
 // ParkedEvent is a stored message the Processor gave up on.
 type ParkedEvent struct {
