@@ -214,17 +214,26 @@ func TestDeadline(t *testing.T) {
 	t.Parallel()
 	forModes(t, func(t *testing.T, mode inbox.Mode) {
 		b := setup(t)
+		// The consumer's clock is the test's: the first record's handler takes "ten minutes",
+		// after which less than the margin is left, whatever the machine's speed.
+		deadline := time.Now().Add(time.Hour)
+		var mu sync.Mutex
+		clock := deadline.Add(-30 * time.Minute)
+		now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
 		r := inbox.NewRouter(inbox.FailUnknown)
 		r.Handle("Scripted", func(ctx context.Context, tx pgx.Tx, msg inbox.Message) error {
-			time.Sleep(1500 * time.Millisecond)
+			mu.Lock()
+			clock = clock.Add(25 * time.Minute)
+			mu.Unlock()
 			return scripted("billing")(ctx, tx, msg)
 		})
-		c, err := inbox.New(b.pool, inbox.Config{Consumer: "billing", Router: r, Mode: mode, DeadlineMargin: 2 * time.Second, Logger: quiet})
+		c, err := inbox.New(b.pool, inbox.Config{Consumer: "billing", Router: r, Mode: mode, DeadlineMargin: 10 * time.Minute, Logger: quiet})
 		require.NoError(t, err)
+		inbox.SetClock(c, now)
 
-		// 3s left with a 2s margin: the first record starts (even a second late on a busy
-		// machine), and after its 1.5s the rest find too little time.
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		// 30 minutes left with a 10-minute margin: the first record starts, and after its 25
+		// minutes the rest find too little time.
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
 		defer cancel()
 		ev := batchOf(rec("m1", script{N: 1}), rec("m2", script{N: 2}), rec("m3", script{N: 3}))
 		rep := c.Process(ctx, ev)
@@ -233,9 +242,7 @@ func TestDeadline(t *testing.T) {
 		require.Equal(t, []string{"billing/m1/1"}, dbState(t, b.pool).Effects)
 
 		// Less time than the margin from the start: nothing starts, nothing is written.
-		ctx2, cancel2 := context.WithTimeout(context.Background(), 500*time.Millisecond)
-		defer cancel2()
-		rep = c.Process(ctx2, batchOf(rec("m4", script{N: 4})))
+		rep = c.Process(ctx, batchOf(rec("m4", script{N: 4})))
 		require.ErrorIs(t, rep.Results[0].Err, inbox.ErrDeadline)
 		require.Equal(t, 1, count(t, b.pool, `SELECT count(*) FROM inbox_event`))
 
