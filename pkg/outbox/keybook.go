@@ -115,6 +115,9 @@ const (
 	verdictParked
 	// verdictHeld: the key's next row goes to dest, which fails as a whole; probe it at until.
 	verdictHeld
+	// verdictElsewhere: another relay holds the key; forget it (a sweep or a new row brings it
+	// back) instead of trying its lock again and again while that relay works through it.
+	verdictElsewhere
 )
 
 // keyResult is a round's verdict on one key. lastPublished is the highest id of the key the
@@ -417,7 +420,7 @@ func (b *keyBook) settle(taken roundKeys, results []keyResult, now time.Time) {
 			b.park(k.key)
 		case r.verdict == verdictWait:
 			b.schedule(k, r.until, now)
-		case r.verdict == verdictDrained && !dirty:
+		case r.verdict == verdictDrained && !dirty, r.verdict == verdictElsewhere && !dirty:
 			b.drop(k)
 		default: // more, release, or drained with new rows seen meanwhile
 			b.schedule(k, now, now)

@@ -622,13 +622,14 @@ func (r *Relay) round(ctx context.Context, taken roundKeys) (st Stats, err error
 	if err != nil {
 		return Stats{}, r.quiet(ctx, err)
 	}
-	busyUntil := time.Now().Add(r.cfg.PollInterval)
 	var mine []claimKey
 	for _, k := range keys {
 		if locked[k.key] {
 			mine = append(mine, k)
 		} else {
-			verdicts[k.key] = keyResult{key: k.key, verdict: verdictWait, until: busyUntil}
+			// Another relay's round holds it: the key is that relay's work now. A later sweep
+			// finds it again if that relay stops with rows left.
+			verdicts[k.key] = keyResult{key: k.key, verdict: verdictElsewhere}
 		}
 	}
 	if len(mine) == 0 {
