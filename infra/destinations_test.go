@@ -87,8 +87,8 @@ func requireEndpoint(t *testing.T, tmpl assertions.Template, service string) {
 }
 
 // EventBridge: the relay puts events on a new bus (nobody else may), a rule sends the relay's
-// source to the consumer's queue (the envelope as body), with the subscription DLQ as the
-// target's DLQ; the queue and key admit EventBridge for this rule only; the SQS path and its
+// source to the consumer's queue (each event whole, as inbox.Parse reads it), with the
+// subscription DLQ as the target's DLQ; the queue and key admit EventBridge for this rule only; the SQS path and its
 // alarms are the SNS consumer's, plus FailedInvocations on the rule.
 func TestEventBridgeDestination(t *testing.T) {
 	s, tmpl := destinationStack(t, infra.DestinationEventBridge)
@@ -112,7 +112,7 @@ func TestEventBridgeDestination(t *testing.T) {
 	ruleName, queueArn, dlqArn := assertions.NewCapture(nil), assertions.NewCapture(nil), assertions.NewCapture(nil)
 	tmpl.HasResourceProperties(jsii.String("AWS::Events::Rule"), map[string]any{
 		"EventBusName": map[string]any{"Ref": busID}, "EventPattern": map[string]any{"source": []any{"sluice"}}, "Name": ruleName,
-		"Targets": []any{map[string]any{"Id": "Queue", "Arn": queueArn, "InputPath": "$.detail",
+		"Targets": []any{map[string]any{"Id": "Queue", "Arn": queueArn, "InputPath": assertions.Match_Absent(), "InputTransformer": assertions.Match_Absent(),
 			"DeadLetterConfig": map[string]any{"Arn": dlqArn}, "RetryPolicy": map[string]any{"MaximumRetryAttempts": 185.0, "MaximumEventAgeInSeconds": 86400.0}}},
 	})
 	require.Equal(t, *s.GetLogicalId(s.Consumer().Queue().Node().DefaultChild().(awscdk.CfnElement)), refID(queueArn.AsObject()))

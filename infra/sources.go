@@ -121,8 +121,9 @@ func (p *ConsumerProps) validateSource() []error {
 }
 
 // subscribeBus sends the bus's events of the relay's Source to the queue with an EventBridge
-// rule: the target delivers detail, the sluice envelope (wire.Envelope), as the message body,
-// and what it cannot deliver after its retries goes to SubscriptionDeadLetterQueue. The queue
+// rule: the target delivers each event as it is (detail-type, source, and detail, the relay's
+// envelope, wire.Envelope), which inbox.Parse recognises, and what it cannot deliver after its
+// retries goes to SubscriptionDeadLetterQueue. The queue
 // and key policies are written by hand, as for SNS: events.amazonaws.com may send and use the
 // key for this rule only (aws:SourceArn), nobody else but the redrivers may send.
 func (c *consumer) subscribeBus(p *ConsumerProps) {
@@ -189,7 +190,6 @@ func (c *consumer) subscribeBus(p *ConsumerProps) {
 		Targets: []any{&awsevents.CfnRule_TargetProperty{
 			Id:               jsii.String("Queue"),
 			Arn:              c.queue.QueueArn(),
-			InputPath:        jsii.String("$.detail"),
 			DeadLetterConfig: &awsevents.CfnRule_DeadLetterConfigProperty{Arn: c.subDLQ.QueueArn()},
 			// EventBridge's own limits, stated: a day of retries with backoff.
 			RetryPolicy: &awsevents.CfnRule_RetryPolicyProperty{MaximumRetryAttempts: jsii.Number(185), MaximumEventAgeInSeconds: jsii.Number(86400)},
