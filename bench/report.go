@@ -49,6 +49,8 @@ type Report struct {
 	Sustained *SustainedResult `json:",omitempty"`
 	// Tracing is issue 14's suite (bench/tracing.go).
 	Tracing *TracingResult `json:",omitempty"`
+	// Destinations is issue 15's suite (bench/destinations.go).
+	Destinations *DestinationsResult `json:",omitempty"`
 }
 
 // suiteTime is how long one suite took.
@@ -240,7 +242,8 @@ func (r *Report) Markdown() string {
 	r.producersMarkdown(w)
 	r.wakeupMarkdown(w)
 	r.sustainedMarkdown(w)
-	r.tracingMarkdown(w) // issue 14, bench/tracing.go
+	r.tracingMarkdown(w)      // issue 14, bench/tracing.go
+	r.destinationsMarkdown(w) // issue 15, bench/destinations.go
 
 	w("## Analysis\n\n%s\n", strings.TrimSpace(r.renderNotes(notes)))
 	w("\n## Run time\n\n| suite | time |\n|---|---|\n")

@@ -44,6 +44,10 @@ func TestTemplatesPassCfnLint(t *testing.T) {
 	for name, p := range map[string]*infra.SluiceStackProps{
 		"Sluice":      {AlarmEmail: "oncall@example.com"},
 		"SluiceProxy": {NoAlarmDestination: true, ConsumerProxy: true, Fifo: true, NatGateways: 1, MultiAZ: jsii.Bool(false)},
+		// One per destination beyond SNS (docs/destinations.md).
+		"SluiceEventBridge": {NoAlarmDestination: true, Destination: infra.DestinationEventBridge},
+		"SluiceKinesis":     {NoAlarmDestination: true, Destination: infra.DestinationKinesis},
+		"SluiceMsk":         {NoAlarmDestination: true, Destination: infra.DestinationMSK},
 	} {
 		p.RelayCodeDir, p.ConsumerCodeDir, p.MigrateCodeDir, p.CABundle = assetDir(t, "relay"), assetDir(t, "consumer"), assetDir(t, "migrate"), caBundle(t)
 		infra.NewSluiceStack(app, name, p)
@@ -51,7 +55,7 @@ func TestTemplatesPassCfnLint(t *testing.T) {
 	app.Synth(nil)
 	templates, err := filepath.Glob(filepath.Join(dir, "*.template.json"))
 	require.NoError(t, err)
-	require.Len(t, templates, 2)
+	require.Len(t, templates, 5)
 
 	out, err := exec.Command(lint, append([]string{"--format", "json"}, templates...)...).Output()
 	if ee, ok := err.(*exec.ExitError); ok && len(out) == 0 {

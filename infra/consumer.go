@@ -8,6 +8,7 @@ import (
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsec2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsevents"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awskms"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
@@ -20,6 +21,7 @@ import (
 	"github.com/aws/constructs-go/constructs/v10"
 	"github.com/aws/jsii-runtime-go"
 	"github.com/sluicehq/sluice/pkg/lambdaenv"
+	sluiceoutbox "github.com/sluicehq/sluice/pkg/outbox"
 )
 
 // VisibilityTimeoutFactor is the minimum ratio of the queue's visibility timeout to the consumer
@@ -46,8 +48,20 @@ type ConsumerProps struct {
 	Name string
 	// CodeDir is a directory holding the consumer's `bootstrap` (bin/consumer after `make build`). Required.
 	CodeDir string
-	// Topic is the topic to subscribe to, e.g. Outbox.Topic(). Required.
+	// Topic is the topic to subscribe to, e.g. Outbox.Topic(). Required unless Source.
 	Topic awssns.ITopic
+	// Source subscribes the consumer to a Destination instead of Topic (exactly one of the two):
+	// an EventBridge bus, whose rule sends the relay's events to the consumer's queue, so the
+	// SQS path, its DLQs and `sluice redrive` work as with SNS; or a Kinesis stream or MSK
+	// topic, read by an event source mapping on the stream or topic itself (no queue; see
+	// Stream). Defaults to none.
+	Source Destination
+	// DetailTypes narrows an EventBridge Source's rule to these event types (detail-type).
+	// Defaults to every event of the relay's Source.
+	DetailTypes []string
+	// Stream tunes a Kinesis or MSK Source's event source mapping. Defaults: see
+	// StreamSourceSettings.
+	Stream StreamSourceSettings
 	// Fifo makes the queues FIFO queues; required when Topic is a FIFO topic and forbidden when it
 	// is a standard topic. Defaults to standard queues.
 	Fifo bool
@@ -128,7 +142,9 @@ type ConsumerProps struct {
 	// supported on FIFO queues. Defaults to 0 (invoke as soon as messages arrive).
 	MaxBatchingWindow time.Duration
 	// MaxConcurrency caps concurrent consumer invocations for this queue (2..1000), protecting the
-	// database: at most MaxConcurrency × Database.MaxConns connections. Defaults to 5.
+	// database: at most MaxConcurrency × Database.MaxConns connections (the SQS mapping's
+	// maximum concurrency; with a Kinesis or MSK Source, the function's reserved concurrency).
+	// Defaults to 5.
 	MaxConcurrency int
 	// RetentionPeriod is how long the queue keeps messages. Defaults to 4 days.
 	RetentionPeriod time.Duration
@@ -143,7 +159,9 @@ type ConsumerProps struct {
 	LogRetention awslogs.RetentionDays
 }
 
-// Consumer is an SQS queue subscribed to a topic, with DLQs, and the consumer Lambda reading it.
+// Consumer is an SQS queue subscribed to a topic (or fed by an EventBridge rule), with DLQs, and
+// the consumer Lambda reading it; or the consumer Lambda reading a Kinesis stream or an MSK
+// topic, with a DLQ for the failure records.
 type Consumer interface {
 	constructs.IConstruct
 	// Name is the inbox consumer name.
@@ -160,6 +178,13 @@ type Consumer interface {
 	Function() awslambda.IFunction
 	// QueueKey is the KMS key encrypting the queues.
 	QueueKey() awskms.IKey
+	// Source is the destination the consumer reads (ConsumerProps.Source), nil for an SNS
+	// topic. With a Kinesis or MSK source, Queue, SubscriptionDeadLetterQueue and
+	// Subscription are nil and DeadLetterQueue receives the failure records.
+	Source() Destination
+	// Rule is the EventBridge rule sending a bus's events to Queue; nil without an EventBridge
+	// source.
+	Rule() awsevents.CfnRule
 }
 
 type consumer struct {
@@ -171,6 +196,8 @@ type consumer struct {
 	sub      awssns.Subscription
 	fn       awslambda.Function
 	queueKey awskms.IKey
+	source   Destination
+	rule     awsevents.CfnRule
 }
 
 func (c *consumer) Name() string                               { return c.name }
@@ -180,6 +207,8 @@ func (c *consumer) SubscriptionDeadLetterQueue() awssqs.IQueue { return c.subDLQ
 func (c *consumer) Subscription() awssns.Subscription          { return c.sub }
 func (c *consumer) Function() awslambda.IFunction              { return c.fn }
 func (c *consumer) QueueKey() awskms.IKey                      { return c.queueKey }
+func (c *consumer) Source() Destination                        { return c.source }
+func (c *consumer) Rule() awsevents.CfnRule                    { return c.rule }
 
 func (p *ConsumerProps) withDefaults() ConsumerProps {
 	out := *p
@@ -201,8 +230,8 @@ func (p *ConsumerProps) validate() error {
 	if p.Name == "" {
 		errs = append(errs, errors.New("Name is required (the inbox consumer name)"))
 	}
-	if p.Topic == nil {
-		errs = append(errs, errors.New("Topic is required"))
+	if p.Source != nil || p.Topic == nil {
+		errs = append(errs, p.validateSource()...)
 	} else if topicFifo := p.Topic.Fifo(); topicFifo != nil {
 		switch {
 		case p.Fifo && !*topicFifo:
@@ -231,7 +260,7 @@ func (p *ConsumerProps) validate() error {
 	if p.BatchSize < 1 || p.BatchSize > maxBatch {
 		errs = append(errs, fmt.Errorf("BatchSize must be between 1 and %d, got %d", maxBatch, p.BatchSize))
 	}
-	if p.BatchSize > 10 && p.MaxBatchingWindow < time.Second {
+	if p.BatchSize > 10 && p.MaxBatchingWindow < time.Second && !p.streamSource() {
 		errs = append(errs, fmt.Errorf("BatchSize %d above 10 needs a MaxBatchingWindow of at least 1s", p.BatchSize))
 	}
 	if p.MaxBatchingWindow < 0 || p.MaxBatchingWindow > 5*time.Minute {
@@ -320,7 +349,7 @@ func NewConsumer(scope constructs.Construct, id string, props *ConsumerProps) Co
 	p := props.withDefaults()
 	invalid("Consumer", id, p.validate())
 
-	c := &consumer{name: p.Name}
+	c := &consumer{name: p.Name, source: p.Source}
 	constructs.NewConstruct_Override(c, scope, &id) // c itself is the jsii construct, so it can be passed to CDK APIs
 	this := c
 
@@ -345,12 +374,108 @@ func NewConsumer(scope constructs.Construct, id string, props *ConsumerProps) Co
 	}
 
 	c.dlq = awssqs.NewQueue(this, jsii.String("DeadLetterQueue"), queueProps(p.DeadLetterRetentionPeriod))
-	c.subDLQ = awssqs.NewQueue(this, jsii.String("SubscriptionDeadLetterQueue"), queueProps(p.DeadLetterRetentionPeriod))
-	qp := queueProps(p.RetentionPeriod)
-	qp.VisibilityTimeout = seconds(p.VisibilityTimeout)
-	qp.DeadLetterQueue = &awssqs.DeadLetterQueue{Queue: c.dlq, MaxReceiveCount: jsii.Number(float64(p.MaxReceiveCount))}
-	c.queue = awssqs.NewQueue(this, jsii.String("Queue"), qp)
+	switch p.sourceKind() {
+	case sluiceoutbox.Kinesis, sluiceoutbox.Kafka:
+		// The consumer reads the stream or topic itself: no queue. DeadLetterQueue receives
+		// the failure records of what keeps failing (addStreamSource).
+	default:
+		c.subDLQ = awssqs.NewQueue(this, jsii.String("SubscriptionDeadLetterQueue"), queueProps(p.DeadLetterRetentionPeriod))
+		qp := queueProps(p.RetentionPeriod)
+		qp.VisibilityTimeout = seconds(p.VisibilityTimeout)
+		qp.DeadLetterQueue = &awssqs.DeadLetterQueue{Queue: c.dlq, MaxReceiveCount: jsii.Number(float64(p.MaxReceiveCount))}
+		c.queue = awssqs.NewQueue(this, jsii.String("Queue"), qp)
+		if p.sourceKind() == sluiceoutbox.EventBridge {
+			c.subscribeBus(&p)
+		} else {
+			c.subscribeTopic(&p)
+		}
+	}
 
+	settings, _ := consumerEnvironment(&p) // validated above
+	env := map[string]*string{}
+	for _, k := range sortedKeys(settings) {
+		env[k] = jsii.String(settings[k])
+	}
+	for k, v := range p.Environment {
+		env[k] = jsii.String(v)
+	}
+	role := p.DatabaseRole
+	if p.Migrations != nil && role == nil {
+		role = NewDatabaseRole(this, "DatabaseRole", &DatabaseRoleProps{
+			Migrations: p.Migrations, Name: orDefault(p.DatabaseRoleName, roleName(p.Name)), Kind: RoleConsumer, Consumer: p.Name,
+			Grants: p.DatabaseGrants, Network: p.Network, Database: p.Database,
+		})
+	}
+	var roleSecret awssecretsmanager.ISecret
+	if role != nil {
+		roleSecret = role.Secret()
+	}
+	var via awsec2.IConnectable
+	switch {
+	case p.Proxy != nil:
+		via = p.Proxy
+		env[lambdaenv.DatabaseHost] = p.Proxy.Endpoint()
+		env[lambdaenv.DatabaseQueryExecMode] = jsii.String("exec")
+		// The consumer's connections end at the proxy; the database sees the proxy's share.
+		p.Migrations.(*migrations).bookProxy(p.Proxy, p.ProxyMaxConnectionsPercent)
+	case p.Migrations != nil:
+		p.Migrations.UseConnections(fmt.Sprintf("consumer %s %d (maximum concurrency) × %d (pool)", p.Name, p.MaxConcurrency, p.Database.maxConns()),
+			p.MaxConcurrency*p.Database.maxConns())
+	default:
+		awscdk.Annotations_Of(this).AddWarningV2(jsii.String("sluice:consumerUsesDatabaseSecret"), jsii.String(
+			"UseDatabaseSecret: the consumer's handler code logs in with Database.Secret, not a role of its own; set Migrations to give it one"), nil)
+	}
+	c.fn = newGoFunction(this, "Function", goFunctionProps{
+		secret:       roleSecret,
+		via:          via,
+		description:  "inbox consumer " + p.Name,
+		codeDir:      p.CodeDir,
+		timeout:      p.Timeout,
+		memoryMB:     p.MemoryMB,
+		network:      p.Network,
+		database:     p.Database,
+		environment:  env,
+		logRetention: p.LogRetention,
+		// Handler code may call other services through NAT, when the stack has it.
+		httpsAnywhere: p.HTTPSToAnywhere,
+		// A stream's mapping scales with shards or partitions: cap it, as the SQS mapping's
+		// MaxConcurrency does, for the connection budget.
+		reservedConcurrency: p.streamConcurrency(),
+	})
+	if p.streamSource() {
+		c.addStreamSource(&p)
+	} else {
+		c.addQueueSource(&p)
+	}
+	if p.Migrations != nil {
+		c.fn.Node().AddDependency(p.Migrations.Resource())
+	}
+	suppressLambdaFindings(c.fn)
+	if c.subDLQ != nil {
+		suppress(c.subDLQ, "AwsSolutions-SQS3",
+			"This queue is the SNS subscription's (or EventBridge rule target's) dead-letter queue (the subscription's "+
+				"RedrivePolicy, or the target's DeadLetterConfig, names it); cdk-nag only recognises DLQs of other queues. "+
+				"It is alarmed on and drained with `sluice redrive`.")
+	}
+	return c
+}
+
+// addQueueSource reads the queue with an SQS event source mapping that reports batch item
+// failures.
+func (c *consumer) addQueueSource(p *ConsumerProps) {
+	esp := &awslambdaeventsources.SqsEventSourceProps{
+		BatchSize:               jsii.Number(float64(p.BatchSize)),
+		ReportBatchItemFailures: jsii.Bool(true),
+		MaxConcurrency:          jsii.Number(float64(p.MaxConcurrency)),
+	}
+	if p.MaxBatchingWindow > 0 {
+		esp.MaxBatchingWindow = seconds(p.MaxBatchingWindow)
+	}
+	c.fn.AddEventSource(awslambdaeventsources.NewSqsEventSource(c.queue, esp))
+}
+
+// subscribeTopic subscribes the queue to the SNS topic, with raw delivery and its own DLQ.
+func (c *consumer) subscribeTopic(p *ConsumerProps) {
 	// The subscription, the queue policy and the key policy by hand (not SqsSubscription), so
 	// that SNS may use the key only for this topic: every statement for sns.amazonaws.com is
 	// scoped by aws:SourceArn.
@@ -404,74 +529,8 @@ func NewConsumer(scope constructs.Construct, id string, props *ConsumerProps) Co
 		}
 		subProps.FilterPolicy = &fp
 	}
-	c.sub = awssns.NewSubscription(this, jsii.String("Subscription"), subProps)
+	c.sub = awssns.NewSubscription(c, jsii.String("Subscription"), subProps)
 	if queuePolicy.PolicyDependable != nil {
 		c.sub.Node().AddDependency(queuePolicy.PolicyDependable)
 	}
-
-	settings, _ := consumerEnvironment(&p) // validated above
-	env := map[string]*string{}
-	for _, k := range sortedKeys(settings) {
-		env[k] = jsii.String(settings[k])
-	}
-	for k, v := range p.Environment {
-		env[k] = jsii.String(v)
-	}
-	role := p.DatabaseRole
-	if p.Migrations != nil && role == nil {
-		role = NewDatabaseRole(this, "DatabaseRole", &DatabaseRoleProps{
-			Migrations: p.Migrations, Name: orDefault(p.DatabaseRoleName, roleName(p.Name)), Kind: RoleConsumer, Consumer: p.Name,
-			Grants: p.DatabaseGrants, Network: p.Network, Database: p.Database,
-		})
-	}
-	var roleSecret awssecretsmanager.ISecret
-	if role != nil {
-		roleSecret = role.Secret()
-	}
-	var via awsec2.IConnectable
-	switch {
-	case p.Proxy != nil:
-		via = p.Proxy
-		env[lambdaenv.DatabaseHost] = p.Proxy.Endpoint()
-		env[lambdaenv.DatabaseQueryExecMode] = jsii.String("exec")
-		// The consumer's connections end at the proxy; the database sees the proxy's share.
-		p.Migrations.(*migrations).bookProxy(p.Proxy, p.ProxyMaxConnectionsPercent)
-	case p.Migrations != nil:
-		p.Migrations.UseConnections(fmt.Sprintf("consumer %s %d (maximum concurrency) × %d (pool)", p.Name, p.MaxConcurrency, p.Database.maxConns()),
-			p.MaxConcurrency*p.Database.maxConns())
-	default:
-		awscdk.Annotations_Of(this).AddWarningV2(jsii.String("sluice:consumerUsesDatabaseSecret"), jsii.String(
-			"UseDatabaseSecret: the consumer's handler code logs in with Database.Secret, not a role of its own; set Migrations to give it one"), nil)
-	}
-	c.fn = newGoFunction(this, "Function", goFunctionProps{
-		secret:       roleSecret,
-		via:          via,
-		description:  "inbox consumer " + p.Name,
-		codeDir:      p.CodeDir,
-		timeout:      p.Timeout,
-		memoryMB:     p.MemoryMB,
-		network:      p.Network,
-		database:     p.Database,
-		environment:  env,
-		logRetention: p.LogRetention,
-		// Handler code may call other services through NAT, when the stack has it.
-		httpsAnywhere: p.HTTPSToAnywhere,
-	})
-	esp := &awslambdaeventsources.SqsEventSourceProps{
-		BatchSize:               jsii.Number(float64(p.BatchSize)),
-		ReportBatchItemFailures: jsii.Bool(true),
-		MaxConcurrency:          jsii.Number(float64(p.MaxConcurrency)),
-	}
-	if p.MaxBatchingWindow > 0 {
-		esp.MaxBatchingWindow = seconds(p.MaxBatchingWindow)
-	}
-	c.fn.AddEventSource(awslambdaeventsources.NewSqsEventSource(c.queue, esp))
-	if p.Migrations != nil {
-		c.fn.Node().AddDependency(p.Migrations.Resource())
-	}
-	suppressLambdaFindings(c.fn)
-	suppress(c.subDLQ, "AwsSolutions-SQS3",
-		"This queue is the SNS subscription's dead-letter queue (the subscription's RedrivePolicy names it); "+
-			"cdk-nag only recognises DLQs of other queues. It is alarmed on and drained with `sluice redrive`.")
-	return c
 }

@@ -8,13 +8,19 @@
 //     EventBridge schedule starts every minute.
 //   - [NewConsumer]: an SQS queue with its DLQ, a raw-delivery SNS subscription with its own DLQ,
 //     and the consumer Lambda behind an event source mapping with ReportBatchItemFailures.
+//   - [NewEventBridgeDestination], [NewKinesisDestination], [NewMskDestination]: a bus, a stream
+//     or a Kafka topic on MSK (an existing cluster or MSK Serverless) that OutboxProps.Destinations
+//     routes logical topics to and ConsumerProps.Source subscribes a consumer to: an EventBridge
+//     rule feeding the consumer's queue, or a Kinesis or MSK event source mapping with its
+//     failure destination (docs/destinations.md).
 //   - [NewMigrations]: a CloudFormation custom resource that applies the embedded migrations on
 //     every deploy that changes them.
 //   - [NewMonitoring]: the alarms (to an alarm topic) and the CloudWatch dashboard, built on the
 //     metrics the Lambdas emit as EMF lines (see [MetricNamespace]).
 //
 // [NewSluiceStack] is the production-shaped example: VPC, RDS PostgreSQL, migrations, one outbox,
-// one consumer, alarms and dashboard. infra/cmd/app is the CDK app that cdk.json runs.
+// one consumer (on SNS, EventBridge, Kinesis or MSK: SluiceStackProps.Destination), alarms and
+// dashboard. infra/cmd/app is the CDK app that cdk.json runs.
 //
 // Asset directories are props (a directory holding a `bootstrap` executable), so tests synthesize
 // templates without building the Lambdas. Bad props panic with a message naming the construct and

@@ -48,6 +48,12 @@ type MonitoringProps struct {
 	// QueueOldestMessageAge is the consumer queues' age-of-oldest-message alarm threshold.
 	// Defaults to 5 minutes.
 	QueueOldestMessageAge time.Duration
+	// IteratorAge is the Kinesis consumers' iterator-age alarm threshold: how old the newest
+	// batch the mapping read was. Defaults to 5 minutes.
+	IteratorAge time.Duration
+	// OffsetLag is the MSK consumers' offset-lag alarm threshold (records behind the topic).
+	// Defaults to 10,000.
+	OffsetLag float64
 	// LambdaErrors alarms when a Lambda's errors in 5 minutes exceed it. Defaults to 0 (any error).
 	LambdaErrors float64
 	// LambdaThrottles alarms when a Lambda's throttles in 5 minutes exceed it. Defaults to 0 (any throttle).
@@ -105,6 +111,8 @@ func (p *MonitoringProps) withDefaults() MonitoringProps {
 	out.OldestPendingAge = orDefault(out.OldestPendingAge, 5*time.Minute)
 	out.HeartbeatMissingMinutes = orDefault(out.HeartbeatMissingMinutes, 3)
 	out.QueueOldestMessageAge = orDefault(out.QueueOldestMessageAge, 5*time.Minute)
+	out.IteratorAge = orDefault(out.IteratorAge, 5*time.Minute)
+	out.OffsetLag = orDefault(out.OffsetLag, 10000)
 	if d := out.Database; d != nil {
 		dd := *d
 		dd.CPUPercent = orDefault(dd.CPUPercent, 80)
@@ -127,6 +135,9 @@ func (p *MonitoringProps) validate() error {
 	}
 	if p.QueueOldestMessageAge < 0 {
 		errs = append(errs, fmt.Errorf("QueueOldestMessageAge must not be negative, got %s", p.QueueOldestMessageAge))
+	}
+	if p.IteratorAge < 0 || p.OffsetLag < 0 {
+		errs = append(errs, fmt.Errorf("IteratorAge and OffsetLag must not be negative, got %s and %g", p.IteratorAge, p.OffsetLag))
 	}
 	if p.LambdaErrors < 0 {
 		errs = append(errs, fmt.Errorf("LambdaErrors must not be negative, got %g", p.LambdaErrors))
@@ -244,7 +255,7 @@ func NewMonitoring(scope constructs.Construct, id string, props *MonitoringProps
 			RelayMetric(MetricRelayHeartbeat, "Sum"), awscloudwatch.ComparisonOperator_LESS_THAN_THRESHOLD, 1, p.HeartbeatMissingMinutes, awscloudwatch.TreatMissingData_BREACHING)
 		alarm("OutboxQuarantined", "Quarantined outbox rows: they block their partition key until retried.",
 			RelayMetric(MetricOutboxQuarantined, "Maximum"), gt, 0, 1, notBreaching)
-		alarm("RelayDestinationsDown", "A relay backs off a whole destination (every publish to it fails: SNS throttling, an outage, a denied key) for 5 minutes.",
+		alarm("RelayDestinationsDown", "A relay backs off a whole destination (every publish to it fails: SNS, EventBridge or Kinesis throttling, an outage, a denied key, unreachable Kafka brokers) for 5 minutes.",
 			RelayMetric(MetricDestinationsDown, "Maximum"), gt, 0, 5, notBreaching)
 		alarm("OldestTransactionAge", "A transaction has held a snapshot for over 10 minutes: VACUUM cannot clean up behind it and the outbox's index fills with dead entries (sluice status names it).",
 			RelayMetric(MetricOldestTransactionAge, "Maximum"), gt, 600, 2, notBreaching)
@@ -264,19 +275,32 @@ func NewMonitoring(scope constructs.Construct, id string, props *MonitoringProps
 
 	for _, c := range p.Consumers {
 		n := c.Name()
-		queueAge := c.Queue().MetricApproximateAgeOfOldestMessage(&awscloudwatch.MetricOptions{Period: awscdk.Duration_Minutes(jsii.Number(1)), Statistic: jsii.String("Maximum")})
 		visible := func(q interface {
 			MetricApproximateNumberOfMessagesVisible(*awscloudwatch.MetricOptions) awscloudwatch.Metric
 		}) awscloudwatch.Metric {
 			return q.MetricApproximateNumberOfMessagesVisible(&awscloudwatch.MetricOptions{Period: awscdk.Duration_Minutes(jsii.Number(1)), Statistic: jsii.String("Maximum")})
 		}
-		dlq, subDLQ := visible(c.DeadLetterQueue()), visible(c.SubscriptionDeadLetterQueue())
-		alarm(n+"/QueueOldestMessageAge", fmt.Sprintf("Consumer %s: the oldest queued message is older than %s.", n, p.QueueOldestMessageAge),
-			queueAge, gt, p.QueueOldestMessageAge.Seconds(), 3, notBreaching)
+		// A Kinesis or MSK consumer has no queue: its backlog is the source's (sourceAlarms),
+		// and its DLQ holds failure records.
+		backlog := sourceAlarms(c, &p, func(key, description string, metric awscloudwatch.IMetric, threshold float64, periods int) {
+			alarm(key, description, metric, gt, threshold, periods, notBreaching)
+		})
+		depths := []awscloudwatch.IMetric{visible(c.DeadLetterQueue())}
 		alarm(n+"/DeadLetterQueueNotEmpty", fmt.Sprintf("Consumer %s: messages failed processing and are in the DLQ.", n),
-			dlq, gt, 0, 1, notBreaching)
-		alarm(n+"/SubscriptionDeadLetterQueueNotEmpty", fmt.Sprintf("Consumer %s: SNS could not deliver messages to the queue.", n),
-			subDLQ, gt, 0, 1, notBreaching)
+			depths[0], gt, 0, 1, notBreaching)
+		var ageThreshold *float64
+		if q := c.Queue(); q != nil {
+			queueAge := q.MetricApproximateAgeOfOldestMessage(&awscloudwatch.MetricOptions{Period: awscdk.Duration_Minutes(jsii.Number(1)), Statistic: jsii.String("Maximum")})
+			alarm(n+"/QueueOldestMessageAge", fmt.Sprintf("Consumer %s: the oldest queued message is older than %s.", n, p.QueueOldestMessageAge),
+				queueAge, gt, p.QueueOldestMessageAge.Seconds(), 3, notBreaching)
+			backlog, ageThreshold = append([]awscloudwatch.IMetric{queueAge}, backlog...), jsii.Number(p.QueueOldestMessageAge.Seconds())
+		}
+		if q := c.SubscriptionDeadLetterQueue(); q != nil {
+			subDLQ := visible(q)
+			alarm(n+"/SubscriptionDeadLetterQueueNotEmpty", fmt.Sprintf("Consumer %s: SNS (or the EventBridge rule) could not deliver messages to the queue.", n),
+				subDLQ, gt, 0, 1, notBreaching)
+			depths = append(depths, subDLQ)
+		}
 		lambdaAlarms(n+"/Consumer", "Consumer "+n, c.Function())
 
 		latency := func(stat string) awscloudwatch.IMetric { return ConsumerMetric(n, MetricCommitToApplyLatency, stat) }
@@ -285,10 +309,10 @@ func NewMonitoring(scope constructs.Construct, id string, props *MonitoringProps
 			graph("Consumer "+n+": processed, duplicates, failures", []awscloudwatch.IMetric{
 				ConsumerMetric(n, MetricInboxProcessed, "Sum"), ConsumerMetric(n, MetricInboxDuplicates, "Sum"), ConsumerMetric(n, MetricInboxFailures, "Sum"),
 			}, nil),
-			graph("Consumer "+n+": queue oldest message age (s)", []awscloudwatch.IMetric{queueAge}, jsii.Number(p.QueueOldestMessageAge.Seconds())),
+			graph("Consumer "+n+": backlog (queue oldest message age s, iterator age ms, offset lag, failed deliveries)", backlog, ageThreshold),
 		)
 		dash.AddWidgets(
-			graph("Consumer "+n+": DLQ and subscription DLQ depth", []awscloudwatch.IMetric{dlq, subDLQ}, jsii.Number(0)),
+			graph("Consumer "+n+": DLQ and subscription DLQ depth", depths, jsii.Number(0)),
 			graph("Consumer "+n+": Lambda errors and throttles", []awscloudwatch.IMetric{c.Function().MetricErrors(fiveMin), c.Function().MetricThrottles(fiveMin)}, nil),
 			graph("Consumer "+n+": Lambda duration p99 (ms)", []awscloudwatch.IMetric{c.Function().MetricDuration(&awscloudwatch.MetricOptions{Statistic: jsii.String("p99")})}, nil),
 		)

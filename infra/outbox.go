@@ -78,6 +78,15 @@ type OutboxProps struct {
 	// ExtraTopics routes further logical topics to existing SNS topics; the relay may publish to
 	// them (and use their keys, when the topic objects know them).
 	ExtraTopics map[string]awssns.ITopic
+	// Destinations routes further logical topics to EventBridge buses, Kinesis streams and Kafka
+	// topics on MSK (NewEventBridgeDestination, NewKinesisDestination, NewMskDestination); the
+	// relay gets the permissions, settings and network access each needs. One relay puts events
+	// with one EventBridge Source and produces to one MSK cluster. Defaults to none.
+	Destinations map[string]Destination
+	// DefaultDestination receives the rows whose topic nothing routes, instead of the SNS topic
+	// (which is still created, for ExtraTopics-style routing by name). Not with DefaultToTopic.
+	// Defaults to none.
+	DefaultDestination Destination
 
 	// RelayTimeout is the relay Lambda's timeout, i.e. how long one invocation keeps polling.
 	// Between 10 seconds and 15 minutes. Defaults to 5 minutes.
@@ -208,6 +217,7 @@ func (p *OutboxProps) validate() error {
 		}
 		seen[t] = true
 	}
+	errs = append(errs, checkDestinations(p)...)
 	for name, t := range p.ExtraTopics {
 		if seen[name] {
 			errs = append(errs, fmt.Errorf("logical topic %q is both in LogicalTopics and ExtraTopics", name))
@@ -259,10 +269,16 @@ func NewOutbox(scope constructs.Construct, id string, props *OutboxProps) Outbox
 	for _, name := range extra {
 		topicMap[name] = p.ExtraTopics[name].TopicArn()
 	}
+	for name, d := range p.Destinations {
+		topicMap[name] = d.Address()
+	}
 	env := map[string]*string{
 		lambdaenv.TopicARNs: awscdk.Stack_Of(this).ToJsonString(topicMap, nil),
 	}
-	if len(p.LogicalTopics) == 0 || p.DefaultToTopic {
+	switch {
+	case p.DefaultDestination != nil:
+		env[lambdaenv.DefaultTopicARN] = p.DefaultDestination.Address()
+	case len(p.LogicalTopics) == 0 || p.DefaultToTopic:
 		env[lambdaenv.DefaultTopicARN] = o.topic.TopicArn()
 	}
 	if p.RelayStopBefore > 0 {
@@ -334,6 +350,7 @@ func NewOutbox(scope constructs.Construct, id string, props *OutboxProps) Outbox
 	for _, name := range extra {
 		p.ExtraTopics[name].GrantPublish(o.relay)
 	}
+	bindDestinations(o.relay, &p)
 
 	o.schedule = awsevents.NewRule(this, jsii.String("RelaySchedule"), &awsevents.RuleProps{
 		Description: jsii.String("Starts a sluice relay invocation every minute; invocations overlap."),

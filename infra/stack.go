@@ -76,6 +76,19 @@ type SluiceStackProps struct {
 
 	// Fifo makes the topic and the consumer's queues FIFO. Defaults to standard.
 	Fifo bool
+	// Destination is the broker between the relay and the example consumer: DestinationSNS
+	// (the outbox's topic), DestinationEventBridge (a new bus; the consumer's queue is its
+	// rule's target), DestinationKinesis (a new on-demand stream) or DestinationMSK (a Kafka
+	// topic on MskClusterArn, or on a new MSK Serverless cluster); the relay's default
+	// destination is that one. The VPC gets the interface endpoints it needs. Defaults to SNS.
+	Destination string
+	// MskClusterArn is an existing MSK cluster (IAM client authentication on) for
+	// DestinationMSK, and MskSecurityGroupID its security group, which gets ingress from the
+	// relay. Default to a new MSK Serverless cluster in the stack's VPC.
+	MskClusterArn, MskSecurityGroupID string
+	// MskTopic is DestinationMSK's Kafka topic: it must exist (on Serverless, create it with
+	// Kafka's admin tools). Defaults to DefaultMskTopic.
+	MskTopic string
 	// ConsumerName is the example consumer's inbox name. Defaults to "example".
 	ConsumerName string
 	// Relay tunes the relay (OutboxProps.Relay). Defaults to the relay's own defaults.
@@ -160,6 +173,7 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 	if d := p.Database; d != nil && d.InstanceIdentifier != "" && d.MaxConnections == 0 {
 		errs = append(errs, errors.New("Database.InstanceIdentifier needs Database.MaxConnections (the connections alarm is a share of it)"))
 	}
+	errs = append(errs, checkExampleDestination(&p)...)
 	invalid("SluiceStack", id, errs...)
 	p.ConsumerName = orDefault(p.ConsumerName, "example")
 	if p.InstanceType == nil && p.Database == nil {
@@ -176,7 +190,7 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 		// egress and may use HTTPS to any address (its NAT or endpoints).
 		network.Vpc = awsec2.Vpc_FromLookup(stack, jsii.String("Vpc"), &awsec2.VpcLookupOptions{VpcId: jsii.String(p.VpcID)})
 	} else {
-		network = newNetwork(stack, p.NatGateways)
+		network = newNetwork(stack, p.NatGateways, exampleEndpoints(p.Destination))
 	}
 
 	db := Database{CABundle: p.CABundle}
@@ -226,6 +240,7 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 	for _, d := range dbDeps {
 		s.migrations.Resource().Node().AddDependency(d)
 	}
+	dest := newExampleDestination(stack, network, &p)
 	s.outbox = NewOutbox(stack, "Outbox", &OutboxProps{
 		RelayCodeDir: p.RelayCodeDir,
 		Network:      network,
@@ -234,6 +249,9 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 		Fifo:         p.Fifo,
 		Publishers:   p.Publishers,
 		Relay:        p.Relay,
+
+		// The example's destination, unless SNS, receives every row.
+		DefaultDestination: dest,
 	})
 	consumerProps := &ConsumerProps{
 		Name:       p.ConsumerName,
@@ -253,6 +271,9 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 		// With NAT, the VPC routes to the internet for handler code that calls other services;
 		// the relay and the migrations still reach only what they call.
 		HTTPSToAnywhere: p.VpcID == "" && p.NatGateways > 0,
+	}
+	if dest != nil {
+		consumerProps.Topic, consumerProps.Source = nil, dest
 	}
 	if p.ConsumerProxy {
 		role := NewDatabaseRole(stack, "ConsumerDatabaseRole", &DatabaseRoleProps{
@@ -283,10 +304,17 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 		awscdk.NewCfnOutput(stack, jsii.String(name), &awscdk.CfnOutputProps{Description: jsii.String(description), Value: value})
 	}
 	out("TopicArn", "SNS topic the relay publishes to", s.outbox.Topic().TopicArn())
+	if dest != nil {
+		exampleDestinationOutputs(out, dest)
+	}
 	out("RelayFunctionName", "Relay Lambda", s.outbox.Relay().FunctionName())
-	out("ConsumerQueueUrl", "Consumer queue", s.consumer.Queue().QueueUrl())
-	out("ConsumerDeadLetterQueueUrl", "Consumer DLQ (sluice redrive --dlq URL)", s.consumer.DeadLetterQueue().QueueUrl())
-	out("SubscriptionDeadLetterQueueUrl", "Subscription DLQ: messages SNS could not deliver (sluice redrive --dlq URL)", s.consumer.SubscriptionDeadLetterQueue().QueueUrl())
+	if q := s.consumer.Queue(); q != nil {
+		out("ConsumerQueueUrl", "Consumer queue", q.QueueUrl())
+	}
+	out("ConsumerDeadLetterQueueUrl", "Consumer DLQ (sluice redrive --dlq URL; a stream consumer's failure records)", s.consumer.DeadLetterQueue().QueueUrl())
+	if q := s.consumer.SubscriptionDeadLetterQueue(); q != nil {
+		out("SubscriptionDeadLetterQueueUrl", "Subscription DLQ: messages SNS or the EventBridge rule could not deliver (sluice redrive --dlq URL)", q.QueueUrl())
+	}
 	out("ConsumerFunctionName", "Consumer Lambda", s.consumer.Function().FunctionName())
 	out("DatabaseSecretArn", "Secrets Manager secret with the database credentials (DATABASE_SECRET_ARN)", s.secret.SecretArn())
 	out("AlarmTopicArn", "SNS topic receiving the alarms", s.monitoring.AlarmTopic().TopicArn())
@@ -296,7 +324,7 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 
 // newNetwork creates the VPC: isolated subnets for the database, private subnets for the
 // functions (isolated too without NAT), and the endpoints the functions call AWS through.
-func newNetwork(stack awscdk.Stack, natGateways int) Network {
+func newNetwork(stack awscdk.Stack, natGateways int, extraEndpoints map[string]awsec2.InterfaceVpcEndpointAwsService) Network {
 	lambdaSubnets := awsec2.SubnetType_PRIVATE_ISOLATED
 	subnets := []*awsec2.SubnetConfiguration{}
 	if natGateways > 0 {
@@ -322,11 +350,19 @@ func newNetwork(stack awscdk.Stack, natGateways int) Network {
 	})
 	// What the functions call: Secrets Manager (every function and the rotation functions) and
 	// SNS (the relay). SQS is polled by the Lambda service, not by the consumer; logs and EMF
-	// metrics leave through the Lambda service too, so neither needs an endpoint.
-	for _, e := range []struct {
+	// metrics leave through the Lambda service too, so neither needs an endpoint. A destination
+	// other than SNS adds its own (exampleEndpoints).
+	endpoints := []struct {
 		id      string
 		service awsec2.InterfaceVpcEndpointAwsService
-	}{{"SecretsManagerEndpoint", awsec2.InterfaceVpcEndpointAwsService_SECRETS_MANAGER()}, {"SnsEndpoint", awsec2.InterfaceVpcEndpointAwsService_SNS()}} {
+	}{{"SecretsManagerEndpoint", awsec2.InterfaceVpcEndpointAwsService_SECRETS_MANAGER()}, {"SnsEndpoint", awsec2.InterfaceVpcEndpointAwsService_SNS()}}
+	for _, id := range sortedKeys(extraEndpoints) {
+		endpoints = append(endpoints, struct {
+			id      string
+			service awsec2.InterfaceVpcEndpointAwsService
+		}{id, extraEndpoints[id]})
+	}
+	for _, e := range endpoints {
 		vpc.AddInterfaceEndpoint(jsii.String(e.id), &awsec2.InterfaceVpcEndpointOptions{
 			Service:           e.service,
 			Subnets:           lambdas,

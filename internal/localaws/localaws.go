@@ -1,7 +1,8 @@
 // Package localaws runs the local AWS endpoint used by tests and the demo: the fauxqs SNS/SQS
 // emulator from the repository's npm lockfile, or moto_server (SLUICE_AWS_EMULATOR=moto), unless
 // AWS_ENDPOINT_URL already names one (LocalStack, say). It also builds AWS SDK configurations
-// for such an endpoint.
+// for such an endpoint. Tests that need EventBridge or Kinesis, which fauxqs lacks, ask
+// TestEndpointServing, which falls back to a private moto_server.
 package localaws
 
 import (
@@ -244,8 +245,10 @@ func TestConfig(t testing.TB) aws.Config {
 	return cfg
 }
 
-// StopShared stops the emulator TestEndpoint started, if any.
+// StopShared stops the emulator TestEndpoint started, and the moto_server TestEndpointServing
+// started, if any.
 func StopShared() {
+	defer stopPrivate()
 	sharedMu.Lock()
 	defer sharedMu.Unlock()
 	if shared != nil {

@@ -33,6 +33,12 @@
 //	                         applied by the hourly partition maintenance. Defaults to none.
 //	inboxRetention           Retention of a partitioned inbox_event (above the queues' 14-day DLQ
 //	                         retention, e.g. 720h). Defaults to none.
+//	destination              The broker between relay and consumer: sns (the default), eventbridge,
+//	                         kinesis or msk (docs/destinations.md).
+//	mskClusterArn            With destination msk, an existing cluster (IAM authentication on)
+//	                         instead of a new MSK Serverless one; mskSecurityGroupId its security
+//	                         group, to allow the relay in; mskTopic the topic (defaults to
+//	                         "sluice-events"; it must exist).
 //	nag                      "false" skips the cdk-nag AwsSolutions checks. Defaults to true.
 package main
 
@@ -161,6 +167,11 @@ func stackProps(ctx func(string) string, getenv func(string) string) (*infra.Slu
 		NatGateways:     number("natGateways", 0),
 		OutboxRetention: duration("outboxRetention"),
 		InboxRetention:  duration("inboxRetention"),
+
+		Destination:        ctx("destination"),
+		MskClusterArn:      ctx("mskClusterArn"),
+		MskSecurityGroupID: ctx("mskSecurityGroupId"),
+		MskTopic:           ctx("mskTopic"),
 	}
 	switch d := ctx("alarmDestination"); d {
 	case "":

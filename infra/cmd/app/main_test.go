@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/infra"
 )
 
 func context(kv map[string]string) func(string) string { return func(k string) string { return kv[k] } }
@@ -34,8 +36,13 @@ func TestStackPropsFromContext(t *testing.T) {
 	p, err := stackProps(context(map[string]string{
 		"redriveRoleArns": "arn:aws:iam::111111111111:role/ops, arn:aws:iam::111111111111:role/oncall", "outboxRetention": "720h",
 		"inboxRetention": "1000h", "natGateways": "1", "alarmDestination": "none",
+		"destination": "msk", "mskClusterArn": "arn:aws:kafka:eu-west-1:111111111111:cluster/c/u", "mskSecurityGroupId": "sg-1", "mskTopic": "orders",
 	}), context(map[string]string{"CDK_DEFAULT_ACCOUNT": "111111111111", "CDK_DEFAULT_REGION": "eu-west-1"}))
 	require.NoError(t, err)
+	require.Equal(t, infra.DestinationMSK, p.Destination)
+	require.Equal(t, "arn:aws:kafka:eu-west-1:111111111111:cluster/c/u", p.MskClusterArn)
+	require.Equal(t, "sg-1", p.MskSecurityGroupID)
+	require.Equal(t, "orders", p.MskTopic)
 	require.Equal(t, []string{"arn:aws:iam::111111111111:role/ops", "arn:aws:iam::111111111111:role/oncall"}, p.Redrivers)
 	require.Equal(t, 720*time.Hour, p.OutboxRetention)
 	require.Equal(t, 1000*time.Hour, p.InboxRetention)
