@@ -60,7 +60,9 @@ func run(args []string) int {
 			return 1
 		default:
 			defer e.Stop()
-			env = append(env, localaws.EnvEndpoint+"="+e.URL)
+			// Name the emulator too, so a test can tell what serves the endpoint (fauxqs has no
+			// EventBridge or Kinesis) from an endpoint the user chose (LocalStack).
+			env = append(env, localaws.EnvEndpoint+"="+e.URL, localaws.EnvEmulator+"="+e.Kind)
 			log.Info("devenv: AWS emulator started", "emulator", e.Kind, "endpoint", e.URL)
 		}
 	}
