@@ -47,6 +47,10 @@ type ClaimCheck struct {
 	MaxPayloadBytes int
 }
 
+// Check reports every problem of c at once (what NewRelay refuses), for tools that check a
+// configuration before deploying it.
+func (c *ClaimCheck) Check() error { return c.validate() }
+
 func (c *ClaimCheck) validate() error {
 	var errs []error
 	if c.Store == nil {
@@ -104,9 +108,12 @@ func PayloadPointer(bucket, key string) []byte {
 }
 
 // messageSize is the size of e's message once its payload of payloadLen bytes is offloaded:
-// the pointer, the attributes and ExtendedPayloadSize.
+// the pointer and the attributes of the offloaded message (ExtendedPayloadSize included, and
+// only the headers that still fit beside it).
 func (c *ClaimCheck) messageSize(e *Event, payloadLen int) int {
-	return len(c.pointer(e)) + attributesSize(e) + len(wire.ExtendedPayloadSize) + len("Number") + len(extendedSizeAttr(payloadLen))
+	o := *e
+	o.ExtendedPayloadSize = payloadLen
+	return len(c.pointer(e)) + attributesSize(&o)
 }
 
 // offloaded returns a copy of e whose payload is the pointer to the stored one.
