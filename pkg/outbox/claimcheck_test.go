@@ -21,6 +21,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/localaws"
 	"github.com/sluicehq/sluice/internal/wire"
+	"github.com/sluicehq/sluice/pkg/metrics"
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
@@ -383,4 +384,57 @@ func TestWriterAcceptsLargePayloadsOnlyWhenConfigured(t *testing.T) {
 
 	_, err = outbox.NewWriter(outbox.WriterConfig{MaxMessageBytes: outbox.MaxOffloadBytes + 1})
 	require.ErrorContains(t, err, "MaxOffloadBytes")
+}
+
+// metricsSink is a metrics.Recorder that sums counters by name.
+type metricsSink struct {
+	mu   sync.Mutex
+	sums map[string]float64
+	unit map[string]metrics.Unit
+}
+
+func (m *metricsSink) Record(_ context.Context, _ metrics.Dimensions, ms ...metrics.Measurement) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.sums == nil {
+		m.sums, m.unit = map[string]float64{}, map[string]metrics.Unit{}
+	}
+	for _, x := range ms {
+		if x.Kind == metrics.Counter {
+			m.sums[x.Name] += x.Value
+			m.unit[x.Name] = x.Unit
+		}
+	}
+}
+
+// The relay's metrics count offloaded messages and their payload bytes.
+func TestClaimCheckMetricsCountOffloadsAndBytes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	insertSized(t, b, "k1", 300<<10)
+	insertSized(t, b, "k2", 400<<10)
+	insertSized(t, b, "k3", 1000)
+	var want int
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT sum(octet_length(payload::text)) FROM outbox_event WHERE partition_key IN ('k1', 'k2')`).Scan(&want))
+	sink := &metricsSink{}
+	r := b.relay(t, func(c *outbox.RelayConfig) {
+		c.ClaimCheck = &outbox.ClaimCheck{Store: &memoryStore{}, Bucket: "b"}
+		c.MetricsRecorder, c.MetricsInterval = sink, time.Hour // only the final emit, when Run ends
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- r.Run(ctx) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for b.countWhere(t, "published_at IS NULL") > 0 {
+		require.True(t, time.Now().Before(deadline), "rows not published within 30s")
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	require.NoError(t, <-done)
+	sink.mu.Lock()
+	defer sink.mu.Unlock()
+	require.Equal(t, 3.0, sink.sums[metrics.Published])
+	require.Equal(t, 2.0, sink.sums[metrics.Offloaded])
+	require.Equal(t, float64(want), sink.sums[metrics.OffloadedBytes])
+	require.Equal(t, metrics.Bytes, sink.unit[metrics.OffloadedBytes])
 }
