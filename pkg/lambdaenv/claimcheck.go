@@ -38,6 +38,12 @@ func CheckConsumerClaimCheck(getenv Getenv) error {
 	return err
 }
 
+// ClaimCheckThresholdOf reads ClaimCheckThreshold (integer bytes): 0 when unset, meaning each
+// destination's message limit. The relay's claim check and `sluice status` read it here.
+func ClaimCheckThresholdOf(getenv Getenv) (int, error) {
+	return positiveInt(getenv, ClaimCheckThreshold, 0)
+}
+
 func consumerClaimCheck(getenv Getenv) (*inbox.ClaimCheck, error) {
 	if strings.TrimSpace(getenv(ClaimCheckBucket)) == "" {
 		return nil, nil

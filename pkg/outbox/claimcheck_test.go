@@ -438,3 +438,24 @@ func TestClaimCheckMetricsCountOffloadsAndBytes(t *testing.T) {
 	require.Equal(t, float64(want), sink.sums[metrics.OffloadedBytes])
 	require.Equal(t, metrics.Bytes, sink.unit[metrics.OffloadedBytes])
 }
+
+// OffloadBacklogOf's cost is bounded: it measures at most OffloadSampleRows pending rows and
+// says when that was not all of them; quarantined and published rows are not counted.
+func TestOffloadBacklogIsBoundedAndSaysSo(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	insertSized(t, b, "a-big", 300<<10)
+	back, err := outbox.OffloadBacklogOf(ctx, b.pool, outbox.MaxMessageBytes)
+	require.NoError(t, err)
+	require.Equal(t, outbox.OffloadBacklog{Threshold: outbox.MaxMessageBytes, Examined: 1, Above: 1, AboveBytes: back.AboveBytes, Complete: true}, back)
+	require.Greater(t, back.AboveBytes, int64(outbox.MaxMessageBytes))
+
+	b.write(t, outbox.OffloadSampleRows+5, 50)
+	back, err = outbox.OffloadBacklogOf(ctx, b.pool, outbox.MaxMessageBytes)
+	require.NoError(t, err)
+	require.EqualValues(t, outbox.OffloadSampleRows, back.Examined)
+	require.False(t, back.Complete)
+	_, err = outbox.OffloadBacklogOf(ctx, b.pool, 0)
+	require.Error(t, err)
+}
