@@ -33,6 +33,9 @@
 //	                         applied by the hourly partition maintenance. Defaults to none.
 //	inboxRetention           Retention of a partitioned inbox_event (above the queues' 14-day DLQ
 //	                         retention, e.g. 720h). Defaults to none.
+//	claimCheck               "true" creates the S3 claim check's bucket for payloads above the
+//	                         topic's limit (docs/claimcheck.md); claimCheckThreshold and
+//	                         claimCheckMaxPayload (bytes) tune it. Defaults to false.
 //	nag                      "false" skips the cdk-nag AwsSolutions checks. Defaults to true.
 package main
 
@@ -161,6 +164,9 @@ func stackProps(ctx func(string) string, getenv func(string) string) (*infra.Slu
 		NatGateways:     number("natGateways", 0),
 		OutboxRetention: duration("outboxRetention"),
 		InboxRetention:  duration("inboxRetention"),
+	}
+	if flag("claimCheck", false) {
+		props.ClaimCheck = &infra.ClaimCheckProps{Threshold: number("claimCheckThreshold", 0), MaxPayloadBytes: number("claimCheckMaxPayload", 0)}
 	}
 	switch d := ctx("alarmDestination"); d {
 	case "":
