@@ -258,7 +258,7 @@ func TestClaimCheckConfigIsValidated(t *testing.T) {
 // s3Bucket creates a bucket on the local emulator with a path-style client.
 func s3Bucket(t *testing.T) (string, *s3.Client) {
 	t.Helper()
-	client := s3.NewFromConfig(localaws.TestConfig(t), func(o *s3.Options) { o.UsePathStyle = true })
+	client := s3.NewFromConfig(localaws.TestConfig(t), func(o *s3.Options) { o.UsePathStyle, o.DisableLogOutputChecksumValidationSkipped = true, true })
 	bucket := "sluice-inbox-" + strings.ReplaceAll(uuid.NewString(), "-", "")[:16]
 	_, err := client.CreateBucket(context.Background(), &s3.CreateBucketInput{Bucket: aws.String(bucket)})
 	require.NoError(t, err)
