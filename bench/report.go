@@ -49,6 +49,8 @@ type Report struct {
 	Sustained *SustainedResult `json:",omitempty"`
 	// Tracing is issue 14's suite (bench/tracing.go).
 	Tracing *TracingResult `json:",omitempty"`
+	// ClaimCheck is issue 13's suite (bench/claimcheck.go).
+	ClaimCheck *ClaimCheckResult `json:",omitempty"`
 }
 
 // suiteTime is how long one suite took.
@@ -240,7 +242,8 @@ func (r *Report) Markdown() string {
 	r.producersMarkdown(w)
 	r.wakeupMarkdown(w)
 	r.sustainedMarkdown(w)
-	r.tracingMarkdown(w) // issue 14, bench/tracing.go
+	r.tracingMarkdown(w)    // issue 14, bench/tracing.go
+	r.claimCheckMarkdown(w) // issue 13, bench/claimcheck.go
 
 	w("## Analysis\n\n%s\n", strings.TrimSpace(r.renderNotes(notes)))
 	w("\n## Run time\n\n| suite | time |\n|---|---|\n")
