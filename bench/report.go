@@ -51,6 +51,8 @@ type Report struct {
 	Tracing *TracingResult `json:",omitempty"`
 	// Destinations is issue 15's suite (bench/destinations.go).
 	Destinations *DestinationsResult `json:",omitempty"`
+	// ClaimCheck is issue 13's suite (bench/claimcheck.go).
+	ClaimCheck *ClaimCheckResult `json:",omitempty"`
 }
 
 // suiteTime is how long one suite took.
@@ -244,6 +246,7 @@ func (r *Report) Markdown() string {
 	r.sustainedMarkdown(w)
 	r.tracingMarkdown(w)      // issue 14, bench/tracing.go
 	r.destinationsMarkdown(w) // issue 15, bench/destinations.go
+	r.claimCheckMarkdown(w)   // issue 13, bench/claimcheck.go
 
 	w("## Analysis\n\n%s\n", strings.TrimSpace(r.renderNotes(notes)))
 	w("\n## Run time\n\n| suite | time |\n|---|---|\n")

@@ -43,7 +43,7 @@ func TestTemplatesPassCfnLint(t *testing.T) {
 	app := awscdk.NewApp(&awscdk.AppProps{Outdir: jsii.String(dir)})
 	for name, p := range map[string]*infra.SluiceStackProps{
 		"Sluice":      {AlarmEmail: "oncall@example.com"},
-		"SluiceProxy": {NoAlarmDestination: true, ConsumerProxy: true, Fifo: true, NatGateways: 1, MultiAZ: jsii.Bool(false)},
+		"SluiceProxy": {NoAlarmDestination: true, ConsumerProxy: true, Fifo: true, NatGateways: 1, MultiAZ: jsii.Bool(false), ClaimCheck: &infra.ClaimCheckProps{}},
 		// One per destination beyond SNS (docs/destinations.md).
 		"SluiceEventBridge": {NoAlarmDestination: true, Destination: infra.DestinationEventBridge},
 		"SluiceKinesis":     {NoAlarmDestination: true, Destination: infra.DestinationKinesis},

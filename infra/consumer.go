@@ -157,6 +157,12 @@ type ConsumerProps struct {
 	QueueKey awskms.IKey
 	// LogRetention is the consumer log group's retention. Defaults to one month.
 	LogRetention awslogs.RetentionDays
+	// ClaimCheck is the bucket (NewClaimCheck) the relay stores large payloads in: the consumer
+	// fetches them before its handlers run (SLUICE_CLAIM_CHECK_BUCKET, GetObject, HTTPS to any
+	// address for the S3 gateway endpoint). Synthesis fails when RetentionPeriod plus
+	// DeadLetterRetentionPeriod outlive its objects. Defaults to none: a message whose payload
+	// is in S3 fails and reaches the DLQ.
+	ClaimCheck ClaimCheck
 }
 
 // Consumer is an SQS queue subscribed to a topic (or fed by an EventBridge rule), with DLQs, and
@@ -328,6 +334,9 @@ func (p *ConsumerProps) validate() error {
 			errs = append(errs, fmt.Errorf("DatabaseGrants[%d]: %w", i, err))
 		}
 	}
+	if p.ClaimCheck != nil {
+		errs = append(errs, p.ClaimCheck.checkConsumer(p.Name, p.RetentionPeriod, p.DeadLetterRetentionPeriod))
+	}
 	for _, r := range []struct {
 		name string
 		d    time.Duration
@@ -436,12 +445,16 @@ func NewConsumer(scope constructs.Construct, id string, props *ConsumerProps) Co
 		database:     p.Database,
 		environment:  env,
 		logRetention: p.LogRetention,
-		// Handler code may call other services through NAT, when the stack has it.
-		httpsAnywhere: p.HTTPSToAnywhere,
+		// Handler code may call other services through NAT, when the stack has it; the claim
+		// check's S3 is reached through the gateway endpoint.
+		httpsAnywhere: p.HTTPSToAnywhere || p.ClaimCheck != nil,
 		// A stream's mapping scales with shards or partitions: cap it, as the SQS mapping's
 		// MaxConcurrency does, for the connection budget.
 		reservedConcurrency: p.streamConcurrency(),
 	})
+	if p.ClaimCheck != nil {
+		p.ClaimCheck.attachConsumer(c.fn)
+	}
 	if p.streamSource() {
 		c.addStreamSource(&p)
 	} else {

@@ -118,6 +118,11 @@ type OutboxProps struct {
 	OutboxPartitionInterval time.Duration
 	// LogRetention is the relay log group's retention. Defaults to one month.
 	LogRetention awslogs.RetentionDays
+	// ClaimCheck is the bucket (NewClaimCheck) where the relay stores payloads too large for
+	// their message, publishing a pointer instead: the relay gets SLUICE_CLAIM_CHECK_*, may put
+	// objects there, and HTTPS to any address (the S3 gateway endpoint, whose prefix list a
+	// region-agnostic template cannot name). Defaults to none: such rows are quarantined.
+	ClaimCheck ClaimCheck
 }
 
 // Outbox is an SNS topic plus the relay Lambda that publishes committed outbox rows to it.
@@ -322,7 +327,11 @@ func NewOutbox(scope constructs.Construct, id string, props *OutboxProps) Outbox
 		database:            p.Database,
 		environment:         env,
 		logRetention:        p.LogRetention,
+		httpsAnywhere:       p.ClaimCheck != nil, // S3 (claimcheck.go)
 	})
+	if p.ClaimCheck != nil {
+		p.ClaimCheck.attachRelay(o.relay)
+	}
 	// The schedule starts a fresh invocation every minute; retrying a failed one would only add
 	// a duplicate poller.
 	o.relay.ConfigureAsyncInvoke(&awslambda.EventInvokeConfigOptions{

@@ -107,6 +107,9 @@ type SluiceStackProps struct {
 	// NoAlarmDestination deploys without AlarmEmail or AlarmTopicArn: alarms that reach nobody.
 	// One of the three is required.
 	NoAlarmDestination bool
+	// ClaimCheck, when set, creates the claim check's bucket (NewClaimCheck) for payloads
+	// above the topic's limit, written by the relay and read by the consumer. Defaults to none.
+	ClaimCheck *ClaimCheckProps
 }
 
 // DefaultMaxConnections is max_connections of the example's default t4g.small (2 GiB): RDS's
@@ -241,6 +244,10 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 		s.migrations.Resource().Node().AddDependency(d)
 	}
 	dest := newExampleDestination(stack, network, &p)
+	var claim ClaimCheck
+	if p.ClaimCheck != nil {
+		claim = NewClaimCheck(stack, "ClaimCheck", p.ClaimCheck)
+	}
 	s.outbox = NewOutbox(stack, "Outbox", &OutboxProps{
 		RelayCodeDir: p.RelayCodeDir,
 		Network:      network,
@@ -252,6 +259,7 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 
 		// The example's destination, unless SNS, receives every row.
 		DefaultDestination: dest,
+		ClaimCheck:         claim,
 	})
 	consumerProps := &ConsumerProps{
 		Name:       p.ConsumerName,
@@ -271,6 +279,7 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 		// With NAT, the VPC routes to the internet for handler code that calls other services;
 		// the relay and the migrations still reach only what they call.
 		HTTPSToAnywhere: p.VpcID == "" && p.NatGateways > 0,
+		ClaimCheck:      claim,
 	}
 	if dest != nil {
 		consumerProps.Topic, consumerProps.Source = nil, dest
@@ -319,6 +328,9 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 	out("DatabaseSecretArn", "Secrets Manager secret with the database credentials (DATABASE_SECRET_ARN)", s.secret.SecretArn())
 	out("AlarmTopicArn", "SNS topic receiving the alarms", s.monitoring.AlarmTopic().TopicArn())
 	out("DashboardName", "CloudWatch dashboard", s.monitoring.Dashboard().DashboardName())
+	if claim != nil {
+		out("ClaimCheckBucket", "S3 bucket of the claim check's payloads", claim.Bucket().BucketName())
+	}
 	return s
 }
 

@@ -36,6 +36,11 @@ func main() {
 		log.Error("ledger cold start failed", "error", err)
 		os.Exit(1)
 	}
+	// Payloads a claim check stored in S3 are fetched before the handlers run (SLUICE_CLAIM_CHECK_BUCKET).
+	if cfg.ClaimCheck, err = lambdaenv.ConsumerClaimCheck(ctx, os.Getenv); err != nil {
+		log.Error("ledger cold start failed", "error", err)
+		os.Exit(1)
+	}
 	tp, stopTracing, err := lambdatrace.Setup(os.Getenv, os.Stdout, "ledger")
 	if err != nil {
 		log.Error("ledger cold start failed", "error", err)

@@ -9,7 +9,9 @@
 // Configuration (read once per cold start by lambdaenv.ConsumerConfig and lambdaenv.OpenPool):
 // SLUICE_CONSUMER_NAME (required), SLUICE_CONSUMER_COMMIT_MODE (per-record or batched; async
 // is refused at cold start, since no inbox Processor runs beside this Lambda),
-// SLUICE_CONSUMER_DEADLINE_MARGIN, SLUICE_CONSUMER_STORE_PAYLOAD; DATABASE_URL, or
+// SLUICE_CONSUMER_DEADLINE_MARGIN, SLUICE_CONSUMER_STORE_PAYLOAD; SLUICE_CLAIM_CHECK_BUCKET and
+// SLUICE_CLAIM_CHECK_MAX_PAYLOAD (fetch payloads a claim check stored in S3,
+// lambdaenv.ConsumerClaimCheck); DATABASE_URL, or
 // DATABASE_SECRET_ARN naming the RDS Secrets Manager secret; DATABASE_MAX_CONNS. AWS clients
 // honour AWS_ENDPOINT_URL. OTEL_TRACES_EXPORTER=console records a consumer span per record, a
 // child of the span that wrote the event, as JSON lines in the log (pkg/lambdatrace; see
@@ -60,6 +62,11 @@ func main() {
 	log := lambdaenv.Logger(os.Getenv, "consumer")
 	cfg, err := lambdaenv.ConsumerConfig(os.Getenv) // before the pool: a bad setting costs no connection
 	if err != nil {
+		log.Error("consumer cold start failed", "error", err)
+		os.Exit(1)
+	}
+	// Payloads a claim check stored in S3 are fetched before the handlers run (SLUICE_CLAIM_CHECK_BUCKET).
+	if cfg.ClaimCheck, err = lambdaenv.ConsumerClaimCheck(ctx, os.Getenv); err != nil {
 		log.Error("consumer cold start failed", "error", err)
 		os.Exit(1)
 	}

@@ -57,7 +57,6 @@ func wire(ctx context.Context, getenv lambdaenv.Getenv, log *slog.Logger) (h *ha
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	stopTracing = func() { _ = stop(context.Background()) }
 	pool, err = lambdaenv.OpenPool(ctx, getenv)
 	if err != nil {
 		return nil, nil, nil, err

@@ -100,6 +100,11 @@ type Config struct {
 	// Propagator reads the writer's span context from the message's headers. Defaults to W3C
 	// trace context (propagation.TraceContext), what outbox.Write injects.
 	Propagator propagation.TextMapPropagator
+	// ClaimCheck fetches payloads a claim check stored in S3 (sluice's relay with
+	// outbox.ClaimCheck, or an AWS extended client) before the handler runs; see claimcheck.go
+	// and docs/claimcheck.md. Defaults to nil: a message whose payload is in S3 fails with
+	// ErrClaimCheck (and reaches the DLQ), never reaches a handler as a pointer.
+	ClaimCheck *ClaimCheck
 }
 
 // DefaultDeadlineMargin is Config.DeadlineMargin's default.
@@ -132,6 +137,9 @@ func (c Config) validate() error {
 	default:
 		return fmt.Errorf("%w: unknown Mode %d", ErrInvalidConfig, int(c.Mode))
 	}
+	if c.ClaimCheck != nil {
+		return c.ClaimCheck.validate()
+	}
 	return nil
 }
 
@@ -154,7 +162,9 @@ type Consumer struct {
 	metrics metrics.Recorder
 	dims    metrics.Dimensions
 	tracing *tracing // nil: tracing off
-	now     func() time.Time
+	// claimCheck is Config.ClaimCheck with its defaults; nil without one.
+	claimCheck *ClaimCheck
+	now        func() time.Time
 	// layout is how inbox_event is stored (layoutPlain, layoutPartitioned), read once from
 	// the catalog (see partition_insert.go).
 	layout atomic.Int32
@@ -169,7 +179,7 @@ func New(db Beginner, cfg Config) (*Consumer, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Consumer{
+	c := &Consumer{
 		db:      db,
 		cfg:     cfg,
 		log:     cfg.Logger.With("consumer", cfg.Consumer),
@@ -177,7 +187,11 @@ func New(db Beginner, cfg Config) (*Consumer, error) {
 		dims:    dimensions(metrics.ServiceConsumer, cfg.Consumer),
 		tracing: newTracing(cfg.TracerProvider, cfg.Propagator, cfg.Consumer, cfg.Mode.String()),
 		now:     time.Now,
-	}, nil
+	}
+	if cfg.ClaimCheck != nil {
+		c.claimCheck = cfg.ClaimCheck.withDefaults()
+	}
+	return c, nil
 }
 
 // Outcome is what happened to one record.
@@ -287,6 +301,8 @@ func (c *Consumer) Process(ctx context.Context, event events.SQSEvent) Report {
 		b.recs[i].msg = msg
 		b.results[i].MessageID, b.results[i].EventType = msg.ID, msg.EventType
 	}
+	// Claim check: fetch the payloads stored in S3 before any transaction opens (claimcheck.go).
+	b.fetchPayloads(ctx)
 
 	switch c.cfg.Mode {
 	case Batched:

@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/aws/aws-lambda-go/events"
+	"github.com/aws/aws-sdk-go-v2/aws"
 
 	"github.com/sluicehq/sluice/internal/wire"
 )
@@ -58,7 +59,13 @@ type Message struct {
 	Headers map[string]string
 	// Payload is the message body: the event JSON as the producer wrote it.
 	// In the asynchronous mode it is PostgreSQL's jsonb rendering of it (same value, normalised spacing and key order).
+	// For a claim-checked message the Consumer puts the payload fetched from S3 here before
+	// the handler runs (Parse alone leaves the pointer).
 	Payload json.RawMessage
+	// Offloaded is set when the payload was stored in S3 by a claim check (sluice's relay or an
+	// AWS extended client): where, and its declared size. nil otherwise, and for messages a
+	// [Processor] applies (their payload was fetched when they were stored).
+	Offloaded *Offloaded
 
 	// SQSMessageID is the SQS message id, the identifier reported in BatchItemFailures.
 	// Empty for messages applied by a [Processor].
@@ -111,6 +118,7 @@ type snsAttr struct {
 type attribute struct {
 	dataType string
 	value    *string // nil: not a string attribute
+	text     string  // the value as sent, whatever its type (a Number's digits)
 }
 
 func badMessage(format string, args ...any) error {
@@ -155,7 +163,7 @@ func Parse(record events.SQSMessage) (Message, error) {
 			return Message{}, badMessage("SNS envelope has no Message")
 		}
 		for name, a := range env.MessageAttributes {
-			at := attribute{dataType: a.Type}
+			at := attribute{dataType: a.Type, text: a.Value}
 			if strings.HasPrefix(a.Type, "String") && a.Type != "String.Array" {
 				v := a.Value
 				at.value = &v
@@ -167,7 +175,7 @@ func Parse(record events.SQSMessage) (Message, error) {
 		msg.Enveloped, msg.TopicARN = true, env.TopicArn
 	} else {
 		for name, a := range record.MessageAttributes {
-			at := attribute{dataType: a.DataType}
+			at := attribute{dataType: a.DataType, text: aws.ToString(a.StringValue)}
 			if strings.HasPrefix(a.DataType, "String") && a.StringValue != nil {
 				at.value = a.StringValue
 			}
@@ -183,6 +191,12 @@ func Parse(record events.SQSMessage) (Message, error) {
 		return Message{}, badMessage("body is not JSON (%d bytes)", len(body))
 	}
 	msg.Payload = json.RawMessage(body)
+	// Claim check: a pointer to the payload in S3, which the Consumer fetches (claimcheck.go).
+	off, perr := offloadedFrom(attrs, body)
+	if perr != nil {
+		return Message{}, perr
+	}
+	msg.Offloaded = off
 
 	str := func(name string) (string, bool, error) {
 		a, ok := attrs[name]
@@ -247,7 +261,7 @@ func Parse(record events.SQSMessage) (Message, error) {
 
 	for name, a := range attrs {
 		switch name {
-		case AttrMessageID, AttrEventType, AttrAggregateType, AttrAggregateID, AttrCreatedAt:
+		case AttrMessageID, AttrEventType, AttrAggregateType, AttrAggregateID, AttrCreatedAt, wire.ExtendedPayloadSize, wire.LegacyPayloadSize:
 			continue
 		}
 		if a.value != nil && storableText(name) && storableText(*a.value) {

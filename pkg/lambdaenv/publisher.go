@@ -160,7 +160,7 @@ func ClaimCheck(getenv Getenv, awsCfg aws.Config) (*outbox.ClaimCheck, error) {
 	if bucket == "" {
 		return nil, nil
 	}
-	threshold, terr := positiveInt(getenv, ClaimCheckThreshold, 0)
+	threshold, terr := ClaimCheckThresholdOf(getenv)
 	maxPayload, merr := positiveInt(getenv, ClaimCheckMaxPayload, 0)
 	if err := errors.Join(terr, merr); err != nil {
 		return nil, err

@@ -20,6 +20,7 @@ const (
 	Count        Unit = "Count"
 	Seconds      Unit = "Seconds"
 	Milliseconds Unit = "Milliseconds"
+	Bytes        Unit = "Bytes"
 )
 
 // Kind says how a backend aggregates a measurement.

@@ -35,6 +35,12 @@ const (
 	// OldestTransactionAge is the age of the database's oldest transaction holding a snapshot,
 	// which holds back VACUUM (Gauge, Seconds).
 	OldestTransactionAge = "OldestTransactionAgeSeconds"
+	// Offloaded counts published messages whose payload the claim check stored in S3 (Counter,
+	// Count); emitted by relays with a claim check.
+	Offloaded = "Offloaded"
+	// OffloadedBytes counts the bytes of the payloads the claim check stored in S3 (Counter,
+	// Bytes); emitted with Offloaded.
+	OffloadedBytes = "OffloadedBytes"
 )
 
 // Inbox metric names (consumer and asynchronous processor).

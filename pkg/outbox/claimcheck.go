@@ -47,6 +47,10 @@ type ClaimCheck struct {
 	MaxPayloadBytes int
 }
 
+// Check reports every problem of c at once (what NewRelay refuses), for tools that check a
+// configuration before deploying it.
+func (c *ClaimCheck) Check() error { return c.validate() }
+
 func (c *ClaimCheck) validate() error {
 	var errs []error
 	if c.Store == nil {
@@ -104,9 +108,12 @@ func PayloadPointer(bucket, key string) []byte {
 }
 
 // messageSize is the size of e's message once its payload of payloadLen bytes is offloaded:
-// the pointer, the attributes and ExtendedPayloadSize.
+// the pointer and the attributes of the offloaded message (ExtendedPayloadSize included, and
+// only the headers that still fit beside it).
 func (c *ClaimCheck) messageSize(e *Event, payloadLen int) int {
-	return len(c.pointer(e)) + attributesSize(e) + len(wire.ExtendedPayloadSize) + len("Number") + len(extendedSizeAttr(payloadLen))
+	o := *e
+	o.ExtendedPayloadSize = payloadLen
+	return len(c.pointer(e)) + attributesSize(&o)
 }
 
 // offloaded returns a copy of e whose payload is the pointer to the stored one.
@@ -155,3 +162,64 @@ func (s *S3PayloadStore) PutPayload(ctx context.Context, bucket, key string, bod
 
 // extendedSizeAttr is the ExtendedPayloadSize attribute's value.
 func extendedSizeAttr(n int) string { return strconv.Itoa(n) }
+
+// OffloadBacklog is what a claim check still has to store: the pending rows whose payload is
+// larger than a threshold, counted over a bounded sample (see OffloadBacklogOf).
+type OffloadBacklog struct {
+	// Threshold is the payload size, in bytes of the published text, rows are compared with.
+	Threshold int
+	// Examined is how many pending (unquarantined) rows were measured.
+	Examined int64
+	// Above is how many of them have a payload larger than Threshold, and AboveBytes the size
+	// of those payloads: with a claim check the relay stores them in S3; without one it
+	// quarantines them as too large.
+	Above, AboveBytes int64
+	// Complete reports that every pending row was examined.
+	Complete bool
+}
+
+// Bounds of OffloadBacklogOf's sample.
+const (
+	// OffloadSampleRows is the most pending rows OffloadBacklogOf measures.
+	OffloadSampleRows = 1000
+	// OffloadSampleStoredBytes bounds the stored (possibly compressed) payload bytes it reads.
+	OffloadSampleStoredBytes = 64 << 20
+)
+
+// OffloadBacklogOf counts the pending rows whose payload text is larger than threshold bytes
+// (attributes not counted). Its cost is bounded whatever the backlog: it reads at most
+// OffloadSampleRows pending rows in the pending key index's order, and measures them (renders
+// the jsonb) only while their stored sizes total at most OffloadSampleStoredBytes; Complete says
+// whether that covered every pending row.
+func OffloadBacklogOf(ctx context.Context, db Querier, threshold int) (OffloadBacklog, error) {
+	if threshold < 1 {
+		return OffloadBacklog{}, fmt.Errorf("outbox: offload backlog needs a positive threshold, got %d", threshold)
+	}
+	b := OffloadBacklog{Threshold: threshold}
+	var more bool
+	err := db.QueryRow(ctx, offloadBacklogSQL, threshold, OffloadSampleRows, OffloadSampleStoredBytes).Scan(&b.Examined, &b.Above, &b.AboveBytes, &more)
+	if err != nil {
+		return OffloadBacklog{}, fmt.Errorf("read the claim check's backlog: %w", err)
+	}
+	b.Complete = !more
+	return b, nil
+}
+
+// offloadBacklogSQL walks at most $2 + 1 pending rows along outbox_event_pending_key_idx (a
+// LIMIT on an index scan), measures those whose stored sizes before them total less than $3,
+// and counts the ones printing to more than $1 bytes.
+const offloadBacklogSQL = `
+WITH sample AS (
+    SELECT e.payload, pg_column_size(e.payload) AS stored, e.quarantined_at IS NOT NULL AS quarantined
+    FROM outbox_event e WHERE e.published_at IS NULL
+    ORDER BY e.partition_key, e.id LIMIT $2 + 1
+), ranked AS (
+    SELECT s.*, row_number() OVER () AS rn,
+           coalesce(sum(s.stored) OVER (ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before
+    FROM sample s WHERE NOT s.quarantined
+), measured AS (
+    SELECT r.rn, CASE WHEN r.rn <= $2 AND r.before < $3 THEN octet_length(r.payload::text) END AS len FROM ranked r
+)
+SELECT count(len), count(*) FILTER (WHERE len > $1), coalesce(sum(len) FILTER (WHERE len > $1), 0),
+       count(*) > count(len) OR (SELECT count(*) FROM sample) > $2
+FROM measured`

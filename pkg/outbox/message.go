@@ -20,6 +20,11 @@ const (
 	MaxMessageBytes = 256 * 1024
 	// MaxAttributes is SNS's limit of message attributes per message.
 	MaxAttributes = 10
+	// MaxWriteAttributes is the most message attributes Write lets a message carry: SNS's
+	// limit less the one the claim check adds (ExtendedPayloadSize) when it stores the payload
+	// in S3, as AWS's extended clients reserve it (their MAX_ALLOWED_ATTRIBUTES = 10 - 1), so
+	// that an offloaded message never loses a header.
+	MaxWriteAttributes = MaxAttributes - 1
 )
 
 // Attribute names of the wire contract, carried on every published message.
@@ -33,6 +38,11 @@ const (
 
 // reservedAttributes are the contract's attributes; headers may not reuse their names.
 var reservedAttributes = []string{AttrMessageID, AttrEventType, AttrAggregateType, AttrAggregateID, AttrCreatedAt}
+
+// claimCheckAttributes mark a message whose payload is in S3 (the extended clients' names,
+// current and legacy); a header may not use them, or consumers would take its message for a
+// pointer.
+var claimCheckAttributes = []string{wire.ExtendedPayloadSize, wire.LegacyPayloadSize}
 
 // Message is one event to write to the outbox.
 type Message struct {
@@ -55,8 +65,9 @@ type Message struct {
 	// and checks its size, so what is checked is what is published.
 	Payload json.RawMessage
 	// Headers are carried as string message attributes (W3C traceparent, ...): at most as many
-	// as SNS's limit of 10 attributes leaves after the contract's attributes (5, or 3 when
-	// AggregateType and AggregateID are empty). Write refuses more rather than drop any.
+	// as MaxWriteAttributes (9: SNS's limit of 10 less the one a claim-checked message needs)
+	// leaves after the contract's attributes (5, or 3 when AggregateType and AggregateID are
+	// empty), so at most 4 (or 6). Write refuses more rather than drop any.
 	Headers map[string]string
 }
 
@@ -99,6 +110,11 @@ func checkHeaderName(name string) string {
 	for _, r := range reservedAttributes {
 		if strings.EqualFold(name, r) {
 			return "is a sluice contract attribute and cannot be set as a header"
+		}
+	}
+	for _, r := range claimCheckAttributes {
+		if strings.EqualFold(name, r) {
+			return "is the claim check's attribute (a payload stored in S3) and cannot be set as a header"
 		}
 	}
 	return ""
@@ -163,11 +179,13 @@ func (m Message) prepare(i int, maxPayload int) (Message, error) {
 		return fail("Payload", err.Error())
 	}
 	if len(rendered) > maxPayload {
-		return fail("Payload", fmt.Sprintf("is %d bytes as PostgreSQL stores and publishes it (%d as given), above the publishable %d bytes", len(rendered), len(m.Payload), maxPayload))
+		return fail("Payload", fmt.Sprintf("is %d bytes as PostgreSQL stores and publishes it (%d as given), above the publishable %d bytes%s",
+			len(rendered), len(m.Payload), maxPayload, raiseHint(maxPayload)))
 	}
 	m.Payload = rendered
-	if n := contractAttributes(m) + len(m.Headers); n > MaxAttributes {
-		return fail("Headers", fmt.Sprintf("%d headers and %d contract attributes make %d message attributes, above SNS's %d", len(m.Headers), contractAttributes(m), n, MaxAttributes))
+	if n := contractAttributes(m) + len(m.Headers); n > MaxWriteAttributes {
+		return fail("Headers", fmt.Sprintf("%d headers and %d contract attributes make %d message attributes, above the %d Write allows "+
+			"(SNS's %d less one kept for the claim check's %s)", len(m.Headers), contractAttributes(m), n, MaxWriteAttributes, MaxAttributes, wire.ExtendedPayloadSize))
 	}
 	for _, k := range sortedKeys(m.Headers) {
 		if p := checkHeaderName(k); p != "" {

@@ -563,6 +563,9 @@ func (r *Relay) emitMetrics(ctx context.Context, s Stats) {
 		count(metrics.PublishFailures, s.Retrying+s.Quarantined+s.Outage),
 		gauge(metrics.DestinationsDown, metrics.Count, float64(len(r.dests.down()))),
 	}
+	if r.cfg.ClaimCheck != nil { // payloads stored in S3 (claimcheck.go)
+		ms = append(ms, count(metrics.Offloaded, s.Offloaded), metrics.Measurement{Name: metrics.OffloadedBytes, Kind: metrics.Counter, Unit: metrics.Bytes, Value: float64(s.OffloadedBytes)})
+	}
 	if lag, err := LagOf(lctx, r.pool); err == nil {
 		ms = append(ms,
 			gauge(metrics.OutboxPending, metrics.Count, float64(lag.Pending)),

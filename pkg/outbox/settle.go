@@ -102,7 +102,13 @@ func (r *Relay) planRound(keys []claimKey, rows []*claimedRow, perKey int) *roun
 			default:
 				o.dest, o.size, o.offload = dest, size, offload
 			}
-			if dropped := droppedHeaders(&c.Event); len(dropped) > 0 {
+			published := &c.Event
+			if o.offload {
+				// The offloaded message carries ExtendedPayloadSize: one header fewer may fit.
+				published = &Event{EventID: c.EventID, EventType: c.EventType, AggregateType: c.AggregateType, AggregateID: c.AggregateID,
+					CreatedAt: c.CreatedAt, Headers: c.Headers, ExtendedPayloadSize: c.payloadLen}
+			}
+			if dropped := droppedHeaders(published); len(dropped) > 0 {
 				r.log.Warn("outbox row has more headers than the message attributes limit allows; these are not published",
 					"id", c.ID, "event_id", c.EventID, "headers", dropped)
 			}

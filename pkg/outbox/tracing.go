@@ -185,7 +185,7 @@ func withTrace(m Message, size int, injected map[string]string, fields []string,
 			}
 		}
 	}
-	room := MaxAttributes - contractAttributes(m) - len(m.Headers)
+	room := MaxWriteAttributes - contractAttributes(m) - len(m.Headers)
 	var h map[string]string
 	for _, k := range headerOrder(injected) {
 		v := injected[k]

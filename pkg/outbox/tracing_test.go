@@ -54,16 +54,17 @@ func TestWriteInjectsTheActiveSpanContext(t *testing.T) {
 	})
 	t.Run("no room: written without it, not refused", func(t *testing.T) {
 		full := map[string]string{}
-		for i := range outbox.MaxAttributes - 5 {
+		for i := range outbox.MaxWriteAttributes - 5 {
 			full[fmt.Sprintf("h%d", i)] = "v"
 		}
 		got, err := outbox.QueueContext(ctx, &pgx.Batch{}, traceMsg(1, full))
 		require.NoError(t, err)
 		require.Equal(t, full, got[0].Headers)
-		_, err = outbox.QueueContext(ctx, &pgx.Batch{}, traceMsg(1, map[string]string{"h0": "v", "h1": "v", "h2": "v", "h3": "v", "h4": "v", "h5": "v"}))
+		_, err = outbox.QueueContext(ctx, &pgx.Batch{}, traceMsg(1, map[string]string{"h0": "v", "h1": "v", "h2": "v", "h3": "v", "h4": "v"}))
 		require.ErrorIs(t, err, outbox.ErrInvalidMessage, "the caller's own headers still count against the limit")
-		// Four headers leave room for exactly one injected one.
-		got, err = outbox.QueueContext(ctx, &pgx.Batch{}, traceMsg(1, map[string]string{"h0": "v", "h1": "v", "h2": "v", "h3": "v"}))
+		// Three headers leave room for exactly one injected one (one attribute stays free for
+		// the claim check's ExtendedPayloadSize).
+		got, err = outbox.QueueContext(ctx, &pgx.Batch{}, traceMsg(1, map[string]string{"h0": "v", "h1": "v", "h2": "v"}))
 		require.NoError(t, err)
 		require.Equal(t, wantTP, got[0].Headers["traceparent"])
 	})

@@ -22,7 +22,11 @@ type Executor interface {
 // WriterConfig configures a Writer.
 type WriterConfig struct {
 	// MaxMessageBytes is the largest message accepted, counting the payload and the message
-	// attributes as SNS does. Defaults to MaxMessageBytes (256 KiB), SNS's limit.
+	// attributes as SNS does. Defaults to MaxMessageBytes (256 KiB), SNS's limit, which every
+	// relay can publish. Up to MaxOffloadBytes (256 MiB) when the relay stores large payloads
+	// in S3 (RelayConfig.ClaimCheck, docs/claimcheck.md): set it to the claim check's
+	// MaxPayloadBytes (DefaultMaxOffloadBytes, 32 MiB, by default), since a larger row would be
+	// quarantined by the relay. The row keeps its whole payload in PostgreSQL either way.
 	MaxMessageBytes int
 	// CopyThreshold is the number of messages from which Write uses COPY instead of one
 	// multi-row INSERT. Defaults to 100.
@@ -54,8 +58,9 @@ func (c WriterConfig) WithDefaults() WriterConfig {
 }
 
 func (c WriterConfig) validate() error {
-	if c.MaxMessageBytes < 1 || c.MaxMessageBytes > MaxMessageBytes {
-		return fmt.Errorf("outbox: MaxMessageBytes must be between 1 and %d, got %d", MaxMessageBytes, c.MaxMessageBytes)
+	if c.MaxMessageBytes < 1 || c.MaxMessageBytes > MaxOffloadBytes {
+		return fmt.Errorf("outbox: MaxMessageBytes must be between 1 and %d (MaxOffloadBytes; above %d only with the relay's claim check), got %d",
+			MaxOffloadBytes, MaxMessageBytes, c.MaxMessageBytes)
 	}
 	if c.CopyThreshold < 1 {
 		return fmt.Errorf("outbox: CopyThreshold must be positive, got %d", c.CopyThreshold)
@@ -160,7 +165,8 @@ func (w *Writer) prepare(msgs []Message, trace map[string]string) ([]Message, []
 		}
 		size := wireSize(p)
 		if size > w.cfg.MaxMessageBytes {
-			return nil, nil, &ValidationError{Index: i, Field: "Payload", Problem: fmt.Sprintf("message is %d bytes with its attributes, above the publishable %d bytes", size, w.cfg.MaxMessageBytes)}
+			return nil, nil, &ValidationError{Index: i, Field: "Payload", Problem: fmt.Sprintf("message is %d bytes with its attributes, above the publishable %d bytes%s",
+				size, w.cfg.MaxMessageBytes, raiseHint(w.cfg.MaxMessageBytes))}
 		}
 		if len(trace) > 0 {
 			p.Headers = withTrace(p, size, trace, w.cfg.Propagator.Fields(), w.cfg.MaxMessageBytes)
@@ -176,6 +182,18 @@ func (w *Writer) prepare(msgs []Message, trace map[string]string) ([]Message, []
 		prepared[i], headers[i] = p, hb
 	}
 	return prepared, headers, nil
+}
+
+// raiseHint tells, after a refusal at limit, how to write larger payloads.
+func raiseHint(limit int) string {
+	if limit >= MaxOffloadBytes {
+		return ""
+	}
+	if limit > MaxMessageBytes {
+		return " (WriterConfig.MaxMessageBytes; at most MaxOffloadBytes)"
+	}
+	return " (WriterConfig.MaxMessageBytes): to write larger payloads, turn on the relay's S3 claim check " +
+		"(RelayConfig.ClaimCheck, SLUICE_CLAIM_CHECK_BUCKET; docs/claimcheck.md) and raise MaxMessageBytes to its MaxPayloadBytes"
 }
 
 // insertSQL inserts any number of rows in one statement from parallel arrays.

@@ -84,6 +84,11 @@ func TestWriteRejectsBadInputNamingTheField(t *testing.T) {
 			m.AggregateType = "order"
 			m.Headers = map[string]string{"h1": "1", "h2": "2", "h3": "3", "h4": "4", "h5": "5", "h6": "6"}
 		}), "Headers"},
+		"no attribute left for the claim check": {with(func(m *outbox.Message) {
+			m.AggregateType = "order"
+			m.Headers = map[string]string{"h1": "1", "h2": "2", "h3": "3", "h4": "4", "h5": "5"}
+		}), "Headers"},
+		"header claim check name": {with(func(m *outbox.Message) { m.Headers = map[string]string{"ExtendedPayloadSize": "1"} }), "Headers[ExtendedPayloadSize]"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -156,7 +161,7 @@ func TestWriteChecksAndReturnsTheBytesThatArePublished(t *testing.T) {
 
 func TestWriterConfigIsValidated(t *testing.T) {
 	t.Parallel()
-	_, err := outbox.NewWriter(outbox.WriterConfig{MaxMessageBytes: 300 * 1024})
+	_, err := outbox.NewWriter(outbox.WriterConfig{MaxMessageBytes: outbox.MaxOffloadBytes + 1})
 	require.ErrorContains(t, err, "MaxMessageBytes")
 	w, err := outbox.NewWriter(outbox.WriterConfig{MaxMessageBytes: 1024})
 	require.NoError(t, err)

@@ -39,6 +39,9 @@
 //	                         instead of a new MSK Serverless one; mskSecurityGroupId its security
 //	                         group, to allow the relay in; mskTopic the topic (defaults to
 //	                         "sluice-events"; it must exist).
+//	claimCheck               "true" creates the S3 claim check's bucket for payloads above the
+//	                         topic's limit (docs/claimcheck.md); claimCheckThreshold and
+//	                         claimCheckMaxPayload (bytes) tune it. Defaults to false.
 //	nag                      "false" skips the cdk-nag AwsSolutions checks. Defaults to true.
 package main
 
@@ -172,6 +175,9 @@ func stackProps(ctx func(string) string, getenv func(string) string) (*infra.Slu
 		MskClusterArn:      ctx("mskClusterArn"),
 		MskSecurityGroupID: ctx("mskSecurityGroupId"),
 		MskTopic:           ctx("mskTopic"),
+	}
+	if flag("claimCheck", false) {
+		props.ClaimCheck = &infra.ClaimCheckProps{Threshold: number("claimCheckThreshold", 0), MaxPayloadBytes: number("claimCheckMaxPayload", 0)}
 	}
 	switch d := ctx("alarmDestination"); d {
 	case "":

@@ -49,6 +49,10 @@ func TestStackPropsFromContext(t *testing.T) {
 	require.Equal(t, 1, p.NatGateways)
 	require.True(t, p.NoAlarmDestination)
 	require.Equal(t, "eu-west-1", *p.Env.Region)
+	require.Nil(t, p.ClaimCheck, "no claim check unless asked")
+	p, err = stackProps(context(map[string]string{"alarmDestination": "none", "claimCheck": "true", "claimCheckMaxPayload": "8388608"}), context(nil))
+	require.NoError(t, err)
+	require.Equal(t, 8<<20, p.ClaimCheck.MaxPayloadBytes)
 
 	_, err = stackProps(context(map[string]string{"maxConnections": "many", "inboxRetention": "30 days", "fifo": "yes please",
 		"databaseInstanceId": "orders-db"}), context(nil))

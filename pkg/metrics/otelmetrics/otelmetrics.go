@@ -53,13 +53,15 @@ func New(mp metric.MeterProvider) *Recorder {
 	return &Recorder{meter: mp.Meter(ScopeName), insts: map[instKey]instrument{}, onError: func(error) {}}
 }
 
-// Unit returns the UCUM unit OpenTelemetry uses for u: "1" for a count, "s", "ms".
+// Unit returns the UCUM unit OpenTelemetry uses for u: "1" for a count, "s", "ms", "By".
 func Unit(u metrics.Unit) string {
 	switch u {
 	case metrics.Seconds:
 		return "s"
 	case metrics.Milliseconds:
 		return "ms"
+	case metrics.Bytes:
+		return "By"
 	}
 	return "1"
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluicehq/sluice/pkg/inbox"
+	"github.com/sluicehq/sluice/pkg/lambdaenv"
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
@@ -41,6 +42,21 @@ type OutboxStatus struct {
 	OldestPendingAgeSeconds float64 `json:"oldest_pending_age_seconds"`
 	Quarantined             int64   `json:"quarantined"`
 	PublishedLastMinute     int64   `json:"published_last_minute"`
+	// Offload is the claim check's share of the backlog.
+	Offload OffloadStatus `json:"offload"`
+}
+
+// OffloadStatus counts the pending rows whose payload is above the claim check's threshold
+// (outbox.OffloadBacklogOf): a relay with a claim check stores them in S3, one without
+// quarantines them as too large. The count covers a bounded sample of the pending rows
+// (outbox.OffloadSampleRows); Complete says whether that was all of them. What the relays
+// offloaded is in their metrics (Offloaded, OffloadedBytes).
+type OffloadStatus struct {
+	ThresholdBytes             int   `json:"threshold_bytes"`
+	PendingAboveThreshold      int64 `json:"pending_above_threshold"`
+	PendingAboveThresholdBytes int64 `json:"pending_above_threshold_bytes"`
+	Examined                   int64 `json:"examined"`
+	Complete                   bool  `json:"complete"`
 }
 
 // DatabaseStatus reports what holds back VACUUM (outbox.HorizonOf): the oldest open or prepared
@@ -95,8 +111,9 @@ type DLQStatus struct {
 
 func (a *app) statusCommand() *cobra.Command {
 	var (
-		asJSON bool
-		queues []string
+		asJSON           bool
+		queues           []string
+		offloadThreshold int
 	)
 	cmd := &cobra.Command{
 		Use:   "status",
@@ -110,8 +127,12 @@ holds a snapshot or has written (a forgotten BEGIN in psql, a long report, a pre
 transaction), and a replication slot holding the horizon further back. It warns when that
 transaction is older than 5 minutes: while it lasts VACUUM cannot clean up behind it.
 
+It counts the pending rows whose payload is above the claim check's threshold (--offload-threshold,
+else SLUICE_CLAIM_CHECK_THRESHOLD, else SNS's 262144 bytes): the relay stores those in S3 with a
+claim check and quarantines them without one. It measures at most 1000 pending rows, and says so.
+
 --json prints a stable document (outbox.pending, outbox.oldest_pending_age_seconds,
-outbox.quarantined, outbox.published_last_minute, inbox[], database.oldest_transaction_age_seconds,
+outbox.quarantined, outbox.published_last_minute, outbox.offload, inbox[], database.oldest_transaction_age_seconds,
 database.oldest_transaction, database.horizon_xid_age, database.replication_hold, queues[]) for
 scripts and checks.`,
 		Example: `  sluice status
@@ -120,7 +141,17 @@ scripts and checks.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			opts := StatusOptions{Queues: queues}
+			opts := StatusOptions{Queues: queues, OffloadThreshold: offloadThreshold}
+			if offloadThreshold < 0 {
+				return usagef("--offload-threshold must be a positive number of bytes, got %d", offloadThreshold)
+			}
+			if offloadThreshold == 0 {
+				t, err := lambdaenv.ClaimCheckThresholdOf(a.io.Getenv)
+				if err != nil {
+					return err
+				}
+				opts.OffloadThreshold = t
+			}
 			if len(queues) > 0 {
 				c, err := a.sqsClient(ctx)
 				if err != nil {
@@ -153,6 +184,8 @@ scripts and checks.`,
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
 	cmd.Flags().StringArrayVar(&queues, "queue", nil, "SQS queue URL to report on (repeatable)")
+	cmd.Flags().IntVar(&offloadThreshold, "offload-threshold", 0,
+		fmt.Sprintf("payload size in bytes above which the claim check stores a payload in S3 (default $%s, else %d)", lambdaenv.ClaimCheckThreshold, outbox.MaxMessageBytes))
 	return cmd
 }
 
@@ -163,6 +196,9 @@ type StatusOptions struct {
 	// SQS and CloudWatch read the queues and their oldest message's age. Required with Queues.
 	SQS        SQSAPI
 	CloudWatch CloudWatchAPI
+	// OffloadThreshold is the claim check's threshold in bytes for Outbox.Offload. Defaults
+	// to outbox.MaxMessageBytes (SNS's limit, the relay's default threshold).
+	OffloadThreshold int
 }
 
 // ReadStatus reads what `sluice status` shows: the outbox backlog, each inbox consumer's, the
@@ -192,11 +228,21 @@ func ReadStatus(ctx context.Context, db Querier, opts StatusOptions) (*Status, e
 	if err != nil {
 		return nil, err
 	}
+	threshold := opts.OffloadThreshold
+	if threshold <= 0 {
+		threshold = outbox.MaxMessageBytes
+	}
+	offload, err := outbox.OffloadBacklogOf(ctx, db, threshold)
+	if err != nil {
+		return nil, err
+	}
 	st := &Status{
 		Time: time.Now().UTC().Truncate(time.Second),
 		Outbox: OutboxStatus{
 			Pending: lag.Pending, OldestPendingAgeSeconds: seconds(lag.OldestPendingAge),
 			Quarantined: lag.Quarantined, PublishedLastMinute: lag.PublishedLastMinute,
+			Offload: OffloadStatus{ThresholdBytes: offload.Threshold, PendingAboveThreshold: offload.Above,
+				PendingAboveThresholdBytes: offload.AboveBytes, Examined: offload.Examined, Complete: offload.Complete},
 		},
 		Inbox: make([]ConsumerState, 0, len(consumers)),
 		Database: DatabaseStatus{OldestTransactionAgeSeconds: seconds(horizon.OldestTransactionAge), OldestTransaction: horizon.HeldBy,
@@ -297,6 +343,14 @@ func printStatus(w io.Writer, st *Status) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if off := o.Offload; off.PendingAboveThreshold > 0 || !off.Complete {
+		of := fmt.Sprintf("of %d pending rows", off.Examined)
+		if !off.Complete {
+			of = fmt.Sprintf("of the first %d pending rows measured", off.Examined)
+		}
+		fmt.Fprintf(w, "OFFLOAD: %d pending payloads above %d bytes (%d bytes in all), %s: stored in S3 by a claim check, quarantined without one\n",
+			off.PendingAboveThreshold, off.ThresholdBytes, off.PendingAboveThresholdBytes, of)
 	}
 	// What holds back VACUUM, in columns of its own: a session's name is wider than the counts.
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)

@@ -1,0 +1,64 @@
+package lambdaenv
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+
+	"github.com/sluicehq/sluice/pkg/inbox"
+)
+
+// ConsumerClaimCheck reads a consumer Lambda's claim check: nil when ClaimCheckBucket is unset
+// (a message whose payload is in S3 then fails and reaches the DLQ, naming the variable).
+// With it, the consumer fetches pointed-to payloads through an S3 client built from the
+// function's AWS configuration (path-style for a local AWS_ENDPOINT_URL), up to
+// ClaimCheckMaxPayload bytes each (defaults to inbox.DefaultMaxPayloadBytes, the relay's
+// default). The bucket names where this deployment's relay stores payloads; pointers to other
+// buckets (an AWS extended client's) are fetched too when the function's role may read them.
+func ConsumerClaimCheck(ctx context.Context, getenv Getenv) (*inbox.ClaimCheck, error) {
+	cc, err := consumerClaimCheck(getenv)
+	if err != nil || cc == nil {
+		return nil, err
+	}
+	awsCfg, err := config.LoadDefaultConfig(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("claim check: load AWS config: %w", err)
+	}
+	cc.Store = inbox.NewS3PayloadStore(s3.NewFromConfig(awsCfg, func(o *s3.Options) {
+		o.UsePathStyle = pathStyle(awsCfg)
+		// An object without a checksum (uploaded by another client, or a local emulator's) is
+		// fine: the payload is checked as JSON. Do not log a line per fetch about it.
+		o.DisableLogOutputChecksumValidationSkipped = true
+	}))
+	return cc, nil
+}
+
+// CheckConsumerClaimCheck reports what ConsumerClaimCheck would refuse, without AWS clients:
+// for deployment tools.
+func CheckConsumerClaimCheck(getenv Getenv) error {
+	_, err := consumerClaimCheck(getenv)
+	return err
+}
+
+// ClaimCheckThresholdOf reads ClaimCheckThreshold (integer bytes): 0 when unset, meaning each
+// destination's message limit. The relay's claim check and `sluice status` read it here.
+func ClaimCheckThresholdOf(getenv Getenv) (int, error) {
+	return positiveInt(getenv, ClaimCheckThreshold, 0)
+}
+
+func consumerClaimCheck(getenv Getenv) (*inbox.ClaimCheck, error) {
+	if strings.TrimSpace(getenv(ClaimCheckBucket)) == "" {
+		return nil, nil
+	}
+	maxPayload, err := positiveInt(getenv, ClaimCheckMaxPayload, 0)
+	if err != nil {
+		return nil, err
+	}
+	if maxPayload > inbox.MaxPayloadBytesLimit {
+		return nil, fmt.Errorf("%s must be at most %d, got %d", ClaimCheckMaxPayload, inbox.MaxPayloadBytesLimit, maxPayload)
+	}
+	return &inbox.ClaimCheck{MaxPayloadBytes: maxPayload}, nil
+}
