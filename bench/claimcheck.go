@@ -17,7 +17,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -169,32 +168,10 @@ func claimCheckRun(ctx context.Context, pool *pgxpool.Pool, n int, workload stri
 	if err != nil {
 		return ClaimCheckRun{}, err
 	}
-	runCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	defer cancel()
-	var wg sync.WaitGroup
-	start := time.Now()
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = r.Run(runCtx) }()
-	var elapsed time.Duration
-	for {
-		left, err := pendingCount(runCtx, pool)
-		if err != nil {
-			cancel()
-			wg.Wait()
-			return ClaimCheckRun{}, fmt.Errorf("%d of %d published: %w", pub.events.Load(), n, err)
-		}
-		if left == 0 {
-			elapsed = time.Since(start)
-			break
-		}
-		if err := sleepCtx(runCtx, 5*time.Millisecond); err != nil {
-			cancel()
-			wg.Wait()
-			return ClaimCheckRun{}, fmt.Errorf("%d rows still pending: %w", left, err)
-		}
+	elapsed, err := drainWith(ctx, pool, []*outbox.Relay{r}, n, nil, 5*time.Minute)
+	if err != nil {
+		return ClaimCheckRun{}, fmt.Errorf("%d of %d published: %w", pub.events.Load(), n, err)
 	}
-	cancel()
-	wg.Wait()
 	if got := int(store.puts.Load()); got != large {
 		return ClaimCheckRun{}, fmt.Errorf("the store received %d payloads for %d large rows", got, large)
 	}

@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -219,31 +218,7 @@ func runDestination(ctx context.Context, pool *pgxpool.Pool, n, concurrency int,
 	if err != nil {
 		return 0, err
 	}
-	runCtx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	var wg sync.WaitGroup
-	start := time.Now()
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = r.Run(runCtx) }()
-	defer wg.Wait()
-	defer cancel()
-	for calls.entries.Load() < int64(n) {
-		if err := sleepCtx(runCtx, 2*time.Millisecond); err != nil {
-			return 0, fmt.Errorf("%d of %d events acknowledged before the timeout: %w", calls.entries.Load(), n, err)
-		}
-	}
-	for {
-		left, err := pendingCount(runCtx, pool)
-		if err != nil {
-			return 0, err
-		}
-		if left == 0 {
-			return time.Since(start), nil
-		}
-		if err := sleepCtx(runCtx, 5*time.Millisecond); err != nil {
-			return 0, fmt.Errorf("%d rows still pending at the timeout: %w", left, err)
-		}
-	}
+	return drainWith(ctx, pool, []*outbox.Relay{r}, n, calls.entries.Load, timeout)
 }
 
 // destinationsMarkdown renders the suite's section.

@@ -218,8 +218,6 @@ func (p *stubPublisher) PublishBatch(ctx context.Context, _ string, events []*ou
 // on the seeded outbox and measures the time until every row is marked published in the database.
 func runSluice(ctx context.Context, pool *pgxpool.Pool, n, instances int, delay, timeout time.Duration) (RelayResult, error) {
 	pub := &stubPublisher{Delay: delay}
-	runCtx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
 	relays := make([]*outbox.Relay, instances)
 	for i := range relays {
 		r, err := outbox.NewRelay(pool, outbox.RelayConfig{Publisher: pub, Topics: map[string]string{"orders": "arn:aws:sns:us-east-1:000000000000:orders"}})
@@ -228,36 +226,7 @@ func runSluice(ctx context.Context, pool *pgxpool.Pool, n, instances int, delay,
 		}
 		relays[i] = r
 	}
-	var wg sync.WaitGroup
-	start := time.Now()
-	for _, r := range relays {
-		wg.Add(1)
-		go func() { defer wg.Done(); _ = r.Run(runCtx) }()
-	}
-	// Wait until the stub has acknowledged n events, then until the database agrees.
-	var elapsed time.Duration
-	err := func() error {
-		for pub.events.Load() < int64(n) {
-			if err := sleepCtx(runCtx, 2*time.Millisecond); err != nil {
-				return fmt.Errorf("sluice relay acknowledged %d of %d events before the timeout: %w", pub.events.Load(), n, err)
-			}
-		}
-		for {
-			left, err := pendingCount(runCtx, pool)
-			if err != nil {
-				return err
-			}
-			if left == 0 {
-				elapsed = time.Since(start)
-				return nil
-			}
-			if err := sleepCtx(runCtx, 5*time.Millisecond); err != nil {
-				return fmt.Errorf("%d rows still pending at the timeout: %w", left, err)
-			}
-		}
-	}()
-	cancel()
-	wg.Wait()
+	elapsed, err := drainWith(ctx, pool, relays, n, pub.events.Load, timeout)
 	if err != nil {
 		return RelayResult{}, err
 	}
@@ -266,6 +235,39 @@ func runSluice(ctx context.Context, pool *pgxpool.Pool, n, instances int, delay,
 		res.Note = fmt.Sprintf("%d duplicate publishes", dup)
 	}
 	return res, nil
+}
+
+// drainWith runs relays (outbox.Relay.Run) on the seeded outbox until acked (the stub's
+// count; nil: none) reaches n and the database has no pending row left, and returns the time
+// that took from the relays' start. It stops the relays before it returns.
+func drainWith(ctx context.Context, pool *pgxpool.Pool, relays []*outbox.Relay, n int, acked func() int64, timeout time.Duration) (time.Duration, error) {
+	runCtx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	start := time.Now()
+	for _, r := range relays {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = r.Run(runCtx) }()
+	}
+	for acked != nil && acked() < int64(n) {
+		if err := sleepCtx(runCtx, 2*time.Millisecond); err != nil {
+			return 0, fmt.Errorf("the relay acknowledged %d of %d events before the timeout: %w", acked(), n, err)
+		}
+	}
+	for {
+		left, err := pendingCount(runCtx, pool)
+		if err != nil {
+			return 0, err
+		}
+		if left == 0 {
+			return time.Since(start), nil
+		}
+		if err := sleepCtx(runCtx, 5*time.Millisecond); err != nil {
+			return 0, fmt.Errorf("%d rows still pending at the timeout: %w", left, err)
+		}
+	}
 }
 
 // runTextbook is the relay most outbox articles show: one transaction selects a batch with

@@ -14,7 +14,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -204,32 +203,10 @@ func tracedRelayRun(ctx context.Context, pool *pgxpool.Pool, n int, variant stri
 	if err != nil {
 		return TracingRun{}, err
 	}
-	runCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-	defer cancel()
-	var wg sync.WaitGroup
-	start := time.Now()
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = r.Run(runCtx) }()
-	var elapsed time.Duration
-	for {
-		left, err := pendingCount(runCtx, pool)
-		if err != nil {
-			cancel()
-			wg.Wait()
-			return TracingRun{}, fmt.Errorf("%d of %d published: %w", pub.events.Load(), n, err)
-		}
-		if left == 0 {
-			elapsed = time.Since(start)
-			break
-		}
-		if err := sleepCtx(runCtx, 5*time.Millisecond); err != nil {
-			cancel()
-			wg.Wait()
-			return TracingRun{}, fmt.Errorf("%d rows still pending: %w", left, err)
-		}
+	elapsed, err := drainWith(ctx, pool, []*outbox.Relay{r}, n, nil, 3*time.Minute)
+	if err != nil {
+		return TracingRun{}, fmt.Errorf("%d of %d published: %w", pub.events.Load(), n, err)
 	}
-	cancel()
-	wg.Wait()
 	stop()
 	run := TracingRun{Component: "relay", Variant: variant, Events: n, Elapsed: elapsed}
 	if exp != nil {
