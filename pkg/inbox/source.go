@@ -2,9 +2,11 @@ package inbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 
+	"github.com/aws/aws-lambda-go/events"
 	otelattr "go.opentelemetry.io/otel/attribute"
 )
 
@@ -34,6 +36,59 @@ type delivery struct {
 	system      otelattr.KeyValue
 	destination string
 	xray        string
+}
+
+// ErrUnknownEventSource is returned by HandleEvent for an event it does not recognise.
+var ErrUnknownEventSource = errors.New("inbox: not an SQS, Kinesis or Kafka event")
+
+// HandleEvent is the Lambda handler for any of the event sources a Consumer reads: it
+// recognises an SQS, Kinesis or Kafka (Amazon MSK, self-managed Apache Kafka) event by its
+// eventSource and answers with that source's partial batch response, as HandleSQS, HandleKinesis
+// and HandleKafka do. One binary then serves whichever event source mapping invokes it:
+//
+//	lambda.StartWithOptions(consumer.HandleEvent, lambda.WithEnableSIGTERM(pool.Close))
+//
+// An event it does not recognise is an error (ErrUnknownEventSource): nothing was applied, and
+// the invocation fails. An empty batch answers no failures.
+func (c *Consumer) HandleEvent(ctx context.Context, event json.RawMessage) (any, error) {
+	var top map[string]json.RawMessage // exact keys: Kafka's "records" is not SQS's "Records"
+	if err := json.Unmarshal(event, &top); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnknownEventSource, err)
+	}
+	var source string
+	_ = json.Unmarshal(top["eventSource"], &source)
+	switch source {
+	case "aws:kafka", "SelfManagedKafka", "aws:SelfManagedKafka":
+		var ev events.KafkaEvent
+		if err := json.Unmarshal(event, &ev); err != nil {
+			return nil, fmt.Errorf("%w: Kafka event: %v", ErrUnknownEventSource, err)
+		}
+		return c.HandleKafka(ctx, ev)
+	}
+	var records []struct {
+		EventSource string `json:"eventSource"`
+	}
+	if raw, ok := top["Records"]; !ok || json.Unmarshal(raw, &records) != nil {
+		return nil, fmt.Errorf("%w: no eventSource or Records", ErrUnknownEventSource)
+	}
+	if len(records) == 0 {
+		return events.SQSEventResponse{BatchItemFailures: []events.SQSBatchItemFailure{}}, nil
+	}
+	switch records[0].EventSource {
+	case string(SourceSQS):
+		var ev events.SQSEvent
+		if err := json.Unmarshal(event, &ev); err != nil {
+			return nil, fmt.Errorf("%w: SQS event: %v", ErrUnknownEventSource, err)
+		}
+		return c.HandleSQS(ctx, ev)
+	case string(SourceKinesis):
+		var ev events.KinesisEvent
+		if err := json.Unmarshal(event, &ev); err != nil {
+			return nil, fmt.Errorf("%w: Kinesis event: %v", ErrUnknownEventSource, err)
+		}
+		return c.HandleKinesis(ctx, ev)
+	}
+	return nil, fmt.Errorf("%w: records from %q", ErrUnknownEventSource, records[0].EventSource)
 }
 
 // run applies a batch of deliveries, in their order, and reports each one's outcome: the path
