@@ -285,7 +285,7 @@ func (c *Consumer) Process(ctx context.Context, event events.SQSEvent) Report {
 // message group orders it (also when it could not be parsed: the group comes from SQS, not
 // from the message).
 func sqsDelivery(m events.SQSMessage) delivery {
-	d := delivery{source: SourceSQS, id: m.MessageId, group: m.Attributes["MessageGroupId"],
+	d := delivery{source: SourceSQS, id: m.MessageId, orderingGroup: m.Attributes["MessageGroupId"],
 		system: semconv.MessagingSystemAWSSQS, destination: queueName(m.EventSourceARN), xray: m.Attributes[AWSTraceHeader]}
 	msg, err := Parse(m)
 	if err != nil {
@@ -307,8 +307,8 @@ type record struct {
 	spanDone bool
 }
 
-// group returns the record's ordering group, "" for none (see delivery.group).
-func (r *record) group() string { return r.delivery.group }
+// group returns the record's ordering group, "" for none (see delivery.orderingGroup).
+func (r *record) group() string { return r.orderingGroup }
 
 // batch is the state of one batch of deliveries (Consumer.run).
 type batch struct {

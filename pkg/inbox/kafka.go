@@ -119,7 +119,7 @@ func (r kafkaRecord) message() (Message, error) {
 
 // delivery turns the record into a delivery, ordered by its topic-partition.
 func (r kafkaRecord) delivery() delivery {
-	d := delivery{source: SourceKafka, id: r.itemID(), group: r.topicPartition(),
+	d := delivery{source: SourceKafka, id: r.itemID(), orderingGroup: r.topicPartition(),
 		system: semconv.MessagingSystemKafka, destination: r.topic}
 	msg, err := r.message()
 	if err != nil {
@@ -165,10 +165,10 @@ func lambdaKafkaDelivery(tp string, r events.KafkaRecord) delivery {
 	kr, err := fromLambdaKafka(r)
 	if err != nil {
 		id := tp + "@" + strconv.FormatInt(r.Offset, 10)
-		return delivery{source: SourceKafka, id: id, group: tp, system: semconv.MessagingSystemKafka,
+		return delivery{source: SourceKafka, id: id, orderingGroup: tp, system: semconv.MessagingSystemKafka,
 			destination: r.Topic, err: fmt.Errorf("parse record %s: %w", id, err)}
 	}
 	d := kr.delivery()
-	d.group = tp // the mapping's own name of the partition
+	d.orderingGroup = tp // the mapping's own name of the partition
 	return d
 }

@@ -74,7 +74,7 @@ func kinesisShard(r events.KinesisEventRecord) string {
 }
 
 func kinesisDelivery(r events.KinesisEventRecord) delivery {
-	d := delivery{source: SourceKinesis, id: r.Kinesis.SequenceNumber, group: kinesisShard(r),
+	d := delivery{source: SourceKinesis, id: r.Kinesis.SequenceNumber, orderingGroup: kinesisShard(r),
 		system: messagingSystemKinesis, destination: streamName(r.EventSourceArn)}
 	msg, err := ParseKinesis(r)
 	if err != nil {

@@ -23,10 +23,10 @@ type delivery struct {
 	source Source
 	// id identifies the record to its source in failure reports and logs (Message.ItemID).
 	id string
-	// group is the record's ordering group within the batch: a failure fails every later
-	// record of the group (ErrGroupBlocked). The FIFO MessageGroupId, the Kinesis shard, the
-	// Kafka topic-partition; "" for none (a standard SQS queue).
-	group string
+	// orderingGroup is the record's ordering group within the batch: a failure fails every
+	// later record of the group (ErrGroupBlocked). The FIFO MessageGroupId, the Kinesis shard,
+	// the Kafka topic-partition; "" for none (a standard SQS queue).
+	orderingGroup string
 	// msg is the parsed message; zero when err is set.
 	msg Message
 	// err is why the record could not be parsed.
