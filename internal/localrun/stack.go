@@ -115,24 +115,10 @@ func StartStack(ctx context.Context, o StackOptions) (*Stack, error) {
 		return []string{"AWS_ENDPOINT_URL=" + endpoint, "AWS_REGION=" + localaws.Region(),
 			"AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test"}
 	}
-	relayEnv := append(awsEnv(o.RelaySNSEndpoint),
-		lambdaenv.DatabaseURL+"="+withAppName(o.DatabaseURL, "sluice-relay"), lambdaenv.TopicARNs+"="+string(topics),
-		lambdaenv.RelayStopBefore+"=2s", lambdaenv.RelayLease+"=4s", lambdaenv.RelayPublishTimeout+"=3s",
-		lambdaenv.RelayBackoffBase+"=200ms")
-	s.Relay, err = StartFunction(ctx, FunctionOptions{Name: "sluice-relay", RIE: o.RIE, Bootstrap: filepath.Join(o.BinDir, RelayFunction, "bootstrap"),
-		Env: append(relayEnv, o.RelayEnv...), Timeout: o.RelayTimeout, Instances: o.RelayInstances, Log: o.Log})
+	s.Relay, s.Consumer, err = startFunctions(ctx, functionsOptions{RIE: o.RIE, BinDir: o.BinDir, DatabaseURL: o.DatabaseURL,
+		Topics: string(topics), RelayEnv: append(awsEnv(o.RelaySNSEndpoint), o.RelayEnv...), ConsumerEnv: append(awsEnv(o.Endpoint), o.ConsumerEnv...),
+		RelayTimeout: o.RelayTimeout, RelayInstances: o.RelayInstances, ConsumerInstances: o.ConsumerInstances, ConsumerName: o.ConsumerName, Log: o.Log})
 	if err != nil {
-		return nil, err
-	}
-	if o.ConsumerName == "" {
-		o.ConsumerName = DefaultConsumerName
-	}
-	consumerEnv := append(awsEnv(o.Endpoint), lambdaenv.DatabaseURL+"="+withAppName(o.DatabaseURL, "sluice-consumer"),
-		lambdaenv.ConsumerName+"="+o.ConsumerName)
-	s.Consumer, err = StartFunction(ctx, FunctionOptions{Name: "sluice-consumer", RIE: o.RIE, Bootstrap: filepath.Join(o.BinDir, ConsumerFunction, "bootstrap"),
-		Env: append(consumerEnv, o.ConsumerEnv...), Timeout: 30 * time.Second, Instances: o.ConsumerInstances, Log: o.Log})
-	if err != nil {
-		s.Relay.Stop()
 		return nil, err
 	}
 	s.Schedule = &Schedule{Function: s.Relay, Every: o.RelayEvery, Logger: o.Logger}
@@ -157,6 +143,42 @@ func (s *Stack) Stop() {
 	s.Relay.Stop()
 	s.Consumer.Stop()
 	s.wg.Wait()
+}
+
+// functionsOptions are what the relay and the ledger consumer need whatever the broker.
+type functionsOptions struct {
+	RIE, BinDir, DatabaseURL          string
+	Topics                            string // SLUICE_TOPIC_ARNS
+	RelayEnv, ConsumerEnv             []string
+	RelayTimeout                      time.Duration
+	RelayInstances, ConsumerInstances int
+	ConsumerName                      string // defaults to DefaultConsumerName
+	Log                               io.Writer
+}
+
+// startFunctions starts the relay (compressed timings: stop 2s before the timeout, 4s leases)
+// and the ledger consumer under the emulator.
+func startFunctions(ctx context.Context, o functionsOptions) (relay, consumer *Function, err error) {
+	relayEnv := append([]string{lambdaenv.DatabaseURL + "=" + withAppName(o.DatabaseURL, "sluice-relay"), lambdaenv.TopicARNs + "=" + o.Topics,
+		lambdaenv.RelayStopBefore + "=2s", lambdaenv.RelayLease + "=4s", lambdaenv.RelayPublishTimeout + "=3s",
+		lambdaenv.RelayBackoffBase + "=200ms"}, o.RelayEnv...)
+	relay, err = StartFunction(ctx, FunctionOptions{Name: "sluice-relay", RIE: o.RIE, Bootstrap: filepath.Join(o.BinDir, RelayFunction, "bootstrap"),
+		Env: relayEnv, Timeout: o.RelayTimeout, Instances: o.RelayInstances, Log: o.Log})
+	if err != nil {
+		return nil, nil, err
+	}
+	if o.ConsumerName == "" {
+		o.ConsumerName = DefaultConsumerName
+	}
+	consumerEnv := append([]string{lambdaenv.DatabaseURL + "=" + withAppName(o.DatabaseURL, "sluice-consumer"),
+		lambdaenv.ConsumerName + "=" + o.ConsumerName}, o.ConsumerEnv...)
+	consumer, err = StartFunction(ctx, FunctionOptions{Name: "sluice-consumer", RIE: o.RIE, Bootstrap: filepath.Join(o.BinDir, ConsumerFunction, "bootstrap"),
+		Env: consumerEnv, Timeout: 30 * time.Second, Instances: o.ConsumerInstances, Log: o.Log})
+	if err != nil {
+		relay.Stop()
+		return nil, nil, err
+	}
+	return relay, consumer, nil
 }
 
 // withAppName sets application_name on a PostgreSQL URL, so tests can find a function's sessions.

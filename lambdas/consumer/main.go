@@ -1,7 +1,11 @@
-// Command consumer is the consumer Lambda to copy: an SQS event source (with
-// ReportBatchItemFailures) delivers the outbox's events, and pkg/inbox applies each one exactly
-// once: the inbox row and the handler's writes commit in one transaction, and a record is
-// reported successful only after that commit. This file is the whole program: configuration,
+// Command consumer is the consumer Lambda to copy: an event source mapping (with
+// ReportBatchItemFailures) delivers the outbox's events - from SQS, a Kinesis stream or a Kafka
+// topic (Amazon MSK or self-managed) - and pkg/inbox applies each one exactly once: the inbox
+// row and the handler's writes commit in one transaction, and a record is reported successful
+// only after that commit. consumer.HandleEvent recognises which source invoked it, so this one
+// binary serves any of those mappings; a function tied to one source can start
+// consumer.HandleSQS, consumer.HandleKinesis or consumer.HandleKafka instead (docs/inbox.md,
+// "Event sources", says what to enable on each mapping). This file is the whole program: configuration,
 // the router with its handlers, the inbox consumer. The example stack (infra/) deploys it as it
 // is; a team copies the directory, registers its own handlers in [handlers] and points the
 // construct's ConsumerProps.CodeDir at its build (docs/deploy.md, "Your consumer").
@@ -37,8 +41,10 @@ import (
 // handlers is where a team registers its handlers: one Handle call per event type this consumer
 // applies. Each runs inside the transaction that also inserts the message's inbox row: write
 // through tx, never commit it, and return an error to roll everything back (the record then
-// comes back from SQS, and reaches the DLQ after maxReceiveCount). FailUnknown keeps an event
-// type nobody handles from vanishing: it fails and reaches the DLQ too.
+// comes back from SQS, and reaches the DLQ after maxReceiveCount; on Kinesis and Kafka it blocks
+// its shard or partition until it succeeds or the mapping's retry limit sends it to the
+// on-failure destination). FailUnknown keeps an event type nobody handles from vanishing: it
+// fails like an error.
 func handlers(log *slog.Logger) *inbox.Router {
 	r := inbox.NewRouter(inbox.FailUnknown)
 	// Replace this example with your own handlers.
@@ -87,7 +93,7 @@ func main() {
 		log.Error("consumer cold start failed", "error", err)
 		os.Exit(1)
 	}
-	lambda.StartWithOptions(c.HandleSQS, lambda.WithEnableSIGTERM(pool.Close, func() { _ = stopTracing(context.Background()) }))
+	lambda.StartWithOptions(c.HandleEvent, lambda.WithEnableSIGTERM(pool.Close, func() { _ = stopTracing(context.Background()) }))
 }
 
 // newConsumer builds the inbox consumer over db with cfg's settings and this file's handlers.

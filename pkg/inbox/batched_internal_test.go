@@ -14,9 +14,10 @@ import (
 
 func TestRecordGroupComesFromSQS(t *testing.T) {
 	t.Parallel()
-	fifo := record{sqs: events.SQSMessage{Attributes: map[string]string{"MessageGroupId": "g1"}}, err: errors.New("unparseable")}
+	fifo := record{delivery: sqsDelivery(events.SQSMessage{MessageId: "s1", Body: "unparseable", Attributes: map[string]string{"MessageGroupId": "g1"}})}
+	require.Error(t, fifo.err)
 	require.Equal(t, "g1", fifo.group(), "a record that could not be parsed still has its group")
-	require.Empty(t, (&record{sqs: events.SQSMessage{}}).group())
+	require.Empty(t, (&record{delivery: sqsDelivery(events.SQSMessage{})}).group())
 }
 
 func TestBatchRowsFreeTakeAndFreeIDs(t *testing.T) {

@@ -197,7 +197,7 @@ func (b *batch) fetchPayloads(ctx context.Context) {
 			sem <- struct{}{}
 			defer func() { <-sem }()
 			if err := b.c.fetchPayload(ctx, &r.msg); err != nil {
-				r.err = fmt.Errorf("record %s: %w", r.sqs.MessageId, err)
+				r.err = fmt.Errorf("record %s: %w", r.id, err)
 			}
 		}()
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicehq/sluice/pkg/metrics"
@@ -153,8 +154,10 @@ func validateConsumer(name string) error {
 	return nil
 }
 
-// Consumer applies SQS batches through the inbox. Build it once per process (Lambda cold
-// start) with New; it is safe for concurrent use.
+// Consumer applies batches of messages through the inbox: from SQS (HandleSQS), Kinesis
+// (HandleKinesis), Kafka through Lambda (HandleKafka) or a franz-go client (ConsumeKafka), or
+// whichever of the Lambda event sources invokes it (HandleEvent). Build it once per process
+// (Lambda cold start) with New; it is safe for concurrent use.
 type Consumer struct {
 	db      Beginner
 	cfg     Config
@@ -229,7 +232,11 @@ func (o Outcome) String() string {
 
 // Result is the outcome of one record.
 type Result struct {
-	// SQSMessageID identifies the record in BatchItemFailures.
+	// ItemID identifies the record to its event source (Message.ItemID): the SQS message id,
+	// the Kinesis sequence number, or TOPIC-PARTITION@OFFSET for Kafka.
+	ItemID string
+	// SQSMessageID identifies an SQS record in BatchItemFailures (the same as ItemID); empty
+	// for other sources.
 	SQSMessageID string
 	// MessageID is the dedup key; empty when the record could not be parsed.
 	MessageID string
@@ -279,60 +286,34 @@ func (c *Consumer) HandleSQS(ctx context.Context, event events.SQSEvent) (events
 	return c.Process(ctx, event).Response(), nil
 }
 
-// Process applies a batch and reports each record's outcome. An empty batch is a no-op.
+// Process applies an SQS batch and reports each record's outcome. An empty batch is a no-op.
 func (c *Consumer) Process(ctx context.Context, event events.SQSEvent) Report {
-	b := &batch{c: c, results: make([]Result, len(event.Records)), blocked: map[string]bool{}}
-	if len(event.Records) == 0 {
-		return Report{Results: b.results}
-	}
-	b.recs = make([]record, len(event.Records))
+	ds := make([]delivery, len(event.Records))
 	for i, m := range event.Records {
-		b.recs[i] = record{i: i, sqs: m}
-		b.results[i] = Result{SQSMessageID: m.MessageId, Outcome: Failed}
-		msg, err := Parse(m)
-		if err != nil {
-			b.recs[i].err = fmt.Errorf("parse record %s: %w", m.MessageId, err)
-			continue
-		}
-		if msg.IDSource != IDFromAttribute {
-			c.log.WarnContext(ctx, "inbox: messageId attribute absent, dedup key falls back",
-				"source", string(msg.IDSource), "message_id", msg.ID, "sqs_message_id", m.MessageId, "event_type", msg.EventType)
-		}
-		b.recs[i].msg = msg
-		b.results[i].MessageID, b.results[i].EventType = msg.ID, msg.EventType
+		ds[i] = sqsDelivery(m)
 	}
-	// Claim check: fetch the payloads stored in S3 before any transaction opens (claimcheck.go).
-	b.fetchPayloads(ctx)
-
-	switch c.cfg.Mode {
-	case Batched:
-		b.runBatched(ctx)
-	default:
-		b.runPerRecord(ctx)
-	}
-	b.endSpans(ctx)
-
-	rep := Report{Results: b.results}
-	for _, res := range rep.Results {
-		if res.Outcome == Failed {
-			c.log.WarnContext(ctx, "inbox: record failed", "sqs_message_id", res.SQSMessageID,
-				"message_id", res.MessageID, "event_type", res.EventType, "error", res.Err.Error())
-			var pe *PanicError
-			if errors.As(res.Err, &pe) {
-				c.log.ErrorContext(ctx, "inbox: handler panicked", "message_id", res.MessageID, "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
-			}
-		}
-	}
-	c.emit(ctx, rep, b.recs)
-	return rep
+	return c.run(ctx, ds)
 }
 
-// record is one SQS record of a batch and what parsing it gave.
+// sqsDelivery turns an SQS record into a delivery: its message id identifies it, its FIFO
+// message group orders it (also when it could not be parsed: the group comes from SQS, not
+// from the message).
+func sqsDelivery(m events.SQSMessage) delivery {
+	d := delivery{source: SourceSQS, id: m.MessageId, orderingGroup: m.Attributes["MessageGroupId"],
+		system: semconv.MessagingSystemAWSSQS, destination: queueName(m.EventSourceARN), xray: m.Attributes[AWSTraceHeader]}
+	msg, err := Parse(m)
+	if err != nil {
+		d.err = fmt.Errorf("parse record %s: %w", m.MessageId, err)
+		return d
+	}
+	d.msg = msg
+	return d
+}
+
+// record is one delivery of a batch, with its consumer span once started.
 type record struct {
-	i   int               // position in the batch, and of its Result
-	sqs events.SQSMessage // as delivered
-	msg Message           // the parsed message; zero when err is set
-	err error             // why the record could not be parsed
+	i int // position in the batch, and of its Result
+	delivery
 	// ctx and span are the record's consumer span and its context, once started (tracing on);
 	// spanDone once it ended with the record's final outcome.
 	ctx      context.Context
@@ -340,39 +321,38 @@ type record struct {
 	spanDone bool
 }
 
-// group returns the record's FIFO message group, "" on a standard queue (also when the record
-// could not be parsed: the group comes from SQS, not from the message).
-func (r *record) group() string { return r.sqs.Attributes["MessageGroupId"] }
+// group returns the record's ordering group, "" for none (see delivery.orderingGroup).
+func (r *record) group() string { return r.orderingGroup }
 
-// batch is the state of one Process call.
+// batch is the state of one batch of deliveries (Consumer.run).
 type batch struct {
 	c       *Consumer
 	recs    []record
 	results []Result
-	blocked map[string]bool // FIFO groups with a failure earlier in this batch
+	blocked map[string]bool // ordering groups with a failure earlier in this batch
 }
 
-// precheck returns why r must not be started: a parse error, a blocked FIFO group, or too
+// precheck returns why r must not be started: a parse error, a blocked ordering group, or too
 // little time left. A nil error means go ahead.
 func (b *batch) precheck(ctx context.Context, r *record) error {
 	if g := r.group(); g != "" && b.blocked[g] {
-		return fmt.Errorf("record %s, group %q: %w", r.sqs.MessageId, g, ErrGroupBlocked)
+		return fmt.Errorf("record %s, group %q: %w", r.id, g, ErrGroupBlocked)
 	}
 	if r.err != nil {
 		return r.err
 	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("record %s: %w (%v)", r.sqs.MessageId, ErrDeadline, err)
+		return fmt.Errorf("record %s: %w (%v)", r.id, ErrDeadline, err)
 	}
 	if dl, ok := ctx.Deadline(); ok && b.c.cfg.DeadlineMargin > 0 {
 		if left := dl.Sub(b.c.now()); left < b.c.cfg.DeadlineMargin {
-			return fmt.Errorf("record %s: %w (%s left, margin %s)", r.sqs.MessageId, ErrDeadline, left.Round(time.Millisecond), b.c.cfg.DeadlineMargin)
+			return fmt.Errorf("record %s: %w (%s left, margin %s)", r.id, ErrDeadline, left.Round(time.Millisecond), b.c.cfg.DeadlineMargin)
 		}
 	}
 	return nil
 }
 
-// fail records a failure of r and blocks its FIFO group for the rest of the batch.
+// fail records a failure of r and blocks its ordering group for the rest of the batch.
 func (b *batch) fail(r *record, err error) {
 	b.results[r.i].Outcome, b.results[r.i].Err = Failed, err
 	if g := r.group(); g != "" {

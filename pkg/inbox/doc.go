@@ -22,5 +22,13 @@
 //
 // Messages arrive either by raw delivery (attributes on the SQS message) or inside the SNS JSON
 // envelope; [Parse] accepts both and takes the dedup key from the messageId attribute, falling
-// back to the SNS MessageId and then the SQS messageId only when it is absent.
+// back to the SNS MessageId and then the SQS messageId only when it is absent. It also accepts
+// an EventBridge event an SQS-target rule delivered.
+//
+// The same rules apply to the other sources the relay publishes to: [Consumer.HandleKinesis]
+// (Kinesis Data Streams), [Consumer.HandleKafka] (Amazon MSK, self-managed Kafka) and
+// [ConsumeKafka] (a franz-go client outside Lambda); [Consumer.HandleEvent] recognises which
+// Lambda event source invoked it. On the streams, a failed record fails the rest of its shard or
+// partition in the batch, so each is applied in order and never past a failure (docs/inbox.md,
+// "Event sources").
 package inbox

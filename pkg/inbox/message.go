@@ -30,15 +30,38 @@ const (
 // IDSource tells where a message's dedup key came from.
 type IDSource string
 
-// The dedup key sources, in the contract's fallback order.
+// The dedup key sources. The messageId attribute (an SQS or SNS message attribute, a Kafka
+// header, or the messageId of an envelope's metadata) is the normal case; the others are the
+// documented fallbacks of each delivery form, used only when it is absent (and logged).
 const (
 	// IDFromAttribute: the messageId attribute (the outbox event_id). The normal case.
 	IDFromAttribute IDSource = "attribute"
 	// IDFromSNS: the SNS envelope's MessageId; the messageId attribute was absent.
 	IDFromSNS IDSource = "sns"
+	// IDFromEventBridge: the id of the EventBridge event an EventBridge rule delivered to SQS;
+	// the envelope's messageId was absent. EventBridge keeps the id across its delivery retries.
+	IDFromEventBridge IDSource = "eventbridge"
 	// IDFromSQS: the SQS messageId; the attribute and the envelope were absent. A message sent
 	// twice to the queue gets two SQS ids, so dedup is weaker.
 	IDFromSQS IDSource = "sqs"
+	// IDFromKafka: the record's place, kafka://TOPIC/PARTITION/OFFSET; the messageId header was
+	// absent. Redeliveries of the record dedup; the same event produced twice does not, and a
+	// topic deleted and created again reuses offsets, so its new records would be taken for
+	// duplicates of the old ones. Publish with sluice (or set the header) to avoid both.
+	IDFromKafka IDSource = "kafka"
+	// IDFromKinesis: the record's place, STREAM_ARN/SHARD_ID/SEQUENCE_NUMBER; the envelope's
+	// messageId was absent. Redeliveries dedup; the same event put twice does not.
+	IDFromKinesis IDSource = "kinesis"
+)
+
+// Source names the event source that delivered a message.
+type Source string
+
+// The event sources a Consumer reads.
+const (
+	SourceSQS     Source = "aws:sqs"
+	SourceKinesis Source = "aws:kinesis"
+	SourceKafka   Source = "kafka" // Amazon MSK, self-managed Kafka, or a franz-go client (ConsumeKafka)
 )
 
 // Message is one parsed delivery.
@@ -55,7 +78,8 @@ type Message struct {
 	// CreatedAt is the producer's createdAt attribute (the outbox row's commit-side time);
 	// zero when absent.
 	CreatedAt time.Time
-	// Headers holds every other string attribute, e.g. "traceparent". Never nil.
+	// Headers holds every other string attribute, e.g. "traceparent". Never nil. A claim check's
+	// size (wire.ExtendedPayloadSize) is here for Kafka records and envelopes.
 	Headers map[string]string
 	// Payload is the message body: the event JSON as the producer wrote it.
 	// In the asynchronous mode it is PostgreSQL's jsonb rendering of it (same value, normalised spacing and key order).
@@ -67,12 +91,21 @@ type Message struct {
 	// [Processor] applies (their payload was fetched when they were stored).
 	Offloaded *Offloaded
 
+	// Source is the event source that delivered the message; empty for messages applied by a [Processor].
+	Source Source
+	// ItemID identifies the delivery to its source, as batch item failures and logs name it: the
+	// SQS message id, the Kinesis sequence number, or TOPIC-PARTITION@OFFSET for Kafka. Empty
+	// for messages applied by a [Processor].
+	ItemID string
 	// SQSMessageID is the SQS message id, the identifier reported in BatchItemFailures.
-	// Empty for messages applied by a [Processor].
+	// Empty for other sources and for messages applied by a [Processor].
 	SQSMessageID string
-	// GroupID is the FIFO MessageGroupId; empty for standard queues.
+	// GroupID is the ordering key: the FIFO MessageGroupId, or the partition key (the Kafka
+	// record key, the envelope's partitionKey) for Kafka and Kinesis; empty for standard queues.
+	// The asynchronous mode applies a group's messages in order.
 	GroupID string
-	// ReceiveCount is SQS's ApproximateReceiveCount (1 on the first delivery); 0 when unknown.
+	// ReceiveCount is SQS's ApproximateReceiveCount (1 on the first delivery); 0 when unknown
+	// (always for Kafka and Kinesis).
 	ReceiveCount int
 	// Enveloped reports whether the message arrived inside an SNS envelope (raw delivery off).
 	Enveloped bool
@@ -114,23 +147,74 @@ type snsAttr struct {
 	Value string `json:"Value"`
 }
 
-// attribute is one message attribute, from either delivery form.
+// eventBridgeEvent is the JSON body an EventBridge rule with an SQS target delivers: the event,
+// whose detail the relay wrote as a wire.Envelope.
+type eventBridgeEvent struct {
+	ID         string          `json:"id"`
+	DetailType string          `json:"detail-type"`
+	Detail     json.RawMessage `json:"detail"`
+}
+
+// bodyProbe recognises an SQS body that wraps the message: an SNS notification or an EventBridge event.
+type bodyProbe struct {
+	Type       string          `json:"Type"`
+	TopicArn   string          `json:"TopicArn"`
+	DetailType *string         `json:"detail-type"`
+	Source     *string         `json:"source"`
+	Detail     json.RawMessage `json:"detail"`
+}
+
+func (p bodyProbe) sns() bool { return p.Type == "Notification" && p.TopicArn != "" }
+func (p bodyProbe) eventBridge() bool {
+	return p.DetailType != nil && p.Source != nil && len(p.Detail) > 0
+}
+
+// attribute is one message attribute, from any delivery form.
 type attribute struct {
 	dataType string
 	value    *string // nil: not a string attribute
 	text     string  // the value as sent, whatever its type (a Number's digits)
 }
 
+func stringAttr(v string) attribute { return attribute{dataType: "String", value: &v, text: v} }
+
 func badMessage(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrBadMessage, fmt.Sprintf(format, args...))
 }
 
-// Parse turns an SQS record into a Message. It accepts raw delivery and the SNS JSON envelope,
-// which it recognises by a body of the form {"Type":"Notification","TopicArn":...} on a record
-// without SQS message attributes. Every error wraps [ErrBadMessage] and names the problem.
-// Parse never panics and does no I/O; the consumer logs when the dedup key fell back.
+// fallbackID is a dedup key to use when the messageId attribute is absent; name says what it is
+// in the error when every one is empty.
+type fallbackID struct {
+	id     string
+	source IDSource
+	name   string
+}
+
+// wireFields is one delivery's contract attributes and body before they are checked, whichever
+// form they travelled in: SQS message attributes, an SNS envelope's attributes, Kafka record
+// headers, or an envelope's metadata (EventBridge detail, Kinesis data). fill checks them the
+// same way for every form.
+type wireFields struct {
+	attrs map[string]attribute
+	body  []byte
+	// kind names an attribute in errors: "attribute", "header" or "metadata field".
+	kind string
+	// fallbacks are the dedup keys to try, in order, when the messageId attribute is absent.
+	fallbacks []fallbackID
+	// hint explains a missing eventType when the delivery had no attributes at all.
+	hint string
+}
+
+// Parse turns an SQS record into a Message. It accepts raw delivery, the SNS JSON envelope, which
+// it recognises by a body of the form {"Type":"Notification","TopicArn":...} on a record without
+// SQS message attributes, and an EventBridge event delivered by a rule with an SQS target (a body
+// with detail-type, source and detail, the detail being the relay's envelope, wire.Envelope).
+// Every error wraps [ErrBadMessage] and names the problem. Parse never panics and does no I/O;
+// the consumer logs when the dedup key fell back.
 func Parse(record events.SQSMessage) (Message, error) {
 	msg := Message{
+		Source:       SourceSQS,
+		ItemID:       record.MessageId,
 		SQSMessageID: record.MessageId,
 		GroupID:      record.Attributes["MessageGroupId"],
 		Headers:      map[string]string{},
@@ -138,25 +222,17 @@ func Parse(record events.SQSMessage) (Message, error) {
 	if n, err := strconv.Atoi(record.Attributes["ApproximateReceiveCount"]); err == nil {
 		msg.ReceiveCount = n
 	}
+	sqsID := fallbackID{record.MessageId, IDFromSQS, "SQS messageId"}
+	f := wireFields{attrs: map[string]attribute{}, body: []byte(record.Body), kind: "attribute", fallbacks: []fallbackID{sqsID}}
 
-	var (
-		attrs   = map[string]attribute{}
-		body    = []byte(record.Body)
-		snsID   string
-		isEnvel bool
-	)
-	if len(record.MessageAttributes) == 0 {
-		var probe struct {
-			Type     string `json:"Type"`
-			TopicArn string `json:"TopicArn"`
-		}
-		if json.Unmarshal(body, &probe) == nil && probe.Type == "Notification" && probe.TopicArn != "" {
-			isEnvel = true
-		}
+	var probe bodyProbe
+	if len(record.MessageAttributes) == 0 && json.Unmarshal(f.body, &probe) != nil {
+		probe = bodyProbe{}
 	}
-	if isEnvel {
+	switch {
+	case len(record.MessageAttributes) == 0 && probe.sns():
 		var env snsEnvelope
-		if err := json.Unmarshal(body, &env); err != nil {
+		if err := json.Unmarshal(f.body, &env); err != nil {
 			return Message{}, badMessage("SNS envelope: %v", err)
 		}
 		if env.Message == nil {
@@ -168,46 +244,123 @@ func Parse(record events.SQSMessage) (Message, error) {
 				v := a.Value
 				at.value = &v
 			}
-			attrs[name] = at
+			f.attrs[name] = at
 		}
-		body = []byte(*env.Message)
-		snsID = env.MessageID
+		f.body = []byte(*env.Message)
+		f.fallbacks = []fallbackID{{env.MessageID, IDFromSNS, "SNS MessageId"}, sqsID}
 		msg.Enveloped, msg.TopicARN = true, env.TopicArn
-	} else {
+	case len(record.MessageAttributes) == 0 && probe.eventBridge():
+		var ev eventBridgeEvent
+		if err := json.Unmarshal(f.body, &ev); err != nil {
+			return Message{}, badMessage("EventBridge event: %v", err)
+		}
+		// The partition key is not a group here: EventBridge does not keep a key's order.
+		env, _, err := envelopeFields(ev.Detail, "EventBridge event detail")
+		if err != nil {
+			return Message{}, err
+		}
+		f = env
+		f.fallbacks = []fallbackID{{ev.ID, IDFromEventBridge, "EventBridge event id"}, sqsID}
+	default:
 		for name, a := range record.MessageAttributes {
 			at := attribute{dataType: a.DataType, text: aws.ToString(a.StringValue)}
 			if strings.HasPrefix(a.DataType, "String") && a.StringValue != nil {
 				at.value = a.StringValue
 			}
-			attrs[name] = at
+			f.attrs[name] = at
+		}
+		if len(record.MessageAttributes) == 0 {
+			f.hint = ": the record has no message attributes (raw delivery of a message not published by sluice?)"
 		}
 	}
+	if err := f.fill(&msg); err != nil {
+		return Message{}, err
+	}
+	return msg, nil
+}
 
-	body = bytes.TrimSpace(body)
+// envelopeMetadata reads wire.EnvelopeMetadata telling an absent field from an empty one.
+type envelopeMetadata struct {
+	MessageID           *string           `json:"messageId"`
+	EventType           *string           `json:"eventType"`
+	AggregateType       *string           `json:"aggregateType"`
+	AggregateID         *string           `json:"aggregateId"`
+	PartitionKey        string            `json:"partitionKey"`
+	CreatedAt           *string           `json:"createdAt"`
+	Headers             map[string]string `json:"headers"`
+	ExtendedPayloadSize int               `json:"extendedPayloadSize"`
+}
+
+// envelopeFields reads the relay's envelope (wire.Envelope: the contract's attributes under
+// "metadata", the payload under "data"), which what names in errors, and returns its fields
+// and the partition key.
+func envelopeFields(b []byte, what string) (wireFields, string, error) {
+	var env struct {
+		Metadata *envelopeMetadata `json:"metadata"`
+		Data     json.RawMessage   `json:"data"`
+	}
+	if err := json.Unmarshal(b, &env); err != nil {
+		return wireFields{}, "", badMessage("%s is not a sluice envelope: %v", what, err)
+	}
+	if env.Metadata == nil {
+		return wireFields{}, "", badMessage("%s is not a sluice envelope: no metadata", what)
+	}
+	md := env.Metadata
+	f := wireFields{attrs: map[string]attribute{}, body: env.Data, kind: "metadata field"}
+	for k, v := range md.Headers {
+		if !contractAttr(k) {
+			f.attrs[k] = stringAttr(v)
+		}
+	}
+	for name, v := range map[string]*string{AttrMessageID: md.MessageID, AttrEventType: md.EventType,
+		AttrAggregateType: md.AggregateType, AttrAggregateID: md.AggregateID, AttrCreatedAt: md.CreatedAt} {
+		if v != nil {
+			f.attrs[name] = stringAttr(*v)
+		}
+	}
+	if md.ExtendedPayloadSize > 0 {
+		f.attrs[wire.ExtendedPayloadSize] = stringAttr(strconv.Itoa(md.ExtendedPayloadSize))
+	}
+	return f, md.PartitionKey, nil
+}
+
+// contractAttr reports whether name is one of the contract's attributes (not a header).
+func contractAttr(name string) bool {
+	switch name {
+	case AttrMessageID, AttrEventType, AttrAggregateType, AttrAggregateID, AttrCreatedAt:
+		return true
+	}
+	return false
+}
+
+// fill checks f and sets msg's payload, dedup key, event type, aggregate, creation time and
+// headers from it. Every error wraps ErrBadMessage.
+func (f wireFields) fill(msg *Message) error {
+	body := bytes.TrimSpace(f.body)
 	if len(body) == 0 {
-		return Message{}, badMessage("empty body")
+		return badMessage("empty body")
 	}
 	if !json.Valid(body) {
-		return Message{}, badMessage("body is not JSON (%d bytes)", len(body))
+		return badMessage("body is not JSON (%d bytes)", len(body))
 	}
 	msg.Payload = json.RawMessage(body)
 	// Claim check: a pointer to the payload in S3, which the Consumer fetches (claimcheck.go).
-	off, perr := offloadedFrom(attrs, body)
+	off, perr := offloadedFrom(f.attrs, body)
 	if perr != nil {
-		return Message{}, perr
+		return perr
 	}
 	msg.Offloaded = off
 
 	str := func(name string) (string, bool, error) {
-		a, ok := attrs[name]
+		a, ok := f.attrs[name]
 		if !ok {
 			return "", false, nil
 		}
 		if a.value == nil {
-			return "", true, badMessage("attribute %s has type %q, want String", name, a.dataType)
+			return "", true, badMessage("%s %s has type %q, want String", f.kind, name, a.dataType)
 		}
 		if !storableText(*a.value) {
-			return "", true, badMessage("attribute %s is not valid UTF-8 text", name)
+			return "", true, badMessage("%s %s is not valid UTF-8 text", f.kind, name)
 		}
 		return *a.value, true, nil
 	}
@@ -215,60 +368,73 @@ func Parse(record events.SQSMessage) (Message, error) {
 	var err error
 	var ok bool
 	if msg.EventType, ok, err = str(AttrEventType); err != nil {
-		return Message{}, err
+		return err
 	} else if !ok {
-		if !isEnvel && len(record.MessageAttributes) == 0 {
-			return Message{}, badMessage("missing attribute %s: the record has no message attributes (raw delivery of a message not published by sluice?)", AttrEventType)
-		}
-		return Message{}, badMessage("missing attribute %s", AttrEventType)
+		return badMessage("missing %s %s%s", f.kind, AttrEventType, f.hint)
 	} else if strings.TrimSpace(msg.EventType) == "" {
-		return Message{}, badMessage("attribute %s is empty", AttrEventType)
+		return badMessage("%s %s is empty", f.kind, AttrEventType)
 	}
 
 	id, ok, err := str(AttrMessageID)
 	switch {
 	case err != nil:
-		return Message{}, err
+		return err
 	case ok && strings.TrimSpace(id) == "":
-		return Message{}, badMessage("attribute %s is empty", AttrMessageID)
+		return badMessage("%s %s is empty", f.kind, AttrMessageID)
 	case ok:
 		msg.ID, msg.IDSource = id, IDFromAttribute
-	case snsID != "":
-		msg.ID, msg.IDSource = snsID, IDFromSNS
-	case record.MessageId != "":
-		msg.ID, msg.IDSource = record.MessageId, IDFromSQS
 	default:
-		return Message{}, badMessage("no dedup key: no %s attribute, SNS MessageId or SQS messageId", AttrMessageID)
+		names := make([]string, 0, len(f.fallbacks))
+		for _, fb := range f.fallbacks {
+			if fb.id != "" && storableText(fb.id) {
+				msg.ID, msg.IDSource = fb.id, fb.source
+				break
+			}
+			names = append(names, fb.name)
+		}
+		if msg.ID == "" {
+			return badMessage("no dedup key: no %s %s%s", AttrMessageID, f.kind, orList(names))
+		}
 	}
 
 	if msg.AggregateType, _, err = str(AttrAggregateType); err != nil {
-		return Message{}, err
+		return err
 	}
 	if msg.AggregateID, _, err = str(AttrAggregateID); err != nil {
-		return Message{}, err
+		return err
 	}
 	created, ok, err := str(AttrCreatedAt)
 	if err != nil {
-		return Message{}, err
+		return err
 	}
 	if ok {
 		t, perr := time.Parse(time.RFC3339Nano, created)
 		if perr != nil {
-			return Message{}, badMessage("attribute %s is not an RFC 3339 time: %q", AttrCreatedAt, truncate(created, 64))
+			return badMessage("%s %s is not an RFC 3339 time: %q", f.kind, AttrCreatedAt, truncate(created, 64))
 		}
 		msg.CreatedAt = t.UTC()
 	}
 
-	for name, a := range attrs {
-		switch name {
-		case AttrMessageID, AttrEventType, AttrAggregateType, AttrAggregateID, AttrCreatedAt, wire.ExtendedPayloadSize, wire.LegacyPayloadSize:
-			continue
+	for name, a := range f.attrs {
+		if contractAttr(name) || name == wire.ExtendedPayloadSize || name == wire.LegacyPayloadSize {
+			continue // the claim check's size is Offloaded's, not a header
 		}
 		if a.value != nil && storableText(name) && storableText(*a.value) {
 			msg.Headers[name] = *a.value
 		}
 	}
-	return msg, nil
+	return nil
+}
+
+// orList renders ", A, B or C" (or "" for none).
+func orList(names []string) string {
+	switch len(names) {
+	case 0:
+		return ""
+	case 1:
+		return " or " + names[0]
+	}
+	return ", " + strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
 }
 
 // storableText reports whether PostgreSQL can store s in a text column (valid UTF-8, no NUL).

@@ -53,7 +53,6 @@ func newTracing(tp trace.TracerProvider, prop propagation.TextMapPropagator, con
 		return nil
 	}
 	return &tracing{tracer: tp.Tracer(ScopeName), prop: prop, static: []otelattr.KeyValue{
-		semconv.MessagingSystemAWSSQS,
 		semconv.MessagingOperationTypeProcess,
 		semconv.MessagingOperationName("process"),
 		semconv.MessagingConsumerGroupName(consumer),
@@ -68,6 +67,12 @@ func newTracing(tp trace.TracerProvider, prop propagation.TextMapPropagator, con
 // its child puts the effect in the same trace as the write, where one looks for it; the
 // invocation, which spans up to ten messages of as many traces, is linked instead.
 func (t *tracing) start(ctx context.Context, msg Message, xray, queueARN string, at time.Time) (context.Context, trace.Span) {
+	return t.startFrom(ctx, msg, semconv.MessagingSystemAWSSQS, queueName(queueARN), xray, at)
+}
+
+// startFrom is start for a delivery of any messaging system: destination is the queue, stream
+// or topic name.
+func (t *tracing) startFrom(ctx context.Context, msg Message, system otelattr.KeyValue, destination, xray string, at time.Time) (context.Context, trace.Span) {
 	parent := trace.SpanContextFromContext(t.prop.Extract(context.Background(), propagation.MapCarrier(msg.Headers)))
 	var links []trace.Link
 	if xsc, ok := parseAWSTraceHeader(xray); ok {
@@ -87,10 +92,11 @@ func (t *tracing) start(ctx context.Context, msg Message, xray, queueARN string,
 	if msg.EventType != "" {
 		name += " " + msg.EventType
 	}
-	attrs := make([]otelattr.KeyValue, len(t.static), len(t.static)+4)
+	attrs := make([]otelattr.KeyValue, len(t.static), len(t.static)+5)
 	copy(attrs, t.static)
-	if q := queueName(queueARN); q != "" {
-		attrs = append(attrs, semconv.MessagingDestinationName(q))
+	attrs = append(attrs, system)
+	if destination != "" {
+		attrs = append(attrs, semconv.MessagingDestinationName(destination))
 	}
 	if msg.ID != "" {
 		attrs = append(attrs, semconv.MessagingMessageID(msg.ID), otelattr.String(SpanAttrEventType, msg.EventType),
@@ -126,7 +132,7 @@ func (b *batch) recordCtx(ctx context.Context, r *record) context.Context {
 		return ctx
 	}
 	if r.span == nil {
-		r.ctx, r.span = t.start(ctx, r.msg, r.sqs.Attributes[AWSTraceHeader], r.sqs.EventSourceARN, b.c.now())
+		r.ctx, r.span = t.startFrom(ctx, r.msg, r.system, r.destination, r.xray, b.c.now())
 	}
 	return r.ctx
 }

@@ -209,8 +209,9 @@ func traces(spans []jsonSpan) []*orderTrace {
 	return out
 }
 
-// printWaterfall draws the median complete trace, or says why there is none.
-func printWaterfall(w io.Writer, spans []jsonSpan, produced int) {
+// printWaterfall draws the median complete trace, or says why there is none; hop names the
+// way from the broker to the consumer.
+func printWaterfall(w io.Writer, spans []jsonSpan, produced int, hop string) {
 	all := traces(spans)
 	if len(all) == 0 {
 		fmt.Fprintf(w, "\nno complete trace among %d spans (see the function logs)\n", len(spans))
@@ -246,7 +247,7 @@ func printWaterfall(w io.Writer, spans []jsonSpan, produced int) {
 	p, c := o.publish, o.process
 	row("outbox: waits for the relay (poll, claim)", commitEnd, p.StartTime, "░")
 	row(fmt.Sprintf("publish: %s (relay, %d events)", shorten(strings.TrimPrefix(p.Name, "publish "), 18), o.batch), p.StartTime, p.EndTime, "█")
-	row("SNS → SQS → event source → consumer", p.EndTime, c.StartTime, "░")
+	row(hop, p.EndTime, c.StartTime, "░")
 	row(fmt.Sprintf("apply: %s (ledger, %s)", c.Name, c.attr(inbox.SpanAttrOutcome)), c.StartTime, c.EndTime, "█")
 	fmt.Fprintf(w, "  commit to apply %s; the consumer span is a child of PlaceOrder, the publish span links to it", ms(c.EndTime.Sub(commitEnd)))
 	if o.deliveries > 1 {

@@ -1,0 +1,118 @@
+package localrun
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/demoapp"
+	"github.com/sluicehq/sluice/pkg/lambdaenv"
+)
+
+// KafkaStackOptions configure a KafkaStack: the demo pipeline on Kafka, with the real relay
+// binary publishing to kafka://TOPIC and the demo's ledger consumer behind a KafkaEventSource.
+type KafkaStackOptions struct {
+	// RIE is the emulator binary and BinDir holds <fn>/bootstrap built for this machine. Required.
+	RIE, BinDir string
+	// DatabaseURL is the migrated database both functions use. Required.
+	DatabaseURL string
+	// Brokers are the Kafka bootstrap brokers (a KafkaCluster's). Required.
+	Brokers []string
+	// Topic is the Kafka topic demoapp.Topic maps to. Defaults to demoapp.Topic.
+	Topic string
+	// Group is the event source's consumer group. Defaults to "sluice-ledger".
+	Group string
+	// RelayInstances and ConsumerInstances are each function's concurrency. Default to 2.
+	RelayInstances, ConsumerInstances int
+	// RelayTimeout and RelayEvery are as in StackOptions. Default to 10s and 4s.
+	RelayTimeout, RelayEvery time.Duration
+	// BatchSize is the event source's batch size. Defaults to 100.
+	BatchSize int
+	// ConsumerName is the ledger's inbox consumer name. Defaults to DefaultConsumerName.
+	ConsumerName string
+	// RelayEnv and ConsumerEnv add environment variables (KEY=VALUE) to each function.
+	RelayEnv, ConsumerEnv []string
+	// Log receives the functions' output. Defaults to discarding it.
+	Log io.Writer
+	// Logger receives the drivers' warnings. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// KafkaStack is a running local pipeline on Kafka.
+type KafkaStack struct {
+	// Relay and Consumer are the running functions.
+	Relay, Consumer *Function
+	// Schedule and Source are the drivers.
+	Schedule *Schedule
+	Source   *KafkaEventSource
+	// Topic is the Kafka topic.
+	Topic string
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// StartKafkaStack starts both functions and their drivers against the brokers.
+func StartKafkaStack(ctx context.Context, o KafkaStackOptions) (*KafkaStack, error) {
+	if o.Topic == "" {
+		o.Topic = demoapp.Topic
+	}
+	if o.Group == "" {
+		o.Group = "sluice-ledger"
+	}
+	o.RelayInstances = orInt(o.RelayInstances, 2)
+	o.ConsumerInstances = orInt(o.ConsumerInstances, 2)
+	if o.RelayTimeout == 0 {
+		o.RelayTimeout = 10 * time.Second
+	}
+	if o.RelayEvery == 0 {
+		o.RelayEvery = 4 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	topics, _ := json.Marshal(map[string]string{demoapp.Topic: "kafka://" + o.Topic})
+	// No AWS endpoint: neither function calls AWS. The region and keys only keep the SDK's
+	// configuration loading from looking for an instance role.
+	awsEnv := []string{"AWS_REGION=" + region(), "AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test"}
+	relayEnv := append(append(awsEnv, lambdaenv.KafkaBrokers+"="+strings.Join(o.Brokers, ",")), o.RelayEnv...)
+	s := &KafkaStack{Topic: o.Topic}
+	var err error
+	s.Relay, s.Consumer, err = startFunctions(ctx, functionsOptions{RIE: o.RIE, BinDir: o.BinDir, DatabaseURL: o.DatabaseURL,
+		Topics: string(topics), RelayEnv: relayEnv, ConsumerEnv: append(awsEnv, o.ConsumerEnv...),
+		RelayTimeout: o.RelayTimeout, RelayInstances: o.RelayInstances, ConsumerInstances: o.ConsumerInstances, ConsumerName: o.ConsumerName, Log: o.Log})
+	if err != nil {
+		return nil, err
+	}
+	s.Schedule = &Schedule{Function: s.Relay, Every: o.RelayEvery, Logger: o.Logger}
+	s.Source = &KafkaEventSource{Brokers: o.Brokers, Topic: o.Topic, Group: o.Group, Function: s.Consumer, BatchSize: o.BatchSize, Logger: o.Logger}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	s.cancel = cancel
+	s.wg.Add(2)
+	go func() { defer s.wg.Done(); s.Schedule.Run(runCtx) }()
+	go func() {
+		defer s.wg.Done()
+		if err := s.Source.Run(runCtx); err != nil {
+			o.Logger.Error("kafka event source stopped", "error", err)
+		}
+	}()
+	return s, nil
+}
+
+// Stop stops the drivers (letting running invocations end), then the functions.
+func (s *KafkaStack) Stop() {
+	s.cancel()
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+	}
+	s.Relay.Stop()
+	s.Consumer.Stop()
+	s.wg.Wait()
+}
