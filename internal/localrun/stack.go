@@ -74,8 +74,7 @@ type Stack struct {
 	SNS *sns.Client
 	SQS *sqs.Client
 
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	drivers drivers
 }
 
 // StartStack creates the pipeline's resources and starts both functions and their drivers.
@@ -123,26 +122,44 @@ func StartStack(ctx context.Context, o StackOptions) (*Stack, error) {
 	}
 	s.Schedule = &Schedule{Function: s.Relay, Every: o.RelayEvery, Logger: o.Logger}
 	s.Source = &EventSource{SQS: s.SQS, QueueURL: s.Pipeline.QueueURL, QueueARN: s.Pipeline.QueueARN, Function: s.Consumer, Logger: o.Logger}
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	s.cancel = cancel
-	s.wg.Add(2)
-	go func() { defer s.wg.Done(); s.Schedule.Run(runCtx) }()
-	go func() { defer s.wg.Done(); s.Source.Run(runCtx) }()
+	s.drivers.start(ctx, s.Schedule.Run, s.Source.Run)
 	return s, nil
 }
 
 // Stop stops the drivers (letting running invocations end), then the functions.
-func (s *Stack) Stop() {
-	s.cancel()
+func (s *Stack) Stop() { s.drivers.stop(s.Relay, s.Consumer) }
+
+// drivers runs a stack's drivers (the schedule, the event source) until stop.
+type drivers struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// start runs each driver in its own goroutine with a context that outlives ctx's cancellation
+// (a stack stops when Stop says so).
+func (d *drivers) start(ctx context.Context, run ...func(context.Context)) {
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	d.cancel = cancel
+	for _, r := range run {
+		d.wg.Add(1)
+		go func() { defer d.wg.Done(); r(runCtx) }()
+	}
+}
+
+// stop stops the drivers, waits up to 15 seconds for the invocations they started to end,
+// then stops the functions.
+func (d *drivers) stop(fns ...*Function) {
+	d.cancel()
 	done := make(chan struct{})
-	go func() { s.wg.Wait(); close(done) }()
+	go func() { d.wg.Wait(); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(15 * time.Second):
 	}
-	s.Relay.Stop()
-	s.Consumer.Stop()
-	s.wg.Wait()
+	for _, f := range fns {
+		f.Stop()
+	}
+	d.wg.Wait()
 }
 
 // functionsOptions are what the relay and the ledger consumer need whatever the broker.

@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/demoapp"
@@ -52,8 +51,7 @@ type KafkaStack struct {
 	// Topic is the Kafka topic.
 	Topic string
 
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	drivers drivers
 }
 
 // StartKafkaStack starts both functions and their drivers against the brokers.
@@ -90,29 +88,13 @@ func StartKafkaStack(ctx context.Context, o KafkaStackOptions) (*KafkaStack, err
 	}
 	s.Schedule = &Schedule{Function: s.Relay, Every: o.RelayEvery, Logger: o.Logger}
 	s.Source = &KafkaEventSource{Brokers: o.Brokers, Topic: o.Topic, Group: o.Group, Function: s.Consumer, BatchSize: o.BatchSize, Logger: o.Logger}
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	s.cancel = cancel
-	s.wg.Add(2)
-	go func() { defer s.wg.Done(); s.Schedule.Run(runCtx) }()
-	go func() {
-		defer s.wg.Done()
-		if err := s.Source.Run(runCtx); err != nil {
+	s.drivers.start(ctx, s.Schedule.Run, func(ctx context.Context) {
+		if err := s.Source.Run(ctx); err != nil {
 			o.Logger.Error("kafka event source stopped", "error", err)
 		}
-	}()
+	})
 	return s, nil
 }
 
 // Stop stops the drivers (letting running invocations end), then the functions.
-func (s *KafkaStack) Stop() {
-	s.cancel()
-	done := make(chan struct{})
-	go func() { s.wg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(15 * time.Second):
-	}
-	s.Relay.Stop()
-	s.Consumer.Stop()
-	s.wg.Wait()
-}
+func (s *KafkaStack) Stop() { s.drivers.stop(s.Relay, s.Consumer) }
