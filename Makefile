@@ -16,15 +16,15 @@ STATICCHECK := $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # The second AWS emulator: moto_server (pip install 'moto[server]'), when it is on PATH.
 MOTO_PACKAGES := ./e2e/ ./lambdas/relay/
 # The Go modules besides the root one: the CLI (cobra stays out of the library's module graph),
-# the CDK app. bench/ is a module too, run by `make bench`.
-SUBMODULES := cmd/sluice infra
+# the CDK app, and the benchmark harness (linted here, run by `make bench`).
+SUBMODULES := cmd/sluice infra bench
 
 .PHONY: help
 help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: deps
-deps: $(NODE_STAMP) $(RIE) ## Install Go modules (root, cmd/sluice, infra/), the pinned npm tools (fauxqs, aws-cdk) and the Lambda emulator.
+deps: $(NODE_STAMP) $(RIE) ## Install Go modules (root, cmd/sluice, infra/, bench/), the pinned npm tools (fauxqs, aws-cdk) and the Lambda emulator.
 	$(GO) mod download
 	for m in $(SUBMODULES); do (cd $$m && $(GO) mod download) || exit 1; done
 
@@ -33,9 +33,10 @@ $(NODE_STAMP): $(NODE_TOOLS)/package-lock.json
 	touch $@
 
 .PHONY: lint
-lint: ## gofmt check, go vet and staticcheck (root module, cmd/sluice and infra/; checks in staticcheck.conf).
+lint: ## gofmt check, go vet and staticcheck (root module, cmd/sluice, infra/ and bench/; checks in staticcheck.conf).
 	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './tools/*'))"; \
 	  if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
+	for m in . $(SUBMODULES); do (cd $$m && $(GO) mod tidy -diff >/dev/null) || { echo "go.mod of $$m is not tidy: run go mod tidy there"; exit 1; }; done
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
 	for m in $(SUBMODULES); do (cd $$m && $(GO) vet ./... && $(STATICCHECK) ./...) || exit 1; done
@@ -95,7 +96,7 @@ $(RIE):
 	GOBIN=$(CURDIR)/.cache/bin GOFLAGS=-mod=mod $(GO) install $(RIE_MODULE)
 
 .PHONY: demo
-demo: deps ## Run the whole pipeline locally with the real Lambdas and verify it (ARGS="-n 2000 -rate 500 -fifo").
+demo: deps ## Run the whole pipeline locally with the real Lambdas and verify it (ARGS="-n 2000 -rate 500 -fifo", ARGS="-transport kafka").
 	$(GO) run ./internal/cmd/demo $(ARGS)
 
 .PHONY: test-localstack

@@ -182,6 +182,7 @@ func (r *Report) targets() []target {
 	}
 	ts = append(ts, r.issue10Targets()...)
 	ts = append(ts, r.issue11Targets()...)
+	ts = append(ts, r.issue14Targets()...)
 	return ts
 }
 

@@ -248,6 +248,42 @@ func tracedConsumerRun(ctx context.Context, pool *pgxpool.Pool, router *inbox.Ro
 }
 
 // tracingMarkdown renders the suite's section.
+// tracingTarget is issue 14's bound on the recording provider's cost in throughput.
+const tracingTarget = 0.05
+
+// issue14Targets judges each component's recording run against its untraced one.
+func (r *Report) issue14Targets() []target {
+	t := r.Tracing
+	if t == nil {
+		return nil
+	}
+	runs := map[string]map[string]TracingRun{}
+	var order []string
+	for _, run := range t.Runs {
+		if runs[run.Component] == nil {
+			runs[run.Component] = map[string]TracingRun{}
+			order = append(order, run.Component)
+		}
+		runs[run.Component][run.Variant] = run
+	}
+	var ts []target
+	for _, c := range order {
+		none, okn := runs[c][tracingNone]
+		rec, okr := runs[c][tracingRecording]
+		if !okn || !okr || none.Rate() <= 0 {
+			continue
+		}
+		loss := 1 - rec.Rate()/none.Rate()
+		measured := fmt.Sprintf("%+.1f%% (%.0f vs %.0f events/s, best of %d each)", -loss*100, rec.Rate(), none.Rate(), t.Repeats)
+		if noop, ok := runs[c][tracingNoop]; ok {
+			measured += fmt.Sprintf("; no-op provider %+.1f%%", (noop.Rate()/none.Rate()-1)*100)
+		}
+		ts = append(ts, target{14, "Tracing overhead, " + c, fmt.Sprintf("recording provider, every span sampled: ≤ %.0f%% less throughput than none", tracingTarget*100),
+			measured, verdict(loss <= tracingTarget)})
+	}
+	return ts
+}
+
 func (r *Report) tracingMarkdown(w func(string, ...any)) {
 	t := r.Tracing
 	if t == nil {
