@@ -184,7 +184,7 @@ func (r *Report) claimCheckMarkdown(w func(string, ...any)) {
 	if c == nil || len(c.Runs) < 2 {
 		return
 	}
-	w("## 11. Claim check (issue 13)\n\n")
+	w("## 12. Claim check (issue 13)\n\n")
 	w("One relay (defaults: 16 MiB round budget, 2 pipelines) with a claim check, publisher stub of %s per call, draining the same number "+
 		"of rows twice: all small, and with every tenth row's payload 1 MB of random base64 (incompressible), which the claim check "+
 		"stores before publishing a pointer. The store is a stub with a fixed %s per upload (about an S3 PUT of 1 MB in-region), not the "+

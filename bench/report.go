@@ -230,7 +230,7 @@ func (r *Report) Markdown() string {
 	}
 	w("\n\n")
 
-	w("## Targets (issues 7, 10 and 11)\n\n| target | issue | goal | measured | status |\n|---|---|---|---|---|\n")
+	w("## Targets (issues 7, 10, 11 and 14)\n\n| target | issue | goal | measured | status |\n|---|---|---|---|---|\n")
 	for _, t := range r.targets() {
 		w("| %s | %d | %s | %s | %s |\n", t.Name, t.Issue, t.Goal, t.Measured, t.Status)
 	}
