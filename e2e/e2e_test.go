@@ -3,8 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -36,24 +34,14 @@ func TestHappyPathFIFO(t *testing.T) {
 func TestRelayKilledRepeatedly(t *testing.T) {
 	t.Parallel()
 	b := setup(t, func(o *localrun.StackOptions) { o.RelayEvery = time.Second })
-	ctx, stop := context.WithCancel(context.Background())
-	var kills atomic.Int64
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for sleep(ctx, 700*time.Millisecond); ctx.Err() == nil; sleep(ctx, 700*time.Millisecond) {
-			kills.Add(int64(b.stack.Relay.KillRuntimes()))
-		}
-	}()
+	kills, stop := repeatFault(700*time.Millisecond, func(context.Context) int64 { return int64(b.stack.Relay.KillRuntimes()) })
 	b.place(t, 300, 20, 15*time.Millisecond, nil)
 	// However the machine schedules the relays, they die several times before the faults stop.
 	b.waitUntil(t, time.Minute, "the relay was killed 3 times", func() (bool, string) {
-		return kills.Load() >= 3, fmt.Sprintf("%d kills", kills.Load())
+		return kills() >= 3, fmt.Sprintf("%d kills", kills())
 	})
 	stop()
-	wg.Wait()
-	t.Logf("relay processes killed: %d", kills.Load())
+	t.Logf("relay processes killed: %d", kills())
 	b.waitApplied(t, 90*time.Second)
 }
 
@@ -91,29 +79,22 @@ func TestSNSFailingAndThrottling(t *testing.T) {
 func TestDatabaseConnectionsTerminated(t *testing.T) {
 	t.Parallel()
 	b := setup(t, func(o *localrun.StackOptions) { o.MaxReceiveCount = 10 })
-	ctx, stop := context.WithCancel(context.Background())
-	var terminated atomic.Int64
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for sleep(ctx, 250*time.Millisecond); ctx.Err() == nil; sleep(ctx, 250*time.Millisecond) {
-			var n int64
-			err := b.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
-				WHERE datname = current_database() AND application_name IN ('sluice-relay', 'sluice-consumer')
-				  AND state IN ('active', 'idle in transaction')`).Scan(&n)
-			if err == nil {
-				terminated.Add(n)
-			}
+	terminated, stop := repeatFault(250*time.Millisecond, func(ctx context.Context) int64 {
+		var n int64
+		err := b.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name IN ('sluice-relay', 'sluice-consumer')
+			  AND state IN ('active', 'idle in transaction')`).Scan(&n)
+		if err != nil {
+			return 0
 		}
-	}()
+		return n
+	})
 	b.place(t, 150, 15, 20*time.Millisecond, func(i int, o *demoapp.OrderCreated) { o.HoldMillis = 40 })
 	b.waitUntil(t, time.Minute, "sessions terminated mid-statement or mid-transaction 5 times", func() (bool, string) {
-		return terminated.Load() >= 5, fmt.Sprintf("%d terminated", terminated.Load())
+		return terminated() >= 5, fmt.Sprintf("%d terminated", terminated())
 	})
 	stop()
-	wg.Wait()
-	t.Logf("backends terminated: %d", terminated.Load())
+	t.Logf("backends terminated: %d", terminated())
 	b.waitApplied(t, 90*time.Second)
 }
 

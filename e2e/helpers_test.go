@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -185,6 +186,22 @@ func (b *bundle) waitUntil(t *testing.T, limit time.Duration, what string, cond 
 }
 
 // sleep waits d or until ctx ends.
+// repeatFault runs fault every interval, in a goroutine, until stop is called, and adds up what
+// each run reports (processes killed, sessions terminated); stop waits for the goroutine.
+func repeatFault(every time.Duration, fault func(ctx context.Context) int64) (count func() int64, stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var n atomic.Int64
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for sleep(ctx, every); ctx.Err() == nil; sleep(ctx, every) {
+			n.Add(fault(ctx))
+		}
+	}()
+	return n.Load, func() { cancel(); wg.Wait() }
+}
+
 func sleep(ctx context.Context, d time.Duration) {
 	select {
 	case <-ctx.Done():

@@ -6,8 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -100,23 +98,13 @@ func TestKafkaHappyPath(t *testing.T) {
 func TestKafkaConsumerKilledRepeatedly(t *testing.T) {
 	t.Parallel()
 	k := setupKafka(t, 4)
-	ctx, stop := context.WithCancel(context.Background())
-	var kills atomic.Int64
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for sleep(ctx, 300*time.Millisecond); ctx.Err() == nil; sleep(ctx, 300*time.Millisecond) {
-			kills.Add(int64(k.kstack.Consumer.KillRuntimes()))
-		}
-	}()
+	kills, stop := repeatFault(300*time.Millisecond, func(context.Context) int64 { return int64(k.kstack.Consumer.KillRuntimes()) })
 	k.place(t, 200, 10, 10*time.Millisecond, func(_ int, o *demoapp.OrderCreated) { o.HoldMillis = 5 })
 	k.waitUntil(t, time.Minute, "the consumer was killed 3 times", func() (bool, string) {
-		return kills.Load() >= 3, fmt.Sprintf("%d kills", kills.Load())
+		return kills() >= 3, fmt.Sprintf("%d kills", kills())
 	})
 	stop()
-	wg.Wait()
-	t.Logf("consumer processes killed: %d", kills.Load())
+	t.Logf("consumer processes killed: %d", kills())
 	k.waitApplied(t, 90*time.Second)
 }
 
