@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -201,7 +202,29 @@ func (r *Relay) readRows(ctx context.Context, tx pgx.Tx, keys []claimKey, perKey
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("read claimed outbox rows: %w", err)
 	}
+	if brokenClaimSkipsHead.Load() {
+		out = skipHeads(out)
+	}
 	return out, nil
+}
+
+// brokenClaimSkipsHead deliberately breaks the claim for the fault simulator's self-test: when
+// set, a round drops each key's first row whenever it read a second one, so that the later row
+// goes out while the earlier one is pending. Production code never sets it.
+var brokenClaimSkipsHead atomic.Bool
+
+// skipHeads is the broken claim: each key's first row is dropped when the key has another.
+func skipHeads(rows []*claimedRow) []*claimedRow {
+	var out []*claimedRow
+	for i, c := range rows {
+		first := i == 0 || rows[i-1].PartitionKey != c.PartitionKey
+		hasNext := i+1 < len(rows) && rows[i+1].PartitionKey == c.PartitionKey
+		if first && hasNext {
+			continue
+		}
+		out = append(out, c)
+	}
+	return out
 }
 
 // maxStoredPayload is the largest stored (possibly compressed) payload the relay renders to
