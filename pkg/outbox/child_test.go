@@ -76,14 +76,20 @@ func runChildRelay(url string) int {
 // file exists.
 type pauseAfterLock struct{ file string }
 
-type sqlKey struct{}
-
-func (p pauseAfterLock) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	return context.WithValue(ctx, sqlKey{}, data.SQL)
+func (p pauseAfterLock) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
 }
 
-func (p pauseAfterLock) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryEndData) {
-	if sql, _ := ctx.Value(sqlKey{}).(string); data.Err != nil || !strings.Contains(sql, "pg_try_advisory_xact_lock") {
+func (p pauseAfterLock) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (p pauseAfterLock) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+// TraceBatchQuery pauses once the round's lock statement (sent in a batch with its settings)
+// answered.
+func (p pauseAfterLock) TraceBatchQuery(_ context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
+	if data.Err != nil || !strings.Contains(data.SQL, "pg_try_advisory_lock") {
 		return
 	}
 	for {
@@ -93,3 +99,5 @@ func (p pauseAfterLock) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pgx
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+func (p pauseAfterLock) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -23,20 +24,46 @@ import (
 // fresh and prevents nested loops over sequential scans when they are not. A disabled plan
 // node still counts its huge penalty in the estimated cost, which would otherwise trigger JIT
 // compilation (seconds, for a statement that runs in a millisecond) and parallel workers:
-// both are turned off too.
-const planGuards = "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; " +
-	"SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off; " +
-	"SET LOCAL jit = off; SET LOCAL max_parallel_workers_per_gather = 0"
+// both are turned off too. guardNames lists them for roundEndSQL.
+var planGuards = []string{"enable_seqscan = off", "enable_bitmapscan = off", "enable_hashjoin = off",
+	"enable_mergejoin = off", "jit = off", "max_parallel_workers_per_gather = 0"}
 
-// roundSettings opens a round's transaction: every statement bounded to half the lease, idle
-// time bounded by the lease, and the plan guards.
-func roundSettings(lease time.Duration, checkConnection bool) string {
-	q := "BEGIN; SET LOCAL idle_in_transaction_session_timeout = " + strconv.FormatInt(lease.Milliseconds(), 10) +
-		"; SET LOCAL statement_timeout = " + strconv.FormatInt((lease/2).Milliseconds(), 10) + "; " + planGuards
-	if checkConnection {
-		// A statement still running when the relay died (SIGKILL, lost host) is cancelled within a
-		// second instead of running to its end while holding the relay's keys.
-		q += "; SET LOCAL client_connection_check_interval = 1000"
+// roundSettings are the session settings a round holds its connection with (session-level: a
+// round is not one transaction, see Relay.round): every statement bounded to half the lease,
+// the plan guards, and, on PostgreSQL 14 and later, a session idle longer than the lease ended
+// by the server (a hung or frozen relay releases its keys) and a dead client noticed within a
+// second even mid-statement. roundEndSQL puts them back before the connection returns to the
+// pool, which may be the application's.
+func roundSettings(lease time.Duration, pg14 bool) []string {
+	out := []string{"SET statement_timeout = " + strconv.FormatInt((lease/2).Milliseconds(), 10)}
+	for _, g := range planGuards {
+		out = append(out, "SET "+g)
+	}
+	if pg14 {
+		out = append(out, "SET idle_session_timeout = "+strconv.FormatInt(lease.Milliseconds(), 10),
+			"SET client_connection_check_interval = 1000")
+	}
+	return out
+}
+
+// roundEndSQL releases every key the session still holds and undoes roundSettings.
+func roundEndSQL(pg14 bool) string {
+	q := "SELECT pg_advisory_unlock_all(); RESET statement_timeout"
+	for _, g := range planGuards {
+		q += "; RESET " + strings.Fields(g)[0]
+	}
+	if pg14 {
+		q += "; RESET idle_session_timeout; RESET client_connection_check_interval"
+	}
+	return q
+}
+
+// readSettings opens the watcher's read-only transactions with the same plan guards as rounds.
+// They hold no keys, so their statements may run as long as a lease.
+func readSettings(lease time.Duration) string {
+	q := "BEGIN READ ONLY; SET LOCAL statement_timeout = " + strconv.FormatInt(lease.Milliseconds(), 10)
+	for _, g := range planGuards {
+		q += "; SET LOCAL " + g
 	}
 	return q
 }
@@ -76,78 +103,62 @@ WITH RECURSIVE walk(partition_key, id, quarantined, available_at, n) AS (
 )
 SELECT partition_key, id, quarantined, available_at, now() FROM walk`
 
-// lockKeysSQL takes a transaction-scoped advisory lock per partition key (a 64-bit hash of the
-// key), skipping keys another round holds. The lock is what makes a key belong to one relay at
-// a time, whichever of its rows is the head, even when a row with a lower id commits late. It
-// lives in PostgreSQL's shared lock table and ends with the transaction or the session.
-const lockKeysSQL = `SELECT k FROM unnest($1::text[]) AS k WHERE pg_try_advisory_xact_lock(hashtextextended(k, 5433))`
+// lockKeysSQL takes a session-level advisory lock per partition key (a 64-bit hash of the key),
+// skipping keys another round holds. The lock is what makes a key belong to one round at a
+// time, whichever of its rows is the head, even when a row with a lower id commits late. It
+// lives in PostgreSQL's shared lock table and ends with unlockKeysSQL once the key's outcomes
+// are committed, with roundEndSQL, or with the session.
+const lockKeysSQL = `SELECT k FROM unnest($1::text[]) AS k WHERE pg_try_advisory_lock(hashtextextended(k, 5433))`
 
-// readSQL reads, in a snapshot taken after the keys were locked, up to $3 rows per key after
-// the key's floor, and the payloads that fit the round's byte budget ($4 bytes, counted in the
-// order rows would be published: every key's first row, then second rows, ...). Payloads
-// beyond the budget stay in the database for the next round. Every payload sent is measured
-// (jsonb rendered to text) first, and rendered only when that cannot explode: numbers print in
-// full, so jsonb's text can be thousands of times its stored size.
-//   - Rows whose stored payloads before them already exceed the budget are not measured (len
-//     -3): they cannot fit.
-//   - A small payload (stored uncompressed in at most checkStoredBytes) holds at most ~128
-//     numbers, so it prints to ~17 MB at worst: it is rendered once, and that text is sent.
-//   - A larger one above $6 stored bytes is not rendered (len -1); otherwise it is checked for
-//     numbers beyond ±1e100 or within 1e-100 of zero (and, above 16 KB stored, zeros with more
-//     than 100 decimals) and not rendered if it has any (len -2); otherwise it is measured, and
-//     rendered again only if it is sent, so that large texts do not ride through the sorts.
+// unlockKeysSQL releases keys whose outcomes are committed.
+const unlockKeysSQL = `SELECT count(*) FILTER (WHERE pg_advisory_unlock(hashtextextended(k, 5433))) FROM unnest($1::text[]) AS k`
+
+// readSQL is where per-key order is enforced. For each locked key ($1) it reads, in a snapshot
+// taken after the key's lock was granted, the key's first $2 pending rows in id order, starting
+// at its FIRST pending row: no cache (floor, frontier) says where to start, so a row that
+// committed late below rows already published is read first, and a row goes out only after
+// every pending row of its key with a lower id visible to this statement (see planRound, which
+// ends a key's lane at the first row that may not go out now, and laneSet, which sends a lane's
+// rows one after another).
 //
-// Rows too large to publish (above $5 bytes) are reported by their size, unsent. Floors are
-// ignored when an operator moved the admin epoch since the floors were set ($7, the epoch the
-// round's keys were taken at): rows below them may have become pending again, so each key is
-// read from its first pending row.
+// It also reads the payloads that fit the round's byte budget ($3 bytes, counted in the order
+// rows would be published: every key's first row, then second rows, ...); the rest stay in the
+// database for the next round. A payload's size is its text's length: the column keeps the
+// bytes the producer wrote, so the relay's work on a row is bounded by its stored size by
+// construction (at most what PostgreSQL's compression can expand it to). Rows whose stored
+// payloads before them already exceed the budget are not measured (len -3); a stored payload
+// larger than the largest message the relay reads ($4) is not read at all (len -1).
 const readSQL = `
 WITH chain AS (
     SELECT r.*, k.ord
-    FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS k(key, floor, ord)
-    CROSS JOIN (SELECT admin_epoch FROM outbox_control WHERE singleton) ctl
+    FROM unnest($1::text[]) WITH ORDINALITY AS k(key, ord)
     CROSS JOIN LATERAL (
         SELECT e.id, e.event_id, e.topic, e.aggregate_type, e.aggregate_id, e.event_type, e.partition_key,
                e.headers, e.created_at, e.attempts, e.failing_since, e.quarantined_at IS NOT NULL AS quarantined,
                CASE WHEN e.available_at > now() THEN e.available_at END AS waiting_until,
-               e.payload, pg_column_size(e.payload) AS stored,
-               pg_column_compression(e.payload) IS NULL AND pg_column_size(e.payload) <= ` + checkStoredBytes + ` AS small
+               e.payload, pg_column_size(e.payload) AS stored
         FROM outbox_event e
         WHERE e.partition_key = k.key AND e.published_at IS NULL
-          AND e.id > CASE WHEN ctl.admin_epoch = $7 THEN k.floor ELSE 0 END
-        ORDER BY e.id LIMIT $3) r
+        ORDER BY e.id LIMIT $2) r
 ), ranked AS (
     SELECT c.*, row_number() OVER (PARTITION BY c.ord ORDER BY c.id) AS rn FROM chain c
 ), reach AS (
     SELECT r.*, sum(r.stored) OVER (ORDER BY r.rn, r.ord ROWS UNBOUNDED PRECEDING) - r.stored AS stored_before
     FROM ranked r
-), measured AS (
-    SELECT x.*,
-           CASE WHEN x.stored_before < $4 AND x.small THEN x.payload::text END AS body,
-           CASE WHEN x.stored_before >= $4 THEN -3
-                WHEN x.small THEN NULL
-                WHEN x.stored > $6 THEN -1
-                WHEN jsonb_path_exists(x.payload, 'strict $.** ? (@.type() == "number" && (@ >= 1e100 || @ <= -1e100 || (@ != 0 && @ > -1e-100 && @ < 1e-100)))')
-                  OR (x.stored > 16384 AND EXISTS (
-                      SELECT 1 FROM jsonb_path_query(x.payload, 'strict $.** ? (@.type() == "number" && @ == 0)') z
-                      WHERE scale(z::numeric) > 100)) THEN -2
-                ELSE octet_length(x.payload::text) END AS big_len
-    FROM reach x
 ), sized AS (
-    SELECT m.*, coalesce(octet_length(m.body), m.big_len) AS len FROM measured m
+    SELECT x.*, CASE WHEN x.stored_before >= $3 THEN -3
+                     WHEN x.stored > $4 + 8 THEN -1
+                     ELSE octet_length(x.payload::text) END AS len
+    FROM reach x
 ), budget AS (
-    SELECT z.*, sum(CASE WHEN z.len BETWEEN 0 AND $5 THEN z.len ELSE 0 END)
+    SELECT z.*, sum(CASE WHEN z.len BETWEEN 0 AND $4 THEN z.len ELSE 0 END)
                 OVER (ORDER BY z.rn, z.ord ROWS UNBOUNDED PRECEDING) AS spent
     FROM sized z
 )
 SELECT b.id, b.event_id, b.topic, b.aggregate_type, b.aggregate_id, b.event_type, b.partition_key, b.headers,
        b.created_at, b.attempts, b.failing_since, b.quarantined, b.waiting_until, b.len,
-       CASE WHEN b.len BETWEEN 0 AND $5 AND b.spent - b.len < $4 THEN coalesce(b.body, b.payload::text) END
+       CASE WHEN b.len BETWEEN 0 AND $4 AND b.spent - b.len < $3 THEN b.payload::text END
 FROM budget b ORDER BY b.ord, b.id`
-
-// checkStoredBytes is the stored size up to which a payload kept uncompressed is rendered
-// without first checking for numbers that print without bound (see readSQL).
-const checkStoredBytes = "1024"
 
 // claimedRow is a row a round read, with what the read learned about it.
 type claimedRow struct {
@@ -155,24 +166,17 @@ type claimedRow struct {
 	quarantined  bool
 	waitingUntil *time.Time
 	failingSince *time.Time
-	// payloadLen is the jsonb text's length in bytes; -1: stored payload too large to render,
-	// -2: it holds numbers that print without bound, -3: not measured (beyond the budget).
+	// payloadLen is the payload's length in bytes; -1: stored payload too large to read,
+	// -3: not measured (beyond the budget).
 	payloadLen int
 	// loaded: the payload was read (it fit the round's budget).
 	loaded bool
 }
 
-// readRows runs readSQL for keys (locked by tx) and returns their rows, each key's in id order,
-// keys in the order given.
-// epoch is the admin epoch the keys' floors belong to.
-func (r *Relay) readRows(ctx context.Context, tx pgx.Tx, keys []claimKey, perKey int, epoch int64) ([]*claimedRow, error) {
-	names := make([]string, len(keys))
-	floors := make([]int64, len(keys))
-	for i, k := range keys {
-		names[i], floors[i] = k.key, k.floor
-	}
-	rows, err := tx.Query(ctx, readSQL, names, floors, perKey, r.cfg.MaxRoundBytes, r.readBytes,
-		maxStoredPayload(r.readBytes), epoch)
+// readRows runs readSQL for keys (locked by this session) and returns their rows, each key's in
+// id order, keys in the order given.
+func (r *Relay) readRows(ctx context.Context, conn querier, keys []string, perKey int) ([]*claimedRow, error) {
+	rows, err := conn.Query(ctx, readSQL, keys, perKey, r.cfg.MaxRoundBytes, r.readBytes)
 	if err != nil {
 		return nil, fmt.Errorf("read claimed outbox rows: %w", err)
 	}
@@ -227,9 +231,10 @@ func skipHeads(rows []*claimedRow) []*claimedRow {
 	return out
 }
 
-// maxStoredPayload is the largest stored (possibly compressed) payload the relay renders to
-// measure: beyond it the row cannot be a publishable message whatever it holds.
-func maxStoredPayload(maxMessage int) int { return 4 * maxMessage }
+// querier is what a round reads with: its connection.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
 
 // looseHeaders keeps the string-valued entries of a headers object.
 func looseHeaders(raw []byte) map[string]string {

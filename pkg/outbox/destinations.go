@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"errors"
 	"sync"
 	"time"
 )
@@ -20,7 +21,7 @@ type destinations struct {
 type destState struct {
 	// failures counts consecutive failed probes; 0 means healthy.
 	failures int
-	// retryAt is when the next probe may go out; probing: one is in flight.
+	// retryAt is when the next probe may go out; probing: one is out (startProbe).
 	retryAt time.Time
 	probing bool
 	// lastSuccess is when a call to the destination last had an acknowledged entry.
@@ -44,24 +45,41 @@ func (d *destinations) get(dest string) *destState {
 }
 
 // admit decides whether a call to dest may go out now: a healthy destination admits every call;
-// a failing one admits a single probe call once its backoff ended. Otherwise it returns when the
-// rows may be tried again.
-func (d *destinations) admit(dest string, now time.Time) (bool, time.Time) {
+// a failing one admits only its probe's calls (probe is the destination a probe round probes,
+// "" in an ordinary round), so that an ordinary round never waits for a destination that may
+// hang. Otherwise it returns when the destination's next probe may go out.
+func (d *destinations) admit(dest, probe string) (bool, time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	s := d.get(dest)
-	switch {
-	case s.failures == 0:
+	if s.failures == 0 || dest == probe {
 		return true, time.Time{}
-	case s.probing:
-		// Another round's probe is out: look again once it can have answered.
-		return false, now.Add(d.base)
-	case !now.Before(s.retryAt):
-		s.probing = true
-		return true, time.Time{}
-	default:
-		return false, s.retryAt
 	}
+	return false, s.retryAt
+}
+
+// startProbe reports whether dest fails as a whole and its probe is due and not out: the
+// caller then owns the probe until succeeded, failedWhole or abandoned ends it. One probe per
+// destination is out at a time, whichever of the relay's goroutines asks.
+func (d *destinations) startProbe(dest string, now time.Time) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := d.get(dest)
+	if s.failures == 0 || s.probing || now.Before(s.retryAt) {
+		return false
+	}
+	s.probing = true
+	return true
+}
+
+// nextProbe returns when dest's next probe is due (zero when it is healthy).
+func (d *destinations) nextProbe(dest string) time.Time {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if s := d.state[dest]; s != nil && s.failures > 0 {
+		return s.retryAt
+	}
+	return time.Time{}
 }
 
 // succeeded records that dest answered a call: at least one entry was acknowledged, or the
@@ -81,6 +99,9 @@ func (d *destinations) failedWhole(dest string, since, now time.Time, err error)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	s := d.get(dest)
+	if err == nil {
+		err = errors.New("every entry failed")
+	}
 	if s.failures == 0 && s.lastSuccess.After(since) {
 		return time.Time{}, false
 	}
@@ -107,7 +128,8 @@ func (d *destinations) healthy(dest string) bool {
 	return s == nil || s.failures == 0
 }
 
-// abandoned ends a probe that never completed (the round stopped first).
+// abandoned ends a probe that made no call (its round stopped first, or its keys had no row
+// for dest any more): the next one may go out at once.
 func (d *destinations) abandoned(dest string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -485,7 +485,7 @@ func TestRelayKilledMidClaimFreesItsKeysWithinTheLease(t *testing.T) {
 	blocker, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = blocker.Rollback(ctx) }()
-	_, err = blocker.Exec(ctx, "LOCK TABLE outbox_control IN ACCESS EXCLUSIVE MODE") // the read needs it
+	_, err = blocker.Exec(ctx, "LOCK TABLE outbox_event IN ACCESS EXCLUSIVE MODE") // the read needs it
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(goOn, nil, 0o600))
 	b.waitForChildStatement(t, "WITH chain") // the read runs (waiting for the table lock)

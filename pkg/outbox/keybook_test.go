@@ -8,35 +8,27 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func keysOf(rk roundKeys) []string {
-	out := make([]string, len(rk.keys))
-	for i, c := range rk.keys {
-		out[i] = c.key
-	}
-	return out
-}
-
 // settleAll gives back every key of rk with the same verdict.
 func settleAll(b *keyBook, rk roundKeys, v keyResult, now time.Time) {
 	results := make([]keyResult, len(rk.keys))
-	for i, c := range rk.keys {
+	for i, k := range rk.keys {
 		results[i] = v
-		results[i].key = c.key
+		results[i].key = k
 	}
-	b.settle(rk, results, now)
+	b.settle(results, now)
 }
 
 func TestKeyBookHandsOutDueKeysOldestFirstAndNeverTwice(t *testing.T) {
 	t.Parallel()
 	now := time.Now()
-	b := newKeyBook(100, 100)
-	b.sawRow("b", 2, now.Add(-time.Second))
-	b.sawRow("a", 1, now.Add(-2*time.Second))
-	b.sawRow("a", 3, now) // a is already due: still one entry
-	b.sawHead("c", 7, headBackingOff, now.Add(time.Minute), b.sweepSeq(), now)
+	b := newKeyBook(100)
+	b.sawRow("b", now.Add(-time.Second))
+	b.sawRow("a", now.Add(-2*time.Second))
+	b.sawRow("a", now) // a is already due: still one entry
+	b.sawHead("c", headBackingOff, now.Add(time.Minute), now)
 
 	first := b.take(10, now)
-	require.Equal(t, []string{"a", "b"}, keysOf(first), "due longest first; c backs off")
+	require.Equal(t, []string{"a", "b"}, first.keys, "due longest first; c backs off")
 	require.Empty(t, b.take(10, now).keys, "taken keys are not handed out again")
 	require.Len(t, b.take(10, now.Add(2*time.Minute)).keys, 1, "c is due once its backoff ends")
 	at, ok := b.nextDue()
@@ -46,98 +38,50 @@ func TestKeyBookHandsOutDueKeysOldestFirstAndNeverTwice(t *testing.T) {
 func TestKeyBookVerdicts(t *testing.T) {
 	t.Parallel()
 	now := time.Now()
-	b := newKeyBook(100, 100)
-	for _, k := range []string{"drained", "more", "wait", "parked", "release", "dirty"} {
-		b.sawRow(k, 10, now)
+	b := newKeyBook(100)
+	for _, k := range []string{"drained", "more", "wait", "parked", "release", "dirty", "elsewhere"} {
+		b.sawRow(k, now)
 	}
 	taken := b.take(10, now)
-	require.Len(t, taken.keys, 6)
-	b.sawRow("dirty", 20, now) // a new row while the round holds the key
-	b.settle(taken, []keyResult{
-		{key: "drained", verdict: verdictDrained, lastPublished: 10},
-		{key: "more", verdict: verdictMore, lastPublished: 10},
+	require.Len(t, taken.keys, 7)
+	b.sawRow("dirty", now) // a new row while the round holds the key
+	b.settle([]keyResult{
+		{key: "drained", verdict: verdictDrained},
+		{key: "more", verdict: verdictMore},
 		{key: "wait", verdict: verdictWait, until: now.Add(time.Hour)},
 		{key: "parked", verdict: verdictParked},
 		{key: "release", verdict: verdictRelease},
-		{key: "dirty", verdict: verdictDrained, lastPublished: 10},
+		{key: "dirty", verdict: verdictDrained},
+		{key: "elsewhere", verdict: verdictElsewhere},
 	}, now)
-	due := b.take(10, now)
-	require.ElementsMatch(t, []string{"more", "release", "dirty"}, keysOf(due))
-	for _, c := range due.keys {
-		if c.key == "more" || c.key == "dirty" {
-			require.Equal(t, int64(10), c.floor, "%s is read after what was published", c.key)
-		}
-	}
-	require.Equal(t, 4, b.size(), "drained left the book, parked is kept apart; waiting stays")
-
-	// A drained key's floor is remembered: its next row is read after it.
-	b.sawRow("drained", 11, now)
-	next := b.take(10, now)
-	require.Equal(t, []claimKey{{key: "drained", floor: 10}}, next.keys)
-}
-
-func TestKeyBookLateCommitLowersTheFloor(t *testing.T) {
-	t.Parallel()
-	now := time.Now()
-	b := newKeyBook(100, 100)
-	b.sawRow("k", 50, now)
-	settleAll(b, b.take(1, now), keyResult{verdict: verdictMore, lastPublished: 50}, now)
-	b.sawRow("k", 7, now) // committed after rows with higher ids went out
-	require.Equal(t, []claimKey{{key: "k", floor: 6}}, b.take(1, now).keys)
-}
-
-func TestKeyBookLateCommitSeenWhileARoundHoldsTheKeySurvivesItsSettle(t *testing.T) {
-	t.Parallel()
-	now := time.Now()
-	b := newKeyBook(100, 100)
-	b.sawRow("k", 10, now)
-	taken := b.take(1, now)
-	b.sawRow("k", 15, now) // committed after the round's snapshot, below what it publishes
-	settleAll(b, taken, keyResult{verdict: verdictMore, lastPublished: 30}, now)
-	require.Equal(t, []claimKey{{key: "k", floor: 14}}, b.take(1, now).keys, "row 15 is read, not skipped")
-}
-
-func TestKeyBookSweepFromAnOlderSnapshotNeverRaisesAFloorOverANewerRow(t *testing.T) {
-	t.Parallel()
-	now := time.Now()
-	b := newKeyBook(100, 100)
-	b.sawRow("k", 50, now)
-	settleAll(b, b.take(1, now), keyResult{verdict: verdictMore, lastPublished: 50}, now)
-	seq := b.sweepSeq()                              // the sweep takes its snapshot
-	b.sawRow("k", 7, now)                            // a late commit the snapshot does not hold
-	b.sawHead("k", 60, headClaimable, now, seq, now) // the sweep saw head 60
-	require.Equal(t, []claimKey{{key: "k", floor: 6}}, b.take(1, now).keys)
-
-	b2 := newKeyBook(100, 100)
-	b2.sawRow("k", 7, now)
-	b2.sawHead("k", 40, headClaimable, now, b2.sweepSeq(), now) // a newer snapshot: exact
-	require.Equal(t, []claimKey{{key: "k", floor: 39}}, b2.take(1, now).keys)
+	require.ElementsMatch(t, []string{"more", "release", "dirty"}, b.take(10, now).keys)
+	require.Equal(t, 4, b.size(), "drained and elsewhere left the book, parked is kept apart; waiting stays")
+	b.sawRow("parked", now)
+	require.Empty(t, b.take(10, now).keys, "a new row behind a quarantined head does not make the key due")
 }
 
 func TestKeyBookSweepAndResetReviveParkedKeys(t *testing.T) {
 	t.Parallel()
 	now := time.Now()
-	b := newKeyBook(100, 100)
-	b.sawHead("q", 5, headQuarantined, now, b.sweepSeq(), now)
-	b.sawRow("q", 9, now) // new rows behind a quarantined head do not make it due
+	b := newKeyBook(100)
+	b.sawHead("q", headQuarantined, now, now)
+	b.sawRow("q", now) // new rows behind a quarantined head do not make it due
 	require.Empty(t, b.take(10, now).keys)
-	b.sawHead("q", 5, headClaimable, now, b.sweepSeq(), now) // an operator released it
+	b.sawHead("q", headClaimable, now, now) // an operator released it
 	taken := b.take(10, now)
-	require.Equal(t, []claimKey{{key: "q", floor: 4}}, taken.keys)
+	require.Equal(t, []string{"q"}, taken.keys)
 	settleAll(b, taken, keyResult{verdict: verdictParked}, now)
 	require.Empty(t, b.take(10, now).keys)
-	b.reset(1, now)
-	taken = b.take(10, now)
-	require.Equal(t, []claimKey{{key: "q", floor: 0}}, taken.keys, "reset reads every key from its first pending row")
-	require.Equal(t, int64(1), taken.epoch)
+	b.reset(now)
+	require.Equal(t, []string{"q"}, b.take(10, now).keys, "an operator action unparks every key")
 }
 
 func TestKeyBookOverflowAsksForASweep(t *testing.T) {
 	t.Parallel()
 	now := time.Now()
-	b := newKeyBook(4, 10)
+	b := newKeyBook(4)
 	for i := range 6 {
-		b.sawRow(string(rune('a'+i)), int64(i+1), now)
+		b.sawRow(string(rune('a'+i)), now)
 	}
 	require.Equal(t, 4, b.size())
 	require.False(t, b.takeOverflow(), "no room yet")
@@ -152,28 +96,28 @@ func TestKeyBookFullOfStuckKeysStillTakesNewKeys(t *testing.T) {
 	t.Parallel()
 	now := time.Now()
 	const capacity = 300
-	b := newKeyBook(capacity, 10)
+	b := newKeyBook(capacity)
 	for i := range capacity {
-		b.sawRow(fmt.Sprintf("k%03d", i), int64(i+1), now)
+		b.sawRow(fmt.Sprintf("k%03d", i), now)
 	}
 	taken := b.take(capacity, now)
 	require.Len(t, taken.keys, capacity)
 	var results []keyResult
-	for i, c := range taken.keys {
+	for i, k := range taken.keys {
 		switch i % 3 {
 		case 0:
-			results = append(results, keyResult{key: c.key, verdict: verdictParked})
+			results = append(results, keyResult{key: k, verdict: verdictParked})
 		case 1:
-			results = append(results, keyResult{key: c.key, verdict: verdictWait, until: now.Add(time.Duration(i) * time.Minute)})
+			results = append(results, keyResult{key: k, verdict: verdictWait, until: now.Add(time.Duration(i) * time.Minute)})
 		default:
-			results = append(results, keyResult{key: c.key, verdict: verdictHeld, dest: "arn:down", until: now.Add(time.Hour)})
+			results = append(results, keyResult{key: k, verdict: verdictHeld, dest: "arn:down"})
 		}
 	}
-	b.settle(taken, results, now)
+	b.settle(results, now)
 	require.Equal(t, 2*capacity/3, b.size(), "parked keys are kept apart")
 
 	for i := range capacity {
-		b.sawRow(fmt.Sprintf("new%03d", i), int64(1000+i), now)
+		b.sawRow(fmt.Sprintf("new%03d", i), now)
 	}
 	got := map[string]bool{}
 	for {
@@ -181,7 +125,7 @@ func TestKeyBookFullOfStuckKeysStillTakesNewKeys(t *testing.T) {
 		if len(rk.keys) == 0 {
 			break
 		}
-		for _, k := range keysOf(rk) {
+		for _, k := range rk.keys {
 			got[k] = true
 		}
 	}
@@ -192,64 +136,33 @@ func TestKeyBookFullOfStuckKeysStillTakesNewKeys(t *testing.T) {
 	require.True(t, b.overflowed, "evicted keys are looked for again by a sweep")
 }
 
-// Keys waiting for a failing destination are handed out only a probe's worth at a time, alone
-// in their round, and all come back once the destination answers.
-func TestKeyBookHoldsAFailingDestinationsKeysAndProbesWithAFew(t *testing.T) {
+// Keys waiting for a failing destination are never handed to a round; a probe takes a call's
+// worth of them, and all come back once the destination answers.
+func TestKeyBookHoldsAFailingDestinationsKeysForItsProbe(t *testing.T) {
 	t.Parallel()
 	now := time.Now()
-	b := newKeyBook(1000, 10)
+	b := newKeyBook(1000)
 	for i := range 100 {
-		b.sawRow(fmt.Sprintf("down%02d", i), int64(i+1), now)
+		b.sawRow(fmt.Sprintf("down%02d", i), now)
 	}
-	first := b.take(1000, now)
-	settleAll(b, first, keyResult{verdict: verdictHeld, dest: "arn:down", until: now.Add(time.Minute)}, now)
-	b.sawRow("healthy", 500, now)
-	require.Equal(t, []string{"healthy"}, keysOf(b.take(1000, now)), "held keys are not due before the probe")
-	at, ok := b.nextDue()
-	require.True(t, ok)
-	require.Equal(t, now.Add(time.Minute), at, "the relay wakes up for the probe")
+	settleAll(b, b.take(1000, now), keyResult{verdict: verdictHeld, dest: "arn:down"}, now)
+	b.sawRow("healthy", now)
+	require.Equal(t, []string{"healthy"}, b.take(1000, now.Add(time.Hour)).keys, "held keys are never due for a round")
+	require.Equal(t, []string{"arn:down"}, b.heldDestinations())
 
-	probe := b.take(1000, now.Add(time.Minute))
+	probe := b.takeHeld("arn:down")
 	require.Equal(t, "arn:down", probe.probe)
 	require.Len(t, probe.keys, probeKeys, "one call's worth of keys probes the destination")
-	require.Empty(t, b.take(1000, now.Add(time.Minute)).keys, "one probe at a time")
 
-	// The probe fails: its keys are held again, until the next probe.
-	settleAll(b, probe, keyResult{verdict: verdictHeld, dest: "arn:down", until: now.Add(3 * time.Minute)}, now.Add(time.Minute))
-	require.Empty(t, b.take(1000, now.Add(2*time.Minute)).keys)
-	probe = b.take(1000, now.Add(3*time.Minute))
+	// The probe fails: its keys are held again.
+	settleAll(b, probe, keyResult{verdict: verdictHeld, dest: "arn:down"}, now)
+	require.Empty(t, b.take(1000, now.Add(time.Hour)).keys)
+	probe = b.takeHeld("arn:down")
 	require.Len(t, probe.keys, probeKeys)
-	settleAll(b, probe, keyResult{verdict: verdictMore, lastPublished: 1000}, now.Add(3*time.Minute))
-	b.releaseAnswered(func(string) bool { return true }, now.Add(3*time.Minute))
-	require.Len(t, b.take(1000, now.Add(3*time.Minute)).keys, 100, "every key of the destination is due again")
-}
-
-func TestKeyBookSettleAfterAnEpochChangeKeepsFloorsLow(t *testing.T) {
-	t.Parallel()
-	now := time.Now()
-	b := newKeyBook(100, 100)
-	b.sawRow("k", 10, now)
-	taken := b.take(1, now)
-	require.Equal(t, int64(0), taken.epoch)
-	b.reset(1, now) // a replay committed while the round held the key
-	settleAll(b, taken, keyResult{verdict: verdictMore, lastPublished: 30}, now)
-	next := b.take(1, now)
-	require.Equal(t, []claimKey{{key: "k", floor: 0}}, next.keys, "the replayed rows below 30 are read")
-	require.Equal(t, int64(1), next.epoch)
-}
-
-func TestFloorCacheEvictsTheLeastRecentlyUsed(t *testing.T) {
-	t.Parallel()
-	c := newFloorCache(2)
-	c.put("a", 1)
-	c.put("b", 2)
-	c.put("a", 3)
-	c.put("c", 4) // evicts b
-	_, ok := c.take("b")
-	require.False(t, ok)
-	f, ok := c.take("a")
-	require.True(t, ok)
-	require.Equal(t, int64(3), f)
+	settleAll(b, probe, keyResult{verdict: verdictMore}, now)
+	b.release("arn:down", now)
+	require.Len(t, b.take(1000, now).keys, 100, "every key of the destination is due again")
+	require.Empty(t, b.heldDestinations())
 }
 
 func TestKeyBookBreaksTiesAtRandomSoRelaysTryDifferentKeys(t *testing.T) {
@@ -257,11 +170,11 @@ func TestKeyBookBreaksTiesAtRandomSoRelaysTryDifferentKeys(t *testing.T) {
 	now := time.Now()
 	firsts := map[string]bool{}
 	for range 20 {
-		b := newKeyBook(100, 100)
+		b := newKeyBook(100)
 		for _, k := range []string{"a", "b", "c", "d", "e", "f", "g", "h"} {
-			b.sawRow(k, 1, now)
+			b.sawRow(k, now)
 		}
-		firsts[b.take(1, now).keys[0].key] = true
+		firsts[b.take(1, now).keys[0]] = true
 	}
 	require.Greater(t, len(firsts), 1, "twenty relays with the same due keys do not all start with the same one")
 }

@@ -16,11 +16,11 @@ type outcome struct {
 	size          int
 	// offload: the payload goes to the claim check's store and the message carries a pointer.
 	offload bool
-	// done: the broker acknowledged it. err: the attempt failed; outage: because the whole
-	// destination failed, which does not count as an attempt of the row. Neither: not attempted.
-	done   bool
-	err    error
-	outage bool
+	// done: the broker acknowledged it. err: the attempt failed, for the reason kind says.
+	// Neither: not attempted.
+	done bool
+	err  error
+	kind failKind
 	// deferredUntil: not attempted because its destination backs off until then.
 	deferredUntil time.Time
 	// afterFailure: not attempted because an earlier row of its key failed.
@@ -33,18 +33,37 @@ type outcome struct {
 
 // lane is the claimed rows of one partition key, published strictly one after another.
 type lane struct {
+	plan *keyPlan
 	rows []*outcome
 	next int
+	// ended: the lane will send nothing more (drained, failed, deferred, or the round stopped).
+	ended bool
 }
 
 func (l *lane) current() *outcome { return l.rows[l.next] }
 
+// failKind says whose failure a failed entry is, which decides whether it counts as an attempt
+// of the row.
+type failKind int
+
+const (
+	// failRow: the destination answered and refused this entry (or the row cannot be sent at
+	// all): an attempt of the row, which backs off or is quarantined.
+	failRow failKind = iota
+	// failCall: the call failed as a whole (a throttle, a timeout, a 5xx) while the destination
+	// works for other calls: not an attempt of its rows, which back off briefly.
+	failCall
+	// failOutage: the destination fails as a whole: not an attempt; the destination backs off
+	// and its keys wait for its probe.
+	failOutage
+)
+
 // fail records err for the lane's current row and ends the lane: the rows behind it wait. An
 // outage (the destination's failure) is retried when the destination is, at retryAt.
-func (l *lane) fail(err error, outage bool, retryAt time.Time) {
+func (l *lane) fail(err error, kind failKind, retryAt time.Time) {
 	cur := l.current()
-	cur.err, cur.outage = err, outage
-	if outage {
+	cur.err, cur.kind = err, kind
+	if kind == failOutage {
 		cur.deferredUntil = retryAt
 	}
 	for _, later := range l.rows[l.next+1:] {
@@ -61,29 +80,47 @@ func (l *lane) fail(err error, outage bool, retryAt time.Time) {
 type laneSet struct {
 	mu       sync.Mutex
 	cond     *sync.Cond
+	lanes    []*lane
 	ready    []*lane
 	inFlight int
 	// limits gives each destination's limits of one call.
 	limits func(dest string) Limits
 	// admit gates calls by destination (destinations.admit).
 	admit func(dest string) (bool, time.Time)
+	// onEnd is told of each lane as soon as it ends, with the set's lock held: the round
+	// records the key's outcomes and releases it then, whatever other lanes still do.
+	onEnd func(*lane)
 }
 
-// newLaneSet groups outcomes, in id order, into lanes: one per partition key.
-func newLaneSet(outcomes []*outcome, limits func(string) Limits, admit func(string) (bool, time.Time)) *laneSet {
-	s := &laneSet{limits: limits, admit: admit}
+// newLaneSet makes a lane of each key plan with rows to send.
+func newLaneSet(plans []*keyPlan, limits func(string) Limits, admit func(string) (bool, time.Time), onEnd func(*lane)) *laneSet {
+	s := &laneSet{limits: limits, admit: admit, onEnd: onEnd}
 	s.cond = sync.NewCond(&s.mu)
-	byKey := map[string]*lane{}
-	for _, o := range outcomes {
-		l := byKey[o.event.PartitionKey]
-		if l == nil {
-			l = &lane{}
-			byKey[o.event.PartitionKey] = l
+	for _, kp := range plans {
+		if len(kp.lane) > 0 {
+			l := &lane{plan: kp, rows: kp.lane}
+			s.lanes = append(s.lanes, l)
 			s.ready = append(s.ready, l)
 		}
-		l.rows = append(l.rows, o)
 	}
 	return s
+}
+
+// end marks l ended and tells onEnd, once.
+func (s *laneSet) end(l *lane) {
+	if !l.ended {
+		l.ended = true
+		s.onEnd(l)
+	}
+}
+
+// endRest ends every lane not ended yet: the round stopped publishing.
+func (s *laneSet) endRest() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, l := range s.lanes {
+		s.end(l)
+	}
 }
 
 // next returns the next call to make: its destination and lanes (whose current rows it
@@ -128,13 +165,15 @@ func (s *laneSet) takeBatch() (string, []*lane) {
 		o := l.current()
 		switch {
 		case o.unpublishable != nil:
-			l.fail(o.unpublishable, false, time.Time{})
+			l.fail(o.unpublishable, failRow, time.Time{})
+			s.end(l)
 		case dest != "" && (o.dest != dest || size+o.size > lim.MaxCallBytes):
 			rest = append(rest, l)
 		case dest == "":
 			if ok, retryAt := s.admit(o.dest); !ok {
 				o.deferredUntil = retryAt
 				l.next = len(l.rows)
+				s.end(l)
 				continue
 			}
 			dest, size, batch, lim = o.dest, o.size, append(batch, l), s.limits(o.dest)
@@ -150,9 +189,8 @@ func (s *laneSet) takeBatch() (string, []*lane) {
 // callResult is the fate of one entry of a call.
 type callResult struct {
 	err error
-	// outage: err is its destination's failure, not the row's; retryAt is when the destination
-	// is probed again.
-	outage  bool
+	// kind: whose failure err is; retryAt, for an outage, is when the destination is probed again.
+	kind    failKind
 	retryAt time.Time
 	// cancelled: the round stopped before the broker answered; not an attempt.
 	cancelled bool
@@ -168,13 +206,17 @@ func (s *laneSet) finish(batch []*lane, results []callResult) {
 		switch r := results[i]; {
 		case r.cancelled:
 			l.next = len(l.rows)
+			s.end(l)
 		case r.err != nil:
-			l.fail(r.err, r.outage, r.retryAt)
+			l.fail(r.err, r.kind, r.retryAt)
+			s.end(l)
 		default:
 			l.current().done = true
 			l.next++
 			if l.next < len(l.rows) {
 				s.ready = append(s.ready, l)
+			} else {
+				s.end(l)
 			}
 		}
 	}

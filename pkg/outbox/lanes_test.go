@@ -16,6 +16,24 @@ func laneOutcome(id int64, key, dest string, size int) *outcome {
 
 func admitAll(string) (bool, time.Time) { return true, time.Time{} }
 
+// testLaneSet makes a lane set of outs (grouped into key plans, in order) that records the keys
+// of the lanes that ended, in order.
+func testLaneSet(outs []*outcome, limits func(string) Limits, admit func(string) (bool, time.Time)) (*laneSet, *[]string) {
+	var plans []*keyPlan
+	byKey := map[string]*keyPlan{}
+	for _, o := range outs {
+		kp := byKey[o.event.PartitionKey]
+		if kp == nil {
+			kp = &keyPlan{key: o.event.PartitionKey}
+			byKey[kp.key] = kp
+			plans = append(plans, kp)
+		}
+		kp.lane = append(kp.lane, o)
+	}
+	var ended []string
+	return newLaneSet(plans, limits, admit, func(l *lane) { ended = append(ended, l.plan.key) }), &ended
+}
+
 func never() bool { return false }
 
 func TestLaneSetBatchesOneRowPerKeyPerDestinationAndSize(t *testing.T) {
@@ -25,7 +43,7 @@ func TestLaneSetBatchesOneRowPerKeyPerDestinationAndSize(t *testing.T) {
 		outs = append(outs, laneOutcome(int64(k), fmt.Sprintf("k%d", k), "A", 100))
 	}
 	outs = append(outs, laneOutcome(20, "k0", "A", 100), laneOutcome(21, "x", "B", 100), laneOutcome(22, "big", "A", 950))
-	s := newLaneSet(outs, fixedLimits(10, 1000), admitAll)
+	s, _ := testLaneSet(outs, fixedLimits(10, 1000), admitAll)
 
 	dest, batch, ok := s.next(never)
 	require.True(t, ok)
@@ -49,7 +67,7 @@ func TestLaneSetBatchesOneRowPerKeyPerDestinationAndSize(t *testing.T) {
 func TestLaneSetKeepsAKeysRowsInOrderAndStopsAtAFailure(t *testing.T) {
 	t.Parallel()
 	outs := []*outcome{laneOutcome(1, "k", "A", 1), laneOutcome(2, "k", "A", 1), laneOutcome(3, "k", "A", 1)}
-	s := newLaneSet(outs, fixedLimits(10, 1000), admitAll)
+	s, ended := testLaneSet(outs, fixedLimits(10, 1000), admitAll)
 	_, b1, _ := s.next(never)
 	require.Equal(t, int64(1), b1[0].current().event.ID)
 	done := make(chan struct{})
@@ -68,6 +86,7 @@ func TestLaneSetKeepsAKeysRowsInOrderAndStopsAtAFailure(t *testing.T) {
 	}
 	s.finish(b1, []callResult{{}})
 	<-done
+	require.Equal(t, []string{"k"}, *ended, "the lane ended at its failure")
 	_, _, ok := s.next(never)
 	require.False(t, ok, "the failure ends the lane")
 	require.True(t, outs[0].done)
@@ -81,7 +100,7 @@ func TestLaneSetDefersADestinationThatBacksOffAndFailsUnpublishableRows(t *testi
 	bad := laneOutcome(1, "bad", "", 1)
 	bad.unpublishable = Permanent(errors.New("unknown topic"))
 	outs := []*outcome{bad, laneOutcome(2, "down", "D", 1), laneOutcome(3, "up", "U", 1)}
-	s := newLaneSet(outs, fixedLimits(10, 1000), func(dest string) (bool, time.Time) {
+	s, ended := testLaneSet(outs, fixedLimits(10, 1000), func(dest string) (bool, time.Time) {
 		if dest == "D" {
 			return false, retry
 		}
@@ -97,12 +116,13 @@ func TestLaneSetDefersADestinationThatBacksOffAndFailsUnpublishableRows(t *testi
 	require.Error(t, bad.err, "an unpublishable row fails its lane without a call")
 	require.Equal(t, retry, outs[1].deferredUntil)
 	require.Nil(t, outs[1].err, "a deferred row is not an attempt")
+	require.Equal(t, []string{"bad", "down", "up"}, *ended, "each lane is reported as it ends")
 }
 
 func TestLaneSetStopsHandingOutCallsWhenStopping(t *testing.T) {
 	t.Parallel()
 	outs := []*outcome{laneOutcome(1, "a", "A", 1), laneOutcome(2, "b", "B", 1)}
-	s := newLaneSet(outs, fixedLimits(10, 1000), admitAll)
+	s, _ := testLaneSet(outs, fixedLimits(10, 1000), admitAll)
 	var mu sync.Mutex
 	stop := false
 	stopping := func() bool { mu.Lock(); defer mu.Unlock(); return stop }
@@ -122,36 +142,46 @@ func TestDestinationsBackOffAsAWholeAndProbeOnce(t *testing.T) {
 	t.Parallel()
 	d := newDestinations(time.Second, 8*time.Second, func(time.Duration) time.Duration { return 0 })
 	now := time.Now()
-	ok, _ := d.admit("A", now)
+	ok, _ := d.admit("A", "")
 	require.True(t, ok)
+	require.False(t, d.startProbe("A", now), "a healthy destination is not probed")
 
 	// Succeeded since the rows began failing: the rows are to blame, not the destination.
 	d.succeeded("A", now)
 	_, outage := d.failedWhole("A", now.Add(-time.Second), now, errors.New("x"))
 	require.False(t, outage)
 
-	// Nothing succeeded since: an outage. Calls wait for the backoff, then one probe goes out.
+	// Nothing succeeded since: an outage. Ordinary rounds never call it; one probe goes out once
+	// the backoff ended, and only the probe round may call.
 	later := now.Add(time.Second)
 	retryAt, outage := d.failedWhole("A", later, later, errors.New("AuthorizationError"))
 	require.True(t, outage)
 	require.Equal(t, later.Add(500*time.Millisecond), retryAt, "half the base, no jitter")
-	ok, at := d.admit("A", later)
+	ok, at := d.admit("A", "")
 	require.False(t, ok)
 	require.Equal(t, retryAt, at)
-	ok, _ = d.admit("A", retryAt)
-	require.True(t, ok, "the probe")
-	ok, _ = d.admit("A", retryAt)
-	require.False(t, ok, "one probe at a time")
+	require.False(t, d.startProbe("A", later), "not before the backoff ends")
+	require.True(t, d.startProbe("A", retryAt), "the probe")
+	require.False(t, d.startProbe("A", retryAt), "one probe at a time")
+	ok, _ = d.admit("A", "")
+	require.False(t, ok, "an ordinary round still does not call it")
+	ok, _ = d.admit("A", "A")
+	require.True(t, ok, "the probe round calls it")
 	require.Len(t, d.down(), 1)
 	require.Equal(t, "AuthorizationError", d.down()[0].LastError)
 
 	// The probe fails: the backoff doubles. Then it answers: healthy again.
 	retryAt2, _ := d.failedWhole("A", retryAt, retryAt, errors.New("AuthorizationError"))
 	require.Equal(t, retryAt.Add(time.Second), retryAt2)
+	require.True(t, d.startProbe("A", retryAt2))
 	d.succeeded("A", retryAt2)
 	require.Empty(t, d.down())
-	ok, _ = d.admit("A", retryAt2)
+	ok, _ = d.admit("A", "")
 	require.True(t, ok)
+
+	// A nil error (no entry was sent) never panics.
+	_, outage = d.failedWhole("B", now, now, nil)
+	require.True(t, outage)
 }
 
 func TestTruncateTextIsValidUTF8WithoutNUL(t *testing.T) {
@@ -176,7 +206,7 @@ func TestLaneSetTakesEachDestinationsOwnLimits(t *testing.T) {
 		}
 		outs = append(outs, &outcome{event: &Event{ID: int64(i + 1), PartitionKey: string(rune('a' + i))}, dest: dest, size: 10})
 	}
-	s := newLaneSet(outs, func(dest string) Limits {
+	s, _ := testLaneSet(outs, func(dest string) Limits {
 		if dest == "kinesis" {
 			return Limits{MaxEntries: 500, MaxMessageBytes: 1 << 20, MaxCallBytes: 5 << 20}
 		}

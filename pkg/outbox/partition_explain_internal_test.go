@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -49,9 +48,7 @@ func measureRelay(t *testing.T, size int64) relayCosts {
 	var c relayCosts
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'outbox_event'::regclass`).Scan(&c.partitions))
 
-	tx, err := pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: roundSettings(30*time.Second, true)})
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
+	tx := beginWithRoundSettings(t, pool)
 
 	var maxID int64
 	require.NoError(t, tx.QueryRow(ctx, maxIDSQL).Scan(&maxID))
@@ -61,13 +58,11 @@ func measureRelay(t *testing.T, size int64) relayCosts {
 	c.poll, c.pollReturn = explainBuffers(t, tx, pollSQL, maxID-50, pollRows, gaps)
 	c.sweep, c.sweepKeys = explainBuffers(t, tx, sweepSQL, "", true, sweepKeys)
 
-	names, floors := []string{"hot"}, []int64{0}
+	names := []string{"hot"}
 	for i := range 500 {
-		names, floors = append(names, "b"+strconv.Itoa(i)), append(floors, 0)
+		names = append(names, "b"+strconv.Itoa(i))
 	}
-	var epoch int64
-	require.NoError(t, tx.QueryRow(ctx, epochSQL).Scan(&epoch))
-	c.read, c.readRows = explainBuffers(t, tx, readSQL, names, floors, 10, 16<<20, MaxMessageBytes, maxStoredPayload(MaxMessageBytes), epoch)
+	c.read, c.readRows = explainBuffers(t, tx, readSQL, names, 10, 16<<20, MaxMessageBytes)
 
 	// Settle 500 of the burst's rows (custom plan: the ids are known when planning), and
 	// 500 others with a generic plan (PostgreSQL may switch a prepared statement to one).
@@ -96,7 +91,7 @@ func measureRelay(t *testing.T, size int64) relayCosts {
 		}{
 			{"settle (generic)", "EXECUTE settle_generic('{" + strings.Join(lit, ",") + "}')", nil},
 			{"settle (custom)", settlePublishedSQL, []any{other}},
-			{"read", readSQL, []any{names[:3], floors[:3], 10, 16 << 20, MaxMessageBytes, maxStoredPayload(MaxMessageBytes), epoch}},
+			{"read", readSQL, []any{names[:3], 10, 16 << 20, MaxMessageBytes}},
 			{"poll", pollSQL, []any{maxID - 50, pollRows, gaps}},
 			{"sweep", sweepSQL, []any{"", true, sweepKeys}},
 		} {

@@ -5,12 +5,15 @@ import (
 	"errors"
 )
 
-// Publisher sends events to a broker. The relay calls PublishBatch with at most 10 events of
-// one destination, each from a different partition key, and several calls at once.
+// Publisher sends events to a broker. The relay calls PublishBatch with at most as many events
+// of one destination as its Limits allow (a Publisher that is not a LimitedPublisher: SNS's 10
+// entries and 256 KiB), each from a different partition key, and several calls at once.
 type Publisher interface {
-	// PublishBatch publishes events to destination (an SNS topic ARN) and returns one error
-	// per event, in order: nil means the broker acknowledged that event. Wrap errors that can
-	// never succeed on retry with Permanent so the row is quarantined at once.
+	// PublishBatch publishes events to destination (one of RelayConfig.Topics' values) and
+	// returns one error per event, in order: nil means the broker acknowledged that event. Wrap
+	// errors that can never succeed on retry with Permanent so the row is quarantined at once.
+	// When the request failed as a whole (a throttle, a timeout), return the same error value
+	// for every event: it then counts as no attempt of the rows.
 	PublishBatch(ctx context.Context, destination string, events []*Event) []error
 }
 
@@ -35,11 +38,19 @@ func IsPermanent(err error) bool {
 	return errors.As(err, &p)
 }
 
-// fillErrors returns n copies of err: a whole-call failure applies to every entry.
+// callError marks an error as its call's: the request failed as a whole, not an entry of it.
+type callError struct{ err error }
+
+func (e *callError) Error() string { return e.err.Error() }
+func (e *callError) Unwrap() error { return e.err }
+
+// fillErrors returns n copies of err, marked as the call's: a whole-call failure applies to
+// every entry, and is not an attempt of the rows (see Relay.call).
 func fillErrors(n int, err error) []error {
+	ce := &callError{err: err}
 	errs := make([]error, n)
 	for i := range errs {
-		errs[i] = err
+		errs[i] = ce
 	}
 	return errs
 }

@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -290,9 +289,6 @@ type Relay struct {
 // bookCapacity bounds the keys a relay schedules at once; the rest wait for a later sweep.
 const bookCapacity = 200_000
 
-// floorCapacity bounds how many drained keys' floors a relay remembers.
-const floorCapacity = 100_000
-
 // NewRelay returns a Relay over pool with cfg.
 func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 	if pool == nil {
@@ -308,7 +304,7 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 		cfg:      cfg,
 		log:      cfg.Logger.With("component", "relay"),
 		inFlight: make(chan struct{}, cfg.PublishConcurrency),
-		book:     newKeyBook(bookCapacity, floorCapacity),
+		book:     newKeyBook(bookCapacity),
 		dests:    newDestinations(cfg.BackoffBase, cfg.BackoffMax, jitter),
 	}
 	r.watch = newWatcher(r)
@@ -371,17 +367,26 @@ func (s *Stats) add(o Stats) {
 // RunOnce drains the outbox: it walks every pending partition key, then claims and publishes
 // until no claimable row is left (rows in backoff, quarantined, behind such a row, held by
 // another relay's round, or of a destination that backs off are not claimable), then returns.
+// It ends only after a walk of every pending key, against the database, found nothing it
+// could claim: what it leaves pending is not claimable.
 func (r *Relay) RunOnce(ctx context.Context) (Stats, error) {
 	if err := r.watch.start(ctx); err != nil {
 		return Stats{}, err
 	}
-	if err := r.watch.poll(ctx); err != nil {
-		return Stats{}, err
+	var total Stats
+	for {
+		if err := r.watch.poll(ctx); err != nil {
+			return total, err
+		}
+		if err := r.watch.sweep(ctx); err != nil {
+			return total, err
+		}
+		st, err := r.pipelines(ctx, true)
+		total.add(st)
+		if err != nil || st.Claimed == 0 || ctx.Err() != nil {
+			return total, err
+		}
 	}
-	if err := r.watch.sweep(ctx); err != nil {
-		return Stats{}, err
-	}
-	return r.pipelines(ctx, true)
 }
 
 // Run relays until ctx ends: it walks every pending key, then publishes what is due while
@@ -463,11 +468,55 @@ func (r *Relay) pipelinesReporting(ctx context.Context, untilIdle bool, report f
 		errs  []error
 		wg    sync.WaitGroup
 	)
+	// ran accounts for a round: its stats, and its error (which stops RunOnce).
+	ran := func(st Stats, err error) bool {
+		if report != nil {
+			report(st)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		busy--
+		total.add(st)
+		idle.Broadcast()
+		if err != nil && ctx.Err() == nil {
+			if untilIdle {
+				errs = append(errs, err)
+				return false
+			}
+			r.log.Error("relay round failed; retrying", "error", err)
+		}
+		return true
+	}
+	// probe starts, beside the pipelines, a probe round for each failing destination whose
+	// probe is due: a destination that hangs holds only its own probe, never a pipeline.
+	probe := func() {
+		for _, dest := range r.book.heldDestinations() {
+			if !r.dests.startProbe(dest, time.Now()) {
+				continue
+			}
+			keys := r.book.takeHeld(dest)
+			if len(keys.keys) == 0 {
+				r.dests.abandoned(dest)
+				continue
+			}
+			mu.Lock()
+			busy++
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				st, err := r.round(ctx, keys)
+				r.dests.abandoned(dest) // no-op when the probe's call answered or failed
+				ran(st, err)
+			}()
+		}
+	}
 	for range r.cfg.Pipelines {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for ctx.Err() == nil {
+				probe()
 				keys := r.book.take(r.cfg.BatchSize, time.Now())
 				if len(keys.keys) == 0 {
 					if !untilIdle {
@@ -498,25 +547,13 @@ func (r *Relay) pipelinesReporting(ctx context.Context, untilIdle bool, report f
 				busy++
 				mu.Unlock()
 				st, err := r.round(ctx, keys)
-				if report != nil {
-					report(st)
+				if !ran(st, err) {
+					return
 				}
-				mu.Lock()
-				busy--
-				total.add(st)
-				idle.Broadcast()
 				if err != nil && ctx.Err() == nil {
-					if untilIdle {
-						errs = append(errs, err)
-						mu.Unlock()
-						return
-					}
-					r.log.Error("relay round failed; retrying", "error", err)
-					mu.Unlock()
 					sleep(ctx, r.cfg.PollInterval)
 					continue
 				}
-				mu.Unlock()
 				if untilIdle {
 					if err := r.watch.pollIfDue(ctx); err != nil && ctx.Err() == nil {
 						mu.Lock()
@@ -535,7 +572,7 @@ func (r *Relay) pipelinesReporting(ctx context.Context, untilIdle bool, report f
 // waitForWork blocks until the book may have a due key: a change, the next due time, or at
 // most a poll interval.
 func (r *Relay) waitForWork(ctx context.Context) {
-	wait := r.cfg.PollInterval
+	wait := r.cfg.PollInterval // also how often a failing destination's probe is looked at
 	if at, ok := r.book.nextDue(); ok {
 		wait = min(wait, max(time.Until(at), time.Millisecond))
 	}
@@ -589,292 +626,6 @@ func (r *Relay) emitMetrics(ctx context.Context, s Stats) {
 
 // DestinationsDown returns the destinations this relay currently backs off as a whole.
 func (r *Relay) DestinationsDown() []DestinationOutage { return r.dests.down() }
-
-// round claims keys, publishes their rows and records the outcomes inside one transaction
-// that holds the keys' advisory locks: BEGIN, lock, read, publish (no statement runs
-// meanwhile), record, COMMIT. Whatever happens, the keys go back to the book with what the
-// round learned about them.
-func (r *Relay) round(ctx context.Context, taken roundKeys) (st Stats, err error) {
-	start := time.Now()
-	keys := taken.keys
-	verdicts := map[string]keyResult{}
-	defer func() {
-		results := make([]keyResult, 0, len(keys))
-		for _, k := range keys {
-			v, ok := verdicts[k.key]
-			if !ok || err != nil {
-				v = keyResult{key: k.key, verdict: verdictRelease}
-			}
-			results = append(results, v)
-		}
-		now := time.Now()
-		r.book.settle(taken, results, now)
-		r.book.releaseAnswered(r.dests.healthy, now)
-	}()
-
-	tx, err := r.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: roundSettings(r.cfg.Lease, r.watch.checkConnection)})
-	if err != nil {
-		if ctx.Err() != nil {
-			return Stats{}, nil // stopping: not a failure
-		}
-		return Stats{}, fmt.Errorf("begin relay round: %w", err)
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-
-	locked, err := r.lockKeys(ctx, tx, keys)
-	if err != nil {
-		return Stats{}, r.quiet(ctx, err)
-	}
-	var mine []claimKey
-	for _, k := range keys {
-		if locked[k.key] {
-			mine = append(mine, k)
-		} else {
-			// Another relay's round holds it: the key is that relay's work now. A later sweep
-			// finds it again if that relay stops with rows left.
-			verdicts[k.key] = keyResult{key: k.key, verdict: verdictElsewhere}
-		}
-	}
-	if len(mine) == 0 {
-		return Stats{}, nil
-	}
-	perKey := max(1, min(r.cfg.MaxPerKey, r.cfg.BatchSize/len(mine)))
-	rows, err := r.readRows(ctx, tx, mine, perKey, taken.epoch)
-	if err != nil {
-		return Stats{}, r.quiet(ctx, err)
-	}
-	plan := r.planRound(mine, rows, perKey)
-	claimed := time.Now()
-
-	pctx, cancel := context.WithDeadline(ctx, start.Add(r.cfg.Lease*3/4))
-	r.publish(pctx, start, plan.outcomes)
-	cancel()
-	published := time.Now()
-
-	st, err = r.settle(context.WithoutCancel(ctx), tx, plan.outcomes)
-	st.Rounds = 1
-	if err == nil {
-		for k, v := range plan.verdicts(time.Now()) {
-			verdicts[k] = v
-		}
-	}
-	if r.log.Enabled(ctx, slog.LevelDebug) {
-		r.log.Debug("relay round", "keys", len(keys), "locked", len(mine), "claimed", st.Claimed, "published", st.Published,
-			"retrying", st.Retrying, "outage", st.Outage, "quarantined", st.Quarantined,
-			"claim_ms", claimed.Sub(start).Milliseconds(), "publish_ms", published.Sub(claimed).Milliseconds(),
-			"settle_ms", time.Since(published).Milliseconds())
-	}
-	return st, err
-}
-
-// quiet drops err when ctx ended: a stopping relay's cancelled statement is not a failure.
-func (r *Relay) quiet(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		return nil
-	}
-	return err
-}
-
-// lockKeys takes the advisory locks of the keys no other round holds.
-func (r *Relay) lockKeys(ctx context.Context, tx pgx.Tx, keys []claimKey) (map[string]bool, error) {
-	names := make([]string, len(keys))
-	for i, k := range keys {
-		names[i] = k.key
-	}
-	rows, err := tx.Query(ctx, lockKeysSQL, names)
-	if err != nil {
-		return nil, fmt.Errorf("lock partition keys: %w", err)
-	}
-	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("lock partition keys: %w", err)
-	}
-	locked := make(map[string]bool, len(got))
-	for _, k := range got {
-		locked[k] = true
-	}
-	return locked, nil
-}
-
-// publish sends the round's outcomes lane by lane (see laneSet) with up to PublishConcurrency
-// calls in flight across the relay's rounds.
-func (r *Relay) publish(ctx context.Context, roundStart time.Time, outcomes []*outcome) {
-	set := newLaneSet(outcomes, r.limit, func(dest string) (bool, time.Time) {
-		return r.dests.admit(dest, time.Now())
-	})
-	stopping := func() bool { return ctx.Err() != nil }
-	var wg sync.WaitGroup
-	for range min(r.cfg.PublishConcurrency, len(set.ready)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				dest, batch, ok := set.next(stopping)
-				if !ok {
-					return
-				}
-				set.finish(batch, r.call(ctx, roundStart, dest, batch))
-			}
-		}()
-	}
-	wg.Wait()
-}
-
-// maxBatchEntries is the most entries of one PublishBatch call (SNS's limit).
-const maxBatchEntries = 10
-
-// limit returns dest's limits (a configured destination; SNS's for any other).
-func (r *Relay) limit(dest string) Limits {
-	if l, ok := r.limits[dest]; ok {
-		return l
-	}
-	return snsLimits
-}
-
-// call publishes the current rows of batch's lanes to dest and judges the answer: a call whose
-// every entry was refused as permanent is asked again entry by entry (the refusal may be the
-// request's, not each row's); a call whose every entry failed with a retryable error while
-// nothing sent to dest succeeded since those rows began failing (or since the round began, for
-// a first failure) is the destination's failure, not the rows'.
-func (r *Relay) call(ctx context.Context, roundStart time.Time, dest string, batch []*lane) []callResult {
-	events := make([]*Event, len(batch))
-	since := roundStart
-	for i, l := range batch {
-		o := l.current()
-		events[i] = o.event
-		if fs := o.row.failingSince; fs != nil && fs.Before(since) {
-			since = *fs
-		}
-	}
-	// Payloads for the claim check go to its store first; a row whose payload could not be
-	// stored is not sent, and its failure is the row's, not the destination's.
-	stored := r.offload(ctx, batch, events)
-	var sent []int
-	for i := range events {
-		if stored[i] == nil {
-			sent = append(sent, i)
-		}
-	}
-	errs := make([]error, len(events))
-	if len(sent) > 0 {
-		toSend := make([]*Event, len(sent))
-		for j, i := range sent {
-			toSend[j] = events[i]
-		}
-		sendErrs := r.send(ctx, dest, toSend)
-		if len(toSend) > 1 && allPermanent(sendErrs) && ctx.Err() == nil {
-			for j := range toSend {
-				sendErrs[j] = r.send(ctx, dest, toSend[j:j+1])[0]
-			}
-		}
-		for j, i := range sent {
-			errs[i] = sendErrs[j]
-		}
-	}
-	results := make([]callResult, len(batch))
-	stopping := ctx.Err() != nil
-	answered, allRetryable := false, len(sent) > 0
-	for i, err := range errs {
-		if stored[i] != nil {
-			if stopping {
-				results[i].cancelled = true
-			} else {
-				results[i].err = stored[i]
-			}
-			continue
-		}
-		switch {
-		case err == nil:
-			answered = true
-		case stopping:
-			results[i].cancelled = true
-			allRetryable = false
-		case IsPermanent(err):
-			answered = true // the destination refused the row: it works
-			results[i].err = err
-		default:
-			results[i].err = err
-		}
-	}
-	now := time.Now()
-	switch {
-	case answered:
-		r.dests.succeeded(dest, now)
-	case !allRetryable:
-		r.dests.abandoned(dest)
-	default:
-		if retryAt, outage := r.dests.failedWhole(dest, since, now, errs[0]); outage {
-			for i := range results {
-				results[i].outage, results[i].retryAt = true, retryAt
-			}
-		}
-	}
-	return results
-}
-
-// offload stores the payloads of batch's rows that the claim check offloads, several at once,
-// and puts into events the pointer messages that replace them. It returns, per row, why its
-// payload could not be stored (nil for the others).
-func (r *Relay) offload(ctx context.Context, batch []*lane, events []*Event) []error {
-	errs := make([]error, len(batch))
-	cc := r.cfg.ClaimCheck
-	if cc == nil {
-		return errs
-	}
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, offloadConcurrency)
-	for i, l := range batch {
-		if !l.current().offload {
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			e := events[i]
-			sctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
-			defer cancel()
-			if err := cc.Store.PutPayload(sctx, cc.Bucket, cc.key(e), e.Payload); err != nil {
-				errs[i] = fmt.Errorf("claim check: %w", err)
-				return
-			}
-			events[i] = cc.offloaded(e)
-		}()
-	}
-	wg.Wait()
-	return errs
-}
-
-// offloadConcurrency bounds the claim check's uploads in flight for one call.
-const offloadConcurrency = 8
-
-func allPermanent(errs []error) bool {
-	for _, err := range errs {
-		if err == nil || !IsPermanent(err) {
-			return false
-		}
-	}
-	return true
-}
-
-// send makes one PublishBatch call, bounded by PublishTimeout, waiting for a free slot among
-// PublishConcurrency.
-func (r *Relay) send(ctx context.Context, dest string, events []*Event) []error {
-	select {
-	case r.inFlight <- struct{}{}:
-	case <-ctx.Done():
-		return fillErrors(len(events), ctx.Err())
-	}
-	defer func() { <-r.inFlight }()
-	pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
-	defer cancel()
-	errs := r.cfg.Publisher.PublishBatch(pctx, dest, events)
-	if len(errs) != len(events) {
-		errs = fillErrors(len(events), fmt.Errorf("publisher returned %d results for %d events", len(errs), len(events)))
-	}
-	return errs
-}
 
 func (r *Relay) destination(e *Event) (string, error) {
 	if d, ok := r.cfg.Topics[e.Topic]; ok {

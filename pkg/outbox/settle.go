@@ -1,10 +1,8 @@
 package outbox
 
 import (
-	"context"
-	"fmt"
-	"log/slog"
-	"sort"
+		"fmt"
+		"sort"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -44,12 +42,12 @@ type keyPlan struct {
 // up to a row that may not go out now (quarantined, backing off, beyond the byte budget).
 // Rows that can never be published (unknown topic, too large, a payload that cannot be
 // rendered safely) stay in the lane and fail it, so they are quarantined by themselves.
-func (r *Relay) planRound(keys []claimKey, rows []*claimedRow, perKey int) *roundPlan {
+func (r *Relay) planRound(keys []string, rows []*claimedRow, perKey int) *roundPlan {
 	p := &roundPlan{}
 	byKey := map[string]*keyPlan{}
 	for _, k := range keys {
-		kp := &keyPlan{key: k.key}
-		byKey[k.key] = kp
+		kp := &keyPlan{key: k}
+		byKey[k] = kp
 		p.keys = append(p.keys, kp)
 	}
 	now := time.Now()
@@ -77,9 +75,7 @@ func (r *Relay) planRound(keys []claimKey, rows []*claimedRow, perKey int) *roun
 		o := &outcome{event: &c.Event, row: c}
 		switch {
 		case c.payloadLen == -1:
-			o.unpublishable = Permanent(fmt.Errorf("payload is stored in more than %d bytes: too large to publish", maxStoredPayload(r.readBytes)))
-		case c.payloadLen == -2:
-			o.unpublishable = Permanent(fmt.Errorf("payload holds a number beyond ±1e100 or within 1e-100 of zero, which PostgreSQL prints in full (up to 131,072 digits): set aside unread"))
+			o.unpublishable = Permanent(fmt.Errorf("payload is stored in more than %d bytes: too large to publish", r.readBytes))
 		default:
 			dest, err := r.destination(&c.Event)
 			lim := r.limit(dest)
@@ -124,52 +120,40 @@ func (r *Relay) planRound(keys []claimKey, rows []*claimedRow, perKey int) *roun
 	return p
 }
 
-// verdicts says, per key, what the book should do with it once the round's outcomes are
-// committed.
-func (p *roundPlan) verdicts(now time.Time) map[string]keyResult {
-	out := make(map[string]keyResult, len(p.keys))
-	for _, kp := range p.keys {
-		res := keyResult{key: kp.key, verdict: verdictDrained}
-		blocked := false
-		for _, o := range kp.lane {
-			switch {
-			case o.done:
-				res.lastPublished = o.event.ID
-				continue
-			case o.err != nil && o.quarantined:
-				res.verdict = verdictParked
-			case o.outage:
-				res.verdict, res.until, res.dest = verdictHeld, o.retryAt, o.dest
-			case o.err != nil:
-				res.verdict, res.until = verdictWait, o.retryAt
-			case !o.deferredUntil.IsZero():
-				res.verdict, res.until, res.dest = verdictHeld, o.deferredUntil, o.dest
-			default: // not attempted: the round stopped
-				res.verdict = verdictMore
-			}
-			blocked = true
-			break
+// result says what the book should do with the key once its lane's outcomes are committed.
+func (kp *keyPlan) result() keyResult {
+	res := keyResult{key: kp.key, verdict: verdictDrained}
+	for _, o := range kp.lane {
+		switch {
+		case o.done:
+			continue
+		case o.err != nil && o.quarantined:
+			res.verdict = verdictParked
+		case o.err != nil && o.kind == failOutage, o.err == nil && !o.deferredUntil.IsZero():
+			res.verdict, res.dest = verdictHeld, o.dest
+		case o.err != nil:
+			res.verdict, res.until = verdictWait, o.retryAt
+		default: // not attempted: the round stopped
+			res.verdict = verdictMore
 		}
-		if !blocked {
-			switch kp.stop {
-			case stopQuarantined:
-				res.verdict = verdictParked
-			case stopWaiting:
-				res.verdict, res.until = verdictWait, kp.waitUntil
-			case stopBudget:
-				res.verdict = verdictMore
-			}
-		}
-		out[kp.key] = res
+		return res
 	}
-	return out
+	switch kp.stop {
+	case stopQuarantined:
+		res.verdict = verdictParked
+	case stopWaiting:
+		res.verdict, res.until = verdictWait, kp.waitUntil
+	case stopBudget:
+		res.verdict = verdictMore
+	}
+	return res
 }
 
-// settle records a round's outcomes in its transaction and commits: acknowledged rows become
-// published; a failed row backs off (its key waits behind it) or is quarantined (its key stays
-// blocked behind it); rows whose destination failed as a whole keep their attempt count;
-// rows never attempted are left as they were. The commit releases the keys.
-func (r *Relay) settle(ctx context.Context, tx pgx.Tx, outcomes []*outcome) (Stats, error) {
+// recordOutcomes queues into b the statements that record outcomes, and counts them:
+// acknowledged rows become published; a failed row backs off (its key waits behind it) or is
+// quarantined (its key stays blocked behind it); rows whose call or destination failed as a
+// whole keep their attempt count; rows never attempted are left as they were.
+func (r *Relay) recordOutcomes(b *pgx.Batch, outcomes []*outcome) Stats {
 	var (
 		st        Stats
 		published []int64
@@ -195,24 +179,27 @@ func (r *Relay) settle(ctx context.Context, tx pgx.Tx, outcomes []*outcome) (Sta
 			e, row := o.event, o.row
 			attempt := int32(1)
 			var delay *int64
-			if o.outage {
-				attempt = 0
-				o.quarantined = row.failingSince != nil && now.Sub(*row.failingSince) >= r.cfg.OutageLimit
-				o.retryAt = o.deferredUntil
-			} else {
+			outlived := row.failingSince != nil && now.Sub(*row.failingSince) >= r.cfg.OutageLimit
+			switch o.kind {
+			case failOutage:
+				// The destination's probe decides when the row moves; available_at stays.
+				attempt, o.quarantined, o.retryAt = 0, outlived, o.deferredUntil
+			case failCall:
+				attempt, o.quarantined = 0, outlived
+			default:
 				o.quarantined = IsPermanent(o.err) || e.Attempts+1 >= r.cfg.MaxAttempts
-				if !o.quarantined {
-					d := r.backoff(e.Attempts + 1)
-					ms := d.Milliseconds()
-					delay, o.retryAt = &ms, now.Add(d)
-				}
+			}
+			if !o.quarantined && o.kind != failOutage {
+				d := r.backoff(e.Attempts + int(attempt))
+				ms := d.Milliseconds()
+				delay, o.retryAt = &ms, now.Add(d)
 			}
 			switch {
 			case o.quarantined:
 				st.Quarantined++
 				r.log.Warn("outbox row quarantined", "id", e.ID, "event_id", e.EventID, "topic", e.Topic,
-					"partition_key", e.PartitionKey, "attempts", e.Attempts+int(attempt), "outage", o.outage, "error", o.err)
-			case o.outage:
+					"partition_key", e.PartitionKey, "attempts", e.Attempts+int(attempt), "outage", o.kind != failRow, "error", o.err)
+			case o.kind != failRow:
 				st.Outage++
 			default:
 				st.Retrying++
@@ -227,33 +214,13 @@ func (r *Relay) settle(ctx context.Context, tx pgx.Tx, outcomes []*outcome) (Sta
 		}
 	}
 	st.Published = len(published)
-
-	b := &pgx.Batch{}
 	if len(published) > 0 {
 		b.Queue(settlePublishedSQL, published)
 	}
 	if len(fail.ids) > 0 {
 		b.Queue(settleFailedSQL, fail.ids, fail.errs, fail.quarantine, fail.delayMS, fail.attempt)
 	}
-	sctx, cancel := context.WithTimeout(ctx, r.cfg.Lease/2)
-	defer cancel()
-	err := func() error {
-		if b.Len() > 0 {
-			if err := tx.SendBatch(sctx, b).Close(); err != nil {
-				return err
-			}
-		}
-		return tx.Commit(sctx)
-	}()
-	if err != nil {
-		// The transaction is gone, and with it the locks: the rows are claimed again and
-		// published a second time. Duplicates are possible, loss is not.
-		return Stats{}, fmt.Errorf("record publish outcomes of %d rows: %w", len(outcomes), err)
-	}
-	if r.log.Enabled(ctx, slog.LevelDebug) && st.Outage > 0 {
-		r.log.Debug("rows kept their attempt count: their destination fails as a whole", "rows", st.Outage)
-	}
-	return st, nil
+	return st
 }
 
 // settlePublishedSQL and settleFailedSQL record a round's outcomes. Both find their rows by

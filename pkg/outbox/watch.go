@@ -5,10 +5,8 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
-	"sync"
-	"sync/atomic"
-	"time"
+		"sync"
+		"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -25,11 +23,13 @@ type watcher struct {
 	started  bool
 	frontier int64               // every row with an id up to it has been seen or is a gap
 	gaps     map[int64]time.Time // ids below the frontier not seen yet, and since when
-	// epoch is outbox_control.admin_epoch as last polled (the book keeps the epoch of its floors).
-	epoch    atomic.Int64
+	// epoch is outbox_control.admin_epoch as last polled: when an operator action moves it, the
+	// relay walks every key again (rows became pending again, parked keys may move).
+	epoch    int64
 	lastPoll time.Time
-	// checkConnection: the server has client_connection_check_interval (PostgreSQL 14+).
-	checkConnection bool
+	// pg14: the server has idle_session_timeout and client_connection_check_interval
+	// (PostgreSQL 14+).
+	pg14 bool
 
 	sweepMu   sync.Mutex // one sweep at a time
 	sweepWant chan struct{}
@@ -50,12 +50,6 @@ const (
 
 func newWatcher(r *Relay) *watcher {
 	return &watcher{r: r, gaps: map[int64]time.Time{}, sweepWant: make(chan struct{}, 1)}
-}
-
-// readSettings opens the watcher's read-only transactions with the same plan guards as rounds.
-// They hold no keys, so their statements may run as long as a lease.
-func readSettings(lease time.Duration) string {
-	return "BEGIN READ ONLY; SET LOCAL statement_timeout = " + strconv.FormatInt(lease.Milliseconds(), 10) + "; " + planGuards
 }
 
 // readOnly runs fn in a read-only transaction opened with readSettings.
@@ -84,25 +78,19 @@ func (w *watcher) start(ctx context.Context) error {
 		b := &pgx.Batch{}
 		b.Queue(`SELECT current_setting('server_version_num')::int`).QueryRow(func(row pgx.Row) error { return row.Scan(&version) })
 		b.Queue(maxIDSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&w.frontier) })
-		b.Queue(epochSQL).QueryRow(func(row pgx.Row) error {
-			var e int64
-			err := row.Scan(&e)
-			w.epoch.Store(e)
-			return err
-		})
+		b.Queue(epochSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&w.epoch) })
 		return tx.SendBatch(ctx, b).Close()
 	})
 	if err != nil {
 		return fmt.Errorf("start relay: read the outbox's state (are the migrations applied?): %w", err)
 	}
-	w.r.book.reset(w.epoch.Load(), time.Now())
-	w.checkConnection = version >= 140000
+	w.pg14 = version >= 140000
 	w.started = true
 	return nil
 }
 
 // poll reads every row committed since the last poll into the book. When an operator action
-// changed the outbox (the epoch moved), it resets the book's floors and asks for a sweep.
+// changed the outbox (the epoch moved), it unparks the book's keys and asks for a sweep.
 func (w *watcher) poll(ctx context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -168,11 +156,9 @@ func (w *watcher) pollOnce(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	w.lastPoll = now
-	if epoch != w.epoch.Load() {
-		// First, so that new rows do not make keys due with floors that no longer hold (rounds
-		// in flight ignore their floors by themselves: see readSQL).
-		w.epoch.Store(epoch)
-		w.r.book.reset(epoch, now)
+	if epoch != w.epoch {
+		w.epoch = epoch
+		w.r.book.reset(now)
 		w.wantSweep()
 	}
 	slices.SortFunc(rows, func(a, b polledRow) int { return cmp.Compare(a.id, b.id) })
@@ -188,7 +174,7 @@ func (w *watcher) pollOnce(ctx context.Context) (int, error) {
 			w.frontier = p.id
 		}
 		if !p.published {
-			w.r.book.sawRow(p.key, p.id, now)
+			w.r.book.sawRow(p.key, now)
 		}
 	}
 	if w.r.book.takeOverflow() {
@@ -241,7 +227,6 @@ func (w *watcher) sweepStep(ctx context.Context, after string, inclusive bool) (
 		dbNow       time.Time
 	}
 	var heads []head
-	seq := w.r.book.sweepSeq()
 	err := w.readOnly(ctx, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, sweepSQL, after, inclusive, sweepKeys)
 		if err != nil {
@@ -267,7 +252,7 @@ func (w *watcher) sweepStep(ctx context.Context, after string, inclusive bool) (
 			// The database's clock decides; translate its wait into ours.
 			state, at = headBackingOff, now.Add(h.availableAt.Sub(h.dbNow))
 		}
-		w.r.book.sawHead(h.key, h.id, state, at, seq, now)
+		w.r.book.sawHead(h.key, state, at, now)
 	}
 	if len(heads) == 0 {
 		return 0, "", nil

@@ -1,0 +1,524 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+		"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// A round takes keys from the book and, on one connection of the pool:
+//
+//  1. locks them: one session-level advisory lock per key (lockKeysSQL), skipping keys another
+//     round holds;
+//  2. reads each locked key's first pending rows (readSQL: the statement that enforces per-key
+//     order, against the database, never against a cache);
+//  3. publishes each key's rows as a lane (laneSet): one row after another, each only after the
+//     previous was acknowledged;
+//  4. as soon as a key's lane ends, records its outcomes in a short transaction and, after that
+//     transaction committed, releases the key's lock (roundSettler). A hot key's long lane
+//     never holds the other keys of its round.
+//
+// The keys' locks are the only thing that makes a key one round's at a time. They end with the
+// settler's unlock, with roundEndSQL, or with the session: a relay that dies (SIGKILL, lost
+// connection) releases them when PostgreSQL sees its connection close, within a second even
+// mid-statement (client_connection_check_interval), and one that hangs or is frozen is cut off
+// by idle_session_timeout after the lease. Any failed statement destroys the connection, so a
+// round never leaves a lock behind on a connection that goes back to the pool.
+
+// roundConn is a round's connection: its statements, and whether it can still go back to the
+// pool. One goroutine uses it at a time (the round, then its settler).
+type roundConn struct {
+	conn *pgxpool.Conn
+	pg14 bool
+	// broken: a statement failed; the connection is closed instead of returned to the pool,
+	// which releases whatever locks it held.
+	broken bool
+}
+
+// fail marks the connection broken and returns err.
+func (c *roundConn) fail(err error) error {
+	c.broken = true
+	return err
+}
+
+// close ends the round on the connection: it releases every lock left and undoes the round's
+// settings, or, when that fails or the connection broke, closes it.
+func (c *roundConn) close(ctx context.Context, lease time.Duration) {
+	if !c.broken {
+		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lease/2)
+		_, err := c.conn.Exec(ectx, roundEndSQL(c.pg14), pgx.QueryExecModeSimpleProtocol)
+		cancel()
+		c.broken = err != nil
+	}
+	if c.broken {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		_ = c.conn.Conn().Close(cctx)
+		cancel()
+	}
+	c.conn.Release()
+}
+
+// round claims taken's keys, publishes their rows and records each key's outcomes as its lane
+// ends (see the comment above). Whatever happens, every key goes back to the book with what
+// the round learned about it.
+func (r *Relay) round(ctx context.Context, taken roundKeys) (Stats, error) {
+	start := time.Now()
+	back := newKeyReturns(r.book, taken.keys)
+	defer back.rest()
+
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return Stats{}, r.quiet(ctx, fmt.Errorf("relay round: acquire a connection: %w", err))
+	}
+	rc := &roundConn{conn: conn, pg14: r.watch.pg14}
+	defer rc.close(ctx, r.cfg.Lease)
+
+	locked, err := r.lockKeys(ctx, rc, taken.keys)
+	if err != nil {
+		return Stats{}, r.quiet(ctx, rc.fail(err))
+	}
+	var mine, elsewhere []string
+	for _, k := range taken.keys {
+		if locked[k] {
+			mine = append(mine, k)
+		} else {
+			elsewhere = append(elsewhere, k)
+		}
+	}
+	// Another relay's round holds these: the keys are that relay's work now. A later sweep
+	// finds them again if that relay stops with rows left.
+	back.give(elsewhere, func(k string) keyResult { return keyResult{key: k, verdict: verdictElsewhere} })
+	if len(mine) == 0 {
+		return Stats{}, nil
+	}
+	perKey := max(1, min(r.cfg.MaxPerKey, r.cfg.BatchSize/len(mine)))
+	if taken.probe != "" {
+		perKey = 1 // a probe is one call's worth of rows
+	}
+	rows, err := r.readRows(ctx, rc.conn, mine, perKey)
+	if err != nil {
+		return Stats{}, r.quiet(ctx, rc.fail(fmt.Errorf("read claimed outbox rows: %w", err)))
+	}
+	plan := r.planRound(mine, rows, perKey)
+	claimed := time.Now()
+
+	pctx, stopPublishing := context.WithDeadline(ctx, start.Add(r.cfg.Lease*3/4))
+	defer stopPublishing()
+	settler := newRoundSettler(r, rc, back, stopPublishing)
+	settler.start(ctx)
+	for _, kp := range plan.keys {
+		if len(kp.lane) == 0 {
+			settler.ended(kp) // nothing to send: record nothing, release at once
+		}
+	}
+	r.publish(pctx, start, plan.keys, taken.probe, settler.ended)
+	published := time.Now()
+	st, err := settler.finish()
+	st.Rounds = 1
+	if r.log.Enabled(ctx, slog.LevelDebug) {
+		r.log.Debug("relay round", "keys", len(taken.keys), "locked", len(mine), "claimed", st.Claimed, "published", st.Published,
+			"retrying", st.Retrying, "outage", st.Outage, "quarantined", st.Quarantined, "probe", taken.probe,
+			"claim_ms", claimed.Sub(start).Milliseconds(), "publish_ms", published.Sub(claimed).Milliseconds(),
+			"settle_ms", time.Since(published).Milliseconds())
+	}
+	return st, r.quiet(ctx, err)
+}
+
+// quiet drops err when ctx ended: a stopping relay's cancelled statement is not a failure.
+func (r *Relay) quiet(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// lockKeys takes, with the round's settings, the advisory locks of the keys no other round holds.
+func (r *Relay) lockKeys(ctx context.Context, rc *roundConn, keys []string) (map[string]bool, error) {
+	b := &pgx.Batch{}
+	for _, s := range roundSettings(r.cfg.Lease, rc.pg14) {
+		b.Queue(s)
+	}
+	locked := make(map[string]bool, len(keys))
+	b.Queue(lockKeysSQL, keys).Query(func(rows pgx.Rows) error {
+		var k string
+		_, err := pgx.ForEachRow(rows, []any{&k}, func() error {
+			locked[k] = true
+			return nil
+		})
+		return err
+	})
+	if err := rc.conn.SendBatch(ctx, b).Close(); err != nil {
+		return nil, fmt.Errorf("lock partition keys: %w", err)
+	}
+	return locked, nil
+}
+
+// keyReturns hands a round's keys back to the book, each once: as its verdict comes, or, for
+// what is left when the round ends, verdictRelease (claim again at once).
+type keyReturns struct {
+	book *keyBook
+	mu   sync.Mutex
+	left map[string]bool
+}
+
+func newKeyReturns(book *keyBook, keys []string) *keyReturns {
+	left := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		left[k] = true
+	}
+	return &keyReturns{book: book, left: left}
+}
+
+// give returns keys with the verdict verdict gives each.
+func (b *keyReturns) give(keys []string, verdict func(string) keyResult) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var results []keyResult
+	for _, k := range keys {
+		if b.left[k] {
+			delete(b.left, k)
+			results = append(results, verdict(k))
+		}
+	}
+	b.book.settle(results, time.Now())
+}
+
+// rest returns every key not returned yet, to be claimed again at once.
+func (b *keyReturns) rest() {
+	b.mu.Lock()
+	keys := make([]string, 0, len(b.left))
+	for k := range b.left {
+		keys = append(keys, k)
+	}
+	b.mu.Unlock()
+	b.give(keys, func(k string) keyResult { return keyResult{key: k, verdict: verdictRelease} })
+}
+
+// roundSettler records the outcomes of a round's keys as their lanes end and releases them:
+// each flush takes every key that ended since the last one, commits their outcomes in one
+// transaction, and only then unlocks them and hands them back to the book. So a key is
+// released when its own lane ends, never later than one flush after, and never before its
+// outcomes are committed (the next round to lock it reads them).
+type roundSettler struct {
+	r    *Relay
+	rc   *roundConn
+	back *keyReturns
+	// abort stops the round's publishing when a flush fails: the keys' locks are gone.
+	abort func()
+
+	mu      sync.Mutex
+	cond    *sync.Cond
+	pending []*keyPlan
+	closed  bool
+	done    chan struct{}
+	st      Stats
+	err     error
+}
+
+func newRoundSettler(r *Relay, rc *roundConn, back *keyReturns, abort func()) *roundSettler {
+	s := &roundSettler{r: r, rc: rc, back: back, abort: abort, done: make(chan struct{})}
+	s.cond = sync.NewCond(&s.mu)
+	return s
+}
+
+// ended queues kp's key: its lane will send nothing more. It never blocks.
+func (s *roundSettler) ended(kp *keyPlan) {
+	s.mu.Lock()
+	s.pending = append(s.pending, kp)
+	s.mu.Unlock()
+	s.cond.Signal()
+}
+
+func (s *roundSettler) start(ctx context.Context) {
+	go func() {
+		defer close(s.done)
+		for {
+			s.mu.Lock()
+			for len(s.pending) == 0 && !s.closed {
+				s.cond.Wait()
+			}
+			batch := s.pending
+			s.pending = nil
+			closed := s.closed
+			s.mu.Unlock()
+			if len(batch) > 0 && s.err == nil {
+				st, err := s.flush(ctx, batch)
+				s.st.add(st)
+				if err != nil {
+					s.err = err
+					s.abort()
+				}
+			}
+			if closed && len(batch) == 0 {
+				return
+			}
+		}
+	}()
+}
+
+// finish waits for the last flush; every key has ended by then (publish returned).
+func (s *roundSettler) finish() (Stats, error) {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.cond.Signal()
+	<-s.done
+	return s.st, s.err
+}
+
+// flush commits the outcomes of keys whose lanes ended, then releases them. If it fails, the
+// connection is closed (its locks go with it) and the keys are handed back to be claimed again:
+// rows acknowledged but not recorded are published a second time. Duplicates are possible,
+// loss is not.
+func (s *roundSettler) flush(ctx context.Context, plans []*keyPlan) (Stats, error) {
+	var outcomes []*outcome
+	keys := make([]string, len(plans))
+	for i, kp := range plans {
+		outcomes = append(outcomes, kp.lane...)
+		keys[i] = kp.key
+	}
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	st := s.r.recordOutcomes(b, outcomes)
+	b.Queue("COMMIT")
+	// After the COMMIT above, in the same round trip: the next round to lock a key reads what
+	// this one recorded.
+	b.Queue(unlockKeysSQL, keys)
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.r.cfg.Lease/2)
+	defer cancel()
+	if err := s.rc.conn.SendBatch(fctx, b).Close(); err != nil {
+		return Stats{}, s.rc.fail(fmt.Errorf("record publish outcomes of %d rows: %w", len(outcomes), err))
+	}
+	byKey := make(map[string]*keyPlan, len(plans))
+	for _, kp := range plans {
+		byKey[kp.key] = kp
+	}
+	s.back.give(keys, func(k string) keyResult { return byKey[k].result() })
+	return st, nil
+}
+
+// publish sends the lanes of plans (see laneSet) with up to PublishConcurrency calls in flight
+// across the relay's rounds, and tells ended of each key whose lane ended. probe is the failing
+// destination a probe round may call ("" in an ordinary round).
+func (r *Relay) publish(ctx context.Context, roundStart time.Time, plans []*keyPlan, probe string, ended func(*keyPlan)) {
+	set := newLaneSet(plans, r.limit, func(dest string) (bool, time.Time) {
+		return r.dests.admit(dest, probe)
+	}, func(l *lane) { ended(l.plan) })
+	stopping := func() bool { return ctx.Err() != nil }
+	var wg sync.WaitGroup
+	for range min(r.cfg.PublishConcurrency, len(set.ready)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				dest, batch, ok := set.next(stopping)
+				if !ok {
+					return
+				}
+				set.finish(batch, r.call(ctx, roundStart, dest, batch))
+			}
+		}()
+	}
+	wg.Wait()
+	set.endRest()
+}
+
+// maxBatchEntries is the most entries of one PublishBatch call (SNS's limit).
+const maxBatchEntries = 10
+
+// limit returns dest's limits (a configured destination; SNS's for any other).
+func (r *Relay) limit(dest string) Limits {
+	if l, ok := r.limits[dest]; ok {
+		return l
+	}
+	return snsLimits
+}
+
+// call publishes the current rows of batch's lanes to dest and judges the answer:
+//   - a call whose every entry was refused as permanent is asked again entry by entry (the
+//     refusal may be the request's, not each row's);
+//   - an entry the destination answered and refused is the row's failure (an attempt);
+//   - a call that failed as a whole (every entry with the same error: the request's, such as a
+//     throttle or a timeout) is not an attempt of its rows: if nothing sent to dest succeeded
+//     since those rows began failing (or since the round began), it is the destination's
+//     failure (an outage: dest backs off and its keys wait for its probe); otherwise the rows
+//     back off without counting an attempt.
+func (r *Relay) call(ctx context.Context, roundStart time.Time, dest string, batch []*lane) []callResult {
+	events := make([]*Event, len(batch))
+	since := roundStart
+	for i, l := range batch {
+		o := l.current()
+		events[i] = o.event
+		if fs := o.row.failingSince; fs != nil && fs.Before(since) {
+			since = *fs
+		}
+	}
+	// Payloads for the claim check go to its store first; a row whose payload could not be
+	// stored is not sent, and its failure is the row's, not the destination's.
+	stored := r.offload(ctx, batch, events)
+	var sent []int
+	for i := range events {
+		if stored[i] == nil {
+			sent = append(sent, i)
+		}
+	}
+	errs := make([]error, len(events))
+	var sendErrs []error
+	if len(sent) > 0 {
+		toSend := make([]*Event, len(sent))
+		for j, i := range sent {
+			toSend[j] = events[i]
+		}
+		sendErrs = r.send(ctx, dest, toSend)
+		if len(toSend) > 1 && allPermanent(sendErrs) && ctx.Err() == nil {
+			for j := range toSend {
+				sendErrs[j] = r.send(ctx, dest, toSend[j:j+1])[0]
+			}
+		}
+		for j, i := range sent {
+			errs[i] = sendErrs[j]
+		}
+	}
+	results := make([]callResult, len(batch))
+	stopping := ctx.Err() != nil
+	wholeCall := wholeCallFailure(sendErrs)
+	answered, allRetryable := false, len(sent) > 0
+	for i, err := range errs {
+		if stored[i] != nil {
+			if stopping {
+				results[i].cancelled = true
+			} else {
+				results[i].err = stored[i]
+			}
+			continue
+		}
+		switch {
+		case err == nil:
+			answered = true
+		case stopping:
+			results[i].cancelled = true
+			allRetryable = false
+		case IsPermanent(err):
+			answered = true // the destination refused the row: it works
+			results[i].err = err
+		default:
+			results[i].err = err
+		}
+	}
+	now := time.Now()
+	switch {
+	case answered:
+		r.dests.succeeded(dest, now)
+		r.book.release(dest, now)
+	case !allRetryable:
+		r.dests.abandoned(dest)
+	default:
+		// Every sent entry failed with a retryable error: the destination's failure if nothing
+		// sent to it succeeded since these rows began failing; otherwise a call that failed as a
+		// whole (a throttle) is still not the rows' fault, and only entries the destination
+		// refused one by one count as attempts.
+		retryAt, outage := r.dests.failedWhole(dest, since, now, sendErrs[0])
+		for i := range results {
+			switch {
+			case results[i].err == nil || stored[i] != nil:
+			case outage:
+				results[i].kind, results[i].retryAt = failOutage, retryAt
+			case wholeCall:
+				results[i].kind = failCall
+			}
+		}
+	}
+	return results
+}
+
+// wholeCallFailure reports whether errs is a publisher's answer to a call that failed as a
+// whole with a retryable error: every entry carries the same error value, one that fillErrors
+// made (the built-in publishers' answer to a failed request) or, from any publisher, one shared
+// by the entries of a call of several.
+func wholeCallFailure(errs []error) bool {
+	if len(errs) == 0 || errs[0] == nil || IsPermanent(errs[0]) {
+		return false
+	}
+	for _, err := range errs {
+		if err != errs[0] {
+			return false
+		}
+	}
+	var ce *callError
+	return len(errs) > 1 || errors.As(errs[0], &ce)
+}
+
+// offload stores the payloads of batch's rows that the claim check offloads, several at once,
+// and puts into events the pointer messages that replace them. It returns, per row, why its
+// payload could not be stored (nil for the others).
+func (r *Relay) offload(ctx context.Context, batch []*lane, events []*Event) []error {
+	errs := make([]error, len(batch))
+	cc := r.cfg.ClaimCheck
+	if cc == nil {
+		return errs
+	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, offloadConcurrency)
+	for i, l := range batch {
+		if !l.current().offload {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			e := events[i]
+			sctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+			defer cancel()
+			if err := cc.Store.PutPayload(sctx, cc.Bucket, cc.key(e), e.Payload); err != nil {
+				errs[i] = fmt.Errorf("claim check: %w", err)
+				return
+			}
+			events[i] = cc.offloaded(e)
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+// offloadConcurrency bounds the claim check's uploads in flight for one call.
+const offloadConcurrency = 8
+
+func allPermanent(errs []error) bool {
+	for _, err := range errs {
+		if err == nil || !IsPermanent(err) {
+			return false
+		}
+	}
+	return true
+}
+
+// send makes one PublishBatch call, bounded by PublishTimeout, waiting for a free slot among
+// PublishConcurrency. A publisher that panics fails the call instead of the relay.
+func (r *Relay) send(ctx context.Context, dest string, events []*Event) (errs []error) {
+	select {
+	case r.inFlight <- struct{}{}:
+	case <-ctx.Done():
+		return fillErrors(len(events), ctx.Err())
+	}
+	defer func() { <-r.inFlight }()
+	pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	defer cancel()
+	defer func() {
+		if p := recover(); p != nil {
+			errs = fillErrors(len(events), fmt.Errorf("publisher panicked: %v", p))
+		}
+	}()
+	errs = r.cfg.Publisher.PublishBatch(pctx, dest, events)
+	if len(errs) != len(events) {
+		errs = fillErrors(len(events), fmt.Errorf("publisher returned %d results for %d events", len(errs), len(events)))
+	}
+	return errs
+}
