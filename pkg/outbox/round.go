@@ -3,7 +3,7 @@ package outbox
 import (
 	"context"
 	"errors"
-		"fmt"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"

@@ -1,8 +1,8 @@
 package outbox
 
 import (
-		"fmt"
-		"sort"
+	"fmt"
+	"sort"
 	"strings"
 	"time"
 	"unicode/utf8"

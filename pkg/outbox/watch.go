@@ -5,8 +5,8 @@ import (
 	"context"
 	"fmt"
 	"slices"
-		"sync"
-		"time"
+	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
