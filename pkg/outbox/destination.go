@@ -129,7 +129,7 @@ func (p Publishers) of(dest string) (Publisher, error) {
 func (p Publishers) PublishBatch(ctx context.Context, dest string, events []*Event) []error {
 	pub, err := p.of(dest)
 	if err != nil {
-		return fillErrors(len(events), Permanent(err))
+		return CallFailed(len(events), Permanent(err))
 	}
 	return pub.PublishBatch(ctx, dest, events)
 }

@@ -116,7 +116,7 @@ func (p *EventBridgePublisher) put(ctx context.Context, entries []ebtypes.PutEve
 		if errors.As(err, &apiErr) && permanentEventBridgeCodes[apiErr.ErrorCode()] {
 			err = Permanent(err)
 		}
-		return fillErrors(len(entries), err)
+		return CallFailed(len(entries), err)
 	}
 	errs := make([]error, len(entries))
 	for i := range entries {

@@ -69,9 +69,11 @@ func (r *recorder) PublishBatch(ctx context.Context, dest string, events []*outb
 	if delay > 0 {
 		time.Sleep(delay)
 	}
-	var callErr error
+	var callErrs []error
 	if failCall != nil {
-		callErr = failCall(events)
+		if err := failCall(events); err != nil {
+			callErrs = outbox.CallFailed(len(events), err)
+		}
 	}
 	errs := make([]error, len(events))
 	r.mu.Lock()
@@ -81,8 +83,8 @@ func (r *recorder) PublishBatch(ctx context.Context, dest string, events []*outb
 			errs[i] = ctx.Err()
 			continue
 		}
-		if callErr != nil {
-			errs[i] = callErr
+		if callErrs != nil {
+			errs[i] = callErrs[i]
 			continue
 		}
 		if fail != nil {

@@ -98,7 +98,7 @@ var permanentKafkaErrors = []error{
 func (p *KafkaPublisher) PublishBatch(ctx context.Context, dest string, events []*Event) []error {
 	d, err := ParseDestination(dest)
 	if err != nil || d.Kind != Kafka {
-		return fillErrors(len(events), Permanent(fmt.Errorf("destination %q is not a Kafka topic (kafka://NAME)", dest)))
+		return CallFailed(len(events), Permanent(fmt.Errorf("destination %q is not a Kafka topic (kafka://NAME)", dest)))
 	}
 	errs := make([]error, len(events))
 	var (

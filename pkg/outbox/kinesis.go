@@ -105,7 +105,7 @@ func (p *KinesisPublisher) put(ctx context.Context, stream string, records []kty
 		if errors.As(err, &apiErr) && permanentKinesisCodes[apiErr.ErrorCode()] {
 			err = Permanent(err)
 		}
-		return fillErrors(len(records), err)
+		return CallFailed(len(records), err)
 	}
 	errs := make([]error, len(records))
 	for i := range records {

@@ -12,8 +12,8 @@ type Publisher interface {
 	// PublishBatch publishes events to destination (one of RelayConfig.Topics' values) and
 	// returns one error per event, in order: nil means the broker acknowledged that event. Wrap
 	// errors that can never succeed on retry with Permanent so the row is quarantined at once.
-	// When the request failed as a whole (a throttle, a timeout), return the same error value
-	// for every event: it then counts as no attempt of the rows.
+	// When the request failed as a whole (a throttle, a timeout), return CallFailed(len(events),
+	// err): it then counts as no attempt of the rows.
 	PublishBatch(ctx context.Context, destination string, events []*Event) []error
 }
 
@@ -44,9 +44,11 @@ type callError struct{ err error }
 func (e *callError) Error() string { return e.err.Error() }
 func (e *callError) Unwrap() error { return e.err }
 
-// fillErrors returns n copies of err, marked as the call's: a whole-call failure applies to
-// every entry, and is not an attempt of the rows (see Relay.call).
-func fillErrors(n int, err error) []error {
+// CallFailed returns what a Publisher returns for a call of n events whose request failed as a
+// whole (a throttle, a timeout, a 5xx): n copies of err, marked as the call's failure. The relay
+// then counts no attempt against the rows: they back off, or, when nothing sent to the
+// destination succeeds, the destination does.
+func CallFailed(n int, err error) []error {
 	ce := &callError{err: err}
 	errs := make([]error, n)
 	for i := range errs {

@@ -438,9 +438,8 @@ func (r *Relay) call(ctx context.Context, roundStart time.Time, dest string, bat
 }
 
 // wholeCallFailure reports whether errs is a publisher's answer to a call that failed as a
-// whole with a retryable error: every entry carries the same error value, one that fillErrors
-// made (the built-in publishers' answer to a failed request) or, from any publisher, one shared
-// by the entries of a call of several.
+// whole with a retryable error: every entry carries the same error value, one that CallFailed
+// made or, from any publisher, one shared by the entries of a call of several.
 func wholeCallFailure(errs []error) bool {
 	if len(errs) == 0 || errs[0] == nil || IsPermanent(errs[0]) {
 		return false
@@ -506,19 +505,19 @@ func (r *Relay) send(ctx context.Context, dest string, events []*Event) (errs []
 	select {
 	case r.inFlight <- struct{}{}:
 	case <-ctx.Done():
-		return fillErrors(len(events), ctx.Err())
+		return CallFailed(len(events), ctx.Err())
 	}
 	defer func() { <-r.inFlight }()
 	pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 	defer cancel()
 	defer func() {
 		if p := recover(); p != nil {
-			errs = fillErrors(len(events), fmt.Errorf("publisher panicked: %v", p))
+			errs = CallFailed(len(events), fmt.Errorf("publisher panicked: %v", p))
 		}
 	}()
 	errs = r.cfg.Publisher.PublishBatch(pctx, dest, events)
 	if len(errs) != len(events) {
-		errs = fillErrors(len(events), fmt.Errorf("publisher returned %d results for %d events", len(errs), len(events)))
+		errs = CallFailed(len(events), fmt.Errorf("publisher returned %d results for %d events", len(errs), len(events)))
 	}
 	return errs
 }

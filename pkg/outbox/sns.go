@@ -88,9 +88,9 @@ func (p *SNSPublisher) PublishBatch(ctx context.Context, topicARN string, events
 		if errors.As(err, &apiErr) && permanentSNSCodes[apiErr.ErrorCode()] {
 			err = Permanent(err)
 		}
-		return fillErrors(len(events), err)
+		return CallFailed(len(events), err)
 	}
-	errs := fillErrors(len(events), errors.New("sns publish batch: entry missing from the response"))
+	errs := CallFailed(len(events), errors.New("sns publish batch: entry missing from the response"))
 	for _, s := range out.Successful {
 		if i, ok := entryIndex(s.Id, len(events)); ok {
 			errs[i] = nil
