@@ -48,7 +48,8 @@ const (
 type RelayConfig struct {
 	// Publisher sends events to the broker. Required; NewSNSPublisher is the production one.
 	Publisher Publisher
-	// Topics maps logical topic names (outbox_event.topic) to destinations (SNS topic ARNs).
+	// Topics maps logical topic names (outbox_event.topic) to destinations: SNS topic, EventBridge
+	// bus or Kinesis stream ARNs, or kafka://TOPIC (see ParseDestination).
 	Topics map[string]string
 	// DefaultTopic receives rows whose topic is not in Topics. Defaults to none: such rows are
 	// quarantined with an "unknown topic" error.
