@@ -473,6 +473,11 @@ func (r *Relay) offload(ctx context.Context, batch []*lane, events []*Event) []e
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
+			defer func() {
+				if p := recover(); p != nil {
+					errs[i] = fmt.Errorf("claim check: payload store panicked: %v", p)
+				}
+			}()
 			e := events[i]
 			sctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 			defer cancel()
