@@ -36,14 +36,14 @@ import (
 )
 
 var (
-	simSeeds        = flag.Int("sim.seeds", 100, "number of simulator seeds TestSimulation runs")
-	simSeed         = flag.Int64("sim.seed", 1, "first simulator seed")
-	simRandom       = flag.Bool("sim.random", false, "start the simulator at a random seed (printed)")
-	simParallel     = flag.Int("sim.parallel", 6, "simulator seeds run at once")
-	simFaultMax     = flag.Duration("sim.fault", 1500*time.Millisecond, "longest fault phase of a seed")
-	simHeal         = flag.Duration("sim.heal", 15*time.Second, "how long the heal phase may take to publish everything")
-	simKnownBugs    = flag.Bool("sim.known-bugs", false, "also draw the faults the current relay is known to fail on (simAvoid)")
-	simSummary      = flag.String("sim.summary", "", "append TestSimulation's summary line to this file")
+	simSeeds     = flag.Int("sim.seeds", 100, "number of simulator seeds TestSimulation runs")
+	simSeed      = flag.Int64("sim.seed", 1, "first simulator seed")
+	simRandom    = flag.Bool("sim.random", false, "start the simulator at a random seed (printed)")
+	simParallel  = flag.Int("sim.parallel", 6, "simulator seeds run at once")
+	simFaultMax  = flag.Duration("sim.fault", 1500*time.Millisecond, "longest fault phase of a seed")
+	simHeal      = flag.Duration("sim.heal", 15*time.Second, "how long the heal phase may take to publish everything")
+	simKnownBugs = flag.Bool("sim.known-bugs", false, "also draw the faults the current relay is known to fail on (simAvoid)")
+	simSummary   = flag.String("sim.summary", "", "append TestSimulation's summary line to this file")
 )
 
 // simExactBytes: the payload column keeps the bytes written (json), so producers write any
