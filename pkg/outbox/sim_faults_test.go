@@ -137,7 +137,7 @@ func drawSchedule(seed int64, rng *rand.Rand, p simProfile) *simSchedule {
 	s.keys = 30 + rng.IntN(271)
 	s.serialized = s.keys * (3 + rng.IntN(6)) / 10
 	s.retiring = min(s.serialized, 1+rng.IntN(4))
-	s.retireAt = s.faultPhase * time.Duration(2+rng.IntN(4)) / 10
+	s.retireAt = s.faultPhase * time.Duration(3+rng.IntN(4)) / 10
 	s.maxRows = 1 + rng.IntN(4)
 	s.claimCheck = rng.IntN(3) == 0
 	s.secondDest = rng.IntN(2) == 0
@@ -160,7 +160,7 @@ func drawSchedule(seed int64, rng *rand.Rand, p simProfile) *simSchedule {
 	for range rng.IntN(3) {
 		s.actions = append(s.actions, simAction{at: at(), kind: actCancel, relay: rng.IntN(s.relays), down: down()})
 	}
-	for range rng.IntN(4) {
+	for range rng.IntN(6) {
 		s.actions = append(s.actions, simAction{at: at(), kind: actKill, relay: rng.IntN(s.relays), down: down()})
 	}
 	for range rng.IntN(3) {
@@ -169,7 +169,7 @@ func drawSchedule(seed int64, rng *rand.Rand, p simProfile) *simSchedule {
 	for range rng.IntN(2) {
 		s.actions = append(s.actions, simAction{at: at(), kind: actTerminateProducer})
 	}
-	for range rng.IntN(3) {
+	for range rng.IntN(4) {
 		// Replays come after the retirement, when a retired key may be fully published.
 		t := s.retireAt + time.Duration(rng.Int64N(int64(s.faultPhase-s.retireAt)+1))
 		s.actions = append(s.actions, simAction{at: t, kind: actReplay, arg: rng.IntN(s.retiring)})

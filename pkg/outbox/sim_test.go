@@ -36,10 +36,10 @@ import (
 )
 
 var (
-	simSeeds     = flag.Int("sim.seeds", 100, "number of simulator seeds TestSimulation runs")
+	simSeeds     = flag.Int("sim.seeds", 120, "number of simulator seeds TestSimulation runs")
 	simSeed      = flag.Int64("sim.seed", 1, "first simulator seed")
 	simRandom    = flag.Bool("sim.random", false, "start the simulator at a random seed (printed)")
-	simParallel  = flag.Int("sim.parallel", 6, "simulator seeds run at once")
+	simParallel  = flag.Int("sim.parallel", 8, "simulator seeds run at once")
 	simFaultMax  = flag.Duration("sim.fault", 1500*time.Millisecond, "longest fault phase of a seed")
 	simHeal      = flag.Duration("sim.heal", 15*time.Second, "how long the heal phase may take to publish everything")
 	simKnownBugs = flag.Bool("sim.known-bugs", false, "also draw the faults the current relay is known to fail on (simAvoid)")
@@ -533,6 +533,10 @@ func (p *simProducer) run(stop <-chan struct{}) {
 func (p *simProducer) pickKey() (string, bool) {
 	s := p.w.sched
 	retired := time.Since(p.w.start) >= s.retireAt
+	if !retired && s.retiring > 0 && p.rng.IntN(2) == 0 {
+		// Retiring keys get many rows while they are written, for the replays to reorder.
+		return fmt.Sprintf("s%d", p.rng.IntN(s.retiring)), true
+	}
 	for {
 		i := p.rng.IntN(s.keys)
 		switch {
@@ -545,13 +549,26 @@ func (p *simProducer) pickKey() (string, bool) {
 	}
 }
 
+// isRetiring reports whether key is one of the retiring keys (replayed once retired).
+func (p *simProducer) isRetiring(key string) bool {
+	for i := range p.w.sched.retiring {
+		if key == fmt.Sprintf("s%d", i) {
+			return true
+		}
+	}
+	return false
+}
+
 // txn writes one transaction of 1..maxRows rows of one key, mixing plain SQL and Write; it may
 // hold the transaction open a while, and may roll it back.
 func (p *simProducer) txn() {
 	key, serialized := p.pickKey()
 	n := 1 + p.rng.IntN(p.w.sched.maxRows)
+	if strings.HasPrefix(key, "s") && p.isRetiring(key) {
+		n = 1 + p.rng.IntN(8) // more than a round takes of a key (MaxPerKey): replays span rounds
+	}
 	var hold time.Duration
-	if p.rng.IntN(20) == 0 {
+	if p.rng.IntN(8) == 0 {
 		hold = time.Duration(p.rng.IntN(1500)) * time.Millisecond
 	}
 	rollback := p.rng.IntN(20) == 0
