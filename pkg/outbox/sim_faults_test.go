@@ -67,9 +67,10 @@ const (
 	actPurge                                  // Purge published rows
 	actRetryAll                               // RetryAllQuarantined
 	actHostile                                // insert a hostile row with plain SQL
+	actOutage                                 // every call to the destination fails (throttled) for a while
 )
 
-var simActionNames = [...]string{"cancel", "kill", "terminate", "term-producers", "replay", "purge", "retry-all", "hostile"}
+var simActionNames = [...]string{"cancel", "kill", "terminate", "term-producers", "replay", "purge", "retry-all", "hostile", "outage"}
 
 func (k simActionKind) String() string { return simActionNames[k] }
 
@@ -87,6 +88,8 @@ func (a simAction) String() string {
 	switch a.kind {
 	case actCancel, actKill:
 		s += fmt.Sprintf("(r%d,down=%dms)", a.relay, a.down.Milliseconds())
+	case actOutage:
+		s += fmt.Sprintf("(%dms)", a.down.Milliseconds())
 	case actTerminate:
 		s += fmt.Sprintf("(r%d)", a.relay)
 	case actHostile:
@@ -162,6 +165,9 @@ func drawSchedule(seed int64, rng *rand.Rand, p simProfile) *simSchedule {
 	}
 	for range rng.IntN(6) {
 		s.actions = append(s.actions, simAction{at: at(), kind: actKill, relay: rng.IntN(s.relays), down: down()})
+	}
+	for range rng.IntN(2) {
+		s.actions = append(s.actions, simAction{at: at(), kind: actOutage, down: time.Duration(50+rng.IntN(500)) * time.Millisecond})
 	}
 	for range rng.IntN(3) {
 		s.actions = append(s.actions, simAction{at: at(), kind: actTerminate, relay: rng.IntN(s.relays)})
@@ -250,6 +256,7 @@ type simDestination struct {
 	seed   int64
 	rates  simRates
 	faulty *atomic.Bool // faults are drawn only while set (the fault phase)
+	outage atomic.Bool  // every call fails (actOutage)
 	store  *simStore    // resolves claim-check pointers; nil without a claim check
 	start  time.Time
 
@@ -320,6 +327,8 @@ func (d *simDestination) PublishBatch(ctx context.Context, dest string, events [
 	switch {
 	case ctx.Err() != nil:
 		callErr = ctx.Err()
+	case faulty && d.outage.Load():
+		callErr = errSimThrottle
 	case fate("call-error", first, firstAttempt) < d.rates.callErr:
 		callErr = errSimCall
 	case fate("throttle", first, firstAttempt) < d.rates.throttle:

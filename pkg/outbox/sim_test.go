@@ -382,6 +382,10 @@ func (w *simWorld) do(rng *rand.Rand, a simAction) {
 	case actRetryAll:
 		n, err := RetryAllQuarantined(ctx, w.admin)
 		w.logf("retry-all: %d rows %v", n, errOrEmpty(err))
+	case actOutage:
+		w.dest.outage.Store(true)
+		time.AfterFunc(a.down, func() { w.dest.outage.Store(false) })
+		w.logf("outage for %dms", a.down.Milliseconds())
 	case actHostile:
 		w.logf("hostile %s: %s", simHostileKinds[a.arg], w.insertHostile(ctx, rng, a.arg))
 	}
@@ -597,7 +601,7 @@ func (p *simProducer) txn() {
 		if p.w.sched.secondDest && p.rng.IntN(4) == 0 {
 			topic = simOtherTopic
 		}
-		row := &simRow{event: simUUID(p.rng), key: key, serialized: serialized, body: simPayload(p.rng, key, p.seq)}
+		row := &simRow{event: simUUID(p.rng), key: key, serialized: serialized, body: simPayload(p.rng, key, p.seq, p.w.sched.claimCheck)}
 		if p.rng.IntN(2) == 0 {
 			err = tx.QueryRow(ctx, simInsertSQL, row.event, topic, key, key, string(row.body)).Scan(&row.id)
 		} else {
@@ -626,10 +630,13 @@ func (p *simProducer) txn() {
 }
 
 // simPayload draws an ordinary payload for key: mostly small, sometimes several KB (above the
-// claim check's threshold). While simExactBytes is off it is in jsonb's canonical text.
-func simPayload(rng *rand.Rand, key string, n int) []byte {
+// claim check's threshold, 1 KiB, a third of them when large is set). While simExactBytes is
+// off it is in jsonb's canonical text.
+func simPayload(rng *rand.Rand, key string, n int, large bool) []byte {
 	var pad int
 	switch x := rng.IntN(100); {
+	case large && x < 33:
+		pad = 1024 + rng.IntN(3000)
 	case x < 85:
 		pad = rng.IntN(64)
 	case x < 98:
