@@ -54,6 +54,15 @@ test-moto: ## The end-to-end, CLI, relay Lambda and SNS publisher tests against 
 	env -u AWS_ENDPOINT_URL SLUICE_AWS_EMULATOR=moto $(DEVENV) bash -c \
 	  '$(GOTEST) $(MOTO_PACKAGES) && $(GOTEST) -run "^TestSNSPublisher" ./pkg/outbox/ && cd cmd/sluice && $(GOTEST) ./internal/cli/'
 
+# The relay fault simulator (pkg/outbox/sim_test.go) over many seeds from a random base.
+SOAK_SEEDS ?= 3000
+
+.PHONY: soak
+soak: ## Run the relay fault simulator over SOAK_SEEDS seeds (default 3000, about 25 min) from a random base, then print its summary line.
+	@mkdir -p .cache && rm -f .cache/soak-summary.txt
+	$(DEVENV) $(GO) test -count=1 -timeout 0 ./pkg/outbox -run '^TestSimulation$$' -sim.random -sim.seeds=$(SOAK_SEEDS) \
+	  -sim.summary=$(CURDIR)/.cache/soak-summary.txt; status=$$?; cat .cache/soak-summary.txt 2>/dev/null; exit $$status
+
 .PHONY: fuzz
 fuzz: ## Fuzz the inbox message parser briefly (seed corpus in pkg/inbox/testdata).
 	$(GO) test -run='^$$' -fuzz=FuzzParse -fuzztime=15s ./pkg/inbox

@@ -1,0 +1,459 @@
+package outbox
+
+// The fault simulator's inputs: what a seed draws (simSchedule) and the fakes that play it back
+// to the relay (simDestination, simStore). See sim_test.go for how a seed runs and
+// sim_check_test.go for what is checked afterwards.
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Destinations of the simulated relays: a FIFO topic, and an optional second (standard) one.
+const (
+	simFIFOTopic  = "sim"
+	simFIFOARN    = "arn:aws:sns:us-east-1:000000000000:sim.fifo"
+	simOtherTopic = "sim2"
+	simOtherARN   = "arn:aws:sns:us-east-1:000000000000:sim2"
+	// simUnknownTopic is configured nowhere: its rows are quarantined.
+	simUnknownTopic = "sim.unknown"
+)
+
+// simAvoid lists faults the current relay is known to fail on badly enough to spoil the rest of
+// the run: they are left out of the schedule until the relay is fixed. Run with
+// -sim.known-bugs to draw them anyway; delete a field once its bug is gone.
+var simAvoid = struct {
+	// storeFailures: relay.go's call passes a nil error to failedWhole when every sent entry of
+	// a call fails retryably and the first entry's claim-check upload failed: a nil pointer
+	// panic, which kills the whole test binary.
+	storeFailures bool
+	// zerosRow: a row of 30,000 `0e-16383` makes the round's read statement run past its
+	// timeout (half the Lease) every time, so the round fails and every key it took stays
+	// pending for good, while the server burns CPU on it (slowing every other seed).
+	zerosRow bool
+}{storeFailures: true, zerosRow: true}
+
+// simProfile shapes what a seed draws.
+type simProfile struct {
+	// calm draws no destination faults and no relay kills (the broken-relay self-test), and
+	// few keys with several rows per transaction.
+	calm bool
+	// faultMax bounds the fault phase.
+	faultMax time.Duration
+	// knownBugs draws the faults of simAvoid too.
+	knownBugs bool
+}
+
+// simActionKind is an action of the fault timeline.
+type simActionKind int
+
+const (
+	actCancel            simActionKind = iota // cancel a relay's Run, restart it after a pause
+	actKill                                   // terminate its backends mid-statement and cancel it, restart it
+	actTerminate                              // terminate a relay's backends, the relay lives on
+	actTerminateProducer                      // terminate the producers' backends (commits of unknown outcome)
+	actReplay                                 // Replay a retired key
+	actPurge                                  // Purge published rows
+	actRetryAll                               // RetryAllQuarantined
+	actHostile                                // insert a hostile row with plain SQL
+	actOutage                                 // every call to the destination fails (throttled) for a while
+)
+
+var simActionNames = [...]string{"cancel", "kill", "terminate", "term-producers", "replay", "purge", "retry-all", "hostile", "outage"}
+
+func (k simActionKind) String() string { return simActionNames[k] }
+
+// simAction is one step of the fault timeline, at an offset from the start of the fault phase.
+type simAction struct {
+	at    time.Duration
+	kind  simActionKind
+	relay int           // cancel, kill, terminate
+	down  time.Duration // cancel, kill: how long the relay stays down
+	arg   int           // hostile: which kind; replay: which retired key to try first
+}
+
+func (a simAction) String() string {
+	s := fmt.Sprintf("%dms:%s", a.at.Milliseconds(), a.kind)
+	switch a.kind {
+	case actCancel, actKill:
+		s += fmt.Sprintf("(r%d,down=%dms)", a.relay, a.down.Milliseconds())
+	case actOutage:
+		s += fmt.Sprintf("(%dms)", a.down.Milliseconds())
+	case actTerminate:
+		s += fmt.Sprintf("(r%d)", a.relay)
+	case actHostile:
+		s += "(" + simHostileKinds[a.arg] + ")"
+	}
+	return s
+}
+
+// simRates are the destination's and the store's fault probabilities, per call or per entry.
+type simRates struct {
+	delay, hang, callErr, throttle, lostCall float64 // per call
+	entryErr, permanent, lostEntry           float64 // per entry of a call that is answered
+	storeErr                                 float64 // per claim-check upload
+	maxDelay                                 time.Duration
+}
+
+// simSchedule is everything a seed decides before it starts.
+type simSchedule struct {
+	seed       int64
+	relays     int
+	pipelines  int
+	keys       int // partition keys k0..: the first `serialized` are serialized (s<i>), the others not (u<i>)
+	serialized int
+	retiring   int           // s0..s<retiring-1> are written only before retireAt, then may be replayed
+	retireAt   time.Duration // offset in the fault phase
+	producers  int
+	maxRows    int // rows per producer transaction
+	faultPhase time.Duration
+	claimCheck bool
+	secondDest bool
+	rates      simRates
+	actions    []simAction
+}
+
+// drawSchedule draws seed's schedule from rng.
+func drawSchedule(seed int64, rng *rand.Rand, p simProfile) *simSchedule {
+	s := &simSchedule{seed: seed}
+	s.relays = 2 + rng.IntN(2)
+	s.pipelines = 1 + rng.IntN(2)
+	s.producers = 2 + rng.IntN(3)
+	s.faultPhase = p.faultMax/4 + time.Duration(rng.Int64N(int64(p.faultMax*3/4)+1))
+	if p.calm {
+		s.keys = 4 + rng.IntN(12)
+		s.serialized = s.keys
+		s.maxRows = 4
+		return s
+	}
+	s.keys = 30 + rng.IntN(271)
+	s.serialized = s.keys * (3 + rng.IntN(6)) / 10
+	s.retiring = min(s.serialized, 1+rng.IntN(4))
+	s.retireAt = s.faultPhase * time.Duration(3+rng.IntN(4)) / 10
+	s.maxRows = 1 + rng.IntN(4)
+	s.claimCheck = rng.IntN(3) == 0
+	s.secondDest = rng.IntN(2) == 0
+	pick := func(max float64) float64 {
+		if rng.IntN(3) == 0 {
+			return 0
+		}
+		return rng.Float64() * max
+	}
+	s.rates = simRates{
+		delay: pick(0.5), hang: pick(0.05), callErr: pick(0.15), throttle: pick(0.15), lostCall: pick(0.1),
+		entryErr: pick(0.2), permanent: pick(0.01), lostEntry: pick(0.1),
+		maxDelay: time.Duration(1+rng.IntN(100)) * time.Millisecond,
+	}
+	if s.claimCheck && (!simAvoid.storeFailures || p.knownBugs) {
+		s.rates.storeErr = pick(0.3)
+	}
+	at := func() time.Duration { return time.Duration(rng.Int64N(int64(s.faultPhase))) }
+	down := func() time.Duration { return time.Duration(rng.IntN(300)) * time.Millisecond }
+	for range rng.IntN(3) {
+		s.actions = append(s.actions, simAction{at: at(), kind: actCancel, relay: rng.IntN(s.relays), down: down()})
+	}
+	for range rng.IntN(6) {
+		s.actions = append(s.actions, simAction{at: at(), kind: actKill, relay: rng.IntN(s.relays), down: down()})
+	}
+	for range rng.IntN(2) {
+		s.actions = append(s.actions, simAction{at: at(), kind: actOutage, down: time.Duration(50+rng.IntN(500)) * time.Millisecond})
+	}
+	for range rng.IntN(3) {
+		s.actions = append(s.actions, simAction{at: at(), kind: actTerminate, relay: rng.IntN(s.relays)})
+	}
+	for range rng.IntN(2) {
+		s.actions = append(s.actions, simAction{at: at(), kind: actTerminateProducer})
+	}
+	for range rng.IntN(4) {
+		// Replays come after the retirement, when a retired key may be fully published.
+		t := s.retireAt + time.Duration(rng.Int64N(int64(s.faultPhase-s.retireAt)+1))
+		s.actions = append(s.actions, simAction{at: t, kind: actReplay, arg: rng.IntN(s.retiring)})
+	}
+	for _, k := range []simActionKind{actPurge, actRetryAll} {
+		for range rng.IntN(2) {
+			s.actions = append(s.actions, simAction{at: at(), kind: k})
+		}
+	}
+	hostile := []int{}
+	for k, name := range simHostileKinds {
+		if name != "zeros" || !simAvoid.zerosRow || p.knownBugs {
+			hostile = append(hostile, k)
+		}
+	}
+	for range rng.IntN(4) {
+		s.actions = append(s.actions, simAction{at: at(), kind: actHostile, arg: hostile[rng.IntN(len(hostile))]})
+	}
+	slices.SortStableFunc(s.actions, func(a, b simAction) int { return int(a.at - b.at) })
+	return s
+}
+
+// String is the schedule in one compact paragraph, for a failing seed's report.
+func (s *simSchedule) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "relays=%d pipelines=%d producers=%d keys=%d serialized=%d retiring=%d@%dms rows/tx<=%d fault=%dms claimcheck=%t dest2=%t\n",
+		s.relays, s.pipelines, s.producers, s.keys, s.serialized, s.retiring, s.retireAt.Milliseconds(), s.maxRows,
+		s.faultPhase.Milliseconds(), s.claimCheck, s.secondDest)
+	r := s.rates
+	fmt.Fprintf(&b, "rates: delay=%.2f(<=%dms) hang=%.3f callErr=%.2f throttle=%.2f lostCall=%.2f entryErr=%.2f permanent=%.3f lostEntry=%.2f storeErr=%.2f\n",
+		r.delay, r.maxDelay.Milliseconds(), r.hang, r.callErr, r.throttle, r.lostCall, r.entryErr, r.permanent, r.lostEntry, r.storeErr)
+	b.WriteString("timeline:")
+	for _, a := range s.actions {
+		b.WriteString(" " + a.String())
+	}
+	return b.String()
+}
+
+// simFate turns (seed, what, id, attempt) into a number in [0, 1): every decision of the fakes
+// is one, so that it depends on which event is sent for the how-many-th time, never on the
+// order in which goroutines got there.
+func simFate(seed int64, what string, id uuid.UUID, attempt int) float64 {
+	h := fnv.New64a()
+	var buf [16]byte
+	binary.LittleEndian.PutUint64(buf[:8], uint64(seed))
+	binary.LittleEndian.PutUint64(buf[8:], uint64(attempt))
+	h.Write(buf[:])
+	h.Write(id[:])
+	h.Write([]byte(what))
+	return float64(h.Sum64()>>11) / (1 << 53)
+}
+
+// Errors the fakes inject.
+var (
+	errSimCall     = errors.New("sim: InternalError (whole call)")
+	errSimThrottle = errors.New("sim: Throttling: Rate exceeded")
+	errSimEntry    = errors.New("sim: InternalFailure (entry)")
+	errSimLost     = errors.New("sim: response lost (the destination accepted the message)")
+	errSimStore    = errors.New("sim: S3 SlowDown")
+	errSimRefused  = Permanent(errors.New("sim: InvalidParameter (permanent)"))
+)
+
+// simDelivery is one entry of one PublishBatch call, as the destination saw it.
+type simDelivery struct {
+	event    uuid.UUID
+	key      string
+	id       int64
+	dest     string
+	body     []byte // the payload as published; a claim-checked one resolved through the store
+	pointer  bool   // body came from the claim check's store
+	accepted bool   // the destination kept the message (whatever it answered)
+	at       time.Duration
+}
+
+// simDestination is the fake broker. It answers each call as the seed decides, and records
+// every entry of every call, in the order it accepted them, under one mutex.
+type simDestination struct {
+	seed   int64
+	rates  simRates
+	faulty *atomic.Bool // faults are drawn only while set (the fault phase)
+	outage atomic.Bool  // every call fails (actOutage)
+	store  *simStore    // resolves claim-check pointers; nil without a claim check
+	start  time.Time
+
+	mu         sync.Mutex
+	attempts   map[uuid.UUID]int
+	deliveries []simDelivery
+	refused    map[uuid.UUID]bool // events given a Permanent error
+	// inFlight is the payload bytes of calls in progress; peak its maximum, largest the
+	// largest single payload seen.
+	inFlight, peak, largest int
+	// resets are the delivery indexes at which a key's order history restarts (a replay).
+	resets map[int][]string
+}
+
+func newSimDestination(seed int64, rates simRates, faulty *atomic.Bool, store *simStore, start time.Time) *simDestination {
+	return &simDestination{seed: seed, rates: rates, faulty: faulty, store: store, start: start,
+		attempts: map[uuid.UUID]int{}, refused: map[uuid.UUID]bool{}, resets: map[int][]string{}}
+}
+
+var _ Publisher = (*simDestination)(nil)
+
+// PublishBatch implements Publisher.
+func (d *simDestination) PublishBatch(ctx context.Context, dest string, events []*Event) []error {
+	bytes := 0
+	d.mu.Lock()
+	firstAttempt := d.attempts[events[0].EventID]
+	attempts := make([]int, len(events))
+	for i, e := range events {
+		attempts[i] = d.attempts[e.EventID]
+		d.attempts[e.EventID]++
+		bytes += len(e.Payload)
+		d.largest = max(d.largest, len(e.Payload))
+	}
+	d.inFlight += bytes
+	d.peak = max(d.peak, d.inFlight)
+	d.mu.Unlock()
+	defer func() {
+		d.mu.Lock()
+		d.inFlight -= bytes
+		d.mu.Unlock()
+	}()
+
+	faulty := d.faulty.Load()
+	fate := func(what string, id uuid.UUID, attempt int) float64 {
+		if !faulty {
+			return 1
+		}
+		return simFate(d.seed, what, id, attempt)
+	}
+	first := events[0].EventID
+	var wait time.Duration
+	if fate("delay", first, firstAttempt) < d.rates.delay {
+		wait = time.Duration(fate("delay-ms", first, firstAttempt) * float64(d.rates.maxDelay))
+	}
+	if fate("hang", first, firstAttempt) < d.rates.hang {
+		wait = time.Hour // until the relay's PublishTimeout
+	}
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	var callErr error
+	lostCall := false
+	switch {
+	case ctx.Err() != nil:
+		callErr = ctx.Err()
+	case faulty && d.outage.Load():
+		callErr = errSimThrottle
+	case fate("call-error", first, firstAttempt) < d.rates.callErr:
+		callErr = errSimCall
+	case fate("throttle", first, firstAttempt) < d.rates.throttle:
+		callErr = errSimThrottle
+	case fate("lost-call", first, firstAttempt) < d.rates.lostCall:
+		lostCall = true
+	}
+
+	errs := make([]error, len(events))
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	at := time.Since(d.start)
+	for i, e := range events {
+		accepted := callErr == nil
+		switch {
+		case callErr != nil:
+			errs[i] = callErr
+		case lostCall:
+			errs[i] = errSimLost
+		case fate("permanent", e.EventID, attempts[i]) < d.rates.permanent:
+			errs[i], accepted = errSimRefused, false
+			d.refused[e.EventID] = true
+		case fate("entry-error", e.EventID, attempts[i]) < d.rates.entryErr:
+			errs[i], accepted = errSimEntry, false
+		case fate("lost-entry", e.EventID, attempts[i]) < d.rates.lostEntry:
+			errs[i] = errSimLost
+		}
+		dl := simDelivery{event: e.EventID, key: e.PartitionKey, id: e.ID, dest: dest, body: e.Payload, accepted: accepted, at: at}
+		if e.ExtendedPayloadSize > 0 && d.store != nil {
+			dl.body, dl.pointer = d.store.body(e.EventID.String()), true
+		}
+		d.deliveries = append(d.deliveries, dl)
+	}
+	return errs
+}
+
+// resetKey restarts key's order history at the next delivery: a replay sends its rows again.
+func (d *simDestination) resetKey(key string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.resets[len(d.deliveries)] = append(d.resets[len(d.deliveries)], key)
+}
+
+// wasRefused reports whether the destination gave ev a Permanent error.
+func (d *simDestination) wasRefused(ev uuid.UUID) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.refused[ev]
+}
+
+// simStore is the fake claim-check store (the PayloadStore the relay calls).
+type simStore struct {
+	seed   int64
+	rate   float64
+	faulty *atomic.Bool
+
+	mu       sync.Mutex
+	attempts map[string]int
+	bodies   map[string][]byte
+	refused  map[string]bool
+}
+
+func newSimStore(seed int64, rate float64, faulty *atomic.Bool) *simStore {
+	return &simStore{seed: seed, rate: rate, faulty: faulty,
+		attempts: map[string]int{}, bodies: map[string][]byte{}, refused: map[string]bool{}}
+}
+
+var _ PayloadStore = (*simStore)(nil)
+
+// PutPayload implements PayloadStore: it fails as the seed decides, otherwise keeps body.
+func (s *simStore) PutPayload(ctx context.Context, _, key string, body []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	attempt := s.attempts[key]
+	s.attempts[key]++
+	if s.faulty.Load() {
+		id, _ := uuid.Parse(key)
+		if f := simFate(s.seed, "store", id, attempt); f < s.rate {
+			if f < s.rate/20 {
+				s.refused[key] = true
+				return Permanent(fmt.Errorf("%w (permanent)", errSimStore))
+			}
+			return errSimStore
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.bodies[key] = slices.Clone(body)
+	return nil
+}
+
+func (s *simStore) body(key string) []byte {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.bodies[key]
+}
+
+func (s *simStore) wasRefused(key string) bool {
+	if s == nil {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.refused[key]
+}
+
+// simHostileKinds are the hostile plain-SQL rows an actHostile inserts (see hostilePayload).
+var simHostileKinds = [...]string{"huge", "deep", "1e400", "zeros", "unknown-topic"}
+
+// hostilePayload returns the payload and topic of a hostile row of kind.
+func hostilePayload(kind int) (payload, topic string) {
+	switch simHostileKinds[kind] {
+	case "huge": // above every destination's message limit: quarantined, or claim-checked
+		return `{"big": "` + strings.Repeat("x", 300<<10) + `"}`, simFIFOTopic
+	case "deep":
+		return strings.Repeat("[", 2000) + "1" + strings.Repeat("]", 2000), simFIFOTopic
+	case "1e400":
+		return `{"n": 1e400, "m": -1e-400}`, simFIFOTopic
+	case "zeros": // prints as ~16 KB per element in jsonb's text
+		return "[" + strings.Repeat("0e-16383, ", 30000) + "0]", simFIFOTopic
+	default:
+		return `{"topic": "nowhere"}`, simUnknownTopic
+	}
+}
