@@ -85,20 +85,14 @@ const lockKeysSQL = `SELECT k FROM unnest($1::text[]) AS k WHERE pg_try_advisory
 // readSQL reads, in a snapshot taken after the keys were locked, up to $3 rows per key after
 // the key's floor, and the payloads that fit the round's byte budget ($4 bytes, counted in the
 // order rows would be published: every key's first row, then second rows, ...). Payloads
-// beyond the budget stay in the database for the next round. Every payload sent is measured
-// (jsonb rendered to text) first, and rendered only when that cannot explode: numbers print in
-// full, so jsonb's text can be thousands of times its stored size.
+// beyond the budget stay in the database for the next round. The json column keeps the bytes
+// written, so a payload's text is as long as what was stored (before compression): it is
+// measured (octet_length), and read only when it is sent.
 //   - Rows whose stored payloads before them already exceed the budget are not measured (len
 //     -3): they cannot fit.
-//   - A small payload (stored uncompressed in at most checkStoredBytes) holds at most ~128
-//     numbers, so it prints to ~17 MB at worst: it is rendered once, and that text is sent.
-//   - A larger one above $6 stored bytes is not rendered (len -1); otherwise it is checked for
-//     numbers beyond ±1e100 or within 1e-100 of zero (and, above 16 KB stored, zeros with more
-//     than 100 decimals) and not rendered if it has any (len -2); otherwise it is measured, and
-//     rendered again only if it is sent, so that large texts do not ride through the sorts.
 //
 // Rows too large to publish (above $5 bytes) are reported by their size, unsent. Floors are
-// ignored when an operator moved the admin epoch since the floors were set ($7, the epoch the
+// ignored when an operator moved the admin epoch since the floors were set ($6, the epoch the
 // round's keys were taken at): rows below them may have become pending again, so each key is
 // read from its first pending row.
 const readSQL = `
@@ -110,31 +104,19 @@ WITH chain AS (
         SELECT e.id, e.event_id, e.topic, e.aggregate_type, e.aggregate_id, e.event_type, e.partition_key,
                e.headers, e.created_at, e.attempts, e.failing_since, e.quarantined_at IS NOT NULL AS quarantined,
                CASE WHEN e.available_at > now() THEN e.available_at END AS waiting_until,
-               e.payload, pg_column_size(e.payload) AS stored,
-               pg_column_compression(e.payload) IS NULL AND pg_column_size(e.payload) <= ` + checkStoredBytes + ` AS small
+               e.payload, pg_column_size(e.payload) AS stored
         FROM outbox_event e
         WHERE e.partition_key = k.key AND e.published_at IS NULL
-          AND e.id > CASE WHEN ctl.admin_epoch = $7 THEN k.floor ELSE 0 END
+          AND e.id > CASE WHEN ctl.admin_epoch = $6 THEN k.floor ELSE 0 END
         ORDER BY e.id LIMIT $3) r
 ), ranked AS (
     SELECT c.*, row_number() OVER (PARTITION BY c.ord ORDER BY c.id) AS rn FROM chain c
 ), reach AS (
     SELECT r.*, sum(r.stored) OVER (ORDER BY r.rn, r.ord ROWS UNBOUNDED PRECEDING) - r.stored AS stored_before
     FROM ranked r
-), measured AS (
-    SELECT x.*,
-           CASE WHEN x.stored_before < $4 AND x.small THEN x.payload::text END AS body,
-           CASE WHEN x.stored_before >= $4 THEN -3
-                WHEN x.small THEN NULL
-                WHEN x.stored > $6 THEN -1
-                WHEN jsonb_path_exists(x.payload, 'strict $.** ? (@.type() == "number" && (@ >= 1e100 || @ <= -1e100 || (@ != 0 && @ > -1e-100 && @ < 1e-100)))')
-                  OR (x.stored > 16384 AND EXISTS (
-                      SELECT 1 FROM jsonb_path_query(x.payload, 'strict $.** ? (@.type() == "number" && @ == 0)') z
-                      WHERE scale(z::numeric) > 100)) THEN -2
-                ELSE octet_length(x.payload::text) END AS big_len
-    FROM reach x
 ), sized AS (
-    SELECT m.*, coalesce(octet_length(m.body), m.big_len) AS len FROM measured m
+    SELECT x.*, CASE WHEN x.stored_before >= $4 THEN -3 ELSE octet_length(x.payload::text) END AS len
+    FROM reach x
 ), budget AS (
     SELECT z.*, sum(CASE WHEN z.len BETWEEN 0 AND $5 THEN z.len ELSE 0 END)
                 OVER (ORDER BY z.rn, z.ord ROWS UNBOUNDED PRECEDING) AS spent
@@ -142,12 +124,8 @@ WITH chain AS (
 )
 SELECT b.id, b.event_id, b.topic, b.aggregate_type, b.aggregate_id, b.event_type, b.partition_key, b.headers,
        b.created_at, b.attempts, b.failing_since, b.quarantined, b.waiting_until, b.len,
-       CASE WHEN b.len BETWEEN 0 AND $5 AND b.spent - b.len < $4 THEN coalesce(b.body, b.payload::text) END
+       CASE WHEN b.len BETWEEN 0 AND $5 AND b.spent - b.len < $4 THEN b.payload::text END
 FROM budget b ORDER BY b.ord, b.id`
-
-// checkStoredBytes is the stored size up to which a payload kept uncompressed is rendered
-// without first checking for numbers that print without bound (see readSQL).
-const checkStoredBytes = "1024"
 
 // claimedRow is a row a round read, with what the read learned about it.
 type claimedRow struct {
@@ -155,8 +133,7 @@ type claimedRow struct {
 	quarantined  bool
 	waitingUntil *time.Time
 	failingSince *time.Time
-	// payloadLen is the jsonb text's length in bytes; -1: stored payload too large to render,
-	// -2: it holds numbers that print without bound, -3: not measured (beyond the budget).
+	// payloadLen is the payload's length in bytes; -3: not measured (beyond the budget).
 	payloadLen int
 	// loaded: the payload was read (it fit the round's budget).
 	loaded bool
@@ -171,8 +148,7 @@ func (r *Relay) readRows(ctx context.Context, tx pgx.Tx, keys []claimKey, perKey
 	for i, k := range keys {
 		names[i], floors[i] = k.key, k.floor
 	}
-	rows, err := tx.Query(ctx, readSQL, names, floors, perKey, r.cfg.MaxRoundBytes, r.readBytes,
-		maxStoredPayload(r.readBytes), epoch)
+	rows, err := tx.Query(ctx, readSQL, names, floors, perKey, r.cfg.MaxRoundBytes, r.readBytes, epoch)
 	if err != nil {
 		return nil, fmt.Errorf("read claimed outbox rows: %w", err)
 	}
@@ -227,8 +203,8 @@ func skipHeads(rows []*claimedRow) []*claimedRow {
 	return out
 }
 
-// maxStoredPayload is the largest stored (possibly compressed) payload the relay renders to
-// measure: beyond it the row cannot be a publishable message whatever it holds.
+// maxStoredPayload was the largest stored payload the relay rendered to measure when payloads
+// were jsonb; readSQL no longer reports rows by it (len -1), only settle's message still names it.
 func maxStoredPayload(maxMessage int) int { return 4 * maxMessage }
 
 // looseHeaders keeps the string-valued entries of a headers object.

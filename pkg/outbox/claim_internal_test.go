@@ -71,7 +71,7 @@ func TestRoundStatementsAreBoundedWithStatisticsFromAnEmptyBacklog(t *testing.T)
 	require.Less(t, buffers, 100, "locking keys reads no table")
 
 	const perKey = 10
-	buffers, rows := explainBuffers(t, tx, readSQL, names, floors, perKey, 16<<20, MaxMessageBytes, maxStoredPayload(MaxMessageBytes), int64(0))
+	buffers, rows := explainBuffers(t, tx, readSQL, names, floors, perKey, 16<<20, MaxMessageBytes, int64(0))
 	require.Equal(t, 501*perKey, rows)
 	require.Less(t, buffers, 10*rows+10*len(names)+100, "read: %d buffers for %d rows; the hot key's 3,000 rows are not scanned", buffers, rows)
 

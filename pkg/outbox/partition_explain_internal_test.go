@@ -67,7 +67,7 @@ func measureRelay(t *testing.T, size int64) relayCosts {
 	}
 	var epoch int64
 	require.NoError(t, tx.QueryRow(ctx, epochSQL).Scan(&epoch))
-	c.read, c.readRows = explainBuffers(t, tx, readSQL, names, floors, 10, 16<<20, MaxMessageBytes, maxStoredPayload(MaxMessageBytes), epoch)
+	c.read, c.readRows = explainBuffers(t, tx, readSQL, names, floors, 10, 16<<20, MaxMessageBytes, epoch)
 
 	// Settle 500 of the burst's rows (custom plan: the ids are known when planning), and
 	// 500 others with a generic plan (PostgreSQL may switch a prepared statement to one).
@@ -96,7 +96,7 @@ func measureRelay(t *testing.T, size int64) relayCosts {
 		}{
 			{"settle (generic)", "EXECUTE settle_generic('{" + strings.Join(lit, ",") + "}')", nil},
 			{"settle (custom)", settlePublishedSQL, []any{other}},
-			{"read", readSQL, []any{names[:3], floors[:3], 10, 16 << 20, MaxMessageBytes, maxStoredPayload(MaxMessageBytes), epoch}},
+			{"read", readSQL, []any{names[:3], floors[:3], 10, 16 << 20, MaxMessageBytes, epoch}},
 			{"poll", pollSQL, []any{maxID - 50, pollRows, gaps}},
 			{"sweep", sweepSQL, []any{"", true, sweepKeys}},
 		} {
