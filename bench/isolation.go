@@ -198,13 +198,13 @@ func isolationScenarios() []isolationScenario {
 			},
 		},
 		{
-			name: "(e) jsonb bomb", blocker: "before each wave, a new key's head is a bomb inserted with plain SQL: " +
-				"`('[' || string_agg('1e131071', ',') || ']')::jsonb` over 8,200 elements (74 KB stored, about 1 GB as text); " +
-				"the first bomb's key has 2 more rows behind it",
+			name: "(e) hostile payload", blocker: "before each wave, a new key's head is a hostile row inserted with plain SQL: " +
+				"`('[' || string_agg('1e131071', ',') || ']')::json` over 116,600 elements (1 MB as written and as published, " +
+				"numbers jsonb would print as 15 GB), above SNS's 256 KiB; the first hostile key has 2 more rows behind it",
 			prepare: func(ctx context.Context, pool *pgxpool.Pool) error { return nil },
 			beforeWave: func(ctx context.Context, pool *pgxpool.Pool, wave int) error {
-				key := fmt.Sprintf("bomb-%02d", wave)
-				if err := insertKeyRows(ctx, pool, key, "orders", 1, `(SELECT ('[' || string_agg('1e131071', ',') || ']')::jsonb FROM generate_series(1, 8200))`); err != nil {
+				key := fmt.Sprintf("hostile-%02d", wave)
+				if err := insertKeyRows(ctx, pool, key, "orders", 1, `(SELECT ('[' || string_agg('1e131071', ',') || ']')::json FROM generate_series(1, 116600))`); err != nil {
 					return err
 				}
 				if wave == 0 {
@@ -214,16 +214,16 @@ func isolationScenarios() []isolationScenario {
 			},
 			inForce: always,
 			state: func(ctx context.Context, pool *pgxpool.Pool, _ *outbox.Relay) (string, bool, error) {
-				set, err := countRows(ctx, pool, "partition_key LIKE 'bomb-%' AND quarantined_at IS NOT NULL AND last_error LIKE '%prints in full%'")
+				set, err := countRows(ctx, pool, "partition_key LIKE 'hostile-%' AND quarantined_at IS NOT NULL AND last_error LIKE '%above the destination%'")
 				if err != nil {
 					return "", false, err
 				}
-				all, err := countRows(ctx, pool, "partition_key LIKE 'bomb-%' AND jsonb_typeof(payload) = 'array'")
+				all, err := countRows(ctx, pool, "partition_key LIKE 'hostile-%' AND json_typeof(payload) = 'array'")
 				if err != nil {
 					return "", false, err
 				}
-				behind, err := countRows(ctx, pool, "partition_key = 'bomb-00' AND quarantined_at IS NULL AND published_at IS NULL")
-				return fmt.Sprintf("%d of %d bombs quarantined by themselves, unread; %d rows waiting behind the first", set, all, behind),
+				behind, err := countRows(ctx, pool, "partition_key = 'hostile-00' AND quarantined_at IS NULL AND published_at IS NULL")
+				return fmt.Sprintf("%d of %d hostile rows quarantined by themselves, unsent; %d rows waiting behind the first", set, all, behind),
 					set == all && all > 0 && behind == 2, err
 			},
 		},

@@ -30,7 +30,7 @@
 //     runtime interface emulator), with diagnostics of where the time goes (e2ediag.go);
 //  5. scale: claim latency with published rows retained, purge throughput, sizes after a purge;
 //  6. isolation (issue 10): how long idle keys wait behind a hot key, a key in backoff, a failing
-//     topic, a quarantined key's backlog and a jsonb bomb;
+//     topic, a quarantined key's backlog and a hostile plain-SQL payload;
 //  7. concurrent producers (issue 11) on the durable server: 1, 4 and 16 clients, the order alone
 //     and with a minimal hand-written outbox row, outbox.Write or outbox.Queue;
 //  8. wake-up (issue 11): commit-to-publish latency of a running relay at 100 events/s, with no

@@ -37,8 +37,8 @@ const (
 )
 
 // A poisoned topic (its SNS topic does not exist: every publish is refused), a hot key (2,000
-// rows of one partition key), a bomb row (a plain-SQL payload whose jsonb text would be a
-// gigabyte), statistics taken on an empty backlog over retained history (what autovacuum does
+// rows of one partition key), a bomb row (a plain-SQL payload of 1 MB, above what SNS accepts,
+// of numbers jsonb would have printed as 15 GB), statistics taken on an empty backlog over retained history (what autovacuum does
 // while the relay keeps up) and again and again during the faults, and relays SIGKILLed again
 // and again in the middle of their rounds:
 // each fault costs only its own rows. Every other event is applied exactly once, the outbox
@@ -113,8 +113,8 @@ func TestBlastRadiusOfOneUnderFaults(t *testing.T) {
 	// The faults, written the way producers write: the bomb and the poisoned topic's rows with
 	// plain SQL or outbox.Write, the hot key in one transaction.
 	_, err = b.pool.Exec(ctx, `INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload)
-		SELECT gen_random_uuid(), 'orders', 'bomb', 'bomb', 'Bomb', 'bomb', ('[' || string_agg('1e131071', ',') || ']')::jsonb
-		FROM generate_series(1, 8200)`)
+		SELECT gen_random_uuid(), 'orders', 'bomb', 'bomb', 'Bomb', 'bomb', ('[' || string_agg('1e131071', ',') || ']')::json
+		FROM generate_series(1, 116600)`)
 	require.NoError(t, err)
 	var audit []demoapp.OrderCreated
 	for i := range 100 {

@@ -82,7 +82,7 @@ func ListParked(ctx context.Context, db Querier, consumer string, limit int) ([]
 		limit = 100
 	}
 	rows, err := db.Query(ctx, `
-SELECT consumer, message_id, event_type, coalesce(group_id, ''), headers, coalesce(payload, 'null'::jsonb)::text,
+SELECT consumer, message_id, event_type, coalesce(group_id, ''), headers, coalesce(payload, 'null'::json)::text,
        attempts, coalesce(last_error, ''), received_at, parked_at
 FROM inbox_event
 WHERE parked_at IS NOT NULL AND processed_at IS NULL AND ($1 = '' OR consumer = $1)

@@ -134,9 +134,9 @@ func TestUnstorablePayloadFailsAloneInBothModes(t *testing.T) {
 		b := setup(t)
 		c, err := inbox.New(b.pool, inbox.Config{Consumer: "c", Router: router("c"), Mode: mode, StorePayload: true, Logger: quiet})
 		require.NoError(t, err)
-		nul := record("sqs-nul", `{"n":7,"s":"\u0000"}`, map[string]string{"messageId": "nul", "eventType": "Scripted"})
-		rep := c.Process(context.Background(), batchOf(rec("m1", script{N: 1}), nul, rec("m2", script{N: 2})))
-		require.Equal(t, []string{"sqs-m1:applied", "sqs-nul:failed", "sqs-m2:applied"}, outcomes(rep))
+		bad := record("sqs-bad", "{\"n\":7,\"s\":\"\xff\"}", map[string]string{"messageId": "bad", "eventType": "Scripted"}) // not UTF-8
+		rep := c.Process(context.Background(), batchOf(rec("m1", script{N: 1}), bad, rec("m2", script{N: 2})))
+		require.Equal(t, []string{"sqs-m1:applied", "sqs-bad:failed", "sqs-m2:applied"}, outcomes(rep))
 		require.ErrorIs(t, rep.Results[1].Err, inbox.ErrBadMessage)
 		require.Equal(t, state{
 			Inbox:   []string{"c/m1/true", "c/m2/true"},
@@ -154,9 +154,9 @@ func TestSwallowedStatementErrorInTheRecordByRecordFallback(t *testing.T) {
 		b := setup(t)
 		c, err := inbox.New(b.pool, inbox.Config{Consumer: "c", Router: router("c"), Mode: mode, StorePayload: true, Logger: quiet})
 		require.NoError(t, err)
-		nul := record("sqs-nul", `{"n":7,"s":"\u0000"}`, map[string]string{"messageId": "nul", "eventType": "Scripted"})
-		rep := c.Process(context.Background(), batchOf(rec("m1", script{N: 1}), nul, rec("m2", script{N: 2, Fail: "swallow"}), rec("m3", script{N: 3})))
-		require.Equal(t, []string{"sqs-m1:applied", "sqs-nul:failed", "sqs-m2:failed", "sqs-m3:applied"}, outcomes(rep))
+		bad := record("sqs-bad", "{\"n\":7,\"s\":\"\xff\"}", map[string]string{"messageId": "bad", "eventType": "Scripted"}) // not UTF-8
+		rep := c.Process(context.Background(), batchOf(rec("m1", script{N: 1}), bad, rec("m2", script{N: 2, Fail: "swallow"}), rec("m3", script{N: 3})))
+		require.Equal(t, []string{"sqs-m1:applied", "sqs-bad:failed", "sqs-m2:failed", "sqs-m3:applied"}, outcomes(rep))
 		require.ErrorContains(t, rep.Results[2].Err, "message m2 (Scripted): handler: handler returned nil after a failed statement")
 		require.Equal(t, state{
 			Inbox:   []string{"c/m1/true", "c/m3/true"},

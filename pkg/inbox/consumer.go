@@ -468,7 +468,7 @@ func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, msg Message) (Outcome, 
 }
 
 // classify marks database errors caused by the message itself (text PostgreSQL cannot store,
-// such as \u0000 in a jsonb payload) as ErrBadMessage.
+// such as a body that is not JSON or \u0000 in a header) as ErrBadMessage.
 func classify(err error) error {
 	var pg *pgconn.PgError
 	if errors.As(err, &pg) {

@@ -451,10 +451,10 @@ func TestUnstorablePayloadIsABadMessage(t *testing.T) {
 	c, err := inbox.New(b.pool, inbox.Config{Consumer: "c", Mode: inbox.Async, Logger: quiet})
 	require.NoError(t, err)
 	rep := c.Process(context.Background(), batchOf(
-		record("sqs-nul", `{"s":"\u0000"}`, map[string]string{"messageId": "nul", "eventType": "X"}),
-		record("sqs-ok", `{"s":"\\u0000 is fine escaped"}`, map[string]string{"messageId": "ok", "eventType": "X"}),
+		record("sqs-bad", "{\"s\":\"\xff\"}", map[string]string{"messageId": "bad", "eventType": "X"}), // not UTF-8
+		record("sqs-ok", `{"s":"\u0000 is stored by json"}`, map[string]string{"messageId": "ok", "eventType": "X"}),
 	))
-	require.Equal(t, []string{"sqs-nul:failed", "sqs-ok:stored"}, outcomes(rep))
+	require.Equal(t, []string{"sqs-bad:failed", "sqs-ok:stored"}, outcomes(rep))
 	require.ErrorIs(t, rep.Results[0].Err, inbox.ErrBadMessage)
 }
 

@@ -81,8 +81,8 @@ type Message struct {
 	// Headers holds every other string attribute, e.g. "traceparent". Never nil. A claim check's
 	// size (wire.ExtendedPayloadSize) is here for Kafka records and envelopes.
 	Headers map[string]string
-	// Payload is the message body: the event JSON as the producer wrote it.
-	// In the asynchronous mode it is PostgreSQL's jsonb rendering of it (same value, normalised spacing and key order).
+	// Payload is the message body: the event JSON byte for byte as the producer wrote it, in
+	// every mode (the asynchronous inbox stores it in a json column, which keeps the bytes).
 	// For a claim-checked message the Consumer puts the payload fetched from S3 here before
 	// the handler runs (Parse alone leaves the pointer).
 	Payload json.RawMessage
@@ -343,7 +343,8 @@ func (f wireFields) fill(msg *Message) error {
 	if !json.Valid(body) {
 		return badMessage("body is not JSON (%d bytes)", len(body))
 	}
-	msg.Payload = json.RawMessage(body)
+	// The payload is the body byte for byte, surrounding whitespace included (JSON allows it).
+	msg.Payload = json.RawMessage(f.body)
 	// Claim check: a pointer to the payload in S3, which the Consumer fetches (claimcheck.go).
 	off, perr := offloadedFrom(f.attrs, body)
 	if perr != nil {

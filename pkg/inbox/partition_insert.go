@@ -73,7 +73,7 @@ const insertBatchPartitioned = `
 INSERT INTO inbox_event (consumer, message_id, event_type, aggregate_type, aggregate_id, group_id,
                          created_at, headers, payload, processed_at)
 SELECT $1::text, m.message_id, m.event_type, m.aggregate_type, m.aggregate_id, NULLIF(m.group_id, ''),
-       m.created_at, m.headers::jsonb, m.payload::jsonb, clock_timestamp()
+       m.created_at, m.headers::jsonb, m.payload::json, clock_timestamp()
 FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::timestamptz[], $8::text[], $9::text[])
      AS m (message_id, event_type, aggregate_type, aggregate_id, group_id, created_at, headers, payload)
 LEFT JOIN LATERAL (SELECT true AS found FROM inbox_event e WHERE e.consumer = $1::text AND e.message_id = m.message_id LIMIT 1) d ON true

@@ -222,7 +222,7 @@ ORDER BY c.part, c.group_id, c.seq`
 // does not re-read the entries that row left behind. A primary-key lookup plus one range scan.
 const lockSQL = `
 SELECT e.event_type, e.aggregate_type, e.aggregate_id, coalesce(e.group_id, ''), e.created_at,
-       e.headers, coalesce(e.payload, 'null'::jsonb), e.attempts
+       e.headers, coalesce(e.payload, 'null'::json)::text, e.attempts
 FROM inbox_event e
 WHERE e.consumer = $1 AND e.message_id = $2
   AND e.processed_at IS NULL AND e.parked_at IS NULL

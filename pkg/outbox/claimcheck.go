@@ -188,8 +188,8 @@ const (
 
 // OffloadBacklogOf counts the pending rows whose payload text is larger than threshold bytes
 // (attributes not counted). Its cost is bounded whatever the backlog: it reads at most
-// OffloadSampleRows pending rows in the pending key index's order, and measures them (renders
-// the jsonb) only while their stored sizes total at most OffloadSampleStoredBytes; Complete says
+// OffloadSampleRows pending rows in the pending key index's order, and measures them (reads
+// the payload's text) only while their stored sizes total at most OffloadSampleStoredBytes; Complete says
 // whether that covered every pending row.
 func OffloadBacklogOf(ctx context.Context, db Querier, threshold int) (OffloadBacklog, error) {
 	if threshold < 1 {

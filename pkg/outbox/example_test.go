@@ -59,10 +59,10 @@ func ExampleWrite() {
 	if err := pool.QueryRow(ctx, `SELECT payload::text FROM outbox_event WHERE aggregate_id = 'o-42'`).Scan(&payload); err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println("published as:", payload) // PostgreSQL's jsonb text is the message body
+	fmt.Println("published as:", payload) // the bytes written are the message body
 	// Output:
 	// partition key: o-42
-	// published as: {"orderId": "o-42", "totalCents": 4200}
+	// published as: {"orderId":"o-42","totalCents":4200}
 }
 
 // Queue puts the outbox insert in the caller's pgx.Batch, beside the business statement: one
@@ -135,8 +135,8 @@ func ExampleRelay() {
 	}
 	fmt.Println("published", stats.Published)
 	// Output:
-	// arn:aws:sns:eu-west-1:123456789012:orders o-44 OrderCreated {"step": 1}
-	// arn:aws:sns:eu-west-1:123456789012:orders o-44 OrderPaid {"step": 2}
-	// arn:aws:sns:eu-west-1:123456789012:orders o-44 OrderShipped {"step": 3}
+	// arn:aws:sns:eu-west-1:123456789012:orders o-44 OrderCreated {"step":1}
+	// arn:aws:sns:eu-west-1:123456789012:orders o-44 OrderPaid {"step":2}
+	// arn:aws:sns:eu-west-1:123456789012:orders o-44 OrderShipped {"step":3}
 	// published 3
 }

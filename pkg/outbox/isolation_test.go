@@ -376,34 +376,6 @@ func TestErrorTextIsStoredWhateverItsBytes(t *testing.T) {
 	require.Equal(t, 1, b.countWhere(t, "attempts = 1 AND octet_length(last_error) <= 2000 AND last_error LIKE 'aaa%'"))
 }
 
-// Scenario 4, relay side: rows written with plain SQL whose jsonb text explodes (numbers print
-// in full) or is too large used to fail every claim; now each is set aside by itself, unread.
-func TestUnpublishablePayloadsAreSetAsideAloneAndUnread(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	insert := `INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload)
-		SELECT gen_random_uuid(), 'orders', 'order', $1, 'Bomb', $1, s.p FROM (SELECT %s) s(p)`
-	// 74 KB of 1e131071: ~970 MB of text if rendered.
-	b.exec(t, fmt.Sprintf(insert, `('[' || string_agg('1e131071', ',') || ']')::jsonb FROM generate_series(1, 8200)`), "bomb")
-	// 0e-16383 prints 16,385 characters; a large row of them.
-	b.exec(t, fmt.Sprintf(insert, `('[' || string_agg('0e-16383', ',') || ']')::jsonb FROM generate_series(1, 4000)`), "zeros")
-	// 240 KB of compact JSON renders with spaces to more than 256 KiB.
-	b.exec(t, fmt.Sprintf(insert, `jsonb_agg(jsonb_build_object('k', i)) FROM generate_series(1, 24000) i`), "wide")
-	b.writeKey(t, "bomb", testTopic, 2) // behind the bomb: blocked, in order
-	for _, k := range idleKeys(20) {
-		b.writeKey(t, k, testTopic, 1)
-	}
-	r := b.relay(t)
-	st, err := r.RunOnce(context.Background())
-	require.NoError(t, err, "no claim fails")
-	require.Equal(t, 20, st.Published)
-	require.Equal(t, 3, st.Quarantined)
-	require.Equal(t, 1, b.countWhere(t, "partition_key = 'bomb' AND quarantined_at IS NOT NULL AND last_error LIKE '%prints in full%'"))
-	require.Equal(t, 1, b.countWhere(t, "partition_key = 'zeros' AND quarantined_at IS NOT NULL"))
-	require.Equal(t, 1, b.countWhere(t, "partition_key = 'wide' AND quarantined_at IS NOT NULL AND last_error LIKE '%above the destination%'"))
-	require.Equal(t, 2, b.countWhere(t, "partition_key = 'bomb' AND quarantined_at IS NULL AND published_at IS NULL"))
-}
-
 // Scenario 5: 1,000 pending rows of 250 KB used to be read into memory at once (639 MB RSS in a
 // 256 MB Lambda). A round holds at most MaxRoundBytes of payloads.
 func TestRoundMemoryIsBoundedByTheByteBudget(t *testing.T) { // not parallel: it measures the heap

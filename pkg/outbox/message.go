@@ -59,10 +59,11 @@ type Message struct {
 	// PartitionKey orders events: those with the same key are published in write order, and it is
 	// the FIFO MessageGroupId. Defaults to AggregateID.
 	PartitionKey string
-	// Payload is the event body, a JSON document. It is stored as jsonb and published as
-	// PostgreSQL's text of it (keys sorted, duplicates dropped, one space after ':' and ',',
-	// numbers without exponent); Write returns the messages with Payload in exactly that form
-	// and checks its size, so what is checked is what is published.
+	// Payload is the event body, a JSON document. It is stored in the json column as given and
+	// published byte for byte: whitespace, key order, duplicate keys and the spelling of
+	// numbers are kept. Write refuses what PostgreSQL's json input refuses (see checkPayload)
+	// and counts these bytes in the message size, and returns the messages with Payload
+	// unchanged. Required.
 	Payload json.RawMessage
 	// Headers are carried as string message attributes (W3C traceparent, ...): at most as many
 	// as MaxWriteAttributes (9: SNS's limit of 10 less the one a claim-checked message needs)
@@ -150,8 +151,8 @@ func contractAttributes(m Message) int {
 	return n
 }
 
-// prepare validates m, fills its defaults, and returns the normalized copy with its payload in
-// the form PostgreSQL will publish.
+// prepare validates m, fills its defaults, and returns the completed copy; the payload is left
+// as given.
 func (m Message) prepare(i int, maxPayload int) (Message, error) {
 	fail := func(field, problem string) (Message, error) {
 		return Message{}, &ValidationError{Index: i, Field: field, Problem: problem}
@@ -173,16 +174,13 @@ func (m Message) prepare(i int, maxPayload int) (Message, error) {
 	if len(m.Payload) == 0 {
 		return fail("Payload", "is required (use {} for an empty event)")
 	}
-	// What is checked is what is published: PostgreSQL's text of the stored jsonb.
-	rendered, err := renderJSONB(m.Payload)
-	if err != nil {
-		return fail("Payload", err.Error())
+	// What is checked is what is published: the bytes given.
+	if len(m.Payload) > maxPayload {
+		return fail("Payload", fmt.Sprintf("is %d bytes, above the publishable %d bytes%s", len(m.Payload), maxPayload, raiseHint(maxPayload)))
 	}
-	if len(rendered) > maxPayload {
-		return fail("Payload", fmt.Sprintf("is %d bytes as PostgreSQL stores and publishes it (%d as given), above the publishable %d bytes%s",
-			len(rendered), len(m.Payload), maxPayload, raiseHint(maxPayload)))
+	if p := checkPayload(m.Payload); p != "" {
+		return fail("Payload", p)
 	}
-	m.Payload = rendered
 	if n := contractAttributes(m) + len(m.Headers); n > MaxWriteAttributes {
 		return fail("Headers", fmt.Sprintf("%d headers and %d contract attributes make %d message attributes, above the %d Write allows "+
 			"(SNS's %d less one kept for the claim check's %s)", len(m.Headers), contractAttributes(m), n, MaxWriteAttributes, MaxAttributes, wire.ExtendedPayloadSize))
@@ -218,7 +216,7 @@ type Event struct {
 	AggregateID   string
 	EventType     string
 	PartitionKey  string
-	// Payload is the jsonb payload's text, the message body.
+	// Payload is the stored payload's bytes, the message body.
 	Payload   []byte
 	Headers   map[string]string
 	CreatedAt time.Time

@@ -30,20 +30,6 @@ const (
 	simUnknownTopic = "sim.unknown"
 )
 
-// simAvoid lists faults the current relay is known to fail on badly enough to spoil the rest of
-// the run: they are left out of the schedule until the relay is fixed. Run with
-// -sim.known-bugs to draw them anyway; delete a field once its bug is gone.
-var simAvoid = struct {
-	// storeFailures: relay.go's call passes a nil error to failedWhole when every sent entry of
-	// a call fails retryably and the first entry's claim-check upload failed: a nil pointer
-	// panic, which kills the whole test binary.
-	storeFailures bool
-	// zerosRow: a row of 30,000 `0e-16383` makes the round's read statement run past its
-	// timeout (half the Lease) every time, so the round fails and every key it took stays
-	// pending for good, while the server burns CPU on it (slowing every other seed).
-	zerosRow bool
-}{storeFailures: false, zerosRow: true}
-
 // simProfile shapes what a seed draws.
 type simProfile struct {
 	// calm draws no destination faults and no relay kills (the broken-relay self-test), and
@@ -51,8 +37,6 @@ type simProfile struct {
 	calm bool
 	// faultMax bounds the fault phase.
 	faultMax time.Duration
-	// knownBugs draws the faults of simAvoid too.
-	knownBugs bool
 }
 
 // simActionKind is an action of the fault timeline.
@@ -155,7 +139,7 @@ func drawSchedule(seed int64, rng *rand.Rand, p simProfile) *simSchedule {
 		entryErr: pick(0.2), permanent: pick(0.01), lostEntry: pick(0.1),
 		maxDelay: time.Duration(1+rng.IntN(100)) * time.Millisecond,
 	}
-	if s.claimCheck && (!simAvoid.storeFailures || p.knownBugs) {
+	if s.claimCheck {
 		s.rates.storeErr = pick(0.3)
 	}
 	at := func() time.Duration { return time.Duration(rng.Int64N(int64(s.faultPhase))) }
@@ -185,14 +169,8 @@ func drawSchedule(seed int64, rng *rand.Rand, p simProfile) *simSchedule {
 			s.actions = append(s.actions, simAction{at: at(), kind: k})
 		}
 	}
-	hostile := []int{}
-	for k, name := range simHostileKinds {
-		if name != "zeros" || !simAvoid.zerosRow || p.knownBugs {
-			hostile = append(hostile, k)
-		}
-	}
 	for range rng.IntN(4) {
-		s.actions = append(s.actions, simAction{at: at(), kind: actHostile, arg: hostile[rng.IntN(len(hostile))]})
+		s.actions = append(s.actions, simAction{at: at(), kind: actHostile, arg: rng.IntN(len(simHostileKinds))})
 	}
 	slices.SortStableFunc(s.actions, func(a, b simAction) int { return int(a.at - b.at) })
 	return s

@@ -223,7 +223,7 @@ func insertStatement(prepared []Message, headers [][]byte) (string, []any) {
 
 // insertSQL inserts any number of rows in one statement from parallel arrays.
 const insertSQL = `INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload, headers)
-	SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::jsonb[], $8::jsonb[])`
+	SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::json[], $8::jsonb[])`
 
 // insertArgs turns prepared messages into insertSQL's arrays.
 func insertArgs(prepared []Message, headers [][]byte) []any {

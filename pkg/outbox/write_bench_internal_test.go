@@ -7,7 +7,7 @@ import (
 )
 
 // BenchmarkWritePrepare is Write's client-side work for one typical event: validation, the
-// payload rendered as PostgreSQL prints it, defaults, size check and the statement's arguments.
+// payload checked as PostgreSQL's json input would, defaults, size check and the statement's arguments.
 func BenchmarkWritePrepare(b *testing.B) {
 	w, err := NewWriter(WriterConfig{})
 	if err != nil {

@@ -65,21 +65,21 @@ func TestWriteRejectsBadInputNamingTheField(t *testing.T) {
 		msg   outbox.Message
 		field string
 	}{
-		"empty topic":              {with(func(m *outbox.Message) { m.Topic = " " }), "Topic"},
-		"empty event type":         {with(func(m *outbox.Message) { m.EventType = "" }), "EventType"},
-		"missing payload":          {with(func(m *outbox.Message) { m.Payload = nil }), "Payload"},
-		"payload not JSON":         {with(func(m *outbox.Message) { m.Payload = json.RawMessage(`{"a":`) }), "Payload"},
-		"payload too large":        {with(func(m *outbox.Message) { m.Payload = json.RawMessage(`"` + strings.Repeat("x", 256*1024) + `"`) }), "Payload"},
-		"payload with NUL":         {with(func(m *outbox.Message) { m.Payload = json.RawMessage(`{"a":"\u0000"}`) }), "Payload"},
-		"header bad name":          {with(func(m *outbox.Message) { m.Headers = map[string]string{"bad name": "x"} }), "Headers[bad name]"},
-		"header AWS prefix":        {with(func(m *outbox.Message) { m.Headers = map[string]string{"AWS.trace": "x"} }), "Headers[AWS.trace]"},
-		"header reserved":          {with(func(m *outbox.Message) { m.Headers = map[string]string{"messageId": "x"} }), "Headers[messageId]"},
-		"header empty value":       {with(func(m *outbox.Message) { m.Headers = map[string]string{"traceparent": ""} }), "Headers[traceparent]"},
-		"header bad char":          {with(func(m *outbox.Message) { m.Headers = map[string]string{"x-a": "a\x01b"} }), "Headers[x-a]"},
-		"event type bad utf8":      {with(func(m *outbox.Message) { m.EventType = "\xff" }), "EventType"},
-		"number printed in full":   {with(func(m *outbox.Message) { m.Payload = json.RawMessage(`[1e131071]`) }), "Payload"},
-		"zero with 16383 decimals": {with(func(m *outbox.Message) { m.Payload = json.RawMessage(`{"a":0e-16383}`) }), "Payload"},
-		"lone surrogate":           {with(func(m *outbox.Message) { m.Payload = json.RawMessage(`"\ud800"`) }), "Payload"},
+		"empty topic":         {with(func(m *outbox.Message) { m.Topic = " " }), "Topic"},
+		"empty event type":    {with(func(m *outbox.Message) { m.EventType = "" }), "EventType"},
+		"missing payload":     {with(func(m *outbox.Message) { m.Payload = nil }), "Payload"},
+		"payload not JSON":    {with(func(m *outbox.Message) { m.Payload = json.RawMessage(`{"a":`) }), "Payload"},
+		"payload too large":   {with(func(m *outbox.Message) { m.Payload = json.RawMessage(`"` + strings.Repeat("x", 256*1024) + `"`) }), "Payload"},
+		"header bad name":     {with(func(m *outbox.Message) { m.Headers = map[string]string{"bad name": "x"} }), "Headers[bad name]"},
+		"header AWS prefix":   {with(func(m *outbox.Message) { m.Headers = map[string]string{"AWS.trace": "x"} }), "Headers[AWS.trace]"},
+		"header reserved":     {with(func(m *outbox.Message) { m.Headers = map[string]string{"messageId": "x"} }), "Headers[messageId]"},
+		"header empty value":  {with(func(m *outbox.Message) { m.Headers = map[string]string{"traceparent": ""} }), "Headers[traceparent]"},
+		"header bad char":     {with(func(m *outbox.Message) { m.Headers = map[string]string{"x-a": "a\x01b"} }), "Headers[x-a]"},
+		"event type bad utf8": {with(func(m *outbox.Message) { m.EventType = "\xff" }), "EventType"},
+		"payload bad utf8":    {with(func(m *outbox.Message) { m.Payload = json.RawMessage("\"\xff\"") }), "Payload"},
+		"payload nested too deep": {with(func(m *outbox.Message) {
+			m.Payload = json.RawMessage(strings.Repeat("[", 1001) + strings.Repeat("]", 1001))
+		}), "Payload"},
 		"too many headers": {with(func(m *outbox.Message) {
 			m.AggregateType = "order"
 			m.Headers = map[string]string{"h1": "1", "h2": "2", "h3": "3", "h4": "4", "h5": "5", "h6": "6"}
@@ -109,54 +109,146 @@ func TestWriteRejectsBadInputNamingTheField(t *testing.T) {
 	}
 }
 
-// Issue 10, scenario 4: the relay publishes PostgreSQL's text of the stored jsonb, so Write
-// checks that text, byte for byte, and returns it.
-func TestWriteChecksAndReturnsTheBytesThatArePublished(t *testing.T) {
+// verbatimPayloads are payloads that jsonb would rewrite (whitespace, key order, duplicate
+// keys, the spelling of numbers: 1e400 prints as 401 digits, 0e-16383 as 16,385) or refuse
+// (\u0000, a lone surrogate); json keeps each byte.
+var verbatimPayloads = []string{
+	` { "z" : 2 ,"a":1 }` + "\n",
+	`{"a":1,"a":2}`,
+	`{"n":1.50e1}`,
+	`[1e400]`,
+	`{"a":0e-16383}`,
+	`"\u00e9\u0041 \ud83d\ude00 é"`,
+	`{"nul":"\u0000","lone":"\ud800"}`,
+	"[\t1,\r\n2 ]",
+	`-0`,
+}
+
+// Issue 10, scenario 4: what is published is what was written. Write, Queue and plain SQL (text
+// and jsonb values) store the bytes given; the column returns them and the relay publishes them.
+func TestWriteStoresAndPublishesTheBytesWritten(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setup(t)
-	write := func(payload string) ([]outbox.Message, error) {
+	msg := func(p string) outbox.Message {
+		return outbox.Message{Topic: testTopic, EventType: "E", AggregateID: "a", Payload: json.RawMessage(p)}
+	}
+	want := map[uuid.UUID]string{} // event id -> the bytes that must come back
+	record := func(written []outbox.Message, payloads []string) {
+		require.Len(t, written, len(payloads))
+		for i, w := range written {
+			require.Equal(t, payloads[i], string(w.Payload), "Write returns the payload unchanged")
+			want[w.EventID] = payloads[i]
+		}
+	}
+	many := make([]string, 0, 120) // enough for COPY (CopyThreshold 100)
+	for len(many) < 120 {
+		many = append(many, verbatimPayloads...)
+	}
+	many = many[:120]
+
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	for _, p := range verbatimPayloads { // one row: VALUES
+		written, err := outbox.Write(ctx, tx, msg(p))
+		require.NoError(t, err)
+		record(written, []string{p})
+	}
+	for _, ps := range [][]string{verbatimPayloads, many} { // unnest, then COPY
+		msgs := make([]outbox.Message, len(ps))
+		for i, p := range ps {
+			msgs[i] = msg(p)
+		}
+		written, err := outbox.Write(ctx, tx, msgs...)
+		require.NoError(t, err)
+		record(written, ps)
+	}
+	batch := &pgx.Batch{}
+	for _, ps := range [][]string{verbatimPayloads[:1], verbatimPayloads} { // Queue: one row, then unnest
+		msgs := make([]outbox.Message, len(ps))
+		for i, p := range ps {
+			msgs[i] = msg(p)
+		}
+		written, err := outbox.Queue(batch, msgs...)
+		require.NoError(t, err)
+		record(written, ps)
+	}
+	require.NoError(t, tx.SendBatch(ctx, batch).Close())
+	// Plain SQL: a text value is stored as given; a jsonb value as jsonb's text of it.
+	for _, p := range verbatimPayloads {
+		id := uuid.New()
+		_, err := tx.Exec(ctx, `INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload)
+			VALUES ($1, $2, '', 'a', 'E', 'a', $3::text::json)`, id, testTopic, p)
+		require.NoError(t, err)
+		want[id] = p
+	}
+	for _, p := range []string{`{"z": 2, "a": 1}`, `{"n":1.50e1}`} {
+		id := uuid.New()
+		var rendered string
+		require.NoError(t, tx.QueryRow(ctx, `INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload)
+			VALUES ($1, $2, '', 'a', 'E', 'a', $3::text::jsonb) RETURNING payload::text`, id, testTopic, p).Scan(&rendered))
+		var jsonbText string
+		require.NoError(t, tx.QueryRow(ctx, `SELECT $1::text::jsonb::text`, p).Scan(&jsonbText))
+		require.Equal(t, jsonbText, rendered, "a jsonb value is stored as its text")
+		want[id] = jsonbText
+	}
+	require.NoError(t, tx.Commit(ctx))
+
+	rows, err := b.pool.Query(ctx, `SELECT event_id, payload::text FROM outbox_event`)
+	require.NoError(t, err)
+	stored := map[uuid.UUID]string{}
+	for rows.Next() {
+		var id uuid.UUID
+		var p string
+		require.NoError(t, rows.Scan(&id, &p))
+		stored[id] = p
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, want, stored, "the column returns the bytes written")
+
+	_, err = b.relay(t).RunOnce(ctx)
+	require.NoError(t, err)
+	published := map[uuid.UUID]string{}
+	for _, e := range b.rec.received {
+		published[e.EventID] = string(e.Payload)
+	}
+	require.Equal(t, want, published, "the relay publishes the bytes written")
+}
+
+// Write refuses a payload exactly when PostgreSQL's json input refuses it (MaxNestingDepth
+// aside), so a refusal never surfaces at commit and nothing the server stores is turned away.
+func TestWriteRefusesWhatPostgreSQLRefuses(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	cases := []string{
+		`{}`, `[]`, `1`, `-0`, `-`, `+1`, `01`, `1.`, `.5`, `1e`, `1E+2`, `1e-2`, `0.0e0`, `-01`, `1.5e+`, `0x10`,
+		`true`, `tru`, `truex`, `null`, `NaN`, `Infinity`, `[1,]`, `{"a":1,}`, `{"a"}`, `{a:1}`, `{'a':1}`, `1 2`, `[1] [2]`,
+		` `, "\t{}\n", "\v{}", "\f{}", "\u00a0{}", "\ufeff{}", "{}\x00", `"a` + "\t" + `b"`, `"a` + "\n" + `b"`, `"a` + "\x7f" + `b"`,
+		`"\x"`, `"\u12"`, `"\u12g4"`, `"\U0041"`, `"\/"`, `"\'"`, `"\u0000"`, `"\ud800"`, `"\udc00"`, `"\ud800\udc00"`, `"\ud800x"`,
+		`"\ud800\u0041"`, `"é"`, "\"\xff\"", "\"\xc3\"", "\"\xed\xa0\x80\"", "\"\xf4\x90\x80\x80\"", `[1e400, 0e-16383, 1e99999999999999]`,
+		`{"a":1,"a":2}`, `[[[[]]]]`, strings.Repeat("[", 1000) + strings.Repeat("]", 1000), `"` + strings.Repeat("x", 1000) + `"`,
+		`[1,2`, `{"a":[1,{"b":}]}`, `/*c*/1`, `1//c`, `"\"`, `""`,
+	}
+	for _, p := range cases {
+		var serverErr error
 		tx, err := b.pool.Begin(ctx)
 		require.NoError(t, err)
-		defer tx.Rollback(ctx)
-		msgs, err := outbox.Write(ctx, tx, outbox.Message{Topic: testTopic, EventType: "E", AggregateID: "a", Payload: json.RawMessage(payload)})
-		if err == nil {
-			require.NoError(t, tx.Commit(ctx))
+		var stored string
+		if serverErr = tx.QueryRow(ctx, `SELECT $1::text::json::text`, p).Scan(&stored); serverErr == nil {
+			require.Equal(t, p, stored, "json keeps the bytes")
 		}
-		return msgs, err
-	}
+		require.NoError(t, tx.Rollback(ctx))
 
-	// 240 KB of compact JSON is 290 KB once PostgreSQL prints it: refused at Write, not at the relay.
-	var compact strings.Builder
-	compact.WriteString("[")
-	for i := range 30000 {
-		if i > 0 {
-			compact.WriteString(",")
+		_, err = outbox.Queue(&pgx.Batch{}, outbox.Message{Topic: testTopic, EventType: "E", Payload: json.RawMessage(p)})
+		if serverErr == nil {
+			require.NoError(t, err, "PostgreSQL stores %q: Write must accept it", p)
+			continue
 		}
-		compact.WriteString(`{"k":1}`)
+		var ve *outbox.ValidationError
+		require.ErrorAs(t, err, &ve, "PostgreSQL refuses %q (%v): Write must refuse it", p, serverErr)
+		require.Equal(t, "Payload", ve.Field)
 	}
-	compact.WriteString("]")
-	require.Less(t, compact.Len(), outbox.MaxMessageBytes)
-	_, err := write(compact.String())
-	require.ErrorContains(t, err, "as PostgreSQL stores and publishes it")
-
-	// An escaped backslash followed by "u0000" is text, not a NUL: accepted.
-	msgs, err := write(`{"z":2,"a":"\\u0000","a":1}`)
-	require.NoError(t, err)
-	require.Equal(t, `{"a": 1, "z": 2}`, string(msgs[0].Payload), "Write returns the published form")
-	msgs, err = write(`{"b":"\\u0000","n":1.50e1}`)
-	require.NoError(t, err)
-	require.Equal(t, `{"b": "\\u0000", "n": 15.0}`, string(msgs[0].Payload))
-
-	// What the relay publishes is what Write returned, byte for byte.
-	st, err := b.relay(t).RunOnce(ctx)
-	require.NoError(t, err)
-	require.Equal(t, 2, st.Published)
-	bodies := map[string]string{}
-	for _, e := range b.rec.received {
-		bodies[e.EventID.String()] = string(e.Payload)
-	}
-	require.Equal(t, string(msgs[0].Payload), bodies[msgs[0].EventID.String()])
 }
 
 func TestWriterConfigIsValidated(t *testing.T) {
