@@ -36,13 +36,13 @@ import (
 )
 
 var (
-	simSeeds     = flag.Int("sim.seeds", 120, "number of simulator seeds TestSimulation runs")
-	simSeed      = flag.Int64("sim.seed", 1, "first simulator seed")
-	simRandom    = flag.Bool("sim.random", false, "start the simulator at a random seed (printed)")
-	simParallel  = flag.Int("sim.parallel", 8, "simulator seeds run at once")
-	simFaultMax  = flag.Duration("sim.fault", 1500*time.Millisecond, "longest fault phase of a seed")
-	simHeal      = flag.Duration("sim.heal", 15*time.Second, "how long the heal phase may take to publish everything")
-	simSummary   = flag.String("sim.summary", "", "append TestSimulation's summary line to this file")
+	simSeeds    = flag.Int("sim.seeds", 120, "number of simulator seeds TestSimulation runs")
+	simSeed     = flag.Int64("sim.seed", 1, "first simulator seed")
+	simRandom   = flag.Bool("sim.random", false, "start the simulator at a random seed (printed)")
+	simParallel = flag.Int("sim.parallel", 8, "simulator seeds run at once")
+	simFaultMax = flag.Duration("sim.fault", 1500*time.Millisecond, "longest fault phase of a seed")
+	simHeal     = flag.Duration("sim.heal", 15*time.Second, "how long the heal phase may take to publish everything")
+	simSummary  = flag.String("sim.summary", "", "append TestSimulation's summary line to this file")
 )
 
 // simMaxRoundBytes is the relays' MaxRoundBytes: small, so that the memory bound means something.
