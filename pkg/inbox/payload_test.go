@@ -10,24 +10,15 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/fixture"
 	"github.com/sluicehq/sluice/pkg/inbox"
 )
 
-// bodies jsonb would rewrite (whitespace, key order, duplicate keys, numbers, escapes) or refuse.
-var verbatimBodies = []string{
-	` { "z" : 2 ,"a":1 }` + "\n",
-	`{"a":1,"a":2}`,
-	`{"n":1.50e1}`,
-	`[1e400]`,
-	`{"a":0e-16383}`,
-	`"\u00e9\u0041 \ud83d\ude00 é"`,
-	`{"nul":"\u0000","lone":"\ud800"}`,
-}
 
 func verbatimBatch() (events.SQSEvent, map[string]string) {
 	var recs []events.SQSMessage
 	want := map[string]string{}
-	for i, body := range verbatimBodies {
+	for i, body := range fixture.VerbatimJSON {
 		id := fmt.Sprintf("v%d", i)
 		recs = append(recs, record("sqs-"+id, body, map[string]string{"messageId": id, "eventType": "Verbatim"}))
 		want[id] = body

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/fixture"
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
@@ -109,20 +110,6 @@ func TestWriteRejectsBadInputNamingTheField(t *testing.T) {
 	}
 }
 
-// verbatimPayloads are payloads that jsonb would rewrite (whitespace, key order, duplicate
-// keys, the spelling of numbers: 1e400 prints as 401 digits, 0e-16383 as 16,385) or refuse
-// (\u0000, a lone surrogate); json keeps each byte.
-var verbatimPayloads = []string{
-	` { "z" : 2 ,"a":1 }` + "\n",
-	`{"a":1,"a":2}`,
-	`{"n":1.50e1}`,
-	`[1e400]`,
-	`{"a":0e-16383}`,
-	`"\u00e9\u0041 \ud83d\ude00 é"`,
-	`{"nul":"\u0000","lone":"\ud800"}`,
-	"[\t1,\r\n2 ]",
-	`-0`,
-}
 
 // Issue 10, scenario 4: what is published is what was written. Write, Queue and plain SQL (text
 // and jsonb values) store the bytes given; the column returns them and the relay publishes them.
@@ -143,18 +130,18 @@ func TestWriteStoresAndPublishesTheBytesWritten(t *testing.T) {
 	}
 	many := make([]string, 0, 120) // enough for COPY (CopyThreshold 100)
 	for len(many) < 120 {
-		many = append(many, verbatimPayloads...)
+		many = append(many, fixture.VerbatimJSON...)
 	}
 	many = many[:120]
 
 	tx, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
-	for _, p := range verbatimPayloads { // one row: VALUES
+	for _, p := range fixture.VerbatimJSON { // one row: VALUES
 		written, err := outbox.Write(ctx, tx, msg(p))
 		require.NoError(t, err)
 		record(written, []string{p})
 	}
-	for _, ps := range [][]string{verbatimPayloads, many} { // unnest, then COPY
+	for _, ps := range [][]string{fixture.VerbatimJSON, many} { // unnest, then COPY
 		msgs := make([]outbox.Message, len(ps))
 		for i, p := range ps {
 			msgs[i] = msg(p)
@@ -164,7 +151,7 @@ func TestWriteStoresAndPublishesTheBytesWritten(t *testing.T) {
 		record(written, ps)
 	}
 	batch := &pgx.Batch{}
-	for _, ps := range [][]string{verbatimPayloads[:1], verbatimPayloads} { // Queue: one row, then unnest
+	for _, ps := range [][]string{fixture.VerbatimJSON[:1], fixture.VerbatimJSON} { // Queue: one row, then unnest
 		msgs := make([]outbox.Message, len(ps))
 		for i, p := range ps {
 			msgs[i] = msg(p)
@@ -175,7 +162,7 @@ func TestWriteStoresAndPublishesTheBytesWritten(t *testing.T) {
 	}
 	require.NoError(t, tx.SendBatch(ctx, batch).Close())
 	// Plain SQL: a text value is stored as given; a jsonb value as jsonb's text of it.
-	for _, p := range verbatimPayloads {
+	for _, p := range fixture.VerbatimJSON {
 		id := uuid.New()
 		_, err := tx.Exec(ctx, `INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload)
 			VALUES ($1, $2, '', 'a', 'E', 'a', $3::text::json)`, id, testTopic, p)
