@@ -14,7 +14,6 @@ import (
 	"github.com/sluicehq/sluice/pkg/inbox"
 )
 
-
 func verbatimBatch() (events.SQSEvent, map[string]string) {
 	var recs []events.SQSMessage
 	want := map[string]string{}

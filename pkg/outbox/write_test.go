@@ -110,7 +110,6 @@ func TestWriteRejectsBadInputNamingTheField(t *testing.T) {
 	}
 }
 
-
 // Issue 10, scenario 4: what is published is what was written. Write, Queue and plain SQL (text
 // and jsonb values) store the bytes given; the column returns them and the relay publishes them.
 func TestWriteStoresAndPublishesTheBytesWritten(t *testing.T) {
