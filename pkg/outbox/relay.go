@@ -85,10 +85,10 @@ type RelayConfig struct {
 	PublishTimeout time.Duration
 	// Lease bounds how long one round holds its partition keys: publishing stops at three
 	// quarters of it, every statement of the round is cancelled after half of it, and
-	// PostgreSQL ends the relay's session if it sits idle in the round's transaction longer (a
-	// hung or frozen relay), which releases its keys. A relay that dies releases them when
-	// PostgreSQL sees its connection close, within a second even mid-statement (PostgreSQL 14
-	// and later). Defaults to 30 seconds.
+	// PostgreSQL ends the round's session if it sits idle longer (a hung or frozen relay;
+	// idle_session_timeout, PostgreSQL 14 and later), which releases its keys. A relay that
+	// dies releases them when PostgreSQL sees its connection close, within a second even
+	// mid-statement. Defaults to 30 seconds.
 	Lease time.Duration
 	// MaxAttempts is the number of failed publish attempts after which a row is quarantined.
 	// Only failures of the row count: while its whole destination fails (nothing sent there
@@ -290,7 +290,11 @@ type Relay struct {
 // bookCapacity bounds the keys a relay schedules at once; the rest wait for a later sweep.
 const bookCapacity = 200_000
 
-// NewRelay returns a Relay over pool with cfg.
+// NewRelay returns a Relay over pool with cfg. The relay uses up to Pipelines connections for its
+// rounds, one more per failing destination's probe, and two for polling and sweeping. A round
+// sets session settings and session-level advisory locks on the connection it holds and puts
+// them back (RESET, pg_advisory_unlock_all) before returning it, so pool may be shared; a pool
+// of the relay's own is simpler to size.
 func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 	if pool == nil {
 		return nil, errors.New("outbox: NewRelay needs a pool")
