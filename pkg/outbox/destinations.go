@@ -72,16 +72,6 @@ func (d *destinations) startProbe(dest string, now time.Time) bool {
 	return true
 }
 
-// nextProbe returns when dest's next probe is due (zero when it is healthy).
-func (d *destinations) nextProbe(dest string) time.Time {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if s := d.state[dest]; s != nil && s.failures > 0 {
-		return s.retryAt
-	}
-	return time.Time{}
-}
-
 // succeeded records that dest answered a call: at least one entry was acknowledged, or the
 // entries were refused one by one (the destination works; those rows are at fault).
 func (d *destinations) succeeded(dest string, now time.Time) {
@@ -118,14 +108,6 @@ func (d *destinations) failedWhole(dest string, since, now time.Time, err error)
 	s.retryAt = now.Add(delay/2 + d.jitterFrac(delay/2))
 	s.lastErr = truncateText(err.Error(), 500)
 	return s.retryAt, true
-}
-
-// healthy reports whether dest is not backed off as a whole.
-func (d *destinations) healthy(dest string) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	s := d.state[dest]
-	return s == nil || s.failures == 0
 }
 
 // abandoned ends a probe that made no call (its round stopped first, or its keys had no row
