@@ -72,6 +72,11 @@ type PurgeOptions struct {
 	// rows in primary-key order). Defaults to DefaultPurgeBatchSize; a negative value is refused
 	// with ErrInvalidBatchSize.
 	BatchSize int
+	// Progress, when set, is called after each DELETE statement with the rows deleted so far.
+	// The context is checked right after it returns, so a caller that cancels the context from
+	// Progress stops the purge at that batch boundary, no statement cut short. Plain tables
+	// only (a partitioned outbox_event drops whole partitions). Defaults to nil.
+	Progress func(deleted int64)
 }
 
 // Purge deletes published rows whose published_at is older than olderThan, in bounded batches
@@ -106,12 +111,12 @@ func Purge(ctx context.Context, db Querier, olderThan time.Duration, opts *Purge
 	if err := db.QueryRow(ctx, "SELECT now() - $1 * interval '1 millisecond'", olderThan.Milliseconds()).Scan(&cutoff); err != nil {
 		return 0, fmt.Errorf("purge outbox: %w", err)
 	}
-	return purgeRows(ctx, db, "outbox_event", cutoff, batch)
+	return purgeRows(ctx, db, "outbox_event", cutoff, batch, o.Progress)
 }
 
 // purgeRows deletes the rows of table (outbox_event, or the default partition of a
 // partitioned one) published before cutoff, batch rows examined per statement.
-func purgeRows(ctx context.Context, db Querier, table string, cutoff time.Time, batch int) (int64, error) {
+func purgeRows(ctx context.Context, db Querier, table string, cutoff time.Time, batch int, progress func(int64)) (int64, error) {
 	var (
 		total  int64
 		cursor int64
@@ -142,6 +147,9 @@ func purgeRows(ctx context.Context, db Querier, table string, cutoff time.Time, 
 			return total, fmt.Errorf("purge outbox after id %d: %w", cursor, err)
 		}
 		total += deleted
+		if progress != nil {
+			progress(total)
+		}
 		if last == nil || young {
 			return total, nil
 		}
