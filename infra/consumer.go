@@ -502,9 +502,9 @@ func (c *consumer) guardDeadLetterQueues(p *ConsumerProps) {
 		return
 	}
 	deny(c.dlq, "OnlySQSRedriveFillsIt", nil)
-	source := p.Topic.TopicArn()
-	if c.ruleArn != nil {
-		source = c.ruleArn // formatted: the rule depends on this policy
+	source := c.ruleArn // formatted: the rule depends on this policy
+	if source == nil {
+		source = p.Topic.TopicArn()
 	}
 	deny(c.subDLQ, "OnlyTheSourceDeadLetters", &map[string]any{"ArnNotEquals": map[string]any{"aws:SourceArn": source}})
 }
