@@ -199,6 +199,7 @@ type consumer struct {
 	queue    awssqs.Queue
 	dlq      awssqs.Queue
 	subDLQ   awssqs.Queue
+	ruleArn  *string // the EventBridge rule's, formatted (subscribeBus)
 	sub      awssns.Subscription
 	fn       awslambda.Function
 	queueKey awskms.IKey
@@ -464,6 +465,7 @@ func NewConsumer(scope constructs.Construct, id string, props *ConsumerProps) Co
 		c.fn.Node().AddDependency(p.Migrations.Resource())
 	}
 	suppressLambdaFindings(c.fn)
+	c.guardDeadLetterQueues(&p)
 	if c.subDLQ != nil {
 		suppress(c.subDLQ, "AwsSolutions-SQS3",
 			"This queue is the SNS subscription's (or EventBridge rule target's) dead-letter queue (the subscription's "+
@@ -471,6 +473,40 @@ func NewConsumer(scope constructs.Construct, id string, props *ConsumerProps) Co
 				"It is alarmed on and drained with `sluice redrive`.")
 	}
 	return c
+}
+
+// guardDeadLetterQueues denies sqs:SendMessage on both DLQs to every principal but the one that
+// must write there. A message in a DLQ is redriven to the queue (`sluice redrive`, a message move
+// task) past the queue's own Deny, and the consumer applies it: a forged one would be applied too.
+//
+//   - DeadLetterQueue of an SQS-fed consumer: nobody. SQS moves a message there itself after
+//     MaxReceiveCount receives; that move is no SendMessage request of any principal.
+//   - DeadLetterQueue of a Kinesis or MSK consumer: only the consumer function's role, as which
+//     the event source mapping sends its failure records (aws:PrincipalArn).
+//   - SubscriptionDeadLetterQueue: only SNS delivering for the topic, or EventBridge for the
+//     rule (aws:SourceArn, which only the service sets; a direct SendMessage has none, and a
+//     negated condition on an absent key matches, so the Deny applies).
+func (c *consumer) guardDeadLetterQueues(p *ConsumerProps) {
+	deny := func(q awssqs.Queue, sid string, condition *map[string]any) {
+		q.AddToResourcePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Sid:        jsii.String(sid),
+			Effect:     awsiam.Effect_DENY,
+			Principals: &[]awsiam.IPrincipal{awsiam.NewAnyPrincipal()},
+			Actions:    jsii.Strings("sqs:SendMessage"),
+			Resources:  &[]*string{q.QueueArn()},
+			Conditions: condition,
+		}))
+	}
+	if c.subDLQ == nil {
+		deny(c.dlq, "OnlyTheConsumersFailureRecords", &map[string]any{"ArnNotEquals": map[string]any{"aws:PrincipalArn": c.fn.Role().RoleArn()}})
+		return
+	}
+	deny(c.dlq, "OnlySQSRedriveFillsIt", nil)
+	source := c.ruleArn // formatted: the rule depends on this policy
+	if source == nil {
+		source = p.Topic.TopicArn()
+	}
+	deny(c.subDLQ, "OnlyTheSourceDeadLetters", &map[string]any{"ArnNotEquals": map[string]any{"aws:SourceArn": source}})
 }
 
 // addQueueSource reads the queue with an SQS event source mapping that reports batch item

@@ -137,6 +137,7 @@ func (c *consumer) subscribeBus(p *ConsumerProps) {
 	if *d.bus.EventBusName() == "default" {
 		ruleArn = stack.FormatArn(&awscdk.ArnComponents{Service: jsii.String("events"), Resource: jsii.String("rule"), ResourceName: name})
 	}
+	c.ruleArn = ruleArn
 	fromRule := &map[string]any{"ArnEquals": map[string]any{"aws:SourceArn": ruleArn}}
 	events := awsiam.NewServicePrincipal(jsii.String("events.amazonaws.com"), nil)
 	queuePolicy := c.queue.AddToResourcePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{

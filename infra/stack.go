@@ -3,6 +3,7 @@ package infra
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
@@ -400,7 +401,12 @@ func newConsumerProxy(stack awscdk.Stack, network Network, instance awsrds.Datab
 		Description:      jsii.String("sluice consumer RDS Proxy: in from the consumer, out to the database"),
 		AllowAllOutbound: jsii.Bool(false),
 	})
+	// A name unique to this stack (CDK would name it "ConsumerProxy", its id, and a second stack
+	// in the account and region would fail to deploy): the stack and construct path with a hash.
+	name := awscdk.Names_UniqueResourceName(sg, &awscdk.UniqueResourceNameOptions{MaxLength: jsii.Number(60), Separator: jsii.String("-")})
+	name = jsii.String(strings.Replace(*name, "SecurityGroup", "", 1))
 	proxy := awsrds.NewDatabaseProxy(stack, jsii.String("ConsumerProxy"), &awsrds.DatabaseProxyProps{
+		DbProxyName:           name,
 		ProxyTarget:           awsrds.ProxyTarget_FromInstance(instance),
 		Secrets:               &[]awssecretsmanager.ISecret{role.Secret()},
 		Vpc:                   network.Vpc,

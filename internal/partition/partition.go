@@ -313,6 +313,9 @@ type Options struct {
 	Size        int64
 	Retention   time.Duration
 	LockTimeout time.Duration
+	// DryRun makes Maintain change nothing: it creates no partition and reports in Dropped the
+	// partitions that pass the check made before a drop's lock (the drop checks again under it).
+	DryRun bool
 }
 
 // Defaults.
@@ -408,7 +411,7 @@ func Maintain(ctx context.Context, db DB, spec Spec, opts Options, create, drop 
 		return rep, nil
 	}
 	rep.Partitioned = true
-	if create {
+	if create && !opts.DryRun {
 		for range 200 {
 			p, made, err := createNext(ctx, db, spec, opts)
 			if IsLockTimeout(err) {
@@ -712,6 +715,10 @@ func dropExpired(ctx context.Context, db DB, spec Spec, opts Options, rep *Repor
 		}
 		if reason != "" {
 			rep.Kept = append(rep.Kept, Kept{Part: p, Reason: reason})
+			continue
+		}
+		if opts.DryRun {
+			rep.Dropped = append(rep.Dropped, p)
 			continue
 		}
 		dropped := false

@@ -24,7 +24,8 @@ import (
 // Role kinds (Role.Kind): what a function's database role may do.
 const (
 	// KindRelay may read outbox_event and update its rows (publication and relay bookkeeping),
-	// and read outbox_control. Nothing else.
+	// read outbox_control, and execute sluice_horizon() (what holds back VACUUM, without other
+	// sessions' query text). Nothing else.
 	KindRelay = "relay"
 	// KindConsumer may read, insert, update and delete inbox_event rows of its own consumer name
 	// (row level security), plus the grants it declares. The batched commit mode deletes the
@@ -333,9 +334,22 @@ func applyRole(ctx context.Context, tx pgx.Tx, r Role, password string) error {
 		if control {
 			sqls = append(sqls, "GRANT SELECT ON TABLE outbox_control TO "+ident)
 		}
-		// Reading other roles' transactions for the OldestTransactionAgeSeconds metric
-		// (outbox.HorizonOf): statistics only, no data. RDS's master user may grant it.
-		sqls = append(sqls, "GRANT pg_read_all_stats TO "+ident)
+		// The OldestTransactionAgeSeconds metric (outbox.HorizonOf) reads other roles'
+		// transactions through sluice_horizon() (migration 0006), which returns their age and
+		// holder and no query text. pg_read_all_stats, which earlier versions granted, would show
+		// the relay every session's query with its literals: it is revoked.
+		var horizon, stats bool
+		if err := tx.QueryRow(ctx, `SELECT to_regprocedure('sluice_horizon()') IS NOT NULL,
+			EXISTS (SELECT 1 FROM pg_auth_members m WHERE m.member = $1::regrole AND m.roleid = 'pg_read_all_stats'::regrole)`,
+			r.Name).Scan(&horizon, &stats); err != nil {
+			return err
+		}
+		if horizon {
+			sqls = append(sqls, "GRANT EXECUTE ON FUNCTION sluice_horizon() TO "+ident)
+		}
+		if stats {
+			sqls = append(sqls, "REVOKE pg_read_all_stats FROM "+ident)
+		}
 	case KindConsumer:
 		policy := pgx.Identifier{"sluice_inbox_" + r.Name}.Sanitize()
 		var lit string

@@ -166,7 +166,33 @@ func TestRolesGrantEachFunctionOnlyWhatItNeeds(t *testing.T) {
 		requireSQLState(t, err, "42501", "the relay reads no service tables")
 		var stats bool
 		require.NoError(t, c.QueryRow(ctx, "SELECT pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER')").Scan(&stats))
-		require.True(t, stats, "the relay sees other roles' transactions for its oldest-transaction metric")
+		require.False(t, stats, "the relay does not hold pg_read_all_stats")
+
+		// Another role's session, idle in a transaction that wrote, after a query whose text
+		// holds a secret literal: the relay gets the horizon it holds back, never the text.
+		ocfg, err := pgx.ParseConfig(dbURL)
+		require.NoError(t, err)
+		ocfg.RuntimeParams["application_name"] = "forgotten-psql"
+		other, err := pgx.ConnectConfig(ctx, ocfg)
+		require.NoError(t, err)
+		defer other.Close(context.WithoutCancel(ctx))
+		otx, err := other.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = otx.Rollback(context.WithoutCancel(ctx)) }()
+		_, err = otx.Exec(ctx, `UPDATE invoice SET cents = 1 WHERE order_id = 'card-4111111111111111'`)
+		require.NoError(t, err)
+		_, err = otx.Exec(ctx, `CREATE TEMP TABLE scratch (n int); INSERT INTO scratch VALUES (1)`)
+		require.NoError(t, err)
+		h, err := outbox.HorizonOf(ctx, c)
+		require.NoError(t, err)
+		require.Contains(t, h.HeldBy, fmt.Sprintf("session %d (forgotten-psql, idle in transaction)", other.PgConn().PID()))
+		require.Positive(t, h.OldestTransactionAge)
+		require.Positive(t, h.XIDAge)
+		var query string
+		require.NoError(t, c.QueryRow(ctx, "SELECT coalesce(query, '') FROM pg_stat_activity WHERE pid = $1", other.PgConn().PID()).Scan(&query))
+		require.NotContains(t, query, "4111", "the relay does not see another session's query text")
+		require.Equal(t, "<insufficient privilege>", query)
+		_ = otx.Rollback(ctx)
 
 		// What the role allows is what the relay needs: a real relay, logged in as the role,
 		// publishes a row (advisory locks, plan guards, the admin epoch, the horizon metric).

@@ -156,6 +156,11 @@ type PurgeOptions struct {
 	// small. Defaults to DefaultPurgeBatchSize; a negative value is refused with
 	// ErrInvalidBatchSize (and ErrInvalidArgument).
 	BatchSize int
+	// Progress, when set, is called after each DELETE statement with the rows deleted so far.
+	// The context is checked right after it returns, so a caller that cancels the context from
+	// Progress stops the purge at that batch boundary, no statement cut short. Row by row
+	// purges only (a partitioned inbox_event drops whole partitions). Defaults to nil.
+	Progress func(deleted int64)
 }
 
 // DefaultPurgeBatchSize is PurgeOptions.BatchSize's default, the same in inbox and outbox
@@ -201,12 +206,12 @@ func Purge(ctx context.Context, db Querier, olderThan time.Duration, opts *Purge
 			return purgePartitioned(ctx, db, olderThan, o.BatchSize)
 		}
 	}
-	return purgeRows(ctx, db, "inbox_event", olderThan, o.Consumer, o.BatchSize)
+	return purgeRows(ctx, db, "inbox_event", olderThan, o.Consumer, o.BatchSize, o.Progress)
 }
 
 // purgeRows deletes the rows of table (inbox_event, or the default partition of a partitioned
 // one) processed longer than olderThan ago, of consumer ("" for all), batch rows per statement.
-func purgeRows(ctx context.Context, db Querier, table string, olderThan time.Duration, consumer string, batch int) (int64, error) {
+func purgeRows(ctx context.Context, db Querier, table string, olderThan time.Duration, consumer string, batch int, progress func(int64)) (int64, error) {
 	var total int64
 	for {
 		tag, err := db.Exec(ctx, `
@@ -223,8 +228,14 @@ WHERE (consumer, message_id) IN (
 			return total, fmt.Errorf("purge inbox: %w", err)
 		}
 		total += tag.RowsAffected()
+		if progress != nil {
+			progress(total)
+		}
 		if tag.RowsAffected() < int64(batch) {
 			return total, nil
+		}
+		if ctx.Err() != nil {
+			return total, ctx.Err()
 		}
 	}
 }

@@ -71,6 +71,11 @@ type PartitionOptions struct {
 	// the default partition; dropping one locks inbox_event (consumers wait). Defaults to 200
 	// milliseconds.
 	LockTimeout time.Duration
+	// DryRun makes MaintainPartitions change nothing and report what it would drop: the
+	// partitions that pass the check made before a drop's lock (the real run checks each again
+	// under the lock, so it may keep one that changed meanwhile). It creates no partition and
+	// does not purge the default partition. Defaults to false.
+	DryRun bool
 }
 
 // DefaultPartitionInterval, DefaultPartitionsAhead and DefaultPartitionLockTimeout are
@@ -91,7 +96,7 @@ func (o *PartitionOptions) Check() error {
 func (o *PartitionOptions) engine() (partition.Options, error) {
 	var p partition.Options
 	if o != nil {
-		p = partition.Options{Interval: o.Interval, Ahead: o.Ahead, Retention: o.Retention, LockTimeout: o.LockTimeout}
+		p = partition.Options{Interval: o.Interval, Ahead: o.Ahead, Retention: o.Retention, LockTimeout: o.LockTimeout, DryRun: o.DryRun}
 	}
 	p = p.WithDefaults()
 	if err := p.Validate(); err != nil {
@@ -211,7 +216,7 @@ func maintainPartitions(ctx context.Context, db DB, o partition.Options, create 
 	if err != nil {
 		return rep, fmt.Errorf("inbox: maintain partitions: %w", err)
 	}
-	if !r.Partitioned || o.Retention <= 0 {
+	if !r.Partitioned || o.Retention <= 0 || o.DryRun {
 		return rep, nil
 	}
 	info, err := partition.Read(ctx, db, inboxPartitions)
@@ -219,7 +224,7 @@ func maintainPartitions(ctx context.Context, db DB, o partition.Options, create 
 		return rep, fmt.Errorf("inbox: maintain partitions: %w", err)
 	}
 	if d, ok := info.Default(); ok {
-		rep.Purged, err = purgeRows(ctx, db, pgx.Identifier{info.Schema, d.Name}.Sanitize(), o.Retention, "", batch)
+		rep.Purged, err = purgeRows(ctx, db, pgx.Identifier{info.Schema, d.Name}.Sanitize(), o.Retention, "", batch, nil)
 		if err != nil {
 			return rep, fmt.Errorf("inbox: purge the default partition %s: %w", d.Name, err)
 		}

@@ -72,6 +72,11 @@ type PurgeOptions struct {
 	// rows in primary-key order). Defaults to DefaultPurgeBatchSize; a negative value is refused
 	// with ErrInvalidBatchSize.
 	BatchSize int
+	// Progress, when set, is called after each DELETE statement with the rows deleted so far.
+	// The context is checked right after it returns, so a caller that cancels the context from
+	// Progress stops the purge at that batch boundary, no statement cut short. Plain tables
+	// only (a partitioned outbox_event drops whole partitions). Defaults to nil.
+	Progress func(deleted int64)
 }
 
 // Purge deletes published rows whose published_at is older than olderThan, in bounded batches
@@ -106,12 +111,12 @@ func Purge(ctx context.Context, db Querier, olderThan time.Duration, opts *Purge
 	if err := db.QueryRow(ctx, "SELECT now() - $1 * interval '1 millisecond'", olderThan.Milliseconds()).Scan(&cutoff); err != nil {
 		return 0, fmt.Errorf("purge outbox: %w", err)
 	}
-	return purgeRows(ctx, db, "outbox_event", cutoff, batch)
+	return purgeRows(ctx, db, "outbox_event", cutoff, batch, o.Progress)
 }
 
 // purgeRows deletes the rows of table (outbox_event, or the default partition of a
 // partitioned one) published before cutoff, batch rows examined per statement.
-func purgeRows(ctx context.Context, db Querier, table string, cutoff time.Time, batch int) (int64, error) {
+func purgeRows(ctx context.Context, db Querier, table string, cutoff time.Time, batch int, progress func(int64)) (int64, error) {
 	var (
 		total  int64
 		cursor int64
@@ -142,6 +147,9 @@ func purgeRows(ctx context.Context, db Querier, table string, cutoff time.Time, 
 			return total, fmt.Errorf("purge outbox after id %d: %w", cursor, err)
 		}
 		total += deleted
+		if progress != nil {
+			progress(total)
+		}
 		if last == nil || young {
 			return total, nil
 		}
@@ -343,11 +351,40 @@ type horizonHolder struct {
 // (backend_xid: a READ COMMITTED transaction that wrote a row and sits idle in transaction,
 // the commonest case). Transactions in other databases of the server do not hold back this
 // one's VACUUM and are left out; replication slots and standbys' feedback hold back every
-// database's. Seeing other roles' sessions needs the pg_read_all_stats role (granted to the
-// relay's role by the migrations custom resource); without it only the caller's role's sessions
-// count.
+// database's.
+//
+// Where migration 0006 created the function sluice_horizon() and the caller may execute it (the
+// migrations custom resource grants it to the relay's role), HorizonOf reads through it: it
+// returns these rows and no query text, with its owner's rights, so the relay's role needs no
+// pg_read_all_stats (which would show it every session's query with its literals). Otherwise
+// it reads the views itself, and sees other roles' sessions only with pg_read_all_stats.
 func HorizonOf(ctx context.Context, db Querier) (Horizon, error) {
-	rows, err := db.Query(ctx, `
+	var viaFunction bool
+	if err := db.QueryRow(ctx, `SELECT coalesce(has_function_privilege(to_regprocedure('sluice_horizon()'), 'EXECUTE'), false)`).Scan(&viaFunction); err != nil {
+		return Horizon{}, fmt.Errorf("read the oldest transaction: %w", err)
+	}
+	query := horizonQuery
+	if viaFunction {
+		query = `SELECT timed, catalog_only, holder, age, xid_age FROM sluice_horizon()`
+	}
+	rows, err := db.Query(ctx, query)
+	if err != nil {
+		return Horizon{}, fmt.Errorf("read the oldest transaction: %w", err)
+	}
+	holders, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (horizonHolder, error) {
+		var h horizonHolder
+		err := row.Scan(&h.timed, &h.catalogOnly, &h.name, &h.age, &h.xidAge)
+		return h, err
+	})
+	if err != nil {
+		return Horizon{}, fmt.Errorf("read the oldest transaction: %w", err)
+	}
+	return horizonFrom(holders), nil
+}
+
+// horizonQuery is HorizonOf's query where the function sluice_horizon() (the same query run with
+// its owner's rights, migrations/0006_relay_horizon.up.sql) is missing or not granted.
+const horizonQuery = `
 		SELECT true, false,
 		       format('session %s (%s, %s)', pid, coalesce(nullif(application_name, ''), usename::text, '?'), coalesce(state, '?')),
 		       now() - xact_start, greatest(age(backend_xid), age(backend_xmin))::bigint
@@ -375,20 +412,7 @@ func HorizonOf(ctx context.Context, db Querier) (Horizon, error) {
 		              coalesce(nullif(application_name, ''), usename::text, '?'), age(backend_xmin)),
 		       NULL, age(backend_xmin)::bigint
 		FROM pg_stat_activity
-		WHERE backend_type = 'walsender' AND backend_xmin IS NOT NULL`)
-	if err != nil {
-		return Horizon{}, fmt.Errorf("read the oldest transaction: %w", err)
-	}
-	holders, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (horizonHolder, error) {
-		var h horizonHolder
-		err := row.Scan(&h.timed, &h.catalogOnly, &h.name, &h.age, &h.xidAge)
-		return h, err
-	})
-	if err != nil {
-		return Horizon{}, fmt.Errorf("read the oldest transaction: %w", err)
-	}
-	return horizonFrom(holders), nil
-}
+		WHERE backend_type = 'walsender' AND backend_xmin IS NOT NULL`
 
 // horizonFrom picks, among holders, the oldest transaction (by start time) and the replication
 // hold that reaches further back than every transaction (by transaction id age).

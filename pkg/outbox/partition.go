@@ -74,6 +74,11 @@ type PartitionOptions struct {
 	// the default partition (the relay's reads wait); dropping one locks outbox_event (producers
 	// wait). Defaults to 200 milliseconds.
 	LockTimeout time.Duration
+	// DryRun makes MaintainPartitions change nothing and report what it would drop: the
+	// partitions that pass the check made before a drop's lock (the real run checks each again
+	// under the lock, so it may keep one that changed meanwhile). It creates no partition and
+	// does not purge the default partition. Defaults to false.
+	DryRun bool
 }
 
 // DefaultPartitionInterval, DefaultPartitionsAhead, DefaultPartitionMinSize and
@@ -95,7 +100,7 @@ func (o *PartitionOptions) Check() error {
 func (o *PartitionOptions) engine() (partition.Options, error) {
 	var p partition.Options
 	if o != nil {
-		p = partition.Options{Interval: o.Interval, Ahead: o.Ahead, MinSize: o.MinSize, Size: o.Size, Retention: o.Retention, LockTimeout: o.LockTimeout}
+		p = partition.Options{Interval: o.Interval, Ahead: o.Ahead, MinSize: o.MinSize, Size: o.Size, Retention: o.Retention, LockTimeout: o.LockTimeout, DryRun: o.DryRun}
 	}
 	p = p.WithDefaults()
 	if err := p.Validate(); err != nil {
@@ -205,7 +210,7 @@ func maintainPartitions(ctx context.Context, db DB, o partition.Options, create 
 	if err != nil {
 		return rep, fmt.Errorf("outbox: maintain partitions: %w", err)
 	}
-	if !r.Partitioned || o.Retention <= 0 {
+	if !r.Partitioned || o.Retention <= 0 || o.DryRun {
 		return rep, nil
 	}
 	info, err := partition.Read(ctx, db, outboxPartitions)
@@ -217,7 +222,7 @@ func maintainPartitions(ctx context.Context, db DB, o partition.Options, create 
 		if err := db.QueryRow(ctx, "SELECT now() - $1 * interval '1 millisecond'", o.Retention.Milliseconds()).Scan(&cutoff); err != nil {
 			return rep, fmt.Errorf("outbox: maintain partitions: %w", err)
 		}
-		rep.Purged, err = purgeRows(ctx, db, pgx.Identifier{info.Schema, d.Name}.Sanitize(), cutoff, batch)
+		rep.Purged, err = purgeRows(ctx, db, pgx.Identifier{info.Schema, d.Name}.Sanitize(), cutoff, batch, nil)
 		if err != nil {
 			return rep, fmt.Errorf("outbox: purge the default partition %s: %w", d.Name, err)
 		}

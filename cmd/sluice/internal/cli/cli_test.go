@@ -286,21 +286,24 @@ func TestPurgeKeepsWhatRetentionNeeds(t *testing.T) {
 	requireOneLineError(t, b.run(t, "purge", "--older-than", "14d", "--queue", queueURL), 1, "(DLQ of")
 	require.Equal(t, before, b.fingerprint(t))
 	// --outbox-only needs no queue check.
-	out := b.ok(t, "purge", "--older-than", "14d", "--outbox-only", "--queue", queueURL)
+	out := b.ok(t, "purge", "--older-than", "14d", "--outbox-only", "--queue", queueURL, "--yes")
 	require.Contains(t, out, "deleted 1 published outbox rows older than 14d")
 	require.NotContains(t, out, "inbox")
 
-	out = b.ok(t, "purge", "--older-than", "15d", "--queue", queueURL, "--batch-size", "1")
+	out = b.ok(t, "purge", "--older-than", "15d", "--queue", queueURL, "--batch-size", "1", "--yes")
 	require.Contains(t, out, "deleted 0 published outbox rows")
 	require.Contains(t, out, "deleted 1 processed inbox rows older than 15d")
 	require.Equal(t, 2, b.count(t, "SELECT count(*) FROM outbox_event"))
 	require.Equal(t, 2, b.count(t, "SELECT count(*) FROM inbox_event"))
 	require.Equal(t, 0, b.count(t, "SELECT count(*) FROM inbox_event WHERE message_id = 'old'"))
 
-	// Without --queue: a warning, not a refusal.
-	r := b.run(t, "purge", "--older-than", "7d", "--inbox-only")
+	// Without --queue the bound is SQS's 14-day maximum: a refusal, unless the risk is named.
+	before = b.fingerprint(t)
+	requireOneLineError(t, b.run(t, "purge", "--older-than", "7d", "--inbox-only", "--yes"), 1, "--allow-duplicate-applies")
+	require.Equal(t, before, b.fingerprint(t))
+	r := b.run(t, "purge", "--older-than", "7d", "--inbox-only", "--yes", "--allow-duplicate-applies")
 	require.Equal(t, 0, r.code, r.err)
-	require.Contains(t, r.err, "warning: --older-than 7d is not above SQS's 14-day maximum")
+	require.Contains(t, r.err, "warning: --older-than 7d is not longer than the message retention of SQS's 14-day maximum")
 }
 
 func TestStatusNamesTheTransactionThatHoldsBackVacuum(t *testing.T) {

@@ -94,9 +94,11 @@ func TestCommandFunctionsWithoutTheCommandLine(t *testing.T) {
 	require.EqualValues(t, 1, pr.OutboxDeleted)
 	require.False(t, pr.InboxPurged)
 	require.Empty(t, pr.Warning)
-	pr, err = cli.Purge(ctx, b.pool, nil, cli.PurgeOptions{OlderThan: 24 * time.Hour, InboxOnly: true})
+	_, err = cli.Purge(ctx, b.pool, nil, cli.PurgeOptions{OlderThan: 24 * time.Hour, InboxOnly: true})
+	require.ErrorIs(t, err, cli.ErrGuarantee, "an inbox retention under SQS's 14-day maximum is refused")
+	pr, err = cli.Purge(ctx, b.pool, nil, cli.PurgeOptions{OlderThan: 24 * time.Hour, InboxOnly: true, AllowDuplicateApplies: true})
 	require.NoError(t, err)
-	require.Contains(t, pr.Warning, "not above SQS's 14-day maximum retention", "an unchecked short inbox retention is called out")
+	require.Contains(t, pr.Warning, "SQS's 14-day maximum retention", "an accepted short inbox retention is called out")
 
 	conn, err := pgx.Connect(ctx, b.url)
 	require.NoError(t, err)

@@ -183,7 +183,9 @@ type PartitionConvertOptions struct {
 	Progress func(step string)
 }
 
-// ErrNotConfirmed is returned by ConvertPartitioned without Yes: nothing was changed.
+// ErrNotConfirmed is returned by ConvertPartitioned without Yes, and by a destructive command
+// that was not confirmed (no --yes and no terminal, or the operator said no): nothing was
+// changed.
 var ErrNotConfirmed = errors.New("not confirmed")
 
 func (o PartitionConvertOptions) validate() error {
@@ -305,8 +307,11 @@ type PartitionMaintainOptions struct {
 	// processed (inbox) longer ago. Defaults to 0: only create partitions ahead.
 	OlderThan time.Duration
 	// Queues are SQS queue URLs of inbox consumers: dropping inbox partitions is refused when
-	// OlderThan is not longer than one's retention (or its DLQ's), as in Purge.
+	// OlderThan is not longer than one's retention (or its DLQ's; without Queues, SQS's 14-day
+	// maximum), as in Purge.
 	Queues []string
+	// AllowDuplicateApplies drops inbox partitions even then. Defaults to false: ErrGuarantee.
+	AllowDuplicateApplies bool
 	// OutboxOnly and InboxOnly maintain one table only; at most one may be set.
 	OutboxOnly, InboxOnly bool
 	// Interval, Ahead, Size and LockTimeout are the libraries' PartitionOptions; zero takes
@@ -315,6 +320,13 @@ type PartitionMaintainOptions struct {
 	Ahead       int
 	Size        int64
 	LockTimeout time.Duration
+	// DryRun reports the partitions that would be dropped (Plan) and changes nothing.
+	DryRun bool
+	// Confirm is given the plan of a drop (OlderThan positive) before anything changes, also
+	// on a dry run; an error stops it. Defaults to nil: no confirmation.
+	Confirm func(PartitionMaintainResult) error
+	// Progress is told each table as it is done. Defaults to nil.
+	Progress func(table string, done, total int64)
 }
 
 func (o PartitionMaintainOptions) validate() error {
@@ -329,17 +341,18 @@ func (o PartitionMaintainOptions) validate() error {
 	return nil
 }
 
-// PartitionMaintainResult is what MaintainPartitions did to each table.
+// PartitionMaintainResult is what MaintainPartitions did (or, as a plan, would drop) to each
+// table.
 type PartitionMaintainResult struct {
 	Outbox *outbox.PartitionReport `json:"outbox,omitempty"`
 	Inbox  *inbox.PartitionReport  `json:"inbox,omitempty"`
-	// Warning is set when the inbox retention could not be checked against any queue.
+	// Warning is set when AllowDuplicateApplies let an inbox drop through.
 	Warning string `json:"warning,omitempty"`
 }
 
 // MaintainPartitions creates partitions ahead and, with OlderThan, drops expired ones, on each
-// partitioned table (a plain table is left alone). With opts.Queues it first checks the inbox
-// retention against every queue's (c is then required) and changes nothing when one is longer.
+// partitioned table (a plain table is left alone). Before a drop it checks the inbox retention
+// (with opts.Queues, c is required), plans with a dry run, and asks opts.Confirm.
 func MaintainPartitions(ctx context.Context, db DB, c SQSAPI, opts PartitionMaintainOptions) (PartitionMaintainResult, error) {
 	var res PartitionMaintainResult
 	if err := opts.validate(); err != nil {
@@ -347,41 +360,71 @@ func MaintainPartitions(ctx context.Context, db DB, c SQSAPI, opts PartitionMain
 	}
 	doInbox, doOutbox := !opts.OutboxOnly, !opts.InboxOnly
 	if doInbox && opts.OlderThan > 0 {
-		if len(opts.Queues) > 0 {
-			if c == nil {
-				return res, errors.New("cli: MaintainPartitions needs an SQS client to check the queues' retention")
-			}
-			if err := checkRetention(ctx, c, opts.OlderThan, opts.Queues); err != nil {
-				return res, err
-			}
-		} else if opts.OlderThan <= sqsMaxRetention {
-			res.Warning = fmt.Sprintf("--older-than %s is not above SQS's 14-day maximum retention and no --queue was given to check; dropped inbox rows no longer deduplicate redelivered messages",
-				FormatDuration(opts.OlderThan))
-		}
-	}
-	if doOutbox {
-		rep, err := outbox.MaintainPartitions(ctx, db, &outbox.PartitionOptions{Interval: opts.Interval, Ahead: opts.Ahead, Size: opts.Size,
-			Retention: opts.OlderThan, LockTimeout: opts.LockTimeout})
-		res.Outbox = &rep
-		if err != nil {
+		var err error
+		if _, _, res.Warning, err = checkInboxRetention(ctx, c, opts.OlderThan, opts.Queues, opts.AllowDuplicateApplies, "drop inbox partitions"); err != nil {
 			return res, err
 		}
 	}
-	if doInbox {
-		rep, err := inbox.MaintainPartitions(ctx, db, &inbox.PartitionOptions{Interval: opts.Interval, Ahead: opts.Ahead,
-			Retention: opts.OlderThan, LockTimeout: opts.LockTimeout})
-		res.Inbox = &rep
-		if err != nil {
-			return res, err
+	run := func(dry bool) (PartitionMaintainResult, error) {
+		out := PartitionMaintainResult{Warning: res.Warning}
+		total, done := int64(0), int64(0)
+		if doOutbox {
+			total++
+		}
+		if doInbox {
+			total++
+		}
+		if doOutbox {
+			rep, err := outbox.MaintainPartitions(ctx, db, &outbox.PartitionOptions{Interval: opts.Interval, Ahead: opts.Ahead, Size: opts.Size,
+				Retention: opts.OlderThan, LockTimeout: opts.LockTimeout, DryRun: dry})
+			out.Outbox = &rep
+			if err != nil {
+				return out, err
+			}
+			if done++; !dry && opts.Progress != nil {
+				opts.Progress("outbox_event", done, total)
+			}
+		}
+		if doInbox {
+			if !dry && ctx.Err() != nil {
+				return out, fmt.Errorf("%w after maintaining outbox_event; run the same command to maintain inbox_event", ErrInterrupted)
+			}
+			rep, err := inbox.MaintainPartitions(ctx, db, &inbox.PartitionOptions{Interval: opts.Interval, Ahead: opts.Ahead,
+				Retention: opts.OlderThan, LockTimeout: opts.LockTimeout, DryRun: dry})
+			out.Inbox = &rep
+			if err != nil {
+				return out, err
+			}
+			if done++; !dry && opts.Progress != nil {
+				opts.Progress("inbox_event", done, total)
+			}
+		}
+		return out, nil
+	}
+	if opts.OlderThan > 0 || opts.DryRun {
+		plan, err := run(true)
+		if err != nil || opts.Confirm == nil && opts.DryRun {
+			return plan, err
+		}
+		if opts.Confirm != nil {
+			if err := opts.Confirm(plan); err != nil {
+				return plan, err
+			}
+		}
+		if opts.DryRun {
+			return plan, nil
 		}
 	}
-	return res, nil
+	return run(false)
 }
 
 func (a *app) partitionMaintainCommand() *cobra.Command {
-	var opts PartitionMaintainOptions
+	var (
+		opts PartitionMaintainOptions
+		g    guard
+	)
 	cmd := &cobra.Command{
-		Use:   "maintain [--older-than D] [--queue URL ...] [--outbox-only|--inbox-only]",
+		Use:   "maintain [--older-than D [--queue URL ...]] [--outbox-only|--inbox-only] [--dry-run] [--yes]",
 		Short: "Create partitions ahead and drop the partitions whose rows all expired",
 		Long: `On each partitioned table (plain tables are left alone): create partitions until --ahead empty ones
 are ready, and with --older-than drop every partition whose rows were all published (outbox) or
@@ -389,11 +432,16 @@ processed (inbox) longer ago, and delete such rows from the default partition. A
 an unpublished, quarantined, unprocessed or parked row is never dropped; each is checked again under
 a lock that makes writers wait, for at most --lock-timeout.
 
-As with 'sluice purge', dropped inbox rows no longer deduplicate redelivered messages: name the
-consumers' queues with --queue to refuse an --older-than shorter than their retention.`,
+With --older-than it first prints the partitions it would drop; --dry-run stops there (and creates
+nothing). On a terminal it asks for confirmation; --yes confirms for scripts; without a terminal and
+without --yes it refuses and changes nothing. Creating partitions ahead alone needs no confirmation.
+
+As with 'sluice purge', dropped inbox rows no longer deduplicate redelivered messages: it refuses an
+--older-than not longer than the consumers' queue and DLQ retention (--queue; without it SQS's 14-day
+maximum) unless --allow-duplicate-applies accepts that risk. Ctrl-C stops between tables.`,
 		Example: `  sluice partition maintain
-  sluice partition maintain --older-than 30d --queue https://sqs.eu-west-1.amazonaws.com/123456789012/billing
-  sluice partition maintain --outbox-only --older-than 7d`,
+  sluice partition maintain --older-than 30d --queue https://sqs.eu-west-1.amazonaws.com/123456789012/billing --dry-run
+  sluice partition maintain --outbox-only --older-than 7d --yes`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -411,20 +459,35 @@ consumers' queues with --queue to refuse an --older-than shorter than their rete
 			if err != nil {
 				return err
 			}
+			opts.DryRun = g.dryRun
+			if opts.OlderThan > 0 || g.dryRun {
+				opts.Confirm = func(plan PartitionMaintainResult) error {
+					a.printMaintainPlan(plan, g)
+					if opts.OlderThan <= 0 {
+						return errDryRun
+					}
+					ok, err := a.proceed(g, "Drop these partitions?", "drop partitions")
+					if err == nil && !ok {
+						return errDryRun
+					}
+					return err
+				}
+			}
+			m := a.newMeter(g.json, "partition maintain", "tables", "done", "tables", 0)
+			opts.Progress = func(table string, done, total int64) { m.total = total; m.update(done) }
 			res, err := MaintainPartitions(ctx, pool, c, opts)
+			if errors.Is(err, errDryRun) {
+				return nil
+			}
+			m.finish()
 			if res.Warning != "" {
 				fmt.Fprintln(a.io.Err, "warning: "+res.Warning)
 			}
-			if r := res.Outbox; r != nil {
-				printMaintenance(a.io.Out, a.io.Err, "outbox_event", r.Partitioned, r.Purged, r.Warnings,
-					describeAll(r.Created, outbox.DescribePartition), describeAll(r.Dropped, outbox.DescribePartition),
-					keptLines(r.Kept, func(k outbox.KeptPartition) string { return outbox.DescribePartition(k.Partition) + ": " + k.Reason }))
+			if g.json {
+				emitJSON(a.io.Out, map[string]any{"event": "result", "op": "partition maintain", "result": res, "interrupted": errors.Is(err, ErrInterrupted)})
+				return err
 			}
-			if r := res.Inbox; r != nil {
-				printMaintenance(a.io.Out, a.io.Err, "inbox_event", r.Partitioned, r.Purged, r.Warnings,
-					describeAll(r.Created, inbox.DescribePartition), describeAll(r.Dropped, inbox.DescribePartition),
-					keptLines(r.Kept, func(k inbox.KeptPartition) string { return inbox.DescribePartition(k.Partition) + ": " + k.Reason }))
-			}
+			a.printMaintenanceResult(res, "")
 			return err
 		},
 	}
@@ -437,7 +500,35 @@ consumers' queues with --queue to refuse an --older-than shorter than their rete
 	fl.IntVar(&opts.Ahead, "ahead", 0, fmt.Sprintf("empty partitions to keep ready (default %d)", outbox.DefaultPartitionsAhead))
 	fl.Int64Var(&opts.Size, "size", 0, "ids per new outbox partition instead of a size from the observed rate")
 	fl.Var(&durationValue{d: &opts.LockTimeout}, "lock-timeout", fmt.Sprintf("longest wait for a partition change's lock (default %s)", outbox.DefaultPartitionLockTimeout))
+	fl.BoolVar(&opts.AllowDuplicateApplies, "allow-duplicate-applies", false,
+		"drop inbox partitions even when --older-than is not longer than the retention a message can come back from (it will then be applied twice)")
+	g.flags(cmd, "be dropped")
 	return cmd
+}
+
+// printMaintainPlan prints the partitions a maintenance would drop.
+func (a *app) printMaintainPlan(plan PartitionMaintainResult, g guard) {
+	if g.json {
+		emitJSON(a.io.Out, map[string]any{"event": "plan", "op": "partition maintain", "dry_run": g.dryRun, "plan": plan})
+		return
+	}
+	if g.dryRun {
+		fmt.Fprintln(a.io.Out, "Dry run (nothing is created or dropped):")
+	}
+	a.printMaintenanceResult(plan, "would ")
+}
+
+func (a *app) printMaintenanceResult(res PartitionMaintainResult, would string) {
+	if r := res.Outbox; r != nil {
+		printMaintenance(a.io.Out, a.io.Err, "outbox_event", would, r.Partitioned, r.Purged, r.Warnings,
+			describeAll(r.Created, outbox.DescribePartition), describeAll(r.Dropped, outbox.DescribePartition),
+			keptLines(r.Kept, func(k outbox.KeptPartition) string { return outbox.DescribePartition(k.Partition) + ": " + k.Reason }))
+	}
+	if r := res.Inbox; r != nil {
+		printMaintenance(a.io.Out, a.io.Err, "inbox_event", would, r.Partitioned, r.Purged, r.Warnings,
+			describeAll(r.Created, inbox.DescribePartition), describeAll(r.Dropped, inbox.DescribePartition),
+			keptLines(r.Kept, func(k inbox.KeptPartition) string { return inbox.DescribePartition(k.Partition) + ": " + k.Reason }))
+	}
 }
 
 func describeAll[P any](ps []P, describe func(P) string) []string {
@@ -450,18 +541,27 @@ func describeAll[P any](ps []P, describe func(P) string) []string {
 
 func keptLines[K any](ks []K, line func(K) string) []string { return describeAll(ks, line) }
 
-func printMaintenance(out, errw io.Writer, table string, partitioned bool, purged int64, warnings, created, dropped, kept []string) {
+func printMaintenance(out, errw io.Writer, table, would string, partitioned bool, purged int64, warnings, created, dropped, kept []string) {
 	if !partitioned {
 		fmt.Fprintf(out, "%s: plain table, nothing to do (see 'sluice partition convert')\n", table)
 	}
+	past := func(done, plan string) string {
+		if would != "" {
+			return would + plan
+		}
+		return done
+	}
 	for _, s := range created {
-		fmt.Fprintf(out, "%s: created %s\n", table, s)
+		fmt.Fprintf(out, "%s: %s %s\n", table, past("created", "create"), s)
 	}
 	for _, s := range dropped {
-		fmt.Fprintf(out, "%s: dropped %s\n", table, s)
+		fmt.Fprintf(out, "%s: %s %s\n", table, past("dropped", "drop"), s)
 	}
 	for _, s := range kept {
-		fmt.Fprintf(out, "%s: kept %s\n", table, s)
+		fmt.Fprintf(out, "%s: %s %s\n", table, past("kept", "keep"), s)
+	}
+	if would != "" && partitioned {
+		fmt.Fprintf(out, "%s: expired rows of the default partition, if any, are deleted row by row (not counted in the plan)\n", table)
 	}
 	if purged > 0 {
 		fmt.Fprintf(out, "%s: deleted %d expired rows from the default partition\n", table, purged)

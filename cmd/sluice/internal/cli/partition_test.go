@@ -84,7 +84,7 @@ func TestPartitionMaintainAndPurgeDropExpiredPartitions(t *testing.T) {
 	}
 	out := b.ok(t, "partition", "maintain", "--outbox-only", "--size", "2", "--ahead", "3")
 	require.Contains(t, out, "outbox_event: created outbox_event_p")
-	out = b.ok(t, "partition", "maintain", "--outbox-only", "--older-than", "30d", "--size", "2", "--ahead", "3")
+	out = b.ok(t, "partition", "maintain", "--outbox-only", "--older-than", "30d", "--size", "2", "--ahead", "3", "--yes")
 	require.Contains(t, out, "outbox_event: dropped outbox_event_p0 [MINVALUE, 2)")
 	require.Contains(t, out, "outbox_event: dropped outbox_event_p0000000000000000002 [2, 4)")
 	require.Contains(t, out, "deleted 2 expired rows from the default partition", "rows 4 and 5 went to the default partition")

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
 	"github.com/sluicehq/sluice/pkg/inbox"
@@ -17,35 +19,39 @@ const sqsMaxRetention = 14 * 24 * time.Hour
 
 func (a *app) purgeCommand() *cobra.Command {
 	var (
-		olderThan  time.Duration
-		queues     []string
-		consumer   string
-		batchSize  int
-		outboxOnly bool
-		inboxOnly  bool
+		opts PurgeOptions
+		g    guard
 	)
 	cmd := &cobra.Command{
-		Use:   "purge --older-than D [--queue URL ...]",
+		Use:   "purge --older-than D [--queue URL ...] [--dry-run] [--yes]",
 		Short: "Delete published outbox rows and processed inbox rows older than a retention",
 		Long: `Retention: delete outbox rows published more than --older-than ago and inbox rows processed
 more than --older-than ago, in bounded batches (short statements, no long locks). Unpublished,
 quarantined, unprocessed and parked rows are never deleted.
 
+It first prints exactly what it would delete (rows, id and time ranges per table and consumer; the
+partitions it would drop on a partitioned table) from one cutoff, which the run then uses. --dry-run
+stops there. On a terminal it asks for confirmation; --yes confirms for scripts; without a terminal
+and without --yes it refuses and changes nothing.
+
 An inbox row is what makes a redelivered message a duplicate: once it is purged, the same message
 would be applied again. So the inbox retention must outlast every way the message can come back:
 the queue's MessageRetentionPeriod and its DLQ's (a redrive). Name the consumer's queues with
---queue; purge reads their retention (and their DLQs') and refuses when --older-than is shorter.
-Without --queue it only warns when --older-than is under SQS's 14-day maximum.
+--queue and purge reads their retention (and their DLQs'); without --queue it assumes SQS's 14-day
+maximum. It refuses an --older-than that is not longer, unless --allow-duplicate-applies accepts that
+messages coming back after their row is gone are applied twice.
+
+Progress (rows deleted, rate, time left) is a bar on a terminal, lines otherwise, JSON lines with
+--json. Ctrl-C stops after the statement in flight: what was deleted stays deleted, and running the
+same command again continues.
 
 Durations: Go durations plus a day suffix (36h, 7d, 30d).`,
-		Example: `  sluice purge --older-than 30d
-  sluice purge --older-than 15d --queue https://sqs.eu-west-1.amazonaws.com/123456789012/billing
-  sluice purge --older-than 7d --outbox-only`,
+		Example: `  sluice purge --older-than 30d --dry-run
+  sluice purge --older-than 15d --queue https://sqs.eu-west-1.amazonaws.com/123456789012/billing --yes
+  sluice purge --older-than 7d --outbox-only --yes --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			opts := PurgeOptions{OlderThan: olderThan, Queues: queues, Consumer: consumer, BatchSize: batchSize,
-				OutboxOnly: outboxOnly, InboxOnly: inboxOnly}
 			if !cmd.Flags().Changed("older-than") {
 				return usagef("--older-than is required (e.g. --older-than 30d)")
 			}
@@ -53,7 +59,7 @@ Durations: Go durations plus a day suffix (36h, 7d, 30d).`,
 				return err
 			}
 			var c SQSAPI
-			if len(queues) > 0 && !outboxOnly {
+			if len(opts.Queues) > 0 && !opts.OutboxOnly {
 				var err error
 				if c, err = a.sqsClient(ctx); err != nil {
 					return err
@@ -63,27 +69,122 @@ Durations: Go durations plus a day suffix (36h, 7d, 30d).`,
 			if err != nil {
 				return err
 			}
+			opts.DryRun = g.dryRun
+			opts.Confirm = func(plan PurgePlan) error {
+				a.printPurgePlan(plan, g)
+				ok, err := a.proceed(g, "Delete these rows?", "purge")
+				if err == nil && !ok {
+					return errDryRun
+				}
+				return err
+			}
+			var m *meter
+			opts.Progress = func(table string, total, deleted int64) {
+				if m == nil || m.target != table {
+					if m != nil {
+						m.finish()
+					}
+					m = a.newMeter(g.json, "purge", table, "deleted", "rows", total)
+				}
+				m.update(deleted)
+			}
 			res, err := Purge(ctx, pool, c, opts)
+			if m != nil {
+				m.finish()
+			}
+			if errors.Is(err, errDryRun) {
+				return nil
+			}
 			if res.Warning != "" {
 				fmt.Fprintln(a.io.Err, "warning: "+res.Warning)
 			}
-			if res.OutboxPurged {
-				fmt.Fprintf(a.io.Out, "deleted %d published outbox rows older than %s\n", res.OutboxDeleted, FormatDuration(olderThan))
+			if g.json {
+				if res.OutboxPurged || res.InboxPurged || errors.Is(err, ErrInterrupted) {
+					emitJSON(a.io.Out, map[string]any{"event": "result", "op": "purge", "outbox_deleted": res.OutboxDeleted,
+						"inbox_deleted": res.InboxDeleted, "interrupted": errors.Is(err, ErrInterrupted)})
+				}
+				return err
 			}
-			if res.InboxPurged {
-				fmt.Fprintf(a.io.Out, "deleted %d processed inbox rows older than %s\n", res.InboxDeleted, FormatDuration(olderThan))
+			if res.OutboxPurged || res.OutboxDeleted > 0 {
+				fmt.Fprintf(a.io.Out, "deleted %d published outbox rows older than %s\n", res.OutboxDeleted, FormatDuration(opts.OlderThan))
+			}
+			if res.InboxPurged || res.InboxDeleted > 0 {
+				fmt.Fprintf(a.io.Out, "deleted %d processed inbox rows older than %s\n", res.InboxDeleted, FormatDuration(opts.OlderThan))
 			}
 			return err
 		},
 	}
 	fl := cmd.Flags()
-	fl.Var(&durationValue{d: &olderThan}, "older-than", "retention: delete rows published/processed longer ago than this (required; e.g. 30d)")
-	fl.StringArrayVar(&queues, "queue", nil, "SQS queue URL of an inbox consumer; refuse if its (or its DLQ's) retention is not shorter than --older-than (repeatable)")
-	fl.StringVar(&consumer, "consumer", "", "purge only this inbox consumer's rows")
-	fl.IntVar(&batchSize, "batch-size", 0, fmt.Sprintf("most rows per DELETE statement (default %d)", outbox.DefaultPurgeBatchSize))
-	fl.BoolVar(&outboxOnly, "outbox-only", false, "purge only the outbox")
-	fl.BoolVar(&inboxOnly, "inbox-only", false, "purge only the inbox")
+	fl.Var(&durationValue{d: &opts.OlderThan}, "older-than", "retention: delete rows published/processed longer ago than this (required; e.g. 30d)")
+	fl.StringArrayVar(&opts.Queues, "queue", nil, "SQS queue URL of an inbox consumer; refuse if its (or its DLQ's) retention is not shorter than --older-than (repeatable)")
+	fl.StringVar(&opts.Consumer, "consumer", "", "purge only this inbox consumer's rows")
+	fl.IntVar(&opts.BatchSize, "batch-size", 0, fmt.Sprintf("most rows per DELETE statement (default %d)", outbox.DefaultPurgeBatchSize))
+	fl.BoolVar(&opts.OutboxOnly, "outbox-only", false, "purge only the outbox")
+	fl.BoolVar(&opts.InboxOnly, "inbox-only", false, "purge only the inbox")
+	fl.BoolVar(&opts.AllowDuplicateApplies, "allow-duplicate-applies", false,
+		"purge inbox rows even when --older-than is not longer than the retention a message can come back from (it will then be applied twice)")
+	g.flags(cmd, "be deleted")
 	return cmd
+}
+
+// errDryRun ends a command after its plan: not an error for the operator.
+var errDryRun = errors.New("dry run")
+
+// printPurgePlan prints a purge's plan (as one JSON line with --json).
+func (a *app) printPurgePlan(p PurgePlan, g guard) {
+	if g.json {
+		emitJSON(a.io.Out, map[string]any{"event": "plan", "op": "purge", "dry_run": g.dryRun, "plan": p})
+		return
+	}
+	w := a.io.Out
+	verb := "Deleting"
+	if g.dryRun {
+		verb = "Dry run: would delete"
+	}
+	fmt.Fprintf(w, "%s rows older than the cutoff %s:\n", verb, p.Cutoff.UTC().Format(time.RFC3339))
+	if o := p.Outbox; o != nil {
+		switch {
+		case o.Partitioned:
+			fmt.Fprintf(w, "  outbox_event (partitioned): drop %d partitions", len(o.DropPartitions))
+			printList(w, o.DropPartitions)
+			fmt.Fprintln(w, "    and delete the expired rows of the default partition, if any")
+		case o.Rows == 0:
+			fmt.Fprintln(w, "  outbox_event: 0 published rows")
+		default:
+			fmt.Fprintf(w, "  outbox_event: %d published rows, ids %d..%d, published %s..%s\n", o.Rows, o.FromID, o.ToID,
+				o.OldestPublished.UTC().Format(time.RFC3339), o.NewestPublished.UTC().Format(time.RFC3339))
+		}
+	}
+	if i := p.Inbox; i != nil {
+		switch {
+		case i.Partitioned:
+			fmt.Fprintf(w, "  inbox_event (partitioned): drop %d partitions", len(i.DropPartitions))
+			printList(w, i.DropPartitions)
+			fmt.Fprintln(w, "    and delete the expired rows of the default partition, if any")
+		case i.Rows == 0:
+			fmt.Fprintln(w, "  inbox_event: 0 processed rows")
+		default:
+			fmt.Fprintf(w, "  inbox_event: %d processed rows\n", i.Rows)
+			for _, c := range i.Consumers {
+				fmt.Fprintf(w, "    consumer %s: %d rows, processed %s..%s\n", c.Consumer, c.Rows,
+					c.OldestProcessed.UTC().Format(time.RFC3339), c.NewestProcessed.UTC().Format(time.RFC3339))
+			}
+		}
+	}
+	if p.RetentionBound > 0 {
+		fmt.Fprintf(w, "  inbox retention check: longer than %s (%s)\n", FormatDuration(p.RetentionBound), p.RetentionFrom)
+	}
+}
+
+func printList(w io.Writer, items []string) {
+	if len(items) == 0 {
+		fmt.Fprintln(w)
+		return
+	}
+	fmt.Fprintln(w, ":")
+	for _, s := range items {
+		fmt.Fprintln(w, "    "+s)
+	}
 }
 
 // PurgeOptions configure Purge.
@@ -92,9 +193,12 @@ type PurgeOptions struct {
 	OlderThan time.Duration
 	// Queues are SQS queue URLs of inbox consumers: Purge refuses when OlderThan is not longer
 	// than one's message retention (or its DLQ's), since a message redelivered after its inbox
-	// row is gone would be applied twice. Defaults to none: then it only warns when OlderThan
-	// is not above SQS's 14-day maximum.
+	// row is gone would be applied twice. Defaults to none: then the bound is SQS's 14-day
+	// maximum retention.
 	Queues []string
+	// AllowDuplicateApplies purges inbox rows even when OlderThan is not above that bound.
+	// Defaults to false: refused with ErrGuarantee.
+	AllowDuplicateApplies bool
 	// Consumer purges only this inbox consumer's rows. Defaults to every consumer.
 	Consumer string
 	// BatchSize is the most rows per DELETE statement. Defaults to outbox.DefaultPurgeBatchSize
@@ -102,6 +206,14 @@ type PurgeOptions struct {
 	BatchSize int
 	// OutboxOnly and InboxOnly purge one table only; at most one may be set.
 	OutboxOnly, InboxOnly bool
+	// DryRun only plans (PurgeResult.Plan): nothing is deleted.
+	DryRun bool
+	// Confirm is given the plan before anything is deleted (also on a dry run); an error stops
+	// the purge. Defaults to nil: no confirmation.
+	Confirm func(PurgePlan) error
+	// Progress is told, after each batch, the rows a table had to purge by the plan and the rows
+	// deleted so far. Defaults to nil.
+	Progress func(table string, planned, deleted int64)
 }
 
 func (o PurgeOptions) validate() error {
@@ -116,79 +228,270 @@ func (o PurgeOptions) validate() error {
 	return nil
 }
 
-// PurgeResult is what Purge deleted.
+// PurgePlan is what Purge deletes, computed from one cutoff that the run then uses.
+type PurgePlan struct {
+	// Cutoff: rows published (outbox) or processed (inbox) before it are deleted.
+	Cutoff time.Time `json:"cutoff"`
+	// Outbox and Inbox are nil for a table that is not purged.
+	Outbox *OutboxPurgePlan `json:"outbox,omitempty"`
+	Inbox  *InboxPurgePlan  `json:"inbox,omitempty"`
+	// RetentionBound is the longest retention a message can come back from (0 without an inbox
+	// purge), named by RetentionFrom.
+	RetentionBound time.Duration `json:"retention_bound_seconds,omitempty"`
+	RetentionFrom  string        `json:"retention_from,omitempty"`
+}
+
+// OutboxPurgePlan is the outbox part of a PurgePlan. On a plain table, Rows published rows in
+// ids [FromID, ToID]; on a partitioned one, DropPartitions.
+type OutboxPurgePlan struct {
+	Partitioned     bool       `json:"partitioned"`
+	Rows            int64      `json:"rows"`
+	FromID          int64      `json:"from_id,omitempty"`
+	ToID            int64      `json:"to_id,omitempty"`
+	OldestPublished *time.Time `json:"oldest_published,omitempty"`
+	NewestPublished *time.Time `json:"newest_published,omitempty"`
+	DropPartitions  []string   `json:"drop_partitions,omitempty"`
+}
+
+// InboxPurgePlan is the inbox part of a PurgePlan.
+type InboxPurgePlan struct {
+	Partitioned    bool            `json:"partitioned"`
+	Rows           int64           `json:"rows"`
+	Consumers      []ConsumerPurge `json:"consumers,omitempty"`
+	DropPartitions []string        `json:"drop_partitions,omitempty"`
+}
+
+// ConsumerPurge is one consumer's rows in an InboxPurgePlan.
+type ConsumerPurge struct {
+	Consumer        string    `json:"consumer"`
+	Rows            int64     `json:"rows"`
+	OldestProcessed time.Time `json:"oldest_processed"`
+	NewestProcessed time.Time `json:"newest_processed"`
+}
+
+// PurgeResult is what Purge planned and deleted.
 type PurgeResult struct {
+	Plan PurgePlan
 	// OutboxPurged and InboxPurged report which tables were purged to the end; OutboxDeleted
 	// and InboxDeleted how many rows each lost (also when an error stopped it midway).
 	OutboxPurged, InboxPurged   bool
 	OutboxDeleted, InboxDeleted int64
-	// Warning is set when the inbox retention could not be checked against any queue.
+	// Warning is set when AllowDuplicateApplies let an inbox purge through.
 	Warning string
 }
 
 // Purge deletes published outbox rows and processed inbox rows older than opts.OlderThan, in
 // bounded batches; unpublished, quarantined, unprocessed and parked rows are never deleted.
-// With opts.Queues it first checks every queue's retention (c is then required) and deletes
-// nothing when one is too long.
-func Purge(ctx context.Context, db Querier, c SQSAPI, opts PurgeOptions) (PurgeResult, error) {
+// It checks the inbox retention first (with opts.Queues, c is required), then plans from one
+// cutoff, asks opts.Confirm, and deletes with that cutoff. When ctx ends it stops after the
+// statement in flight and returns an error wrapping ErrInterrupted.
+func Purge(ctx context.Context, db DB, c SQSAPI, opts PurgeOptions) (PurgeResult, error) {
 	if err := opts.validate(); err != nil {
 		return PurgeResult{}, err
 	}
 	var res PurgeResult
 	doInbox, doOutbox := !opts.OutboxOnly, !opts.InboxOnly
-	if doInbox && len(opts.Queues) > 0 {
-		if c == nil {
-			return res, errors.New("cli: Purge needs an SQS client to check the queues' retention")
-		}
-		if err := checkRetention(ctx, c, opts.OlderThan, opts.Queues); err != nil {
+	if doInbox {
+		var err error
+		res.Plan.RetentionBound, res.Plan.RetentionFrom, res.Warning, err = checkInboxRetention(ctx, c, opts.OlderThan, opts.Queues, opts.AllowDuplicateApplies, "purge")
+		if err != nil {
 			return res, err
 		}
-	} else if doInbox && opts.OlderThan <= sqsMaxRetention {
-		res.Warning = fmt.Sprintf("--older-than %s is not above SQS's 14-day maximum retention and no --queue was given to check; purged inbox rows no longer deduplicate redelivered messages",
-			FormatDuration(opts.OlderThan))
+	}
+	var planNow time.Time
+	if err := db.QueryRow(ctx, "SELECT now()").Scan(&planNow); err != nil {
+		return res, fmt.Errorf("read the database clock: %w", err)
+	}
+	res.Plan.Cutoff = planNow.Add(-opts.OlderThan)
+	if doOutbox {
+		p, err := planOutboxPurge(ctx, db, res.Plan.Cutoff, opts)
+		if err != nil {
+			return res, err
+		}
+		res.Plan.Outbox = &p
+	}
+	if doInbox {
+		p, err := planInboxPurge(ctx, db, res.Plan.Cutoff, opts)
+		if err != nil {
+			return res, err
+		}
+		res.Plan.Inbox = &p
+	}
+	if opts.Confirm != nil {
+		if err := opts.Confirm(res.Plan); err != nil {
+			return res, err
+		}
+	}
+	if opts.DryRun {
+		return res, nil
+	}
+	// The run deletes with the plan's cutoff: its retention is OlderThan plus the time the plan
+	// and the confirmation took.
+	var runNow time.Time
+	if err := db.QueryRow(ctx, "SELECT now()").Scan(&runNow); err != nil {
+		return res, fmt.Errorf("read the database clock: %w", err)
+	}
+	olderThan := runNow.Sub(res.Plan.Cutoff)
+	work, atBatch, interrupted, cancel := stopAtBatch(ctx)
+	defer cancel()
+	progress := func(table string, planned int64) func(int64) {
+		return func(n int64) {
+			if opts.Progress != nil {
+				opts.Progress(table, planned, n)
+			}
+			atBatch()
+		}
+	}
+	stopped := func(table string, n int64, err error) error {
+		if interrupted() {
+			return fmt.Errorf("%w after deleting %d rows of %s at a batch boundary; what was deleted stays deleted: run the same command to continue", ErrInterrupted, n, table)
+		}
+		return fmt.Errorf("after deleting %d %s rows: %w", n, table, err)
 	}
 	var err error
 	if doOutbox {
-		if res.OutboxDeleted, err = outbox.Purge(ctx, db, opts.OlderThan, &outbox.PurgeOptions{BatchSize: opts.BatchSize}); err != nil {
-			return res, fmt.Errorf("after deleting %d outbox rows: %w", res.OutboxDeleted, err)
+		res.OutboxDeleted, err = outbox.Purge(work, db, olderThan, &outbox.PurgeOptions{BatchSize: opts.BatchSize, Progress: progress("outbox_event", res.Plan.Outbox.Rows)})
+		if err != nil {
+			return res, stopped("outbox_event", res.OutboxDeleted, err)
 		}
 		res.OutboxPurged = true
 	}
 	if doInbox {
-		if res.InboxDeleted, err = inbox.Purge(ctx, db, opts.OlderThan, &inbox.PurgeOptions{Consumer: opts.Consumer, BatchSize: opts.BatchSize}); err != nil {
-			return res, fmt.Errorf("after deleting %d inbox rows: %w", res.InboxDeleted, err)
+		res.InboxDeleted, err = inbox.Purge(work, db, olderThan, &inbox.PurgeOptions{Consumer: opts.Consumer, BatchSize: opts.BatchSize, Progress: progress("inbox_event", res.Plan.Inbox.Rows)})
+		if err != nil {
+			return res, stopped("inbox_event", res.InboxDeleted, err)
 		}
 		res.InboxPurged = true
 	}
 	return res, nil
 }
 
-// checkRetention fails when olderThan is not longer than the message retention of one of
-// queues or of its DLQ.
-func checkRetention(ctx context.Context, c SQSAPI, olderThan time.Duration, queues []string) error {
+// planOutboxPurge counts what outbox.Purge deletes with cutoff. On a plain table it walks the
+// rows as the purge does (batches of BatchSize rows in id order, stopping after the first batch
+// that holds a row created after the cutoff); on a partitioned one it asks MaintainPartitions
+// for a dry run.
+func planOutboxPurge(ctx context.Context, db DB, cutoff time.Time, opts PurgeOptions) (OutboxPurgePlan, error) {
+	layout, err := outbox.Partitions(ctx, db)
+	if err != nil {
+		return OutboxPurgePlan{}, err
+	}
+	if layout.Partitioned {
+		rep, err := outbox.MaintainPartitions(ctx, db, &outbox.PartitionOptions{Retention: time.Since(cutoff), DryRun: true})
+		p := OutboxPurgePlan{Partitioned: true, DropPartitions: describeAll(rep.Dropped, outbox.DescribePartition)}
+		for _, d := range rep.Dropped {
+			p.Rows += max(d.Rows, 0)
+		}
+		return p, err
+	}
+	batch := opts.BatchSize
+	if batch == 0 {
+		batch = outbox.DefaultPurgeBatchSize
+	}
+	var p OutboxPurgePlan
+	var from, to *int64
+	err = db.QueryRow(ctx, `
+		WITH r AS (SELECT id, created_at, published_at, row_number() OVER (ORDER BY id) AS rn FROM outbox_event),
+		     stop AS (SELECT coalesce(((min(rn) - 1) / $2 + 1) * $2, 9223372036854775807) AS lim FROM r WHERE created_at >= $1)
+		SELECT count(*), min(id), max(id), min(published_at), max(published_at)
+		FROM r, stop WHERE r.rn <= stop.lim AND r.published_at < $1`, cutoff, int64(batch)).
+		Scan(&p.Rows, &from, &to, &p.OldestPublished, &p.NewestPublished)
+	if err != nil {
+		return p, fmt.Errorf("plan the outbox purge: %w", err)
+	}
+	if from != nil {
+		p.FromID, p.ToID = *from, *to
+	}
+	return p, nil
+}
+
+// planInboxPurge counts what inbox.Purge deletes with cutoff.
+func planInboxPurge(ctx context.Context, db DB, cutoff time.Time, opts PurgeOptions) (InboxPurgePlan, error) {
+	if opts.Consumer == "" {
+		layout, err := inbox.Partitions(ctx, db)
+		if err != nil {
+			return InboxPurgePlan{}, err
+		}
+		if layout.Partitioned {
+			rep, err := inbox.MaintainPartitions(ctx, db, &inbox.PartitionOptions{Retention: time.Since(cutoff), DryRun: true})
+			p := InboxPurgePlan{Partitioned: true, DropPartitions: describeAll(rep.Dropped, inbox.DescribePartition)}
+			for _, d := range rep.Dropped {
+				p.Rows += max(d.Rows, 0)
+			}
+			return p, err
+		}
+	}
+	rows, err := db.Query(ctx, `
+		SELECT consumer, count(*), min(processed_at), max(processed_at) FROM inbox_event
+		WHERE processed_at IS NOT NULL AND processed_at < $1 AND ($2 = '' OR consumer = $2)
+		GROUP BY consumer ORDER BY consumer`, cutoff, opts.Consumer)
+	if err != nil {
+		return InboxPurgePlan{}, fmt.Errorf("plan the inbox purge: %w", err)
+	}
+	cs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ConsumerPurge, error) {
+		var c ConsumerPurge
+		return c, r.Scan(&c.Consumer, &c.Rows, &c.OldestProcessed, &c.NewestProcessed)
+	})
+	if err != nil {
+		return InboxPurgePlan{}, fmt.Errorf("plan the inbox purge: %w", err)
+	}
+	p := InboxPurgePlan{Consumers: cs}
+	for _, c := range cs {
+		p.Rows += c.Rows
+	}
+	return p, nil
+}
+
+// checkInboxRetention refuses (ErrGuarantee) to remove inbox rows younger than the longest
+// retention a message can come back from: that of queues and their DLQs (c is then required),
+// or SQS's 14-day maximum without queues. allow accepts the risk: it returns a warning instead.
+func checkInboxRetention(ctx context.Context, c SQSAPI, olderThan time.Duration, queues []string, allow bool, verb string) (bound time.Duration, from, warning string, err error) {
+	bound, from = sqsMaxRetention, "SQS's 14-day maximum retention; name the consumer's queues with --queue to check theirs"
+	if len(queues) > 0 {
+		if c == nil {
+			return 0, "", "", errors.New("cli: an SQS client is needed to check the queues' retention")
+		}
+		if bound, from, err = longestRetention(ctx, c, queues); err != nil {
+			return 0, "", "", err
+		}
+	}
+	if olderThan > bound {
+		return bound, from, "", nil
+	}
+	msg := fmt.Sprintf("--older-than %s is not longer than the message retention of %s (%s): a message redelivered or redriven after its inbox row is gone would be applied twice",
+		FormatDuration(olderThan), from, FormatDuration(bound))
+	if !allow {
+		return bound, from, "", guaranteeError{"refusing to " + verb + ": " + msg + ". Use --older-than above " + FormatDuration(bound) +
+			", --outbox-only, or --allow-duplicate-applies to accept it. Nothing was changed"}
+	}
+	return bound, from, msg + " (--allow-duplicate-applies)", nil
+}
+
+// longestRetention returns the longest message retention among queues and their DLQs, and
+// which queue has it.
+func longestRetention(ctx context.Context, c SQSAPI, queues []string) (time.Duration, string, error) {
+	var longest time.Duration
+	var from string
 	for _, u := range queues {
 		q, err := describeQueue(ctx, c, u)
 		if err != nil {
-			return err
+			return 0, "", err
 		}
-		longest, from := time.Duration(q.RetentionSeconds)*time.Second, u
+		if r := time.Duration(q.RetentionSeconds) * time.Second; r > longest {
+			longest, from = r, u
+		}
 		if q.DLQARN != "" {
 			dlqURL, err := urlOfARN(ctx, c, q.DLQARN)
 			if err != nil {
-				return fmt.Errorf("DLQ of %s: %w", u, err)
+				return 0, "", fmt.Errorf("DLQ of %s: %w", u, err)
 			}
 			d, err := describeQueue(ctx, c, dlqURL)
 			if err != nil {
-				return fmt.Errorf("DLQ of %s: %w", u, err)
+				return 0, "", fmt.Errorf("DLQ of %s: %w", u, err)
 			}
 			if r := time.Duration(d.RetentionSeconds) * time.Second; r > longest {
 				longest, from = r, dlqURL+" (DLQ of "+q.Name+")"
 			}
 		}
-		if olderThan <= longest {
-			return fmt.Errorf("refusing to purge: --older-than %s is not longer than the message retention of %s (%s); a message redelivered or redriven after its inbox row is purged would be applied twice. Use --older-than above %s, or --outbox-only",
-				FormatDuration(olderThan), from, FormatDuration(longest), FormatDuration(longest))
-		}
 	}
-	return nil
+	return longest, from, nil
 }

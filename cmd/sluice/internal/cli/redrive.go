@@ -17,27 +17,37 @@ import (
 )
 
 func (a *app) redriveCommand() *cobra.Command {
-	var opts RedriveOptions
+	var (
+		opts RedriveOptions
+		g    guard
+	)
 	cmd := &cobra.Command{
-		Use:   "redrive --dlq URL [--to URL] [--max N]",
+		Use:   "redrive --dlq URL [--to URL] [--max N] [--dry-run] [--yes]",
 		Short: "Move messages from a DLQ back to its source queue",
 		Long: `Move messages from a dead-letter queue back to the queue they came from (the queue whose
 RedrivePolicy names the DLQ), or to --to. Fix the consumer first: messages that fail again return
 to the DLQ after maxReceiveCount receives.
+
+It first prints what it would move: the DLQ, the destination, the method and how many messages
+(SQS's approximate counts, visible and in flight; at most --max). --dry-run stops there. On a
+terminal it asks for confirmation; --yes confirms for scripts; without a terminal and without --yes
+it refuses and moves nothing.
 
 Where the endpoint supports it (AWS, standard queues, no --max) redrive starts an SQS message move
 task and follows its progress; an interrupted redrive leaves the task running in SQS, and running
 the same command again follows it. Otherwise (FIFO queues, --max, emulators without
 StartMessageMoveTask) it receives, sends and then deletes, ten messages at a time, keeping the body,
 the message attributes and, for FIFO queues, MessageGroupId and MessageDeduplicationId. A message is
-deleted from the DLQ only after the destination accepted it, so an interrupted redrive loses
-nothing: run the same command again to move the rest. At worst (interrupted between send and
-delete) a message is in both queues, and the consumer's inbox deduplicates it by its messageId.
+deleted from the DLQ only after the destination accepted it, so an interrupted redrive (Ctrl-C stops
+after the batch in flight) loses nothing: run the same command again to move the rest. At worst
+(interrupted between send and delete) a message is in both queues, and the consumer's inbox
+deduplicates it by its messageId.
 
-Progress is a bar on a terminal and plain lines otherwise.`,
-		Example: `  sluice redrive --dlq https://sqs.eu-west-1.amazonaws.com/123456789012/billing-dlq
+Progress (messages moved, rate, time left) is a bar on a terminal, lines otherwise, JSON lines with
+--json.`,
+		Example: `  sluice redrive --dlq https://sqs.eu-west-1.amazonaws.com/123456789012/billing-dlq --dry-run
   sluice redrive --dlq https://sqs.eu-west-1.amazonaws.com/123456789012/billing-dlq --max 10
-  sluice redrive --dlq http://localhost:4566/000000000000/billing-dlq --to http://localhost:4566/000000000000/billing`,
+  sluice redrive --dlq http://localhost:4566/000000000000/billing-dlq --to http://localhost:4566/000000000000/billing --yes`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := opts.validate(); err != nil {
@@ -50,7 +60,38 @@ Progress is a bar on a terminal and plain lines otherwise.`,
 			}
 			opts.Progress = a.io.Err
 			opts.TTY = a.io.IsTerminal(a.io.Err)
+			if g.json {
+				opts.Progress, opts.JSON = a.io.Out, true
+			}
+			opts.DryRun = g.dryRun
+			opts.Confirm = func(p RedrivePlan) error {
+				if g.json {
+					emitJSON(a.io.Out, map[string]any{"event": "plan", "op": "redrive", "dry_run": g.dryRun, "plan": p})
+				} else {
+					verb := "Moving"
+					if g.dryRun {
+						verb = "Dry run: would move"
+					}
+					fmt.Fprintf(a.io.Out, "%s %s from %s to %s (%s)\n", verb, p.describe(), p.DLQ, p.Destination, p.Method)
+				}
+				if p.Messages == 0 && p.InFlight == 0 {
+					return nil
+				}
+				ok, err := a.proceed(g, "Move these messages?", "redrive")
+				if err == nil && !ok {
+					return errDryRun
+				}
+				return err
+			}
 			res, err := Redrive(ctx, c, opts)
+			if errors.Is(err, errDryRun) || opts.DryRun && err == nil {
+				return nil
+			}
+			if g.json {
+				emitJSON(a.io.Out, map[string]any{"event": "result", "op": "redrive", "moved": res.Moved, "destination": res.Destination,
+					"method": res.Method, "interrupted": errors.Is(err, ErrInterrupted), "note": res.Note})
+				return err
+			}
 			if res.Moved > 0 || err == nil {
 				fmt.Fprintf(a.io.Out, "moved %d messages from %s to %s (%s)\n", res.Moved, opts.DLQ, res.Destination, res.Method)
 			}
@@ -64,7 +105,32 @@ Progress is a bar on a terminal and plain lines otherwise.`,
 	f.StringVar(&opts.DLQ, "dlq", "", "URL of the dead-letter queue to drain (required)")
 	f.StringVar(&opts.To, "to", "", "URL of the destination queue (default: the queue whose RedrivePolicy names the DLQ)")
 	f.IntVar(&opts.Max, "max", 0, "move at most N messages (default: all)")
+	g.flags(cmd, "be moved")
 	return cmd
+}
+
+// RedrivePlan is what Redrive moves: from which DLQ, to where, how, and about how many.
+type RedrivePlan struct {
+	DLQ         string `json:"dlq"`
+	Destination string `json:"destination"`
+	Method      string `json:"method"`
+	// Messages and InFlight are SQS's approximate counts of the DLQ's visible and in-flight
+	// messages; Max bounds the move (0: all).
+	Messages int64 `json:"messages"`
+	InFlight int64 `json:"in_flight"`
+	Max      int   `json:"max,omitempty"`
+}
+
+func (p RedrivePlan) describe() string {
+	n := p.Messages
+	if p.Max > 0 && int64(p.Max) < n {
+		return fmt.Sprintf("%d of ~%d messages (--max)", p.Max, n)
+	}
+	s := fmt.Sprintf("~%d messages", n)
+	if p.InFlight > 0 {
+		s += fmt.Sprintf(" (and ~%d in flight, moved once visible again)", p.InFlight)
+	}
+	return s
 }
 
 // RedriveOptions configure Redrive.
@@ -84,6 +150,13 @@ type RedriveOptions struct {
 	Progress io.Writer
 	// TTY draws the progress as a bar that updates in place. Defaults to plain lines.
 	TTY bool
+	// JSON writes the progress as JSON lines. Defaults to false.
+	JSON bool
+	// DryRun only plans: nothing is moved.
+	DryRun bool
+	// Confirm is given the plan before anything moves (also on a dry run); an error stops the
+	// redrive. Defaults to nil: no confirmation.
+	Confirm func(RedrivePlan) error
 }
 
 func (o RedriveOptions) validate() error {
@@ -158,6 +231,18 @@ func Redrive(ctx context.Context, c SQSAPI, opts RedriveOptions) (RedriveResult,
 		return RedriveResult{}, fmt.Errorf("cannot move messages between a FIFO and a standard queue (%s → %s)", dlq.Name, dest.Name)
 	}
 	res := RedriveResult{Destination: dest.URL}
+	plan := RedrivePlan{DLQ: dlq.URL, Destination: dest.URL, Method: "receive/send/delete", Messages: dlq.Visible, InFlight: dlq.InFlight, Max: opts.Max}
+	if opts.Max == 0 && !dlq.FIFO {
+		plan.Method = "message move task, where the endpoint supports it, else receive/send/delete"
+	}
+	if opts.Confirm != nil {
+		if err := opts.Confirm(plan); err != nil {
+			return res, err
+		}
+	}
+	if opts.DryRun {
+		return res, nil
+	}
 	if opts.Max == 0 && !dlq.FIFO {
 		res.Method = "message move task"
 		done, err := moveTask(ctx, c, dlq, dest, opts, &res)
@@ -201,7 +286,7 @@ func moveTask(ctx context.Context, c SQSAPI, dlq, dest queueInfo, opts RedriveOp
 			return true, fmt.Errorf("start message move task from %s: %w", dlq.URL, err)
 		}
 	}
-	bar := newProgress(opts.Progress, opts.TTY, dlq.Visible)
+	bar := newRedriveMeter(opts, dlq)
 	for {
 		task, err := func() (*sqstypes.ListMessageMoveTasksResultEntry, error) {
 			out, err := c.ListMessageMoveTasks(ctx, &sqs.ListMessageMoveTasksInput{SourceArn: aws.String(dlq.ARN), MaxResults: aws.Int32(1)})
@@ -223,7 +308,7 @@ func moveTask(ctx context.Context, c SQSAPI, dlq, dest queueInfo, opts RedriveOp
 			if task.ApproximateNumberOfMessagesToMove != nil {
 				bar.total = *task.ApproximateNumberOfMessagesToMove
 			}
-			bar.update(res.Moved)
+			bar.update(int64(res.Moved))
 			switch aws.ToString(task.Status) {
 			case "COMPLETED":
 				bar.finish()
@@ -243,7 +328,7 @@ func moveTask(ctx context.Context, c SQSAPI, dlq, dest queueInfo, opts RedriveOp
 // moveByHand redrives by receive → send → delete. A message is deleted from the DLQ only after
 // the destination acknowledged it; messages received but not sent are made visible again.
 func moveByHand(ctx context.Context, c SQSAPI, dlq, dest queueInfo, opts RedriveOptions, res *RedriveResult) error {
-	bar := newProgress(opts.Progress, opts.TTY, dlq.Visible)
+	bar := newRedriveMeter(opts, dlq)
 	defer bar.finish()
 	if opts.Max > 0 && (bar.total == 0 || int64(opts.Max) < bar.total) {
 		bar.total = int64(opts.Max)
@@ -317,7 +402,7 @@ func moveByHand(ctx context.Context, c SQSAPI, dlq, dest queueInfo, opts Redrive
 					len(dout.Failed), dest.URL, aws.ToString(dout.Failed[0].Message))
 			}
 		}
-		bar.update(res.Moved)
+		bar.update(int64(res.Moved))
 		if len(unsent) > 0 {
 			release(cleanup, c, dlq.URL, unsent)
 			if ctx.Err() != nil {
@@ -391,51 +476,14 @@ func release(ctx context.Context, c SQSAPI, url string, msgs []sqstypes.Message)
 	_, _ = c.ChangeMessageVisibilityBatch(ctx, &sqs.ChangeMessageVisibilityBatchInput{QueueUrl: aws.String(url), Entries: entries})
 }
 
-// progress draws a bar on a terminal and throttled plain lines otherwise.
-type progress struct {
-	w       io.Writer
-	tty     bool
-	total   int64
-	done    int
-	last    time.Time
-	printed bool
-}
-
-func newProgress(w io.Writer, tty bool, total int64) *progress {
-	return &progress{w: w, tty: tty, total: total}
-}
-
-func (p *progress) update(done int) {
-	p.done = done
-	if !p.tty && time.Since(p.last) < time.Second {
-		return
+// newRedriveMeter shows a redrive's progress on opts.Progress.
+func newRedriveMeter(opts RedriveOptions, dlq queueInfo) *meter {
+	m := &meter{w: opts.Progress, mode: meterLines, label: "redrive: moved", op: "redrive", target: dlq.URL, unit: "messages", total: dlq.Visible}
+	switch {
+	case opts.JSON:
+		m.mode = meterJSON
+	case opts.TTY:
+		m.mode = meterBar
 	}
-	p.last = time.Now()
-	p.draw()
-}
-
-func (p *progress) draw() {
-	p.printed = true
-	if !p.tty {
-		fmt.Fprintf(p.w, "redrive: moved %d of ~%d\n", p.done, max(p.total, int64(p.done)))
-		return
-	}
-	const width = 30
-	total := max(p.total, int64(p.done), 1)
-	filled := int(int64(p.done) * width / total)
-	fmt.Fprintf(p.w, "\r[%s%s] %d/%d", strings.Repeat("#", filled), strings.Repeat("-", width-filled), p.done, total)
-}
-
-func (p *progress) finish() {
-	if p.tty {
-		if p.printed {
-			p.draw()
-			fmt.Fprintln(p.w)
-		}
-		return
-	}
-	if p.printed || p.done > 0 {
-		p.draw()
-	}
-	p.printed = false
+	return m.started()
 }

@@ -74,7 +74,7 @@ func TestRedriveSurvivesInterruptionAndKeepsMessages(t *testing.T) {
 	ictx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	f := &faultySQS{cancelAfterSends: 2, cancel: cancel}
-	r := b.runWith(t, ictx, &cli.Hooks{WrapSQS: func(s cli.SQSAPI) cli.SQSAPI { f.SQSAPI = s; return f }}, "redrive", "--dlq", dlqURL)
+	r := b.runWith(t, ictx, &cli.Hooks{WrapSQS: func(s cli.SQSAPI) cli.SQSAPI { f.SQSAPI = s; return f }}, "redrive", "--dlq", dlqURL, "--yes")
 	require.Equal(t, 1, r.code, r.err)
 	require.Contains(t, r.err, "interrupted after moving")
 	require.Contains(t, r.err, "run the same command to continue")
@@ -85,7 +85,7 @@ func TestRedriveSurvivesInterruptionAndKeepsMessages(t *testing.T) {
 
 	// 2. A crash between send and delete: the batch is in both queues, never in neither.
 	f2 := &faultySQS{failDelete: 1}
-	r = b.runWith(t, ctx, &cli.Hooks{WrapSQS: func(s cli.SQSAPI) cli.SQSAPI { f2.SQSAPI = s; return f2 }}, "redrive", "--dlq", dlqURL)
+	r = b.runWith(t, ctx, &cli.Hooks{WrapSQS: func(s cli.SQSAPI) cli.SQSAPI { f2.SQSAPI = s; return f2 }}, "redrive", "--dlq", dlqURL, "--yes")
 	require.Equal(t, 1, r.code, r.err)
 	require.Contains(t, r.err, "in both queues")
 	require.GreaterOrEqual(t, queueDepth(t, c, queueURL)+queueDepth(t, c, dlqURL), total)
@@ -93,7 +93,7 @@ func TestRedriveSurvivesInterruptionAndKeepsMessages(t *testing.T) {
 	// 3. Re-running moves the rest. The crashed batch's DLQ copies stay invisible until their
 	// visibility timeout ends; a later redrive would move them again as duplicates (which the
 	// consumer's inbox deduplicates by messageId).
-	r = b.runWith(t, ctx, nil, "redrive", "--dlq", dlqURL, "--max", "1000")
+	r = b.runWith(t, ctx, nil, "redrive", "--dlq", dlqURL, "--max", "1000", "--yes")
 	require.Equal(t, 0, r.code, r.err)
 	require.Contains(t, r.out, "(receive/send/delete)")
 
@@ -123,9 +123,9 @@ func TestRedriveFIFOKeepsGroupsAndHonoursMax(t *testing.T) {
 			MessageGroupId: aws.String(g), MessageDeduplicationId: aws.String("d-" + strconv.Itoa(i))})
 		require.NoError(t, err)
 	}
-	require.Equal(t, 2, moved(t, b.ok(t, "redrive", "--dlq", dlqURL, "--max", "2")))
+	require.Equal(t, 2, moved(t, b.ok(t, "redrive", "--dlq", dlqURL, "--max", "2", "--yes")))
 	require.Equal(t, 1, queueDepth(t, c, dlqURL))
-	require.Equal(t, 1, moved(t, b.ok(t, "redrive", "--dlq", dlqURL)))
+	require.Equal(t, 1, moved(t, b.ok(t, "redrive", "--dlq", dlqURL, "--yes")))
 	require.Equal(t, 0, queueDepth(t, c, dlqURL))
 
 	got := drain(t, c, queueURL)
