@@ -99,3 +99,34 @@ func TestRoundStatementsAreBoundedWithStatisticsFromAnEmptyBacklog(t *testing.T)
 	buffers, _ = explainBuffers(t, tx, settleFailedSQL, ids[:100], errs, quarantine, delays, attempts)
 	require.Less(t, buffers, 20*100+100, "settle failed: %d buffers for 100 rows", buffers)
 }
+
+// Isolation scenario (d) of the benchmarks: statistics taken while one key held every pending
+// row (50,000 behind its quarantined head), then other keys get rows. The read must still reach
+// each key through the pending-key index, not walk the primary key past the big key's rows for
+// every other key.
+func TestReadUsesThePendingKeyIndexWhateverTheStatistics(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	exec := func(sql string) {
+		_, err := pool.Exec(ctx, sql)
+		require.NoError(t, err)
+	}
+	exec(`INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload)
+		SELECT gen_random_uuid(), 'orders', 'order', 'o', 'E', 'parked', '{}' FROM generate_series(1, 50000)`)
+	exec(`VACUUM ANALYZE outbox_event`)
+	exec(`INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload)
+		SELECT gen_random_uuid(), 'orders', 'order', 'o', 'E', 'idle-' || i, '{}' FROM generate_series(1, 20) i`)
+	tx := beginWithRoundSettings(t, pool)
+	keys := make([]string, 20)
+	for i := range keys {
+		keys[i] = "idle-" + strconv.Itoa(i+1)
+	}
+	for _, mode := range []string{"auto", "force_generic_plan"} {
+		_, err := tx.Exec(ctx, "SET LOCAL plan_cache_mode = "+mode)
+		require.NoError(t, err)
+		buffers, rows := explainBuffers(t, tx, readSQL, keys, 10, 16<<20, MaxMessageBytes)
+		require.Equal(t, 20, rows)
+		require.Less(t, buffers, 10*len(keys)+50, "%s plan: %d buffers to read 20 rows of 20 keys", mode, buffers)
+	}
+}

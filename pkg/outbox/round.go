@@ -78,6 +78,7 @@ func (r *Relay) round(ctx context.Context, taken roundKeys) (Stats, error) {
 	}
 	rc := &roundConn{conn: conn, pg14: r.watch.pg14}
 	defer rc.close(ctx, r.cfg.Lease)
+	acquired := time.Now()
 
 	locked, err := r.lockKeys(ctx, rc, taken.keys)
 	if err != nil {
@@ -101,6 +102,7 @@ func (r *Relay) round(ctx context.Context, taken roundKeys) (Stats, error) {
 	if taken.probe != "" {
 		perKey = 1 // a probe is one call's worth of rows
 	}
+	lockedAt := time.Now()
 	rows, err := r.readRows(ctx, rc.conn, mine, perKey)
 	if err != nil {
 		return Stats{}, r.quiet(ctx, rc.fail(fmt.Errorf("read claimed outbox rows: %w", err)))
@@ -124,7 +126,8 @@ func (r *Relay) round(ctx context.Context, taken roundKeys) (Stats, error) {
 	if r.log.Enabled(ctx, slog.LevelDebug) {
 		r.log.Debug("relay round", "keys", len(taken.keys), "locked", len(mine), "claimed", st.Claimed, "published", st.Published,
 			"retrying", st.Retrying, "outage", st.Outage, "quarantined", st.Quarantined, "probe", taken.probe,
-			"claim_ms", claimed.Sub(start).Milliseconds(), "publish_ms", published.Sub(claimed).Milliseconds(),
+			"claim_ms", claimed.Sub(start).Milliseconds(), "acquire_ms", acquired.Sub(start).Milliseconds(),
+			"lock_ms", lockedAt.Sub(acquired).Milliseconds(), "publish_ms", published.Sub(claimed).Milliseconds(),
 			"settle_ms", time.Since(published).Milliseconds())
 	}
 	return st, r.quiet(ctx, err)
