@@ -74,6 +74,11 @@ type tracingPublisher struct {
 // Limits passes on the wrapped publisher's limits.
 func (p *tracingPublisher) Limits(dest string) Limits { return limitsOf(p.next, dest) }
 
+// MessageSize passes on the wrapped publisher's measure.
+func (p *tracingPublisher) MessageSize(dest string, e *Event, payloadLen int) int {
+	return measure(p.next, dest, e, payloadLen)
+}
+
 func (p *tracingPublisher) PublishBatch(ctx context.Context, destination string, events []*Event) []error {
 	now := time.Now()
 	links := make([]trace.Link, len(events))
@@ -172,12 +177,12 @@ func (w *Writer) traceHeaders(ctx context.Context) map[string]string {
 }
 
 // withTrace returns m's headers with the injected trace headers added, in the order the
-// relay publishes them (traceparent, tracestate, then by name), while each fits SNS's limits:
-// the attribute count, the message size (size is m's wire size without them) and the
-// attribute name and value rules. It returns m.Headers unchanged when m already carries one of
+// relay publishes them (traceparent, tracestate, then by name), while each fits: the attribute
+// count, the message size (measured by writeSize, at most maxBytes, and its overhead at most
+// MaxMessageOverheadBytes) and the attribute name and value rules. It returns m.Headers unchanged when m already carries one of
 // the propagator's fields (the caller's trace context wins, and half of two contexts would be
 // neither) or when nothing fits. It never modifies the caller's map.
-func withTrace(m Message, size int, injected map[string]string, fields []string, maxBytes int) map[string]string {
+func withTrace(m Message, injected map[string]string, fields []string, maxBytes int) map[string]string {
 	for _, f := range fields {
 		for k := range m.Headers {
 			if strings.EqualFold(k, f) {
@@ -195,18 +200,20 @@ func withTrace(m Message, size int, injected map[string]string, fields []string,
 		if _, taken := m.Headers[k]; taken || checkHeaderName(k) != "" || checkAttrValue(v) != "" {
 			continue
 		}
-		add := len(k) + len("String") + len(v)
-		if size+add > maxBytes {
+		next := make(map[string]string, len(m.Headers)+len(injected))
+		for hk, hv := range m.Headers {
+			next[hk] = hv
+		}
+		for hk, hv := range h {
+			next[hk] = hv
+		}
+		next[k] = v
+		t := m
+		t.Headers = next
+		if size, overhead := writeSize(t); size > maxBytes || overhead > MaxMessageOverheadBytes {
 			break
 		}
-		if h == nil {
-			h = make(map[string]string, len(m.Headers)+len(injected))
-			for hk, hv := range m.Headers {
-				h[hk] = hv
-			}
-		}
-		h[k] = v
-		size += add
+		h = next
 		room--
 	}
 	if h == nil {
