@@ -37,8 +37,10 @@ const (
 	// KafkaTLS is "true" or "false": connect to the brokers over TLS (system roots). Defaults to
 	// true with KafkaAuth=iam (MSK requires it), false otherwise.
 	KafkaTLS = "SLUICE_KAFKA_TLS"
-	// KafkaMaxMessageBytes is the largest record the brokers accept (integer bytes). Defaults to
-	// outbox.DefaultKafkaMaxMessageBytes.
+	// KafkaMaxMessageBytes overrides MessageLimits.Kafka (integer bytes): the largest record
+	// batch the brokers accept (message.max.bytes), which is also the producer's
+	// ProducerBatchMaxBytes. Defaults to outbox.DefaultKafkaMaxMessageBytes. A relay setting
+	// (RelaySettings reads it).
 	KafkaMaxMessageBytes = "SLUICE_KAFKA_MAX_MESSAGE_BYTES"
 	// ClaimCheckBucket turns the claim check on: payloads of messages too large for their
 	// destination are stored in this S3 bucket (outbox.ClaimCheck).
@@ -55,7 +57,7 @@ const (
 
 // PublisherEnv lists the variables RelayPublisher and ClaimCheck read, for help texts.
 func PublisherEnv() []string {
-	return []string{EventBridgeSource, KafkaBrokers, KafkaAuth, KafkaTLS, KafkaMaxMessageBytes,
+	return []string{EventBridgeSource, KafkaBrokers, KafkaAuth, KafkaTLS,
 		ClaimCheckBucket, ClaimCheckPrefix, ClaimCheckThreshold, ClaimCheckMaxPayload}
 }
 
@@ -89,11 +91,7 @@ func RelayPublisher(ctx context.Context, getenv Getenv, awsCfg aws.Config, desti
 		pubs.Kinesis = outbox.NewKinesisPublisher(kinesis.NewFromConfig(awsCfg))
 	}
 	if kinds[outbox.Kafka] {
-		maxBytes, err := positiveInt(getenv, KafkaMaxMessageBytes, outbox.DefaultKafkaMaxMessageBytes)
-		if err != nil {
-			return nil, nil, err
-		}
-		client, err := KafkaClient(ctx, getenv, awsCfg)
+		client, maxBytes, err := relayKafkaClient(ctx, getenv, awsCfg)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -104,6 +102,20 @@ func RelayPublisher(ctx context.Context, getenv Getenv, awsCfg aws.Config, desti
 		return pubs.SNS, close, nil
 	}
 	return pubs, close, nil
+}
+
+// relayKafkaClient opens the relay's Kafka client with its record batch limit: what the relay
+// plans with (MessageLimits.Kafka, KafkaMaxMessageBytes) is what franz-go lets a batch be
+// (ProducerBatchMaxBytes), or a record the relay sends would fail MESSAGE_TOO_LARGE in the
+// client at franz-go's default of 1,000,012 bytes.
+func relayKafkaClient(ctx context.Context, getenv Getenv, awsCfg aws.Config) (*kgo.Client, int, error) {
+	settings, err := RelaySettings(getenv)
+	if err != nil {
+		return nil, 0, err
+	}
+	maxBytes := settings.MessageLimits.WithDefaults().Kafka
+	client, err := KafkaClient(ctx, getenv, awsCfg, kgo.ProducerBatchMaxBytes(int32(maxBytes)))
+	return client, maxBytes, err
 }
 
 // KafkaClient opens a franz-go client from KafkaBrokers, KafkaAuth and KafkaTLS, with

@@ -267,9 +267,7 @@ func (c RelayConfig) CheckSettings() error {
 			errs = append(errs, fmt.Errorf("%s must be between %s and %s, got %s", f.name, f.lo, f.hi, f.v))
 		}
 	}
-	if err := c.MessageLimits.Check(); err != nil {
-		errs = append(errs, err)
-	}
+	errs = append(errs, c.MessageLimits.problems()...)
 	if c.PublishTimeout >= c.Lease {
 		errs = append(errs, fmt.Errorf("Lease (%s) must be longer than PublishTimeout (%s): a round's publishing stops at three quarters of the lease", c.Lease, c.PublishTimeout))
 	}

@@ -109,7 +109,9 @@ func (l MessageLimits) WithDefaults() MessageLimits {
 }
 
 // Check reports every field of l (after WithDefaults) outside what its service allows.
-func (l MessageLimits) Check() error {
+func (l MessageLimits) Check() error { return errors.Join(l.problems()...) }
+
+func (l MessageLimits) problems() []error {
 	l = l.WithDefaults()
 	var errs []error
 	for _, f := range []struct {
@@ -126,7 +128,7 @@ func (l MessageLimits) Check() error {
 			errs = append(errs, fmt.Errorf("MessageLimits.%s must be between %d and %d bytes, got %d", f.name, f.lo, f.hi, f.v))
 		}
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // Of returns the largest message the relay publishes inline to a destination of kind k: the
