@@ -115,7 +115,7 @@ func (l MessageLimits) problems() []error {
 	l = l.WithDefaults()
 	var errs []error
 	for _, f := range []struct {
-		name     string
+		name      string
 		v, lo, hi int
 	}{
 		{"SNS", l.SNS, MinMessageLimitBytes, MaxSNSMessageBytes},
