@@ -257,14 +257,27 @@ func (c *claimCheck) checkConsumer(name string, retention, deadLetterRetention t
 }
 
 func (c *claimCheck) attachConsumer(fn awslambda.Function) {
+	// The consumer fetches only from the relay's bucket and prefix, owned by this account
+	// (inbox.ClaimCheck.Locations): a message cannot point it elsewhere.
 	fn.AddEnvironment(jsii.String(lambdaenv.ClaimCheckBucket), c.bucket.BucketName(), nil)
+	fn.AddEnvironment(jsii.String(lambdaenv.ClaimCheckPrefix), jsii.String(c.p.KeyPrefix), nil)
+	fn.AddEnvironment(jsii.String(lambdaenv.ClaimCheckBucketOwner), awscdk.Aws_ACCOUNT_ID(), nil)
 	if c.p.MaxPayloadBytes != 0 {
 		fn.AddEnvironment(jsii.String(lambdaenv.ClaimCheckMaxPayload), jsii.String(strconv.Itoa(c.p.MaxPayloadBytes)), nil)
 	}
 	fn.AddToRolePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
 		Sid:       jsii.String("ClaimCheckFetchesPayloads"),
 		Actions:   jsii.Strings("s3:GetObject"),
-		Resources: &[]*string{c.bucket.ArnForObjects(jsii.String("*"))},
+		Resources: &[]*string{c.bucket.ArnForObjects(jsii.String(c.p.KeyPrefix + "*"))},
+	}))
+	// Without s3:ListBucket S3 answers 403, not 404, for a missing key, and an expired
+	// payload would look like a permissions problem (inbox.ErrPayloadMissing never firing).
+	// Listing is scoped to the claim check's prefix.
+	fn.AddToRolePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Sid:        jsii.String("ClaimCheckTellsMissingPayloads"),
+		Actions:    jsii.Strings("s3:ListBucket"),
+		Resources:  &[]*string{c.bucket.BucketArn()},
+		Conditions: &map[string]any{"StringLike": map[string]any{"s3:prefix": []string{c.p.KeyPrefix + "*"}}},
 	}))
 	if k := c.p.EncryptionKey; k != nil {
 		k.GrantDecrypt(fn)
@@ -273,8 +286,8 @@ func (c *claimCheck) attachConsumer(fn awslambda.Function) {
 		c.deny("OnlyTheConsumersRead", &c.readers, "s3:GetObject")
 	}
 	c.readers.arns = append(c.readers.arns, fn.Role().RoleArn())
-	suppressObjectWildcard(fn, "", "A consumer fetches whichever object a message points at in the claim check's bucket: "+
-		"object keys are not known in advance, so GetObject is granted on the bucket's objects (s3:GetObject only, no other action).")
+	suppressObjectWildcard(fn, c.p.KeyPrefix, "A consumer fetches whichever object a message points at under the claim check's prefix: "+
+		"object keys are not known in advance, so GetObject is granted on the prefix (s3:GetObject only, no other action).")
 }
 
 // suppressObjectWildcard suppresses the IAM5 finding of a grant on a bucket's objects under

@@ -45,7 +45,7 @@ func roleActions(tmpl assertions.Template, fn map[string]any) map[string]string 
 		for _, s := range props(p)["PolicyDocument"].(map[string]any)["Statement"].([]any) {
 			st := s.(map[string]any)
 			for _, a := range asList(st["Action"]) {
-				out[fmt.Sprint(a)] = fmt.Sprint(st["Resource"])
+				out[fmt.Sprint(a)] = fmt.Sprint(st["Resource"]) + " " + fmt.Sprint(st["Condition"])
 			}
 		}
 	}
@@ -122,11 +122,15 @@ func TestClaimCheckStack(t *testing.T) {
 		require.Contains(t, ra["s3:PutObject"], "/outbox/*")
 		require.Contains(t, ca, "s3:GetObject")
 		require.Contains(t, ca["s3:GetObject"], bucketID)
+		require.Contains(t, ca["s3:GetObject"], "/outbox/*", "the consumer reads under the relay's prefix only")
+		require.Contains(t, ca, "s3:ListBucket", "so that S3 answers 404, not 403, for an expired payload")
+		require.Contains(t, ca["s3:ListBucket"], "s3:prefix")
+		require.Contains(t, ca["s3:ListBucket"], "outbox/*", "listing is scoped to the prefix")
 		for a := range ra {
 			require.False(t, strings.HasPrefix(a, "s3:") && a != "s3:PutObject", "relay: %s", a)
 		}
 		for a := range ca {
-			require.False(t, strings.HasPrefix(a, "s3:") && a != "s3:GetObject", "consumer: %s", a)
+			require.False(t, strings.HasPrefix(a, "s3:") && a != "s3:GetObject" && a != "s3:ListBucket", "consumer: %s", a)
 		}
 	})
 
@@ -138,6 +142,8 @@ func TestClaimCheckStack(t *testing.T) {
 		require.Equal(t, "8388608", re[lambdaenv.ClaimCheckMaxPayload])
 		require.Equal(t, bucketID, refID(ce[lambdaenv.ClaimCheckBucket]))
 		require.Equal(t, "8388608", ce[lambdaenv.ClaimCheckMaxPayload])
+		require.Equal(t, "outbox/", ce[lambdaenv.ClaimCheckPrefix], "the consumer fetches under the relay's prefix only")
+		require.Equal(t, "AWS::AccountId", refID(ce[lambdaenv.ClaimCheckBucketOwner]), "and sends the bucket's owner")
 		require.NotContains(t, ce, lambdaenv.ClaimCheckThreshold)
 	})
 

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/sluicehq/sluice/pkg/inbox"
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
@@ -53,4 +54,14 @@ func TestMessageLimitSettings(t *testing.T) {
 		require.ErrorContains(t, err, v)
 	}
 	require.Equal(t, env, RelayEnvironment(outbox.RelayConfig{MessageLimits: outbox.MessageLimits{Kinesis: 11 << 20, EventBridge: 300000, SNS: 100}}))
+}
+
+// A consumer Lambda fetches only from the relay's bucket and prefix, with the bucket's owner
+// (issue 21, item 5).
+func TestConsumerClaimCheckIsPinnedToTheRelaysLocation(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{ClaimCheckBucket: "acme-payloads", ClaimCheckPrefix: "outbox/", ClaimCheckBucketOwner: "111122223333"}
+	cc, err := consumerClaimCheck(func(k string) string { return env[k] })
+	require.NoError(t, err)
+	require.Equal(t, []inbox.PayloadLocation{{Bucket: "acme-payloads", KeyPrefix: "outbox/", ExpectedBucketOwner: "111122223333"}}, cc.Locations)
 }

@@ -45,8 +45,13 @@ const (
 	// ClaimCheckBucket turns the claim check on: payloads of messages too large for their
 	// destination are stored in this S3 bucket (outbox.ClaimCheck).
 	ClaimCheckBucket = "SLUICE_CLAIM_CHECK_BUCKET"
-	// ClaimCheckPrefix is put before each object's key (the event id). Defaults to "".
+	// ClaimCheckPrefix is put before each object's key (the event id). Defaults to "". The
+	// consumers fetch only objects under it.
 	ClaimCheckPrefix = "SLUICE_CLAIM_CHECK_PREFIX"
+	// ClaimCheckBucketOwner is the account id that owns ClaimCheckBucket: the consumers send it
+	// as ExpectedBucketOwner with every GetObject. Defaults to "": not checked (the CDK sets it
+	// to the stack's account).
+	ClaimCheckBucketOwner = "SLUICE_CLAIM_CHECK_BUCKET_OWNER"
 	// ClaimCheckThreshold is the message size (integer bytes) above which the payload goes to
 	// S3. Defaults to each destination's message limit.
 	ClaimCheckThreshold = "SLUICE_CLAIM_CHECK_THRESHOLD"
@@ -58,7 +63,7 @@ const (
 // PublisherEnv lists the variables RelayPublisher and ClaimCheck read, for help texts.
 func PublisherEnv() []string {
 	return []string{EventBridgeSource, KafkaBrokers, KafkaAuth, KafkaTLS,
-		ClaimCheckBucket, ClaimCheckPrefix, ClaimCheckThreshold, ClaimCheckMaxPayload}
+		ClaimCheckBucket, ClaimCheckPrefix, ClaimCheckBucketOwner, ClaimCheckThreshold, ClaimCheckMaxPayload}
 }
 
 // RelayPublisher builds the publisher for destinations (outbox.RelayConfig.Destinations): an
@@ -168,8 +173,8 @@ func KafkaClient(ctx context.Context, getenv Getenv, awsCfg aws.Config, opts ...
 // ClaimCheck reads the claim check's settings: nil when ClaimCheckBucket is unset. The
 // payloads go to S3 through a client built from awsCfg.
 func ClaimCheck(getenv Getenv, awsCfg aws.Config) (*outbox.ClaimCheck, error) {
-	bucket := strings.TrimSpace(getenv(ClaimCheckBucket))
-	if bucket == "" {
+	loc := claimCheckLocation(getenv)
+	if loc.Bucket == "" {
 		return nil, nil
 	}
 	threshold, terr := ClaimCheckThresholdOf(getenv)
@@ -179,7 +184,7 @@ func ClaimCheck(getenv Getenv, awsCfg aws.Config) (*outbox.ClaimCheck, error) {
 	}
 	return &outbox.ClaimCheck{
 		Store:  outbox.NewS3PayloadStore(s3.NewFromConfig(awsCfg, func(o *s3.Options) { o.UsePathStyle = pathStyle(awsCfg) })),
-		Bucket: bucket, KeyPrefix: getenv(ClaimCheckPrefix), Threshold: threshold, MaxPayloadBytes: maxPayload,
+		Bucket: loc.Bucket, KeyPrefix: loc.KeyPrefix, Threshold: threshold, MaxPayloadBytes: maxPayload,
 	}, nil
 }
 
