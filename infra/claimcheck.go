@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatch"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awskms"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
@@ -77,6 +78,11 @@ type ClaimCheck interface {
 	Expiration() time.Duration
 	// KeyPrefix is what every object key starts with.
 	KeyPrefix() string
+	// DeniedRequests alarms on the bucket's 4xx answers (S3 request metrics, filter
+	// ClaimCheckRequests): a consumer built on an AWS extended client left at
+	// cleanupS3Payload=true, whose DeleteObject the bucket policy denies, or a consumer
+	// fetching objects that expired (docs/claimcheck.md). Add your alarm action to it.
+	DeniedRequests() awscloudwatch.Alarm
 
 	// attachRelay lets fn (the relay) store payloads: its environment and PutObject.
 	attachRelay(fn awslambda.Function)
@@ -92,11 +98,17 @@ type claimCheck struct {
 	p                ClaimCheckProps
 	days             int
 	writers, readers principals
+	denied           awscloudwatch.Alarm
 }
+
+// claimCheckRequestsFilter names the bucket's request metrics configuration.
+const claimCheckRequestsFilter = "ClaimCheckRequests"
 
 func (c *claimCheck) Bucket() awss3.IBucket     { return c.bucket }
 func (c *claimCheck) Expiration() time.Duration { return time.Duration(c.days) * day }
 func (c *claimCheck) KeyPrefix() string         { return c.p.KeyPrefix }
+
+func (c *claimCheck) DeniedRequests() awscloudwatch.Alarm { return c.denied }
 
 // principals is a list of role ARNs that grows until synthesis: the bucket policy's conditions
 // read it lazily, so roles attached after the bucket was created are in them.
@@ -197,6 +209,8 @@ func NewClaimCheck(scope constructs.Construct, id string, props *ClaimCheckProps
 		}},
 		// Payloads of messages in flight outlive the stack, like the queues holding them.
 		RemovalPolicy: awscdk.RemovalPolicy_RETAIN,
+		// Request metrics, for DeniedRequests.
+		Metrics: &[]*awss3.BucketMetrics{{Id: jsii.String(claimCheckRequestsFilter)}},
 	}
 	if p.BucketName != "" {
 		bp.BucketName = jsii.String(p.BucketName)
@@ -205,6 +219,23 @@ func NewClaimCheck(scope constructs.Construct, id string, props *ClaimCheckProps
 		bp.Encryption, bp.EncryptionKey, bp.BucketKeyEnabled = awss3.BucketEncryption_KMS, p.EncryptionKey, jsii.Bool(true)
 	}
 	c.bucket = awss3.NewBucket(this, jsii.String("Bucket"), bp)
+	// A denied request is never normal here: only the relay writes, only the consumers read,
+	// nobody deletes. The typical cause is a Java extended-client consumer at its default
+	// cleanupS3Payload=true, whose DeleteObject fails and whose message may never leave its
+	// queue; it must not stay silent.
+	c.denied = awscloudwatch.NewAlarm(this, jsii.String("DeniedRequests"), &awscloudwatch.AlarmProps{
+		AlarmDescription: jsii.String("The claim check's bucket answered 4xx (denied or missing objects): a consumer deleting payloads " +
+			"(an AWS extended client with cleanupS3Payload=true) or fetching expired ones. Runbook: docs/claimcheck.md#consumers-written-with-the-aws-extended-clients"),
+		Metric: awscloudwatch.NewMetric(&awscloudwatch.MetricProps{
+			Namespace: jsii.String("AWS/S3"), MetricName: jsii.String("4xxErrors"),
+			DimensionsMap: &map[string]*string{"BucketName": c.bucket.BucketName(), "FilterId": jsii.String(claimCheckRequestsFilter)},
+			Statistic:     jsii.String("Sum"), Period: awscdk.Duration_Minutes(jsii.Number(5)),
+		}),
+		ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+		Threshold:          jsii.Number(1),
+		EvaluationPeriods:  jsii.Number(1),
+		TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
+	})
 	suppress(c.bucket, "AwsSolutions-S1",
 		"The claim check's objects are copies of outbox payloads that PostgreSQL keeps; the bucket policy lets only the relay write and "+
 			"only the consumers read, and CloudTrail data events audit access where required. Server access logs would need a second bucket "+

@@ -134,6 +134,14 @@ func TestClaimCheckStack(t *testing.T) {
 		}
 	})
 
+	t.Run("a denied request (an extended client deleting payloads) alarms", func(t *testing.T) {
+		a := alarmOn(t, tmpl, "AWS/S3", "4xxErrors")
+		require.Contains(t, fmt.Sprint(a["AlarmDescription"]), "cleanupS3Payload")
+		require.Contains(t, fmt.Sprint(a["Dimensions"]), "ClaimCheckRequests")
+		b := resources(tmpl, "AWS::S3::Bucket")[bucketID]
+		require.Contains(t, fmt.Sprint(props(b)["MetricsConfigurations"]), "ClaimCheckRequests", "the bucket publishes request metrics")
+	})
+
 	t.Run("environment: the relay's claim check settings, the consumer's bucket and bound, as their readers read them", func(t *testing.T) {
 		re, ce := env(relay), env(consumer)
 		require.Equal(t, bucketID, refID(re[lambdaenv.ClaimCheckBucket]))
