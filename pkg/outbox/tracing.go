@@ -13,6 +13,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sluicehq/sluice/internal/wire"
 	"github.com/sluicehq/sluice/pkg/metrics"
 )
 
@@ -31,6 +32,10 @@ const (
 	// SpanAttrPublishFailed counts the entries of a publish call the broker did not acknowledge.
 	SpanAttrPublishFailed = "sluice.publish.failed"
 )
+
+// MaxLinksPerSpan is the most links a publish span carries: the OpenTelemetry SDK's default
+// SpanLimits.LinkCountLimit. A call with more events adds a child span per further 128.
+const MaxLinksPerSpan = 128
 
 // relayDimensions are the dimensions of every relay metric.
 var relayDimensions = metrics.Dimensions{metrics.DimensionService: metrics.ServiceRelay}
@@ -109,12 +114,27 @@ func (p *tracingPublisher) PublishBatch(ctx context.Context, destination string,
 	if system == semconv.MessagingSystemAWSSNS {
 		attrs = append(attrs, semconv.AWSSNSTopicARN(destination))
 	}
+	first := links[:min(len(links), MaxLinksPerSpan)]
 	ctx, span := p.tracer.Start(ctx, "publish "+name,
 		trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithTimestamp(now),
-		trace.WithLinks(links...),
+		trace.WithLinks(first...),
 		trace.WithAttributes(attrs...))
 	defer span.End()
+	// A Kinesis or Kafka call carries up to 500 events, and the SDK keeps 128 links a span by
+	// default (SpanLimits.LinkCountLimit, the provider's setting, not ours): the links beyond
+	// go on child spans of the call, 128 each, so none is dropped.
+	for i := MaxLinksPerSpan; i < len(links); i += MaxLinksPerSpan {
+		part := links[i:min(len(links), i+MaxLinksPerSpan)]
+		_, more := p.tracer.Start(ctx, "publish "+name,
+			trace.WithSpanKind(trace.SpanKindInternal),
+			trace.WithTimestamp(now),
+			trace.WithLinks(part...),
+			trace.WithAttributes(system, semconv.MessagingOperationTypeSend, semconv.MessagingOperationName("publish"),
+				semconv.MessagingDestinationName(name), semconv.MessagingBatchMessageCount(len(part)),
+				attribute.StringSlice(SpanAttrMessageIDs, ids[i:i+len(part)])))
+		defer more.End()
+	}
 	errs := p.next.PublishBatch(ctx, destination, events)
 	failed := 0
 	for i, err := range errs {
@@ -157,6 +177,10 @@ func destinationName(destination string) (string, attribute.KeyValue) {
 		return name, semconv.MessagingSystemAWSSNS
 	case "sqs":
 		return name, semconv.MessagingSystemAWSSQS
+	case "kinesis":
+		return name, semconv.MessagingSystemKey.String(wire.MessagingSystemKinesis)
+	case "events":
+		return name, semconv.MessagingSystemKey.String(wire.MessagingSystemEventBridge)
 	}
 	return name, semconv.MessagingSystemKey.String("aws." + parts[2])
 }
