@@ -18,6 +18,7 @@ import (
 	"github.com/aws/jsii-runtime-go"
 	"github.com/cdklabs/cdk-nag-go/cdknag/v2"
 
+	"github.com/sluicehq/sluice/pkg/inbox"
 	"github.com/sluicehq/sluice/pkg/lambdaenv"
 )
 
@@ -90,6 +91,17 @@ type ClaimCheck interface {
 	checkConsumer(name string, retention, deadLetterRetention time.Duration) error
 	// attachConsumer lets fn (a consumer) fetch payloads: its environment and GetObject.
 	attachConsumer(fn awslambda.Function)
+	// maxPayload is the largest payload a consumer fetches (MaxPayloadBytes or its default).
+	maxPayload() int
+}
+
+// ConsumerMemoryMB is the memory a consumer Lambda needs to hold a batch of batchSize records
+// whose payloads are each up to maxPayload bytes: the inbox fetches a batch's payloads before its
+// transaction and holds them together, and the handler decodes each (a second copy), over a
+// base of 128 MB for the runtime, the pool and the SDK clients.
+func ConsumerMemoryMB(batchSize, maxPayload int) int {
+	const mib = 1 << 20
+	return 128 + (2*batchSize*maxPayload+mib-1)/mib
 }
 
 type claimCheck struct {
@@ -109,6 +121,13 @@ func (c *claimCheck) Expiration() time.Duration { return time.Duration(c.days) *
 func (c *claimCheck) KeyPrefix() string         { return c.p.KeyPrefix }
 
 func (c *claimCheck) DeniedRequests() awscloudwatch.Alarm { return c.denied }
+
+func (c *claimCheck) maxPayload() int {
+	if c.p.MaxPayloadBytes != 0 {
+		return c.p.MaxPayloadBytes
+	}
+	return inbox.DefaultMaxPayloadBytes
+}
 
 // principals is a list of role ARNs that grows until synthesis: the bucket policy's conditions
 // read it lazily, so roles attached after the bucket was created are in them.

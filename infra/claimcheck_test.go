@@ -249,6 +249,14 @@ func TestClaimCheckConstructAndValidation(t *testing.T) {
 			infra.NewConsumer(bad, "Slow", &infra.ConsumerProps{Name: "slow", CodeDir: assetDir(t, "consumer"), Topic: badTopic,
 				Network: badNetwork, Database: badDB, UseDatabaseSecret: true, ClaimCheck: badCC, RetentionPeriod: 14 * 24 * time.Hour})
 		}, "ClaimCheck: consumer slow's queue retention 336h0m0s + DLQ retention 336h0m0s + the claim check's replay window 168h0m0s need objects to live 36 days, but they expire after 26"},
+		{"a consumer whose memory cannot hold its batch of payloads", func() {
+			infra.NewConsumer(bad, "Small", &infra.ConsumerProps{Name: "small", CodeDir: assetDir(t, "consumer"), Topic: badTopic,
+				Network: badNetwork, Database: badDB, UseDatabaseSecret: true, ClaimCheck: badCC, MemoryMB: 256})
+		}, "MemoryMB 256 cannot hold a batch of 10 claim-checked payloads of up to 33554432 bytes: it needs 768 MB"},
+		{"a batch no Lambda can hold", func() {
+			infra.NewConsumer(bad, "Huge", &infra.ConsumerProps{Name: "huge", CodeDir: assetDir(t, "consumer"), Topic: badTopic,
+				Network: badNetwork, Database: badDB, UseDatabaseSecret: true, ClaimCheck: badCC, BatchSize: 200, MaxBatchingWindow: time.Second})
+		}, "it needs 12928 MB"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var err error
@@ -264,4 +272,20 @@ func TestClaimCheckConstructAndValidation(t *testing.T) {
 			require.Contains(t, err.Error(), tc.want)
 		})
 	}
+}
+
+// A claim-check consumer's memory holds a batch of its largest payloads: sized at synth by
+// default (issue 21, item 7: 256 MB, batch 10 and 32 MiB payloads needed 640 MiB and more); the
+// refusals are in TestClaimCheckWithKMSAndRefusals.
+func TestClaimCheckConsumerMemoryFitsItsBatch(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, 128+2*10*32, infra.ConsumerMemoryMB(10, 32<<20))
+	app := awscdk.NewApp(nil)
+	s := infra.NewSluiceStack(app, "Memory", &infra.SluiceStackProps{
+		RelayCodeDir: assetDir(t, "relay"), ConsumerCodeDir: assetDir(t, "consumer"), MigrateCodeDir: assetDir(t, "migrate"),
+		CABundle: caBundle(t), NoAlarmDestination: true, ClaimCheck: &infra.ClaimCheckProps{},
+	})
+	tmpl := assertions.Template_FromStack(s, nil)
+	consumer := resources(tmpl, "AWS::Lambda::Function")[*s.GetLogicalId(s.Consumer().Function().Node().DefaultChild().(awscdk.CfnElement))]
+	require.Equal(t, float64(768), props(consumer)["MemorySize"], "10 payloads of 32 MiB, twice, and 128 MB")
 }
