@@ -254,7 +254,7 @@ func TestPublishSpansKeepEveryLinkOfALargeCall(t *testing.T) {
 func attrValue(s tracetest.SpanStub, key string) string {
 	for _, a := range s.Attributes {
 		if string(a.Key) == key {
-			return a.Value.Emit()
+			return a.Value.String()
 		}
 	}
 	return ""
