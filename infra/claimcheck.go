@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatch"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awskms"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
@@ -17,6 +18,7 @@ import (
 	"github.com/aws/jsii-runtime-go"
 	"github.com/cdklabs/cdk-nag-go/cdknag/v2"
 
+	"github.com/sluicehq/sluice/pkg/inbox"
 	"github.com/sluicehq/sluice/pkg/lambdaenv"
 )
 
@@ -77,6 +79,11 @@ type ClaimCheck interface {
 	Expiration() time.Duration
 	// KeyPrefix is what every object key starts with.
 	KeyPrefix() string
+	// DeniedRequests alarms on the bucket's 4xx answers (S3 request metrics, filter
+	// ClaimCheckRequests): a consumer built on an AWS extended client left at
+	// cleanupS3Payload=true, whose DeleteObject the bucket policy denies, or a consumer
+	// fetching objects that expired (docs/claimcheck.md). Add your alarm action to it.
+	DeniedRequests() awscloudwatch.Alarm
 
 	// attachRelay lets fn (the relay) store payloads: its environment and PutObject.
 	attachRelay(fn awslambda.Function)
@@ -84,6 +91,17 @@ type ClaimCheck interface {
 	checkConsumer(name string, retention, deadLetterRetention time.Duration) error
 	// attachConsumer lets fn (a consumer) fetch payloads: its environment and GetObject.
 	attachConsumer(fn awslambda.Function)
+	// maxPayload is the largest payload a consumer fetches (MaxPayloadBytes or its default).
+	maxPayload() int
+}
+
+// ConsumerMemoryMB is the memory a consumer Lambda needs to hold a batch of batchSize records
+// whose payloads are each up to maxPayload bytes: the inbox fetches a batch's payloads before its
+// transaction and holds them together, and the handler decodes each (a second copy), over a
+// base of 128 MB for the runtime, the pool and the SDK clients.
+func ConsumerMemoryMB(batchSize, maxPayload int) int {
+	const mib = 1 << 20
+	return 128 + (2*batchSize*maxPayload+mib-1)/mib
 }
 
 type claimCheck struct {
@@ -92,11 +110,24 @@ type claimCheck struct {
 	p                ClaimCheckProps
 	days             int
 	writers, readers principals
+	denied           awscloudwatch.Alarm
 }
+
+// claimCheckRequestsFilter names the bucket's request metrics configuration.
+const claimCheckRequestsFilter = "ClaimCheckRequests"
 
 func (c *claimCheck) Bucket() awss3.IBucket     { return c.bucket }
 func (c *claimCheck) Expiration() time.Duration { return time.Duration(c.days) * day }
 func (c *claimCheck) KeyPrefix() string         { return c.p.KeyPrefix }
+
+func (c *claimCheck) DeniedRequests() awscloudwatch.Alarm { return c.denied }
+
+func (c *claimCheck) maxPayload() int {
+	if c.p.MaxPayloadBytes != 0 {
+		return c.p.MaxPayloadBytes
+	}
+	return inbox.DefaultMaxPayloadBytes
+}
 
 // principals is a list of role ARNs that grows until synthesis: the bucket policy's conditions
 // read it lazily, so roles attached after the bucket was created are in them.
@@ -197,6 +228,8 @@ func NewClaimCheck(scope constructs.Construct, id string, props *ClaimCheckProps
 		}},
 		// Payloads of messages in flight outlive the stack, like the queues holding them.
 		RemovalPolicy: awscdk.RemovalPolicy_RETAIN,
+		// Request metrics, for DeniedRequests.
+		Metrics: &[]*awss3.BucketMetrics{{Id: jsii.String(claimCheckRequestsFilter)}},
 	}
 	if p.BucketName != "" {
 		bp.BucketName = jsii.String(p.BucketName)
@@ -205,6 +238,23 @@ func NewClaimCheck(scope constructs.Construct, id string, props *ClaimCheckProps
 		bp.Encryption, bp.EncryptionKey, bp.BucketKeyEnabled = awss3.BucketEncryption_KMS, p.EncryptionKey, jsii.Bool(true)
 	}
 	c.bucket = awss3.NewBucket(this, jsii.String("Bucket"), bp)
+	// A denied request is never normal here: only the relay writes, only the consumers read,
+	// nobody deletes. The typical cause is a Java extended-client consumer at its default
+	// cleanupS3Payload=true, whose DeleteObject fails and whose message may never leave its
+	// queue; it must not stay silent.
+	c.denied = awscloudwatch.NewAlarm(this, jsii.String("DeniedRequests"), &awscloudwatch.AlarmProps{
+		AlarmDescription: jsii.String("The claim check's bucket answered 4xx (denied or missing objects): a consumer deleting payloads " +
+			"(an AWS extended client with cleanupS3Payload=true) or fetching expired ones. Runbook: docs/claimcheck.md#consumers-written-with-the-aws-extended-clients"),
+		Metric: awscloudwatch.NewMetric(&awscloudwatch.MetricProps{
+			Namespace: jsii.String("AWS/S3"), MetricName: jsii.String("4xxErrors"),
+			DimensionsMap: &map[string]*string{"BucketName": c.bucket.BucketName(), "FilterId": jsii.String(claimCheckRequestsFilter)},
+			Statistic:     jsii.String("Sum"), Period: awscdk.Duration_Minutes(jsii.Number(5)),
+		}),
+		ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+		Threshold:          jsii.Number(1),
+		EvaluationPeriods:  jsii.Number(1),
+		TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
+	})
 	suppress(c.bucket, "AwsSolutions-S1",
 		"The claim check's objects are copies of outbox payloads that PostgreSQL keeps; the bucket policy lets only the relay write and "+
 			"only the consumers read, and CloudTrail data events audit access where required. Server access logs would need a second bucket "+
@@ -257,14 +307,27 @@ func (c *claimCheck) checkConsumer(name string, retention, deadLetterRetention t
 }
 
 func (c *claimCheck) attachConsumer(fn awslambda.Function) {
+	// The consumer fetches only from the relay's bucket and prefix, owned by this account
+	// (inbox.ClaimCheck.Locations): a message cannot point it elsewhere.
 	fn.AddEnvironment(jsii.String(lambdaenv.ClaimCheckBucket), c.bucket.BucketName(), nil)
+	fn.AddEnvironment(jsii.String(lambdaenv.ClaimCheckPrefix), jsii.String(c.p.KeyPrefix), nil)
+	fn.AddEnvironment(jsii.String(lambdaenv.ClaimCheckBucketOwner), awscdk.Aws_ACCOUNT_ID(), nil)
 	if c.p.MaxPayloadBytes != 0 {
 		fn.AddEnvironment(jsii.String(lambdaenv.ClaimCheckMaxPayload), jsii.String(strconv.Itoa(c.p.MaxPayloadBytes)), nil)
 	}
 	fn.AddToRolePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
 		Sid:       jsii.String("ClaimCheckFetchesPayloads"),
 		Actions:   jsii.Strings("s3:GetObject"),
-		Resources: &[]*string{c.bucket.ArnForObjects(jsii.String("*"))},
+		Resources: &[]*string{c.bucket.ArnForObjects(jsii.String(c.p.KeyPrefix + "*"))},
+	}))
+	// Without s3:ListBucket S3 answers 403, not 404, for a missing key, and an expired
+	// payload would look like a permissions problem (inbox.ErrPayloadMissing never firing).
+	// Listing is scoped to the claim check's prefix.
+	fn.AddToRolePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Sid:        jsii.String("ClaimCheckTellsMissingPayloads"),
+		Actions:    jsii.Strings("s3:ListBucket"),
+		Resources:  &[]*string{c.bucket.BucketArn()},
+		Conditions: &map[string]any{"StringLike": map[string]any{"s3:prefix": []string{c.p.KeyPrefix + "*"}}},
 	}))
 	if k := c.p.EncryptionKey; k != nil {
 		k.GrantDecrypt(fn)
@@ -273,8 +336,8 @@ func (c *claimCheck) attachConsumer(fn awslambda.Function) {
 		c.deny("OnlyTheConsumersRead", &c.readers, "s3:GetObject")
 	}
 	c.readers.arns = append(c.readers.arns, fn.Role().RoleArn())
-	suppressObjectWildcard(fn, "", "A consumer fetches whichever object a message points at in the claim check's bucket: "+
-		"object keys are not known in advance, so GetObject is granted on the bucket's objects (s3:GetObject only, no other action).")
+	suppressObjectWildcard(fn, c.p.KeyPrefix, "A consumer fetches whichever object a message points at under the claim check's prefix: "+
+		"object keys are not known in advance, so GetObject is granted on the prefix (s3:GetObject only, no other action).")
 }
 
 // suppressObjectWildcard suppresses the IAM5 finding of a grant on a bucket's objects under

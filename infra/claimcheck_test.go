@@ -45,7 +45,7 @@ func roleActions(tmpl assertions.Template, fn map[string]any) map[string]string 
 		for _, s := range props(p)["PolicyDocument"].(map[string]any)["Statement"].([]any) {
 			st := s.(map[string]any)
 			for _, a := range asList(st["Action"]) {
-				out[fmt.Sprint(a)] = fmt.Sprint(st["Resource"])
+				out[fmt.Sprint(a)] = fmt.Sprint(st["Resource"]) + " " + fmt.Sprint(st["Condition"])
 			}
 		}
 	}
@@ -122,12 +122,24 @@ func TestClaimCheckStack(t *testing.T) {
 		require.Contains(t, ra["s3:PutObject"], "/outbox/*")
 		require.Contains(t, ca, "s3:GetObject")
 		require.Contains(t, ca["s3:GetObject"], bucketID)
+		require.Contains(t, ca["s3:GetObject"], "/outbox/*", "the consumer reads under the relay's prefix only")
+		require.Contains(t, ca, "s3:ListBucket", "so that S3 answers 404, not 403, for an expired payload")
+		require.Contains(t, ca["s3:ListBucket"], "s3:prefix")
+		require.Contains(t, ca["s3:ListBucket"], "outbox/*", "listing is scoped to the prefix")
 		for a := range ra {
 			require.False(t, strings.HasPrefix(a, "s3:") && a != "s3:PutObject", "relay: %s", a)
 		}
 		for a := range ca {
-			require.False(t, strings.HasPrefix(a, "s3:") && a != "s3:GetObject", "consumer: %s", a)
+			require.False(t, strings.HasPrefix(a, "s3:") && a != "s3:GetObject" && a != "s3:ListBucket", "consumer: %s", a)
 		}
+	})
+
+	t.Run("a denied request (an extended client deleting payloads) alarms", func(t *testing.T) {
+		a := alarmOn(t, tmpl, "AWS/S3", "4xxErrors")
+		require.Contains(t, fmt.Sprint(a["AlarmDescription"]), "cleanupS3Payload")
+		require.Contains(t, fmt.Sprint(a["Dimensions"]), "ClaimCheckRequests")
+		b := resources(tmpl, "AWS::S3::Bucket")[bucketID]
+		require.Contains(t, fmt.Sprint(props(b)["MetricsConfigurations"]), "ClaimCheckRequests", "the bucket publishes request metrics")
 	})
 
 	t.Run("environment: the relay's claim check settings, the consumer's bucket and bound, as their readers read them", func(t *testing.T) {
@@ -138,6 +150,8 @@ func TestClaimCheckStack(t *testing.T) {
 		require.Equal(t, "8388608", re[lambdaenv.ClaimCheckMaxPayload])
 		require.Equal(t, bucketID, refID(ce[lambdaenv.ClaimCheckBucket]))
 		require.Equal(t, "8388608", ce[lambdaenv.ClaimCheckMaxPayload])
+		require.Equal(t, "outbox/", ce[lambdaenv.ClaimCheckPrefix], "the consumer fetches under the relay's prefix only")
+		require.Equal(t, "AWS::AccountId", refID(ce[lambdaenv.ClaimCheckBucketOwner]), "and sends the bucket's owner")
 		require.NotContains(t, ce, lambdaenv.ClaimCheckThreshold)
 	})
 
@@ -235,6 +249,14 @@ func TestClaimCheckConstructAndValidation(t *testing.T) {
 			infra.NewConsumer(bad, "Slow", &infra.ConsumerProps{Name: "slow", CodeDir: assetDir(t, "consumer"), Topic: badTopic,
 				Network: badNetwork, Database: badDB, UseDatabaseSecret: true, ClaimCheck: badCC, RetentionPeriod: 14 * 24 * time.Hour})
 		}, "ClaimCheck: consumer slow's queue retention 336h0m0s + DLQ retention 336h0m0s + the claim check's replay window 168h0m0s need objects to live 36 days, but they expire after 26"},
+		{"a consumer whose memory cannot hold its batch of payloads", func() {
+			infra.NewConsumer(bad, "Small", &infra.ConsumerProps{Name: "small", CodeDir: assetDir(t, "consumer"), Topic: badTopic,
+				Network: badNetwork, Database: badDB, UseDatabaseSecret: true, ClaimCheck: badCC, MemoryMB: 256})
+		}, "MemoryMB 256 cannot hold a batch of 10 claim-checked payloads of up to 33554432 bytes: it needs 768 MB"},
+		{"a batch no Lambda can hold", func() {
+			infra.NewConsumer(bad, "Huge", &infra.ConsumerProps{Name: "huge", CodeDir: assetDir(t, "consumer"), Topic: badTopic,
+				Network: badNetwork, Database: badDB, UseDatabaseSecret: true, ClaimCheck: badCC, BatchSize: 200, MaxBatchingWindow: time.Second})
+		}, "it needs 12928 MB"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var err error
@@ -250,4 +272,20 @@ func TestClaimCheckConstructAndValidation(t *testing.T) {
 			require.Contains(t, err.Error(), tc.want)
 		})
 	}
+}
+
+// A claim-check consumer's memory holds a batch of its largest payloads: sized at synth by
+// default (issue 21, item 7: 256 MB, batch 10 and 32 MiB payloads needed 640 MiB and more); the
+// refusals are in TestClaimCheckWithKMSAndRefusals.
+func TestClaimCheckConsumerMemoryFitsItsBatch(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, 128+2*10*32, infra.ConsumerMemoryMB(10, 32<<20))
+	app := awscdk.NewApp(nil)
+	s := infra.NewSluiceStack(app, "Memory", &infra.SluiceStackProps{
+		RelayCodeDir: assetDir(t, "relay"), ConsumerCodeDir: assetDir(t, "consumer"), MigrateCodeDir: assetDir(t, "migrate"),
+		CABundle: caBundle(t), NoAlarmDestination: true, ClaimCheck: &infra.ClaimCheckProps{},
+	})
+	tmpl := assertions.Template_FromStack(s, nil)
+	consumer := resources(tmpl, "AWS::Lambda::Function")[*s.GetLogicalId(s.Consumer().Function().Node().DefaultChild().(awscdk.CfnElement))]
+	require.Equal(t, float64(768), props(consumer)["MemorySize"], "10 payloads of 32 MiB, twice, and 128 MB")
 }

@@ -128,7 +128,9 @@ type ConsumerProps struct {
 
 	// Timeout is the consumer Lambda's timeout. Defaults to 30 seconds.
 	Timeout time.Duration
-	// MemoryMB is the consumer Lambda's memory. Defaults to 256.
+	// MemoryMB is the consumer Lambda's memory. Defaults to 256, or with ClaimCheck to what a
+	// batch of its largest payloads needs (ConsumerMemoryMB: BatchSize × MaxPayloadBytes × 2
+	// + 128 MB), which a smaller value set here may not undercut.
 	MemoryMB int
 	// VisibilityTimeout is the queue's visibility timeout; at least VisibilityTimeoutFactor ×
 	// Timeout. Defaults to VisibilityTimeoutFactor × Timeout + MaxBatchingWindow.
@@ -217,13 +219,20 @@ func (c *consumer) QueueKey() awskms.IKey                      { return c.queueK
 func (c *consumer) Source() Destination                        { return c.source }
 func (c *consumer) Rule() awsevents.CfnRule                    { return c.rule }
 
+// maxLambdaMemoryMB is the most memory a Lambda function may have.
+const maxLambdaMemoryMB = 10_240
+
 func (p *ConsumerProps) withDefaults() ConsumerProps {
 	out := *p
 	out.Timeout = orDefault(out.Timeout, 30*time.Second)
+	memorySet := out.MemoryMB != 0
 	out.MemoryMB = orDefault(out.MemoryMB, 256)
 	out.VisibilityTimeout = orDefault(out.VisibilityTimeout, VisibilityTimeoutFactor*out.Timeout+out.MaxBatchingWindow)
 	out.MaxReceiveCount = orDefault(out.MaxReceiveCount, 5)
 	out.BatchSize = orDefault(out.BatchSize, 10)
+	if !memorySet && out.ClaimCheck != nil {
+		out.MemoryMB = max(256, ConsumerMemoryMB(out.BatchSize, out.ClaimCheck.maxPayload()))
+	}
 	out.MaxConcurrency = orDefault(out.MaxConcurrency, 5)
 	out.RetentionPeriod = orDefault(out.RetentionPeriod, 4*24*time.Hour)
 	out.DeadLetterRetentionPeriod = orDefault(out.DeadLetterRetentionPeriod, 14*24*time.Hour)
@@ -337,6 +346,12 @@ func (p *ConsumerProps) validate() error {
 	}
 	if p.ClaimCheck != nil {
 		errs = append(errs, p.ClaimCheck.checkConsumer(p.Name, p.RetentionPeriod, p.DeadLetterRetentionPeriod))
+		// A batch's fetched payloads are in memory together: refuse what cannot fit.
+		if need := ConsumerMemoryMB(p.BatchSize, p.ClaimCheck.maxPayload()); p.MemoryMB < need || need > maxLambdaMemoryMB {
+			errs = append(errs, fmt.Errorf("MemoryMB %d cannot hold a batch of %d claim-checked payloads of up to %d bytes: it needs %d MB "+
+				"(BatchSize × MaxPayloadBytes × 2 + 128 MB; Lambda allows up to %d): lower BatchSize or the claim check's MaxPayloadBytes, or raise MemoryMB",
+				p.MemoryMB, p.BatchSize, p.ClaimCheck.maxPayload(), need, maxLambdaMemoryMB))
+		}
 	}
 	for _, r := range []struct {
 		name string

@@ -471,3 +471,17 @@ func TestDestinationValidation(t *testing.T) {
 		})
 	}
 }
+
+// A stack whose every destination is another kind creates no SNS topic for the outbox (only
+// the alarms' topic), and its relay gets no SNS permission (issue 21, item 9).
+func TestNoOutboxTopicWithoutSNSDestinations(t *testing.T) {
+	for _, kind := range []string{infra.DestinationEventBridge, infra.DestinationKinesis} {
+		s, tmpl := destinationStack(t, kind)
+		require.Nil(t, s.Outbox().Topic(), "%s", kind)
+		for id, topic := range resources(tmpl, "AWS::SNS::Topic") {
+			require.Equal(t, "sluice alarms", props(topic)["DisplayName"], "%s: %s is the alarms' topic", kind, id)
+		}
+		relay := resources(tmpl, "AWS::Lambda::Function")[*s.GetLogicalId(s.Outbox().Relay().Node().DefaultChild().(awscdk.CfnElement))]
+		require.NotContains(t, roleActions(tmpl, relay), "sns:Publish", "%s", kind)
+	}
+}

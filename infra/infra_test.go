@@ -711,7 +711,7 @@ func TestConstructsAlone(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, 200, cfg.BatchSize)
 		require.Equal(t, 20*time.Second, cfg.Lease)
-		require.Len(t, lambdaenv.RelayEnv()[2:], 13, "a new relay setting needs a RelaySettings field and a line above")
+		require.Len(t, lambdaenv.RelayEnv()[2:], 18, "a new relay setting needs a RelaySettings field and a line above")
 	})
 	t.Run("consumer settings reach the consumer's environment", func(t *testing.T) {
 		tmpl.HasResourceProperties(jsii.String("AWS::Lambda::Function"), map[string]any{

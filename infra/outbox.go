@@ -128,9 +128,10 @@ type OutboxProps struct {
 // Outbox is an SNS topic plus the relay Lambda that publishes committed outbox rows to it.
 type Outbox interface {
 	constructs.IConstruct
-	// Topic is the topic the relay publishes to.
+	// Topic is the topic the relay publishes to; nil when no row can go to it (every logical
+	// topic and the default destination are other destinations).
 	Topic() awssns.ITopic
-	// TopicKey is the KMS key encrypting Topic.
+	// TopicKey is the KMS key encrypting Topic (nil without Topic).
 	TopicKey() awskms.IKey
 	// Relay is the relay Lambda.
 	Relay() awslambda.IFunction
@@ -149,7 +150,12 @@ type outbox struct {
 	fifo     bool
 }
 
-func (o *outbox) Topic() awssns.ITopic       { return o.topic }
+func (o *outbox) Topic() awssns.ITopic {
+	if o.topic == nil {
+		return nil // no typed nil inside the interface
+	}
+	return o.topic
+}
 func (o *outbox) TopicKey() awskms.IKey      { return o.key }
 func (o *outbox) Relay() awslambda.IFunction { return o.relay }
 func (o *outbox) Schedule() awsevents.Rule   { return o.schedule }
@@ -244,23 +250,28 @@ func NewOutbox(scope constructs.Construct, id string, props *OutboxProps) Outbox
 	constructs.NewConstruct_Override(o, scope, &id) // o itself is the jsii construct, so it can be passed to CDK APIs
 	this := o
 
-	o.key = p.TopicKey
-	if o.key == nil {
-		o.key = newKey(this, "TopicKey", "sluice outbox topic encryption")
-	}
-	topicProps := &awssns.TopicProps{
-		Fifo:       jsii.Bool(p.Fifo),
-		MasterKey:  o.key,
-		EnforceSSL: jsii.Bool(true),
-	}
-	if p.TopicName != "" {
-		name := p.TopicName
-		if p.Fifo && (len(name) < 5 || name[len(name)-5:] != ".fifo") {
-			name += ".fifo"
+	// The outbox's own topic exists only when a row can go to it: a logical topic mapped to it,
+	// or the default destination. A relay whose every destination is another kind (EventBridge,
+	// Kinesis, MSK, other topics) gets no topic, key or SNS permission.
+	if p.DefaultDestination == nil || len(p.LogicalTopics) > 0 || p.DefaultToTopic {
+		o.key = p.TopicKey
+		if o.key == nil {
+			o.key = newKey(this, "TopicKey", "sluice outbox topic encryption")
 		}
-		topicProps.TopicName = jsii.String(name)
+		topicProps := &awssns.TopicProps{
+			Fifo:       jsii.Bool(p.Fifo),
+			MasterKey:  o.key,
+			EnforceSSL: jsii.Bool(true),
+		}
+		if p.TopicName != "" {
+			name := p.TopicName
+			if p.Fifo && (len(name) < 5 || name[len(name)-5:] != ".fifo") {
+				name += ".fifo"
+			}
+			topicProps.TopicName = jsii.String(name)
+		}
+		o.topic = awssns.NewTopic(this, jsii.String("Topic"), topicProps)
 	}
-	o.topic = awssns.NewTopic(this, jsii.String("Topic"), topicProps)
 
 	topicMap := map[string]any{}
 	for _, t := range p.LogicalTopics {
@@ -341,21 +352,23 @@ func NewOutbox(scope constructs.Construct, id string, props *OutboxProps) Outbox
 	if p.Migrations != nil {
 		o.relay.Node().AddDependency(p.Migrations.Resource())
 	}
-	o.topic.GrantPublish(o.relay)
-	// Only the relay (and the listed publishers) may publish: a Deny wins over any identity
-	// policy in the account.
-	publishers := []any{o.relay.Role().RoleArn()}
-	for _, a := range p.Publishers {
-		publishers = append(publishers, a)
+	if o.topic != nil {
+		o.topic.GrantPublish(o.relay)
+		// Only the relay (and the listed publishers) may publish: a Deny wins over any identity
+		// policy in the account.
+		publishers := []any{o.relay.Role().RoleArn()}
+		for _, a := range p.Publishers {
+			publishers = append(publishers, a)
+		}
+		o.topic.AddToResourcePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Sid:        jsii.String("OnlyTheRelayPublishes"),
+			Effect:     awsiam.Effect_DENY,
+			Principals: &[]awsiam.IPrincipal{awsiam.NewAnyPrincipal()},
+			Actions:    jsii.Strings("sns:Publish"),
+			Resources:  &[]*string{o.topic.TopicArn()},
+			Conditions: &map[string]any{"ArnNotEquals": map[string]any{"aws:PrincipalArn": publishers}},
+		}))
 	}
-	o.topic.AddToResourcePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
-		Sid:        jsii.String("OnlyTheRelayPublishes"),
-		Effect:     awsiam.Effect_DENY,
-		Principals: &[]awsiam.IPrincipal{awsiam.NewAnyPrincipal()},
-		Actions:    jsii.Strings("sns:Publish"),
-		Resources:  &[]*string{o.topic.TopicArn()},
-		Conditions: &map[string]any{"ArnNotEquals": map[string]any{"aws:PrincipalArn": publishers}},
-	}))
 	for _, name := range extra {
 		p.ExtraTopics[name].GrantPublish(o.relay)
 	}

@@ -265,7 +265,7 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 	consumerProps := &ConsumerProps{
 		Name:       p.ConsumerName,
 		CodeDir:    p.ConsumerCodeDir,
-		Topic:      s.outbox.Topic(),
+		Topic:      s.outbox.Topic(), // nil with dest: replaced below
 		Fifo:       p.Fifo,
 		Network:    network,
 		Database:   db,
@@ -313,7 +313,9 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 	out := func(name, description string, value *string) {
 		awscdk.NewCfnOutput(stack, jsii.String(name), &awscdk.CfnOutputProps{Description: jsii.String(description), Value: value})
 	}
-	out("TopicArn", "SNS topic the relay publishes to", s.outbox.Topic().TopicArn())
+	if t := s.outbox.Topic(); t != nil {
+		out("TopicArn", "SNS topic the relay publishes to", t.TopicArn())
+	}
 	if dest != nil {
 		exampleDestinationOutputs(out, dest)
 	}

@@ -56,3 +56,12 @@ type EnvelopeMetadata struct {
 	// ExtendedPayloadSize is set when data is a claim check's pointer: the stored payload's size.
 	ExtendedPayloadSize int `json:"extendedPayloadSize,omitempty"`
 }
+
+// The messaging.system of each destination on spans, one value per destination for the relay's
+// publish spans and the inbox's process spans alike. SNS, SQS and Kafka are the OpenTelemetry
+// messaging conventions' well-known values (aws.sns, aws_sqs, kafka); Kinesis and EventBridge
+// have none, so they follow the aws.sns form.
+const (
+	MessagingSystemKinesis     = "aws.kinesis"
+	MessagingSystemEventBridge = "aws.eventbridge"
+)

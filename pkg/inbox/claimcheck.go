@@ -61,10 +61,38 @@ var ErrClaimCheck = errors.New("inbox: claim-checked payload not fetched")
 // NoSuchBucket); it comes wrapped with ErrClaimCheck.
 var ErrPayloadMissing = errors.New("no such object")
 
+// ErrPayloadLocation marks a pointer to an object outside ClaimCheck.Locations: the record
+// fails (it comes wrapped with ErrClaimCheck) before any S3 call, so a message cannot make the
+// consumer read, with its role, whatever bucket the message names.
+var ErrPayloadLocation = errors.New("payload pointer outside the configured locations")
+
+// PayloadLocation is where a consumer fetches claim-checked payloads from: a bucket, the key
+// prefix its objects are under, and the account that must own the bucket.
+type PayloadLocation struct {
+	// Bucket is the S3 bucket's name. Required.
+	Bucket string
+	// KeyPrefix is the prefix every object key has, e.g. "outbox/" (the relay's
+	// ClaimCheck.KeyPrefix). Defaults to "": any key of the bucket.
+	KeyPrefix string
+	// ExpectedBucketOwner is the account id that owns the bucket, sent with each GetObject
+	// (S3 refuses the request when another account owns it, e.g. a bucket deleted and
+	// re-created elsewhere under the same name). Defaults to "": not checked.
+	ExpectedBucketOwner string
+}
+
+// URI returns s3://Bucket/KeyPrefix.
+func (l PayloadLocation) URI() string { return "s3://" + l.Bucket + "/" + l.KeyPrefix }
+
 // ClaimCheck lets a Consumer fetch payloads stored in S3 by a claim check.
 type ClaimCheck struct {
 	// Store reads the payloads: NewS3PayloadStore(s3.NewFromConfig(cfg)). Required.
 	Store PayloadStore
+	// Locations are the only places payloads are fetched from: the relay's bucket and key
+	// prefix (and those of any extended-client producer you trust). A pointer elsewhere fails
+	// its record with ErrClaimCheck and ErrPayloadLocation, without an S3 call. Required: at
+	// least one. The Lambdas: SLUICE_CLAIM_CHECK_BUCKET, SLUICE_CLAIM_CHECK_PREFIX and
+	// SLUICE_CLAIM_CHECK_BUCKET_OWNER.
+	Locations []PayloadLocation
 	// MaxPayloadBytes bounds what one record downloads: a larger payload (by its pointer's
 	// declared size, or by what S3 sends) fails its record with ErrClaimCheck. Defaults to
 	// DefaultMaxPayloadBytes (32 MiB); at most MaxPayloadBytesLimit. A batch's payloads are in
@@ -90,6 +118,14 @@ func (c *ClaimCheck) validate() error {
 	var errs []error
 	if c.Store == nil {
 		errs = append(errs, errors.New("ClaimCheck.Store is required"))
+	}
+	if len(c.Locations) == 0 {
+		errs = append(errs, errors.New("ClaimCheck.Locations is required: the buckets (and key prefixes) payloads may be fetched from, e.g. the relay's"))
+	}
+	for i, l := range c.Locations {
+		if strings.TrimSpace(l.Bucket) == "" {
+			errs = append(errs, fmt.Errorf("ClaimCheck.Locations[%d].Bucket is required", i))
+		}
 	}
 	if c.MaxPayloadBytes < 0 || c.MaxPayloadBytes > MaxPayloadBytesLimit {
 		errs = append(errs, fmt.Errorf("ClaimCheck.MaxPayloadBytes must be between 0 (the default, %d) and %d, got %d",
@@ -216,11 +252,16 @@ func (c *Consumer) fetchPayload(ctx context.Context, msg *Message) error {
 		return fmt.Errorf("message %s: %w: its payload is in %s and this consumer has no Config.ClaimCheck (SLUICE_CLAIM_CHECK_BUCKET for the Lambdas)",
 			msg.ID, ErrClaimCheck, o.URI())
 	}
+	loc, ok := cc.location(o)
+	if !ok {
+		return fmt.Errorf("message %s: %w: %w: it points at %s, and this consumer fetches only from %s (ClaimCheck.Locations; SLUICE_CLAIM_CHECK_BUCKET and SLUICE_CLAIM_CHECK_PREFIX for the Lambdas)",
+			msg.ID, ErrClaimCheck, ErrPayloadLocation, o.URI(), cc.locationList())
+	}
 	if o.Size > cc.MaxPayloadBytes {
 		return fmt.Errorf("message %s: %w: the payload in %s is %d bytes, above ClaimCheck.MaxPayloadBytes %d (SLUICE_CLAIM_CHECK_MAX_PAYLOAD)",
 			msg.ID, ErrClaimCheck, o.URI(), o.Size, cc.MaxPayloadBytes)
 	}
-	body, err := cc.Store.GetPayload(ctx, o.Bucket, o.Key, cc.MaxPayloadBytes)
+	body, err := cc.Store.GetPayload(ctx, loc, o.Key, cc.MaxPayloadBytes)
 	if err != nil {
 		if ctx.Err() != nil {
 			return fmt.Errorf("message %s: %w: %w (%v)", msg.ID, ErrClaimCheck, ErrDeadline, err)
@@ -235,11 +276,30 @@ func (c *Consumer) fetchPayload(ctx context.Context, msg *Message) error {
 	return nil
 }
 
+// location returns the configured location o is in: its bucket, under its key prefix.
+func (c *ClaimCheck) location(o *Offloaded) (PayloadLocation, bool) {
+	for _, l := range c.Locations {
+		if o.Bucket == l.Bucket && strings.HasPrefix(o.Key, l.KeyPrefix) {
+			return l, true
+		}
+	}
+	return PayloadLocation{}, false
+}
+
+func (c *ClaimCheck) locationList() string {
+	uris := make([]string, len(c.Locations))
+	for i, l := range c.Locations {
+		uris[i] = l.URI()
+	}
+	return strings.Join(uris, ", ")
+}
+
 // PayloadStore reads claim-checked payloads.
 type PayloadStore interface {
-	// GetPayload returns the object at bucket/key. It refuses one larger than maxBytes without
-	// reading it whole, and wraps ErrPayloadMissing when there is no such object.
-	GetPayload(ctx context.Context, bucket, key string, maxBytes int) ([]byte, error)
+	// GetPayload returns the object key of the bucket at loc (its ExpectedBucketOwner
+	// checked). It refuses one larger than maxBytes without reading it whole, and wraps
+	// ErrPayloadMissing when there is no such object.
+	GetPayload(ctx context.Context, loc PayloadLocation, key string, maxBytes int) ([]byte, error)
 }
 
 // s3Getter is the one S3 call a PayloadStore needs.
@@ -256,17 +316,29 @@ type S3PayloadStore struct{ client s3Getter }
 // local endpoint: s3.NewFromConfig(cfg, func(o *s3.Options) { o.UsePathStyle = true })).
 func NewS3PayloadStore(client s3Getter) *S3PayloadStore { return &S3PayloadStore{client: client} }
 
-// GetPayload implements PayloadStore.
-func (s *S3PayloadStore) GetPayload(ctx context.Context, bucket, key string, maxBytes int) ([]byte, error) {
-	uri := "s3://" + bucket + "/" + key
-	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(bucket), Key: aws.String(key)})
+// GetPayload implements PayloadStore. A missing object is ErrPayloadMissing when S3 says so:
+// 404 (NoSuchKey, NoSuchBucket), which S3 answers only to a caller that may list the bucket
+// (s3:ListBucket, which the CDK grants the consumers on the claim check's prefix); to one that
+// may not, S3 answers 403 for a missing key as for a denied one, and the error says so.
+func (s *S3PayloadStore) GetPayload(ctx context.Context, loc PayloadLocation, key string, maxBytes int) ([]byte, error) {
+	uri := "s3://" + loc.Bucket + "/" + key
+	in := &s3.GetObjectInput{Bucket: aws.String(loc.Bucket), Key: aws.String(key)}
+	if loc.ExpectedBucketOwner != "" {
+		in.ExpectedBucketOwner = aws.String(loc.ExpectedBucketOwner)
+	}
+	out, err := s.client.GetObject(ctx, in)
 	if err != nil {
 		var noKey *s3types.NoSuchKey
 		var noBucket *s3types.NoSuchBucket
 		var apiErr smithy.APIError
+		var status interface{ HTTPStatusCode() int }
 		if errors.As(err, &noKey) || errors.As(err, &noBucket) ||
 			(errors.As(err, &apiErr) && (apiErr.ErrorCode() == "NoSuchKey" || apiErr.ErrorCode() == "NoSuchBucket" || apiErr.ErrorCode() == "NotFound")) {
 			return nil, fmt.Errorf("fetch payload %s: %w (expired by the bucket's lifecycle, deleted, or never stored): %w", uri, ErrPayloadMissing, err)
+		}
+		if errors.As(err, &status) && status.HTTPStatusCode() == 403 {
+			return nil, fmt.Errorf("fetch payload %s: access denied (S3 answers 403 for a missing object to a role without s3:ListBucket on the bucket, "+
+				"and for a bucket another account owns when ExpectedBucketOwner is set): %w", uri, err)
 		}
 		return nil, fmt.Errorf("fetch payload %s: %w", uri, err)
 	}

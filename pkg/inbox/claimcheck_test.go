@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,9 +16,12 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+	s3types "github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/aws/aws-sdk-go-v2/service/sns"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/aws/smithy-go"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -51,7 +55,8 @@ func (s *memoryStore) put(bucket, key string, body []byte) {
 	s.objects[bucket+"/"+key] = body
 }
 
-func (s *memoryStore) GetPayload(_ context.Context, bucket, key string, maxBytes int) ([]byte, error) {
+func (s *memoryStore) GetPayload(_ context.Context, loc inbox.PayloadLocation, key string, maxBytes int) ([]byte, error) {
+	bucket := loc.Bucket
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.gets++
@@ -119,7 +124,7 @@ func TestClaimCheckHandlerSeesThePayloadInEveryMode(t *testing.T) {
 			store.put("bkt", "legacy", []byte(`{"n": 8}`))
 			var seen captured
 			c, err := inbox.New(b.pool, inbox.Config{Consumer: "docs", Router: seen.router("docs"), Mode: mode, Logger: quiet,
-				ClaimCheck: &inbox.ClaimCheck{Store: store}})
+				ClaimCheck: &inbox.ClaimCheck{Store: store, Locations: []inbox.PayloadLocation{{Bucket: "bkt"}}}})
 			require.NoError(t, err)
 			rep := c.Process(ctx, batchOf(
 				offloadedRec("m-new", wire.PointerClass, wire.ExtendedPayloadSize, "bkt", "new", len(big)),
@@ -179,7 +184,7 @@ func TestClaimCheckReadsTheSNSEnvelopeForm(t *testing.T) {
 	require.Equal(t, pointerBody(wire.PointerClass, "bkt", "k"), string(msg.Payload), "Parse does no I/O")
 
 	var seen captured
-	c, err := inbox.New(b.pool, inbox.Config{Consumer: "docs", Router: seen.router("docs"), Logger: quiet, ClaimCheck: &inbox.ClaimCheck{Store: store}})
+	c, err := inbox.New(b.pool, inbox.Config{Consumer: "docs", Router: seen.router("docs"), Logger: quiet, ClaimCheck: &inbox.ClaimCheck{Store: store, Locations: []inbox.PayloadLocation{{Bucket: "bkt"}}}})
 	require.NoError(t, err)
 	rep := c.Process(context.Background(), batchOf(r))
 	require.Equal(t, 1, rep.Count(inbox.Applied), "%+v", rep.Results)
@@ -202,7 +207,7 @@ func TestClaimCheckFailuresFailTheRecord(t *testing.T) {
 		store.put("bkt", "ok", []byte(`{"n": 1}`))
 		var seen captured
 		c, err := inbox.New(b.pool, inbox.Config{Consumer: "docs", Router: seen.router("docs"), Mode: mode, Logger: quiet,
-			ClaimCheck: &inbox.ClaimCheck{Store: store, MaxPayloadBytes: 1 << 20}})
+			ClaimCheck: &inbox.ClaimCheck{Store: store, MaxPayloadBytes: 1 << 20, Locations: []inbox.PayloadLocation{{Bucket: "bkt"}}}})
 		require.NoError(t, err)
 		notPointer := rec("m-notpointer", script{N: 5})
 		n := "12"
@@ -247,7 +252,9 @@ func TestClaimCheckFailuresFailTheRecord(t *testing.T) {
 func TestClaimCheckConfigIsValidated(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	for _, cc := range []*inbox.ClaimCheck{{}, {Store: &memoryStore{}, MaxPayloadBytes: inbox.MaxPayloadBytesLimit + 1}, {Store: &memoryStore{}, Concurrency: -1}} {
+	loc := []inbox.PayloadLocation{{Bucket: "bkt"}}
+	for _, cc := range []*inbox.ClaimCheck{{Locations: loc}, {Store: &memoryStore{}, MaxPayloadBytes: inbox.MaxPayloadBytesLimit + 1, Locations: loc},
+		{Store: &memoryStore{}, Concurrency: -1, Locations: loc}, {Store: &memoryStore{}}, {Store: &memoryStore{}, Locations: []inbox.PayloadLocation{{KeyPrefix: "outbox/"}}}} {
 		_, err := inbox.New(b.pool, inbox.Config{Consumer: "c", Router: router("c"), ClaimCheck: cc})
 		require.ErrorIs(t, err, inbox.ErrInvalidConfig)
 	}
@@ -298,7 +305,7 @@ func TestClaimCheckReadsAnExtendedClientMessageAndDeadLettersAMissingObject(t *t
 
 	var seen captured
 	c, err := inbox.New(b.pool, inbox.Config{Consumer: "docs", Router: seen.router("docs"), Logger: quiet,
-		ClaimCheck: &inbox.ClaimCheck{Store: inbox.NewS3PayloadStore(s3c)}})
+		ClaimCheck: &inbox.ClaimCheck{Store: inbox.NewS3PayloadStore(s3c), Locations: []inbox.PayloadLocation{{Bucket: bucket, KeyPrefix: "java/"}}}})
 	require.NoError(t, err)
 	// The event source: receive, process, delete what succeeded; failures come back after the
 	// visibility timeout until SQS moves them to the DLQ.
@@ -338,8 +345,71 @@ func TestClaimCheckReadsAnExtendedClientMessageAndDeadLettersAMissingObject(t *t
 	require.NoError(t, err, "the inbox never deletes objects")
 
 	// The S3 store refuses an object above the bound without reading it whole.
-	_, err = inbox.NewS3PayloadStore(s3c).GetPayload(ctx, bucket, "java/one", 1<<20)
+	_, err = inbox.NewS3PayloadStore(s3c).GetPayload(ctx, inbox.PayloadLocation{Bucket: bucket}, "java/one", 1<<20)
 	require.ErrorContains(t, err, "above the 1048576 allowed")
-	_, err = inbox.NewS3PayloadStore(s3c).GetPayload(ctx, bucket, "java/none", 1<<20)
+	_, err = inbox.NewS3PayloadStore(s3c).GetPayload(ctx, inbox.PayloadLocation{Bucket: bucket}, "java/none", 1<<20)
 	require.True(t, errors.Is(err, inbox.ErrPayloadMissing), "%v", err)
+}
+
+// A pointer can name any bucket and key: the consumer fetches only from its configured
+// locations (bucket and key prefix), and fails anything else with a clear error before any S3
+// call (issue 21, item 5).
+func TestClaimCheckFetchesOnlyFromTheConfiguredLocations(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	store := &memoryStore{}
+	store.put("relay-bucket", "outbox/ok", []byte(`{"n": 1}`))
+	store.put("relay-bucket", "elsewhere/secret", []byte(`{"n": 2}`))
+	store.put("other-bucket", "outbox/secret", []byte(`{"n": 3}`))
+	var seen captured
+	c, err := inbox.New(b.pool, inbox.Config{Consumer: "docs", Router: seen.router("docs"), Logger: quiet,
+		ClaimCheck: &inbox.ClaimCheck{Store: store, Locations: []inbox.PayloadLocation{{Bucket: "relay-bucket", KeyPrefix: "outbox/", ExpectedBucketOwner: "111122223333"}}}})
+	require.NoError(t, err)
+	rep := c.Process(ctx, batchOf(
+		offloadedRec("m-ok", wire.PointerClass, wire.ExtendedPayloadSize, "relay-bucket", "outbox/ok", 8),
+		offloadedRec("m-prefix", wire.PointerClass, wire.ExtendedPayloadSize, "relay-bucket", "elsewhere/secret", 8),
+		offloadedRec("m-bucket", wire.PointerClass, wire.ExtendedPayloadSize, "other-bucket", "outbox/secret", 8),
+	))
+	require.Equal(t, 1, rep.Count(inbox.Applied), "%+v", rep.Results)
+	require.Equal(t, 2, rep.Count(inbox.Failed), "%+v", rep.Results)
+	for _, r := range rep.Results {
+		if r.MessageID == "m-ok" {
+			continue
+		}
+		require.ErrorIs(t, r.Err, inbox.ErrClaimCheck)
+		require.ErrorIs(t, r.Err, inbox.ErrPayloadLocation)
+		require.ErrorContains(t, r.Err, "s3://relay-bucket/outbox/")
+	}
+	require.Equal(t, 1, store.gets, "nothing outside the locations is fetched")
+}
+
+// ExpectedBucketOwner reaches S3 with every GetObject; a 403 (a missing object to a role that
+// may not list the bucket, or a bucket of another account) says what it may mean, and a 404 is
+// ErrPayloadMissing (issue 21, items 5 and 6).
+func TestS3PayloadStoreSendsTheOwnerAndNamesA403(t *testing.T) {
+	t.Parallel()
+	var got *s3.GetObjectInput
+	store := inbox.NewS3PayloadStore(s3GetterFunc(func(in *s3.GetObjectInput) error {
+		got = in
+		if aws.ToString(in.Key) == "missing" {
+			return &smithyhttp.ResponseError{Response: &smithyhttp.Response{Response: &http.Response{StatusCode: 404}},
+				Err: &s3types.NoSuchKey{Message: aws.String("The specified key does not exist.")}}
+		}
+		return &smithyhttp.ResponseError{Response: &smithyhttp.Response{Response: &http.Response{StatusCode: 403}},
+			Err: &smithy.GenericAPIError{Code: "AccessDenied", Message: "Access Denied"}}
+	}))
+	loc := inbox.PayloadLocation{Bucket: "b", KeyPrefix: "outbox/", ExpectedBucketOwner: "111122223333"}
+	_, err := store.GetPayload(context.Background(), loc, "missing", 10)
+	require.ErrorIs(t, err, inbox.ErrPayloadMissing)
+	require.Equal(t, "111122223333", aws.ToString(got.ExpectedBucketOwner))
+	_, err = store.GetPayload(context.Background(), loc, "denied", 10)
+	require.NotErrorIs(t, err, inbox.ErrPayloadMissing)
+	require.ErrorContains(t, err, "s3:ListBucket")
+}
+
+type s3GetterFunc func(*s3.GetObjectInput) error
+
+func (f s3GetterFunc) GetObject(_ context.Context, in *s3.GetObjectInput, _ ...func(*s3.Options)) (*s3.GetObjectOutput, error) {
+	return nil, &smithy.OperationError{ServiceID: "S3", OperationName: "GetObject", Err: f(in)}
 }

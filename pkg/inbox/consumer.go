@@ -94,10 +94,17 @@ type Config struct {
 	// {Service: consumer, Consumer: <name>}) once per batch, e.g. otelmetrics.New(provider).
 	// When Metrics is set too, both receive everything. Defaults to none.
 	MetricsRecorder metrics.Recorder
-	// TracerProvider records a consumer span per record, a child of the span that wrote the
-	// event (see docs/tracing.md); handlers get its context. Defaults to none: no spans, no
-	// cost; pass otel.GetTracerProvider() for the global one.
+	// TracerProvider records a consumer span per record, named "process <queue, stream or
+	// topic>" and linked to the span that wrote the event, its creation context (see
+	// docs/tracing.md); handlers get its context. Defaults to none: no spans, no cost; pass
+	// otel.GetTracerProvider() for the global one.
 	TracerProvider trace.TracerProvider
+	// TraceAsChild makes each record's span a child of the span that wrote the event instead
+	// of a span linked to it, so that the effect shows inside the writer's trace. Defaults to
+	// false: linked, as the OpenTelemetry messaging conventions recommend for a consumer, the
+	// span's parent being the span in the handler's context (the Lambda invocation's, when
+	// the function is instrumented), if any.
+	TraceAsChild bool
 	// Propagator reads the writer's span context from the message's headers. Defaults to W3C
 	// trace context (propagation.TraceContext), what outbox.Write injects.
 	Propagator propagation.TextMapPropagator
@@ -188,7 +195,7 @@ func New(db Beginner, cfg Config) (*Consumer, error) {
 		log:     cfg.Logger.With("consumer", cfg.Consumer),
 		metrics: recorder(cfg.Metrics, cfg.MetricsRecorder),
 		dims:    dimensions(metrics.ServiceConsumer, cfg.Consumer),
-		tracing: newTracing(cfg.TracerProvider, cfg.Propagator, cfg.Consumer, cfg.Mode.String()),
+		tracing: newTracing(cfg.TracerProvider, cfg.Propagator, cfg.Consumer, cfg.Mode.String(), cfg.TraceAsChild),
 		now:     time.Now,
 	}
 	if cfg.ClaimCheck != nil {

@@ -10,6 +10,7 @@ import (
 	"strconv"
 
 	"github.com/aws/aws-lambda-go/events"
+	otelattr "go.opentelemetry.io/otel/attribute"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 )
 
@@ -120,7 +121,8 @@ func (r kafkaRecord) message() (Message, error) {
 // delivery turns the record into a delivery, ordered by its topic-partition.
 func (r kafkaRecord) delivery() delivery {
 	d := delivery{source: SourceKafka, id: r.itemID(), orderingGroup: r.topicPartition(),
-		system: semconv.MessagingSystemKafka, destination: r.topic}
+		system: semconv.MessagingSystemKafka, destination: r.topic,
+		attrs: []otelattr.KeyValue{semconv.MessagingDestinationPartitionID(strconv.FormatInt(r.partition, 10)), semconv.MessagingKafkaOffset(int(r.offset))}}
 	msg, err := r.message()
 	if err != nil {
 		d.err = fmt.Errorf("parse record %s: %w", d.id, err)

@@ -156,6 +156,11 @@ type stuckPartition struct {
 	attempts int       // failed attempts of that record
 	retryAt  time.Time // when it is fetched again
 	paused   bool      // fetching is paused until retryAt
+	// generation is the group generation the failure happened in. After a rebalance the
+	// partition may have been revoked and served by another member, which may have applied or
+	// dead-lettered the record and committed past it: the state is then forgotten, or this
+	// member would seek back and commit lower offsets when the partition returns.
+	generation int32
 }
 
 // kafkaLoop is ConsumeKafka's state; only its goroutine touches it.
@@ -183,8 +188,29 @@ func (l *kafkaLoop) run(ctx context.Context) error {
 				l.log.WarnContext(ctx, "inbox: kafka fetch error", "topic", topic, "partition", partition, "error", err.Error())
 			}
 		})
+		l.forgetAfterRebalance()
 		l.apply(ctx, fetches)
 		l.client.AllowRebalance()
+	}
+}
+
+// forgetAfterRebalance drops the retry state of the partitions that failed in an earlier
+// group generation (see stuckPartition.generation): a partition still assigned fetches from its
+// position, the failed record (nothing was committed past it), and retries it at once; one
+// that came back fetches from the group's committed offset, wherever its last owner left it.
+func (l *kafkaLoop) forgetAfterRebalance() {
+	_, gen := l.client.GroupMetadata()
+	resume := map[string][]int32{}
+	for tp, st := range l.stuck {
+		if st.generation != gen {
+			if st.paused {
+				resume[tp.topic] = append(resume[tp.topic], tp.partition)
+			}
+			delete(l.stuck, tp)
+		}
+	}
+	if len(resume) > 0 {
+		l.client.ResumeFetchPartitions(resume)
 	}
 }
 
@@ -289,7 +315,8 @@ func (l *kafkaLoop) apply(ctx context.Context, fetches kgo.Fetches) {
 func (l *kafkaLoop) retryLater(ctx context.Context, tp topicPartition, r *kgo.Record, cause error) bool {
 	st := l.stuck[tp]
 	if st == nil || st.offset != r.Offset {
-		st = &stuckPartition{offset: r.Offset}
+		_, gen := l.client.GroupMetadata()
+		st = &stuckPartition{offset: r.Offset, generation: gen}
 		l.stuck[tp] = st
 	}
 	st.attempts++

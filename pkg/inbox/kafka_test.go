@@ -244,8 +244,11 @@ func TestHandleKafkaSpans(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, resp.BatchItemFailures)
 	s := byMessage(t, exp)["traced"][0]
-	require.Equal(t, sc.TraceID(), s.SpanContext.TraceID())
-	require.Equal(t, sc.SpanID(), s.Parent.SpanID())
+	require.Len(t, s.Links, 1)
+	require.Equal(t, sc.SpanID(), s.Links[0].SpanContext.SpanID(), "linked to the writer's span")
+	require.Equal(t, "process orders", s.Name)
 	require.Equal(t, "kafka", attrsOf(s)["messaging.system"])
 	require.Equal(t, "orders", attrsOf(s)["messaging.destination.name"])
+	require.Equal(t, "0", attrsOf(s)["messaging.destination.partition.id"])
+	require.Equal(t, int64(1), attrsOf(s)["messaging.kafka.offset"])
 }

@@ -7,10 +7,12 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+
+	"github.com/sluicehq/sluice/internal/wire"
 )
 
-// messagingSystemKinesis names Kinesis in spans; the semantic conventions define no value for it.
-var messagingSystemKinesis = semconv.MessagingSystemKey.String("aws_kinesis")
+// messagingSystemKinesis is Kinesis's messaging.system, the relay's too (wire.MessagingSystemKinesis).
+var messagingSystemKinesis = semconv.MessagingSystemKey.String(wire.MessagingSystemKinesis)
 
 // HandleKinesis is the Lambda handler for a Kinesis Data Streams event source mapping with
 // ReportBatchItemFailures:

@@ -44,10 +44,13 @@ type ProcessorConfig struct {
 	// {Service: inbox-processor, Consumer: <name>}) once per Drain. When Metrics is set too,
 	// both receive everything. Defaults to none.
 	MetricsRecorder metrics.Recorder
-	// TracerProvider records a consumer span per applied row, a child of the span that wrote
+	// TracerProvider records a consumer span per applied row, linked to the span that wrote
 	// the event (read from the stored headers); handlers get its context. Defaults to none: no
 	// spans, no cost.
 	TracerProvider trace.TracerProvider
+	// TraceAsChild makes each row's span a child of the writer's span instead, as
+	// Config.TraceAsChild does. Defaults to false.
+	TraceAsChild bool
 	// Propagator reads the writer's span context from the stored headers. Defaults to W3C
 	// trace context (propagation.TraceContext), what outbox.Write injects.
 	Propagator propagation.TextMapPropagator
@@ -142,7 +145,7 @@ func NewProcessor(db Beginner, cfg ProcessorConfig) (*Processor, error) {
 	return &Processor{db: db, cfg: cfg, log: cfg.Logger.With("consumer", cfg.Consumer),
 		metrics: recorder(cfg.Metrics, cfg.MetricsRecorder),
 		dims:    dimensions(metrics.ServiceInboxProcessor, cfg.Consumer),
-		tracing: newTracing(cfg.TracerProvider, cfg.Propagator, cfg.Consumer, "processor"),
+		tracing: newTracing(cfg.TracerProvider, cfg.Propagator, cfg.Consumer, "processor", cfg.TraceAsChild),
 	}, nil
 }
 

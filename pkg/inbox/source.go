@@ -36,6 +36,8 @@ type delivery struct {
 	system      otelattr.KeyValue
 	destination string
 	xray        string
+	// attrs are the delivery's own span attributes (a Kafka record's partition and offset).
+	attrs []otelattr.KeyValue
 }
 
 // ErrUnknownEventSource is returned by HandleEvent for an event it does not recognise.

@@ -46,13 +46,15 @@ type tracing struct {
 	prop   propagation.TextMapPropagator
 	// static are the attributes every span of this consumer carries.
 	static []otelattr.KeyValue
+	// child: the span is a child of the writer's span (Config.TraceAsChild), not linked to it.
+	child bool
 }
 
-func newTracing(tp trace.TracerProvider, prop propagation.TextMapPropagator, consumer, mode string) *tracing {
+func newTracing(tp trace.TracerProvider, prop propagation.TextMapPropagator, consumer, mode string, child bool) *tracing {
 	if tp == nil {
 		return nil
 	}
-	return &tracing{tracer: tp.Tracer(ScopeName), prop: prop, static: []otelattr.KeyValue{
+	return &tracing{tracer: tp.Tracer(ScopeName), prop: prop, child: child, static: []otelattr.KeyValue{
 		semconv.MessagingOperationTypeProcess,
 		semconv.MessagingOperationName("process"),
 		semconv.MessagingConsumerGroupName(consumer),
@@ -60,44 +62,51 @@ func newTracing(tp trace.TracerProvider, prop propagation.TextMapPropagator, con
 	}}
 }
 
-// start starts the consumer span of msg. Its parent is the writer's span, from the message's
-// headers (traceparent), or else from the X-Ray header xray; the span in ctx (the Lambda
-// invocation's, when the function is instrumented) and an X-Ray context that is not the parent
-// become links. A child rather than a link: each record is one message of one trace, and being
-// its child puts the effect in the same trace as the write, where one looks for it; the
-// invocation, which spans up to ten messages of as many traces, is linked instead.
+// start starts the consumer span of msg, named "process <destination>" (the messaging
+// conventions' {operation} {destination}). The message's creation context is the writer's span,
+// from its headers (traceparent), or else the X-Ray header xray. By default the span links to it
+// (the conventions' recommendation: a record is one message of one trace, but its consumer may
+// run in another, the invocation's, which spans up to ten messages of as many traces), and its
+// parent is the span in ctx, if any. With child (Config.TraceAsChild) the creation context is
+// the parent, which puts the effect in the writer's trace, and the invocation becomes a link.
+// An X-Ray context that is not the creation context is linked either way.
 func (t *tracing) start(ctx context.Context, msg Message, xray, queueARN string, at time.Time) (context.Context, trace.Span) {
-	return t.startFrom(ctx, msg, semconv.MessagingSystemAWSSQS, queueName(queueARN), xray, at)
+	return t.startFrom(ctx, msg, delivery{system: semconv.MessagingSystemAWSSQS, destination: queueName(queueARN), xray: xray}, at)
 }
 
-// startFrom is start for a delivery of any messaging system: destination is the queue, stream
-// or topic name.
-func (t *tracing) startFrom(ctx context.Context, msg Message, system otelattr.KeyValue, destination, xray string, at time.Time) (context.Context, trace.Span) {
-	parent := trace.SpanContextFromContext(t.prop.Extract(context.Background(), propagation.MapCarrier(msg.Headers)))
+// startFrom is start for a delivery of any messaging system: d's system, destination (the
+// queue, stream or topic name), X-Ray header and own attributes.
+func (t *tracing) startFrom(ctx context.Context, msg Message, d delivery, at time.Time) (context.Context, trace.Span) {
+	creation := trace.SpanContextFromContext(t.prop.Extract(context.Background(), propagation.MapCarrier(msg.Headers)))
 	var links []trace.Link
-	if xsc, ok := parseAWSTraceHeader(xray); ok {
-		if !parent.IsValid() {
-			parent = xsc
-		} else if xsc.TraceID() != parent.TraceID() || xsc.SpanID() != parent.SpanID() {
+	if xsc, ok := parseAWSTraceHeader(d.xray); ok {
+		if !creation.IsValid() {
+			creation = xsc
+		} else if xsc.TraceID() != creation.TraceID() || xsc.SpanID() != creation.SpanID() {
 			links = append(links, trace.Link{SpanContext: xsc, Attributes: []otelattr.KeyValue{otelattr.String("sluice.link", "aws-xray")}})
 		}
 	}
-	if parent.IsValid() {
-		if inv := trace.SpanContextFromContext(ctx); inv.IsValid() {
-			links = append(links, trace.Link{SpanContext: inv, Attributes: []otelattr.KeyValue{otelattr.String("sluice.link", "invocation")}})
+	if creation.IsValid() {
+		if t.child {
+			if inv := trace.SpanContextFromContext(ctx); inv.IsValid() {
+				links = append(links, trace.Link{SpanContext: inv, Attributes: []otelattr.KeyValue{otelattr.String("sluice.link", "invocation")}})
+			}
+			ctx = trace.ContextWithRemoteSpanContext(ctx, creation)
+		} else {
+			links = append(links, trace.Link{SpanContext: creation, Attributes: []otelattr.KeyValue{otelattr.String("sluice.link", "creation")}})
 		}
-		ctx = trace.ContextWithRemoteSpanContext(ctx, parent)
 	}
 	name := "process"
-	if msg.EventType != "" {
-		name += " " + msg.EventType
+	if d.destination != "" {
+		name += " " + d.destination
 	}
-	attrs := make([]otelattr.KeyValue, len(t.static), len(t.static)+5)
+	attrs := make([]otelattr.KeyValue, len(t.static), len(t.static)+6+len(d.attrs))
 	copy(attrs, t.static)
-	attrs = append(attrs, system)
-	if destination != "" {
-		attrs = append(attrs, semconv.MessagingDestinationName(destination))
+	attrs = append(attrs, d.system)
+	if d.destination != "" {
+		attrs = append(attrs, semconv.MessagingDestinationName(d.destination))
 	}
+	attrs = append(attrs, d.attrs...)
 	if msg.ID != "" {
 		attrs = append(attrs, semconv.MessagingMessageID(msg.ID), otelattr.String(SpanAttrEventType, msg.EventType),
 			semconv.MessagingMessageBodySize(len(msg.Payload)))
@@ -132,7 +141,7 @@ func (b *batch) recordCtx(ctx context.Context, r *record) context.Context {
 		return ctx
 	}
 	if r.span == nil {
-		r.ctx, r.span = t.startFrom(ctx, r.msg, r.system, r.destination, r.xray, b.c.now())
+		r.ctx, r.span = t.startFrom(ctx, r.msg, r.delivery, b.c.now())
 	}
 	return r.ctx
 }

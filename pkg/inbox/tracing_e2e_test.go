@@ -66,7 +66,7 @@ func TestOneTraceFromWriteToApply(t *testing.T) {
 
 	msgs := receive(t, sqsc, p.QueueURL, 2)
 	event := localrun.SQSEvent(msgs, p.QueueARN)
-	c, err := inbox.New(b.pool, inbox.Config{Consumer: "ledger", Router: router("ledger"), Logger: quiet, TracerProvider: tp})
+	c, err := inbox.New(b.pool, inbox.Config{Consumer: "ledger", Router: router("ledger"), Logger: quiet, TracerProvider: tp, TraceAsChild: true})
 	require.NoError(t, err)
 	first := c.Process(ctx, event)
 	again := c.Process(ctx, event) // SQS delivers again: the applied one is a duplicate

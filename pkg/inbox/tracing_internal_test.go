@@ -31,7 +31,7 @@ func TestParseAWSTraceHeader(t *testing.T) {
 func BenchmarkRecordSpan(b *testing.B) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithBatcher(tracetest.NewNoopExporter()))
 	defer func() { _ = tp.Shutdown(context.Background()) }()
-	tr := newTracing(tp, defaultPropagator, "bench", "per-record")
+	tr := newTracing(tp, defaultPropagator, "bench", "per-record", false)
 	msg := Message{ID: "0193a2b4-7c1d-7e3f-8a9b-0c1d2e3f4a5b", EventType: "OrderCreated", CreatedAt: time.Now(), Payload: []byte(`{"a":1}`),
 		Headers: map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}
 	ctx := context.Background()

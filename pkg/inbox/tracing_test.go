@@ -92,7 +92,7 @@ func TestConsumerSpansInEveryMode(t *testing.T) {
 		b := setup(t)
 		tp, exp := spans(t)
 		var hs handlerSpans
-		c, err := inbox.New(b.pool, inbox.Config{Consumer: "c", Router: hs.router("c"), Mode: mode, Logger: quiet, TracerProvider: tp})
+		c, err := inbox.New(b.pool, inbox.Config{Consumer: "c", Router: hs.router("c"), Mode: mode, Logger: quiet, TracerProvider: tp, TraceAsChild: true})
 		require.NoError(t, err)
 
 		ok, okProducer := tracedRec(t, tp, "ok", script{N: 1})
@@ -110,7 +110,7 @@ func TestConsumerSpansInEveryMode(t *testing.T) {
 		for _, s := range got["ok"] {
 			require.Equal(t, okProducer.TraceID(), s.SpanContext.TraceID(), "same trace as the writer")
 			require.Equal(t, okProducer.SpanID(), s.Parent.SpanID(), "a child of the writer's span")
-			require.Equal(t, "process Scripted", s.Name)
+			require.Equal(t, "process", s.Name, "{operation} {destination}: the record names no queue")
 			a := attrsOf(s)
 			outcomesSeen[a[inbox.SpanAttrOutcome].(string)] = true
 			require.Equal(t, "aws_sqs", a["messaging.system"])
@@ -136,7 +136,7 @@ func TestConsumerSpanFollowsAWSTraceHeader(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	tp, exp := spans(t)
-	c, err := inbox.New(b.pool, inbox.Config{Consumer: "c", Router: router("c"), Logger: quiet, TracerProvider: tp})
+	c, err := inbox.New(b.pool, inbox.Config{Consumer: "c", Router: router("c"), Logger: quiet, TracerProvider: tp, TraceAsChild: true})
 	require.NoError(t, err)
 	r := rec("x", script{N: 1})
 	r.Attributes[inbox.AWSTraceHeader] = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1"
@@ -153,7 +153,7 @@ func TestProcessorSpans(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	tp, exp := spans(t)
-	store, err := inbox.New(b.pool, inbox.Config{Consumer: "c", Mode: inbox.Async, Logger: quiet, TracerProvider: tp})
+	store, err := inbox.New(b.pool, inbox.Config{Consumer: "c", Mode: inbox.Async, Logger: quiet, TracerProvider: tp, TraceAsChild: true})
 	require.NoError(t, err)
 	ok, okProducer := tracedRec(t, tp, "ok", script{N: 1})
 	bad, _ := tracedRec(t, tp, "bad", script{N: 2, Fail: "error"})
@@ -161,7 +161,7 @@ func TestProcessorSpans(t *testing.T) {
 	require.Equal(t, []string{"sqs-ok:stored", "sqs-bad:stored"}, outcomes(store.Process(context.Background(), batchOf(ok, bad))))
 
 	var hs handlerSpans
-	p, err := inbox.NewProcessor(b.pool, inbox.ProcessorConfig{Consumer: "c", Router: hs.router("c"), Logger: quiet, TracerProvider: tp, MaxAttempts: 1})
+	p, err := inbox.NewProcessor(b.pool, inbox.ProcessorConfig{Consumer: "c", Router: hs.router("c"), Logger: quiet, TracerProvider: tp, MaxAttempts: 1, TraceAsChild: true})
 	require.NoError(t, err)
 	st, err := p.Drain(context.Background())
 	require.NoError(t, err)
@@ -242,4 +242,26 @@ func (j *jsonLines) Write(p []byte) (int, error) {
 		j.n++
 	}
 	return len(p), nil
+}
+
+// By default a consumer span follows the OpenTelemetry messaging conventions: named
+// "process <queue>", linked to the span that wrote the event (its creation context), its parent
+// the span in the handler's context (the invocation's) (issue 21, item 8).
+func TestConsumerSpanLinksTheWriterByDefault(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tp, exp := spans(t)
+	c, err := inbox.New(b.pool, inbox.Config{Consumer: "c", Router: router("c"), Logger: quiet, TracerProvider: tp})
+	require.NoError(t, err)
+	r, producer := tracedRec(t, tp, "x", script{N: 1})
+	r.EventSourceARN = "arn:aws:sqs:us-east-1:000000000000:orders-queue"
+	exp.Reset()
+	ictx, inv := tp.Tracer("lambda").Start(context.Background(), "invocation")
+	require.Equal(t, []string{"sqs-x:applied"}, outcomes(c.Process(ictx, batchOf(r))))
+	inv.End()
+	s := byMessage(t, exp)["x"][0]
+	require.Equal(t, "process orders-queue", s.Name)
+	require.Equal(t, inv.SpanContext().SpanID(), s.Parent.SpanID(), "the invocation is the parent")
+	require.Len(t, s.Links, 1)
+	require.Equal(t, producer.SpanID(), s.Links[0].SpanContext.SpanID(), "linked to the writer's span")
 }

@@ -16,8 +16,9 @@ import (
 // With it, the consumer fetches pointed-to payloads through an S3 client built from the
 // function's AWS configuration (path-style for a local AWS_ENDPOINT_URL), up to
 // ClaimCheckMaxPayload bytes each (defaults to inbox.DefaultMaxPayloadBytes, the relay's
-// default). The bucket names where this deployment's relay stores payloads; pointers to other
-// buckets (an AWS extended client's) are fetched too when the function's role may read them.
+// default). It fetches only from where this deployment's relay stores payloads
+// (ClaimCheckBucket under ClaimCheckPrefix, owned by ClaimCheckBucketOwner): a pointer
+// anywhere else fails its record (inbox.ErrPayloadLocation).
 func ConsumerClaimCheck(ctx context.Context, getenv Getenv) (*inbox.ClaimCheck, error) {
 	cc, err := consumerClaimCheck(getenv)
 	if err != nil || cc == nil {
@@ -49,8 +50,16 @@ func ClaimCheckThresholdOf(getenv Getenv) (int, error) {
 	return positiveInt(getenv, ClaimCheckThreshold, 0)
 }
 
+// claimCheckLocation reads where the relay stores payloads and the consumers fetch them:
+// ClaimCheckBucket, ClaimCheckPrefix and ClaimCheckBucketOwner (Bucket "" when unset).
+func claimCheckLocation(getenv Getenv) inbox.PayloadLocation {
+	return inbox.PayloadLocation{Bucket: strings.TrimSpace(getenv(ClaimCheckBucket)), KeyPrefix: getenv(ClaimCheckPrefix),
+		ExpectedBucketOwner: strings.TrimSpace(getenv(ClaimCheckBucketOwner))}
+}
+
 func consumerClaimCheck(getenv Getenv) (*inbox.ClaimCheck, error) {
-	if strings.TrimSpace(getenv(ClaimCheckBucket)) == "" {
+	loc := claimCheckLocation(getenv)
+	if loc.Bucket == "" {
 		return nil, nil
 	}
 	maxPayload, err := positiveInt(getenv, ClaimCheckMaxPayload, 0)
@@ -60,5 +69,5 @@ func consumerClaimCheck(getenv Getenv) (*inbox.ClaimCheck, error) {
 	if maxPayload > inbox.MaxPayloadBytesLimit {
 		return nil, fmt.Errorf("%s must be at most %d, got %d", ClaimCheckMaxPayload, inbox.MaxPayloadBytesLimit, maxPayload)
 	}
-	return &inbox.ClaimCheck{MaxPayloadBytes: maxPayload}, nil
+	return &inbox.ClaimCheck{MaxPayloadBytes: maxPayload, Locations: []inbox.PayloadLocation{loc}}, nil
 }

@@ -54,7 +54,8 @@ func TestEnvironmentsRoundTripThroughTheReaders(t *testing.T) {
 
 	relay := outbox.RelayConfig{BatchSize: 100, MaxPerKey: 5, PublishConcurrency: 8, Pipelines: 3, MaxAttempts: 4,
 		MaxRoundBytes: 1 << 20, PublishTimeout: 2 * time.Second, Lease: 9 * time.Second, BackoffBase: 100 * time.Millisecond,
-		BackoffMax: time.Minute, OutageLimit: 2 * time.Hour, PollInterval: 20 * time.Millisecond, RescanInterval: 3 * time.Second}
+		BackoffMax: time.Minute, OutageLimit: 2 * time.Hour, PollInterval: 20 * time.Millisecond, RescanInterval: 3 * time.Second,
+		MessageLimits: outbox.MessageLimits{SNS: 1 << 20, SQS: 1 << 20, EventBridge: 200_000, Kinesis: 4 << 20, Kafka: 8 << 20}}
 	renv := RelayEnvironment(relay)
 	require.Len(t, renv, len(RelayEnv())-2, "every setting but the two topic variables")
 	back, err := RelaySettings(env(renv))

@@ -37,14 +37,21 @@ const (
 	// KafkaTLS is "true" or "false": connect to the brokers over TLS (system roots). Defaults to
 	// true with KafkaAuth=iam (MSK requires it), false otherwise.
 	KafkaTLS = "SLUICE_KAFKA_TLS"
-	// KafkaMaxMessageBytes is the largest record the brokers accept (integer bytes). Defaults to
-	// outbox.DefaultKafkaMaxMessageBytes.
+	// KafkaMaxMessageBytes overrides MessageLimits.Kafka (integer bytes): the largest record
+	// batch the brokers accept (message.max.bytes), which is also the producer's
+	// ProducerBatchMaxBytes. Defaults to outbox.DefaultKafkaMaxMessageBytes. A relay setting
+	// (RelaySettings reads it).
 	KafkaMaxMessageBytes = "SLUICE_KAFKA_MAX_MESSAGE_BYTES"
 	// ClaimCheckBucket turns the claim check on: payloads of messages too large for their
 	// destination are stored in this S3 bucket (outbox.ClaimCheck).
 	ClaimCheckBucket = "SLUICE_CLAIM_CHECK_BUCKET"
-	// ClaimCheckPrefix is put before each object's key (the event id). Defaults to "".
+	// ClaimCheckPrefix is put before each object's key (the event id). Defaults to "". The
+	// consumers fetch only objects under it.
 	ClaimCheckPrefix = "SLUICE_CLAIM_CHECK_PREFIX"
+	// ClaimCheckBucketOwner is the account id that owns ClaimCheckBucket: the consumers send it
+	// as ExpectedBucketOwner with every GetObject. Defaults to "": not checked (the CDK sets it
+	// to the stack's account).
+	ClaimCheckBucketOwner = "SLUICE_CLAIM_CHECK_BUCKET_OWNER"
 	// ClaimCheckThreshold is the message size (integer bytes) above which the payload goes to
 	// S3. Defaults to each destination's message limit.
 	ClaimCheckThreshold = "SLUICE_CLAIM_CHECK_THRESHOLD"
@@ -55,8 +62,8 @@ const (
 
 // PublisherEnv lists the variables RelayPublisher and ClaimCheck read, for help texts.
 func PublisherEnv() []string {
-	return []string{EventBridgeSource, KafkaBrokers, KafkaAuth, KafkaTLS, KafkaMaxMessageBytes,
-		ClaimCheckBucket, ClaimCheckPrefix, ClaimCheckThreshold, ClaimCheckMaxPayload}
+	return []string{EventBridgeSource, KafkaBrokers, KafkaAuth, KafkaTLS,
+		ClaimCheckBucket, ClaimCheckPrefix, ClaimCheckBucketOwner, ClaimCheckThreshold, ClaimCheckMaxPayload}
 }
 
 // RelayPublisher builds the publisher for destinations (outbox.RelayConfig.Destinations): an
@@ -89,11 +96,7 @@ func RelayPublisher(ctx context.Context, getenv Getenv, awsCfg aws.Config, desti
 		pubs.Kinesis = outbox.NewKinesisPublisher(kinesis.NewFromConfig(awsCfg))
 	}
 	if kinds[outbox.Kafka] {
-		maxBytes, err := positiveInt(getenv, KafkaMaxMessageBytes, outbox.DefaultKafkaMaxMessageBytes)
-		if err != nil {
-			return nil, nil, err
-		}
-		client, err := KafkaClient(ctx, getenv, awsCfg)
+		client, maxBytes, err := relayKafkaClient(ctx, getenv, awsCfg)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -104,6 +107,20 @@ func RelayPublisher(ctx context.Context, getenv Getenv, awsCfg aws.Config, desti
 		return pubs.SNS, close, nil
 	}
 	return pubs, close, nil
+}
+
+// relayKafkaClient opens the relay's Kafka client with its record batch limit: what the relay
+// plans with (MessageLimits.Kafka, KafkaMaxMessageBytes) is what franz-go lets a batch be
+// (ProducerBatchMaxBytes), or a record the relay sends would fail MESSAGE_TOO_LARGE in the
+// client at franz-go's default of 1,000,012 bytes.
+func relayKafkaClient(ctx context.Context, getenv Getenv, awsCfg aws.Config) (*kgo.Client, int, error) {
+	settings, err := RelaySettings(getenv)
+	if err != nil {
+		return nil, 0, err
+	}
+	maxBytes := settings.MessageLimits.WithDefaults().Kafka
+	client, err := KafkaClient(ctx, getenv, awsCfg, kgo.ProducerBatchMaxBytes(int32(maxBytes)))
+	return client, maxBytes, err
 }
 
 // KafkaClient opens a franz-go client from KafkaBrokers, KafkaAuth and KafkaTLS, with
@@ -156,8 +173,8 @@ func KafkaClient(ctx context.Context, getenv Getenv, awsCfg aws.Config, opts ...
 // ClaimCheck reads the claim check's settings: nil when ClaimCheckBucket is unset. The
 // payloads go to S3 through a client built from awsCfg.
 func ClaimCheck(getenv Getenv, awsCfg aws.Config) (*outbox.ClaimCheck, error) {
-	bucket := strings.TrimSpace(getenv(ClaimCheckBucket))
-	if bucket == "" {
+	loc := claimCheckLocation(getenv)
+	if loc.Bucket == "" {
 		return nil, nil
 	}
 	threshold, terr := ClaimCheckThresholdOf(getenv)
@@ -167,7 +184,7 @@ func ClaimCheck(getenv Getenv, awsCfg aws.Config) (*outbox.ClaimCheck, error) {
 	}
 	return &outbox.ClaimCheck{
 		Store:  outbox.NewS3PayloadStore(s3.NewFromConfig(awsCfg, func(o *s3.Options) { o.UsePathStyle = pathStyle(awsCfg) })),
-		Bucket: bucket, KeyPrefix: getenv(ClaimCheckPrefix), Threshold: threshold, MaxPayloadBytes: maxPayload,
+		Bucket: loc.Bucket, KeyPrefix: loc.KeyPrefix, Threshold: threshold, MaxPayloadBytes: maxPayload,
 	}, nil
 }
 

@@ -33,6 +33,19 @@ const (
 	RelayPollInterval = "SLUICE_RELAY_POLL_INTERVAL"
 	// RelayRescanInterval overrides RescanInterval (Go duration).
 	RelayRescanInterval = "SLUICE_RELAY_RESCAN_INTERVAL"
+	// SNSMaxMessageBytes overrides MessageLimits.SNS (integer bytes): the topics'
+	// MaximumMessageSize. Defaults to outbox.DefaultSNSMaxMessageBytes (262,144).
+	SNSMaxMessageBytes = "SLUICE_SNS_MAX_MESSAGE_BYTES"
+	// SQSMaxMessageBytes overrides MessageLimits.SQS (integer bytes): the consumer queues'
+	// MaximumMessageSize, which bounds SNS and EventBridge deliveries. Defaults to
+	// outbox.DefaultSQSMaxMessageBytes (262,144).
+	SQSMaxMessageBytes = "SLUICE_SQS_MAX_MESSAGE_BYTES"
+	// EventBridgeMaxEntryBytes overrides MessageLimits.EventBridge (integer bytes): the
+	// largest PutEvents entry. Defaults to outbox.DefaultEventBridgeMaxEntryBytes (262,143).
+	EventBridgeMaxEntryBytes = "SLUICE_EVENTBRIDGE_MAX_ENTRY_BYTES"
+	// KinesisMaxRecordBytes overrides MessageLimits.Kinesis (integer bytes): the streams'
+	// maximum record size. Defaults to outbox.DefaultKinesisMaxRecordBytes (1,048,576).
+	KinesisMaxRecordBytes = "SLUICE_KINESIS_MAX_RECORD_BYTES"
 	// LambdaMemorySize is set by Lambda: the function's memory in MB.
 	LambdaMemorySize = "AWS_LAMBDA_FUNCTION_MEMORY_SIZE"
 )
@@ -49,6 +62,11 @@ func relaySettings(cfg *outbox.RelayConfig) (ints []intSetting, durations []dura
 		{RelayPipelines, "Pipelines", &cfg.Pipelines},
 		{RelayMaxRoundBytes, "MaxRoundBytes", &cfg.MaxRoundBytes},
 		{RelayMaxAttempts, "MaxAttempts", &cfg.MaxAttempts},
+		{SNSMaxMessageBytes, "MessageLimits.SNS", &cfg.MessageLimits.SNS},
+		{SQSMaxMessageBytes, "MessageLimits.SQS", &cfg.MessageLimits.SQS},
+		{EventBridgeMaxEntryBytes, "MessageLimits.EventBridge", &cfg.MessageLimits.EventBridge},
+		{KinesisMaxRecordBytes, "MessageLimits.Kinesis", &cfg.MessageLimits.Kinesis},
+		{KafkaMaxMessageBytes, "MessageLimits.Kafka", &cfg.MessageLimits.Kafka},
 	}
 	durations = []durationSetting{
 		{RelayPublishTimeout, "PublishTimeout", &cfg.PublishTimeout},

@@ -107,13 +107,13 @@ func PayloadPointer(bucket, key string) []byte {
 	return b.Bytes()
 }
 
-// messageSize is the size of e's message once its payload of payloadLen bytes is offloaded:
-// the pointer and the attributes of the offloaded message (ExtendedPayloadSize included, and
-// only the headers that still fit beside it).
-func (c *ClaimCheck) messageSize(e *Event, payloadLen int) int {
+// offloadedShape returns what e's message is once its payload of payloadLen bytes is
+// offloaded, for measuring it: e with ExtendedPayloadSize set (its payload is not read), and
+// the pointer's length, the published payload's.
+func (c *ClaimCheck) offloadedShape(e *Event, payloadLen int) (*Event, int) {
 	o := *e
 	o.ExtendedPayloadSize = payloadLen
-	return len(c.pointer(e)) + attributesSize(&o)
+	return &o, len(c.pointer(e))
 }
 
 // offloaded returns a copy of e whose payload is the pointer to the stored one.

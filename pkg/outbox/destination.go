@@ -86,6 +86,14 @@ type LimitedPublisher interface {
 	Limits(destination string) Limits
 }
 
+// MeasuringPublisher is a Publisher that counts a message's size as its destination does
+// (MessageSize with its own settings, such as EventBridge's Source). The relay compares that
+// size with the destination's limit and the claim check's threshold; for a Publisher that is
+// not one it uses MessageSize of the destination's kind.
+type MeasuringPublisher interface {
+	MessageSize(destination string, e *Event, payloadLen int) int
+}
+
 // DestinationChecker is a Publisher that can tell, when the relay starts, whether it can
 // publish to a destination at all; NewRelay refuses a configuration it cannot serve.
 type DestinationChecker interface {
@@ -101,6 +109,7 @@ type Publishers struct {
 var (
 	_ LimitedPublisher   = Publishers{}
 	_ DestinationChecker = Publishers{}
+	_ MeasuringPublisher = Publishers{}
 )
 
 func (p Publishers) of(dest string) (Publisher, error) {
@@ -141,6 +150,28 @@ func (p Publishers) Limits(dest string) Limits {
 		return snsLimits
 	}
 	return limitsOf(pub, dest)
+}
+
+// MessageSize implements MeasuringPublisher: the measure of dest's publisher.
+func (p Publishers) MessageSize(dest string, e *Event, payloadLen int) int {
+	pub, err := p.of(dest)
+	if err != nil {
+		return MessageSize(SNS, e, payloadLen, "")
+	}
+	return measure(pub, dest, e, payloadLen)
+}
+
+// measure returns the size dest counts for e: pub's own measure when it has one
+// (MeasuringPublisher), MessageSize of dest's kind otherwise.
+func measure(pub Publisher, dest string, e *Event, payloadLen int) int {
+	if m, ok := pub.(MeasuringPublisher); ok {
+		return m.MessageSize(dest, e, payloadLen)
+	}
+	kind := SNS
+	if d, err := ParseDestination(dest); err == nil {
+		kind = d.Kind
+	}
+	return MessageSize(kind, e, payloadLen, "")
 }
 
 // CheckDestination implements DestinationChecker.

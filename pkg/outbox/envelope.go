@@ -3,7 +3,6 @@ package outbox
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"time"
 	"unicode/utf8"
 
@@ -11,25 +10,38 @@ import (
 )
 
 // envelopeOf returns the JSON envelope (wire.Envelope) that carries e to destinations without
-// message attributes: the contract's attributes under "metadata", the payload under "data".
+// message attributes: the contract's attributes under "metadata", the payload under "data",
+// byte for byte as stored (never re-encoded: neither compacted nor escaped), so that its size
+// is the metadata's and the payload's (envelopeSize).
 func envelopeOf(e *Event) ([]byte, error) {
-	env := wire.Envelope{
-		Metadata: wire.EnvelopeMetadata{
-			MessageID: e.EventID.String(), EventType: e.EventType, AggregateType: e.AggregateType,
-			AggregateID: e.AggregateID, PartitionKey: e.PartitionKey,
-			CreatedAt: e.CreatedAt.UTC().Format(time.RFC3339Nano), ExtendedPayloadSize: e.ExtendedPayloadSize,
-		},
-		Data: json.RawMessage(e.Payload),
+	meta, err := envelopeMetadata(e)
+	if err != nil {
+		return nil, err
+	}
+	b := make([]byte, 0, len(envelopeOpen)+len(meta)+len(envelopeData)+len(e.Payload)+len(envelopeClose))
+	b = append(b, envelopeOpen...)
+	b = append(b, meta...)
+	b = append(b, envelopeData...)
+	b = append(b, e.Payload...)
+	return append(b, envelopeClose...), nil
+}
+
+// envelopeMetadata encodes e's envelope metadata (without escaping <, > and &).
+func envelopeMetadata(e *Event) ([]byte, error) {
+	meta := wire.EnvelopeMetadata{
+		MessageID: e.EventID.String(), EventType: e.EventType, AggregateType: e.AggregateType,
+		AggregateID: e.AggregateID, PartitionKey: e.PartitionKey,
+		CreatedAt: e.CreatedAt.UTC().Format(time.RFC3339Nano), ExtendedPayloadSize: e.ExtendedPayloadSize,
 	}
 	if len(e.Headers) > 0 {
-		env.Metadata.Headers = make(map[string]string, len(e.Headers))
+		meta.Headers = make(map[string]string, len(e.Headers))
 		for k, v := range e.Headers {
 			if checkHeaderName(k) == "" && checkAttrValue(v) == "" {
-				env.Metadata.Headers[k] = v
+				meta.Headers[k] = v
 			}
 		}
 	}
-	return json.Marshal(env)
+	return encodeJSON(meta)
 }
 
 // streamKey turns a partition key into one a stream accepts (Kinesis: 1 to 256 Unicode

@@ -22,8 +22,9 @@ var _ eventBridgePutter = (*eventbridge.Client)(nil)
 // DefaultEventSource is EventBridgePublisher's default Source.
 const DefaultEventSource = "sluice"
 
-// eventBridgeLimits are PutEvents': 10 entries and 256 KiB in all.
-var eventBridgeLimits = Limits{MaxEntries: 10, MaxMessageBytes: 256 * 1024, MaxCallBytes: 256 * 1024}
+// eventBridgeLimits are PutEvents': 10 entries, each less than 256 KB (the relay's limit is
+// MessageLimits.EventBridge), and 256 KiB in all.
+var eventBridgeLimits = Limits{MaxEntries: 10, MaxMessageBytes: DefaultEventBridgeMaxEntryBytes, MaxCallBytes: 256 * 1024}
 
 // EventBridgePublisher publishes events to EventBridge buses with PutEvents: DetailType is
 // the event type, Source the configured one, Time the row's created_at, and Detail the
@@ -47,7 +48,14 @@ func NewEventBridgePublisher(client eventBridgePutter, source string) *EventBrid
 var (
 	_ LimitedPublisher   = (*EventBridgePublisher)(nil)
 	_ DestinationChecker = (*EventBridgePublisher)(nil)
+	_ MeasuringPublisher = (*EventBridgePublisher)(nil)
 )
+
+// MessageSize implements MeasuringPublisher: the PutEvents entry as EventBridge counts it
+// (Time's 14 bytes, Source, DetailType and the envelope as Detail).
+func (p *EventBridgePublisher) MessageSize(_ string, e *Event, payloadLen int) int {
+	return MessageSize(EventBridge, e, payloadLen, p.source)
+}
 
 // Limits implements LimitedPublisher.
 func (p *EventBridgePublisher) Limits(string) Limits { return eventBridgeLimits }
@@ -94,7 +102,7 @@ func (p *EventBridgePublisher) PublishBatch(ctx context.Context, bus string, eve
 			EventBusName: aws.String(bus), Source: aws.String(p.source), DetailType: aws.String(e.EventType),
 			Detail: aws.String(string(detail)), Time: aws.Time(e.CreatedAt),
 		}
-		n := 14 + len(p.source) + len(e.EventType) + len(detail) // EventBridge's entry size
+		n := p.MessageSize(bus, e, len(e.Payload)) // EventBridge's entry size
 		if n > eventBridgeLimits.MaxMessageBytes {
 			errs[i] = Permanent(fmt.Errorf("eventbridge: event %s is %d bytes as an entry, above PutEvents' %d", e.EventID, n, eventBridgeLimits.MaxMessageBytes))
 			continue

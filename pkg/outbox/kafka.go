@@ -20,10 +20,6 @@ type kafkaProducer interface {
 
 var _ kafkaProducer = (*kgo.Client)(nil)
 
-// DefaultKafkaMaxMessageBytes is KafkaPublisher's default message limit: a broker's default
-// message.max.bytes (1 MiB, with room for the record batch's overhead).
-const DefaultKafkaMaxMessageBytes = 1_000_000
-
 // KafkaPublisher produces events to Kafka topics (Amazon MSK or any cluster) with franz-go: the
 // record key is the row's partition key, so a key stays on one partition, the value is the
 // payload as published to SNS, and the contract's attributes and the headers are record
@@ -48,7 +44,15 @@ func NewKafkaPublisher(client kafkaProducer, maxMessageBytes int) *KafkaPublishe
 var (
 	_ LimitedPublisher   = (*KafkaPublisher)(nil)
 	_ DestinationChecker = (*KafkaPublisher)(nil)
+	_ MeasuringPublisher = (*KafkaPublisher)(nil)
 )
+
+// MessageSize implements MeasuringPublisher: the batch of the one record (key, value, headers
+// and their framing), as the brokers' message.max.bytes and franz-go's ProducerBatchMaxBytes
+// count it.
+func (p *KafkaPublisher) MessageSize(_ string, e *Event, payloadLen int) int {
+	return MessageSize(Kafka, e, payloadLen, "")
+}
 
 // Limits implements LimitedPublisher: up to 500 records a call.
 func (p *KafkaPublisher) Limits(string) Limits {
@@ -65,6 +69,12 @@ func (p *KafkaPublisher) CheckDestination(dest string) error {
 
 // KafkaRecord returns the record that carries e to topic.
 func KafkaRecord(topic string, e *Event) *kgo.Record {
+	return &kgo.Record{Topic: topic, Key: []byte(e.PartitionKey), Value: e.Payload, Headers: kafkaHeaders(e), Timestamp: e.CreatedAt}
+}
+
+// kafkaHeaders returns the record headers of e: the contract's attributes, the claim check's
+// size, and every valid header.
+func kafkaHeaders(e *Event) []kgo.RecordHeader {
 	headers := []kgo.RecordHeader{
 		{Key: wire.MessageID, Value: []byte(e.EventID.String())},
 		{Key: wire.EventType, Value: []byte(e.EventType)},
@@ -84,7 +94,7 @@ func KafkaRecord(topic string, e *Event) *kgo.Record {
 			headers = append(headers, kgo.RecordHeader{Key: k, Value: []byte(e.Headers[k])})
 		}
 	}
-	return &kgo.Record{Topic: topic, Key: []byte(e.PartitionKey), Value: e.Payload, Headers: headers, Timestamp: e.CreatedAt}
+	return headers
 }
 
 // permanentKafkaErrors are broker answers that producing the same record again cannot fix.
@@ -107,11 +117,7 @@ func (p *KafkaPublisher) PublishBatch(ctx context.Context, dest string, events [
 	)
 	for i, e := range events {
 		rec := KafkaRecord(d.Name, e)
-		n := len(rec.Key) + len(rec.Value)
-		for _, h := range rec.Headers {
-			n += len(h.Key) + len(h.Value)
-		}
-		if n > p.maxMessage {
+		if n := p.MessageSize(dest, e, len(e.Payload)); n > p.maxMessage {
 			errs[i] = Permanent(fmt.Errorf("kafka: event %s is %d bytes as a record, above the %d the brokers take", e.EventID, n, p.maxMessage))
 			continue
 		}

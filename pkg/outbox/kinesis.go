@@ -18,8 +18,10 @@ type kinesisPutter interface {
 
 var _ kinesisPutter = (*kinesis.Client)(nil)
 
-// kinesisLimits are PutRecords': 500 records, 1 MiB each (data and partition key), 5 MiB in all.
-var kinesisLimits = Limits{MaxEntries: 500, MaxMessageBytes: 1 << 20, MaxCallBytes: 5 << 20}
+// kinesisLimits are PutRecords': 500 records, each up to the stream's maximum record size (data
+// and partition key: 1 MiB by default, up to 10 MiB; the relay's limit is
+// MessageLimits.Kinesis), 5 MiB in all (a larger record goes alone).
+var kinesisLimits = Limits{MaxEntries: 500, MaxMessageBytes: MaxKinesisRecordBytes, MaxCallBytes: 5 << 20}
 
 // KinesisPublisher publishes events to Kinesis data streams with PutRecords: the partition key
 // is the row's partition key (hashed when longer than Kinesis's 256 characters), so a key stays
@@ -38,7 +40,13 @@ func NewKinesisPublisher(client kinesisPutter) *KinesisPublisher {
 var (
 	_ LimitedPublisher   = (*KinesisPublisher)(nil)
 	_ DestinationChecker = (*KinesisPublisher)(nil)
+	_ MeasuringPublisher = (*KinesisPublisher)(nil)
 )
+
+// MessageSize implements MeasuringPublisher: the record's data (the envelope) and partition key.
+func (p *KinesisPublisher) MessageSize(_ string, e *Event, payloadLen int) int {
+	return MessageSize(Kinesis, e, payloadLen, "")
+}
 
 // Limits implements LimitedPublisher.
 func (p *KinesisPublisher) Limits(string) Limits { return kinesisLimits }
@@ -87,7 +95,7 @@ func (p *KinesisPublisher) PublishBatch(ctx context.Context, stream string, even
 			errs[i] = Permanent(fmt.Errorf("kinesis: event %s is %d bytes as a record, above the %d Kinesis takes", e.EventID, n, kinesisLimits.MaxMessageBytes))
 			continue
 		}
-		if size+n > kinesisLimits.MaxCallBytes || len(records) == kinesisLimits.MaxEntries {
+		if len(records) > 0 && size+n > kinesisLimits.MaxCallBytes || len(records) == kinesisLimits.MaxEntries {
 			flush()
 		}
 		records = append(records, ktypes.PutRecordsRequestEntry{Data: data, PartitionKey: aws.String(key)})

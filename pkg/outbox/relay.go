@@ -72,10 +72,17 @@ type RelayConfig struct {
 	// the budget still goes out alone). The relay Lambda derives it from its memory size.
 	// Defaults to 16 MiB.
 	MaxRoundBytes int
-	// MaxMessageBytes caps the largest message, payload and attributes together, below what
-	// each destination accepts (its Limits: SNS and EventBridge 256 KiB, Kinesis and Kafka
-	// 1 MiB); a larger row is quarantined without being read into memory, or with ClaimCheck
-	// its payload is stored in S3. Defaults to 0: each destination's own limit.
+	// MessageLimits are the largest messages the destinations accept, each measured as its
+	// service counts it (MessageSize: SNS the body and attributes, EventBridge the entry with
+	// its envelope, Kinesis the record's data and partition key, Kafka the record batch). A
+	// message above its destination's limit has its payload stored in S3 with ClaimCheck, and
+	// is quarantined without one. Zero fields default to AWS's current limits
+	// (MessageLimits.WithDefaults); set them to what your topics, queues, streams and brokers
+	// are configured to take.
+	MessageLimits MessageLimits
+	// MaxMessageBytes caps the largest message, as the destination counts it, below
+	// MessageLimits; a larger row is quarantined without being read into memory, or with
+	// ClaimCheck its payload is stored in S3. Defaults to 0: each destination's limit.
 	MaxMessageBytes int
 	// ClaimCheck, when set, stores payloads of messages above its threshold in S3 and publishes
 	// a pointer in the AWS extended clients' format instead. Defaults to nil: such rows are
@@ -260,6 +267,7 @@ func (c RelayConfig) CheckSettings() error {
 			errs = append(errs, fmt.Errorf("%s must be between %s and %s, got %s", f.name, f.lo, f.hi, f.v))
 		}
 	}
+	errs = append(errs, c.MessageLimits.problems()...)
 	if c.PublishTimeout >= c.Lease {
 		errs = append(errs, fmt.Errorf("Lease (%s) must be longer than PublishTimeout (%s): a round's publishing stops at three quarters of the lease", c.Lease, c.PublishTimeout))
 	}
@@ -315,10 +323,7 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 	r.watch = newWatcher(r)
 	r.limits = map[string]Limits{}
 	for _, dest := range cfg.Destinations() {
-		lim := limitsOf(cfg.Publisher, dest)
-		if cfg.MaxMessageBytes > 0 {
-			lim.MaxMessageBytes = min(lim.MaxMessageBytes, cfg.MaxMessageBytes)
-		}
+		lim := r.limitOf(dest)
 		r.limits[dest] = lim
 		r.readBytes = max(r.readBytes, lim.MaxMessageBytes)
 	}
@@ -327,6 +332,30 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 	}
 	r.metrics = recorder(cfg.Metrics, cfg.MetricsRecorder)
 	return r, nil
+}
+
+// limitOf returns dest's limits: the publisher's entries and bytes per call, and the message
+// limit of MessageLimits for dest's kind (capped by MaxMessageBytes). A call always has room
+// for one message of the largest size.
+func (r *Relay) limitOf(dest string) Limits {
+	lim := limitsOf(r.cfg.Publisher, dest)
+	kind := SNS
+	if d, err := ParseDestination(dest); err == nil {
+		kind = d.Kind
+	}
+	lim.MaxMessageBytes = r.cfg.MessageLimits.Of(kind)
+	if r.cfg.MaxMessageBytes > 0 {
+		lim.MaxMessageBytes = min(lim.MaxMessageBytes, r.cfg.MaxMessageBytes)
+	}
+	lim.MaxCallBytes = max(lim.MaxCallBytes, lim.MaxMessageBytes)
+	return lim
+}
+
+// messageSize is the size dest counts for e's message with a payload of payloadLen bytes: the
+// publisher's measure when it has one (MeasuringPublisher), MessageSize of dest's kind
+// otherwise.
+func (r *Relay) messageSize(dest string, e *Event, payloadLen int) int {
+	return measure(r.cfg.Publisher, dest, e, payloadLen)
 }
 
 // jitter returns a random duration in [0, d].

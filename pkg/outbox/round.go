@@ -335,12 +335,12 @@ func (r *Relay) publish(ctx context.Context, roundStart time.Time, plans []*keyP
 // maxBatchEntries is the most entries of one PublishBatch call (SNS's limit).
 const maxBatchEntries = 10
 
-// limit returns dest's limits (a configured destination; SNS's for any other).
+// limit returns dest's limits (see limitOf).
 func (r *Relay) limit(dest string) Limits {
 	if l, ok := r.limits[dest]; ok {
 		return l
 	}
-	return snsLimits
+	return r.limitOf(dest)
 }
 
 // call publishes the current rows of batch's lanes to dest and judges the answer:

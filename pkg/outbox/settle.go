@@ -79,11 +79,14 @@ func (r *Relay) planRound(keys []string, rows []*claimedRow, perKey int) *roundP
 		default:
 			dest, err := r.destination(&c.Event)
 			lim := r.limit(dest)
-			size := c.payloadLen + attributesSize(&c.Event)
+			// The size as dest counts it (MessageSize): the one measure Write, this plan and
+			// the claim check's threshold share.
+			size := r.messageSize(dest, &c.Event, c.payloadLen)
 			cc := r.cfg.ClaimCheck
 			offload := err == nil && cc != nil && size > cc.threshold(lim)
 			if offload {
-				size = cc.messageSize(&c.Event, c.payloadLen)
+				o, n := cc.offloadedShape(&c.Event, c.payloadLen)
+				size = r.messageSize(dest, o, n)
 			}
 			switch {
 			case err != nil:
@@ -91,7 +94,7 @@ func (r *Relay) planRound(keys []string, rows []*claimedRow, perKey int) *roundP
 			case offload && c.payloadLen > cc.maxPayload():
 				o.unpublishable = Permanent(fmt.Errorf("payload is %d bytes, above the claim check's %d", c.payloadLen, cc.maxPayload()))
 			case size > lim.MaxMessageBytes:
-				o.unpublishable = Permanent(fmt.Errorf("message is %d bytes with its attributes, above the destination's %d", size, lim.MaxMessageBytes))
+				o.unpublishable = Permanent(fmt.Errorf("message is %d bytes as its destination counts it, above the destination's %d", size, lim.MaxMessageBytes))
 			case !c.loaded:
 				kp.stop = stopBudget
 				continue

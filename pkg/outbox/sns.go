@@ -50,10 +50,17 @@ var permanentSNSCodes = map[string]bool{
 var (
 	_ LimitedPublisher   = (*SNSPublisher)(nil)
 	_ DestinationChecker = (*SNSPublisher)(nil)
+	_ MeasuringPublisher = (*SNSPublisher)(nil)
 )
 
 // Limits implements LimitedPublisher: 10 entries and 256 KiB a call.
 func (p *SNSPublisher) Limits(string) Limits { return snsLimits }
+
+// MessageSize implements MeasuringPublisher: the body and each attribute's name, type and
+// value, as SNS (and SQS, for raw delivery) count them.
+func (p *SNSPublisher) MessageSize(_ string, e *Event, payloadLen int) int {
+	return MessageSize(SNS, e, payloadLen, "")
+}
 
 // CheckDestination implements DestinationChecker: dest must be an SNS topic ARN.
 func (p *SNSPublisher) CheckDestination(dest string) error {

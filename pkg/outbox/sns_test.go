@@ -68,6 +68,34 @@ func receiveAll(t *testing.T, c *sqs.Client, url string, n int) []sqstypes.Messa
 	return got
 }
 
+// receiveDistinct receives from url until n distinct messages (by id) arrived, and returns the
+// first copy of each: the relay publishes at least once, so a test of what arrives must not
+// count copies.
+func receiveDistinct(t *testing.T, c *sqs.Client, url string, n int, id func(sqstypes.Message) string) []sqstypes.Message {
+	t.Helper()
+	byID := map[string]bool{}
+	var got []sqstypes.Message
+	deadline := time.Now().Add(60 * time.Second)
+	for len(got) < n && time.Now().Before(deadline) {
+		out, err := c.ReceiveMessage(context.Background(), &sqs.ReceiveMessageInput{
+			QueueUrl: aws.String(url), MaxNumberOfMessages: 10, WaitTimeSeconds: 1,
+			MessageAttributeNames:       []string{"All"},
+			MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameAll},
+		})
+		require.NoError(t, err)
+		for _, m := range out.Messages {
+			if k := id(m); !byID[k] {
+				byID[k] = true
+				got = append(got, m)
+			}
+			_, err := c.DeleteMessage(context.Background(), &sqs.DeleteMessageInput{QueueUrl: aws.String(url), ReceiptHandle: m.ReceiptHandle})
+			require.NoError(t, err)
+		}
+	}
+	require.Len(t, got, n)
+	return got
+}
+
 func TestSNSPublisherDeliversTheWireContract(t *testing.T) {
 	t.Parallel()
 	for _, fifo := range []bool{false, true} {

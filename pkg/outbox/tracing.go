@@ -13,6 +13,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sluicehq/sluice/internal/wire"
 	"github.com/sluicehq/sluice/pkg/metrics"
 )
 
@@ -31,6 +32,10 @@ const (
 	// SpanAttrPublishFailed counts the entries of a publish call the broker did not acknowledge.
 	SpanAttrPublishFailed = "sluice.publish.failed"
 )
+
+// MaxLinksPerSpan is the most links a publish span carries: the OpenTelemetry SDK's default
+// SpanLimits.LinkCountLimit. A call with more events adds a child span per further 128.
+const MaxLinksPerSpan = 128
 
 // relayDimensions are the dimensions of every relay metric.
 var relayDimensions = metrics.Dimensions{metrics.DimensionService: metrics.ServiceRelay}
@@ -74,6 +79,11 @@ type tracingPublisher struct {
 // Limits passes on the wrapped publisher's limits.
 func (p *tracingPublisher) Limits(dest string) Limits { return limitsOf(p.next, dest) }
 
+// MessageSize passes on the wrapped publisher's measure.
+func (p *tracingPublisher) MessageSize(dest string, e *Event, payloadLen int) int {
+	return measure(p.next, dest, e, payloadLen)
+}
+
 func (p *tracingPublisher) PublishBatch(ctx context.Context, destination string, events []*Event) []error {
 	now := time.Now()
 	links := make([]trace.Link, len(events))
@@ -104,12 +114,27 @@ func (p *tracingPublisher) PublishBatch(ctx context.Context, destination string,
 	if system == semconv.MessagingSystemAWSSNS {
 		attrs = append(attrs, semconv.AWSSNSTopicARN(destination))
 	}
+	first := links[:min(len(links), MaxLinksPerSpan)]
 	ctx, span := p.tracer.Start(ctx, "publish "+name,
 		trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithTimestamp(now),
-		trace.WithLinks(links...),
+		trace.WithLinks(first...),
 		trace.WithAttributes(attrs...))
 	defer span.End()
+	// A Kinesis or Kafka call carries up to 500 events, and the SDK keeps 128 links a span by
+	// default (SpanLimits.LinkCountLimit, the provider's setting, not ours): the links beyond
+	// go on child spans of the call, 128 each, so none is dropped.
+	for i := MaxLinksPerSpan; i < len(links); i += MaxLinksPerSpan {
+		part := links[i:min(len(links), i+MaxLinksPerSpan)]
+		_, more := p.tracer.Start(ctx, "publish "+name,
+			trace.WithSpanKind(trace.SpanKindInternal),
+			trace.WithTimestamp(now),
+			trace.WithLinks(part...),
+			trace.WithAttributes(system, semconv.MessagingOperationTypeSend, semconv.MessagingOperationName("publish"),
+				semconv.MessagingDestinationName(name), semconv.MessagingBatchMessageCount(len(part)),
+				attribute.StringSlice(SpanAttrMessageIDs, ids[i:i+len(part)])))
+		defer more.End()
+	}
 	errs := p.next.PublishBatch(ctx, destination, events)
 	failed := 0
 	for i, err := range errs {
@@ -152,6 +177,10 @@ func destinationName(destination string) (string, attribute.KeyValue) {
 		return name, semconv.MessagingSystemAWSSNS
 	case "sqs":
 		return name, semconv.MessagingSystemAWSSQS
+	case "kinesis":
+		return name, semconv.MessagingSystemKey.String(wire.MessagingSystemKinesis)
+	case "events":
+		return name, semconv.MessagingSystemKey.String(wire.MessagingSystemEventBridge)
 	}
 	return name, semconv.MessagingSystemKey.String("aws." + parts[2])
 }
@@ -172,12 +201,12 @@ func (w *Writer) traceHeaders(ctx context.Context) map[string]string {
 }
 
 // withTrace returns m's headers with the injected trace headers added, in the order the
-// relay publishes them (traceparent, tracestate, then by name), while each fits SNS's limits:
-// the attribute count, the message size (size is m's wire size without them) and the
-// attribute name and value rules. It returns m.Headers unchanged when m already carries one of
+// relay publishes them (traceparent, tracestate, then by name), while each fits: the attribute
+// count, the message size (measured by writeSize, at most maxBytes, and its overhead at most
+// MaxMessageOverheadBytes) and the attribute name and value rules. It returns m.Headers unchanged when m already carries one of
 // the propagator's fields (the caller's trace context wins, and half of two contexts would be
 // neither) or when nothing fits. It never modifies the caller's map.
-func withTrace(m Message, size int, injected map[string]string, fields []string, maxBytes int) map[string]string {
+func withTrace(m Message, injected map[string]string, fields []string, maxBytes int) map[string]string {
 	for _, f := range fields {
 		for k := range m.Headers {
 			if strings.EqualFold(k, f) {
@@ -195,18 +224,20 @@ func withTrace(m Message, size int, injected map[string]string, fields []string,
 		if _, taken := m.Headers[k]; taken || checkHeaderName(k) != "" || checkAttrValue(v) != "" {
 			continue
 		}
-		add := len(k) + len("String") + len(v)
-		if size+add > maxBytes {
+		next := make(map[string]string, len(m.Headers)+len(injected))
+		for hk, hv := range m.Headers {
+			next[hk] = hv
+		}
+		for hk, hv := range h {
+			next[hk] = hv
+		}
+		next[k] = v
+		t := m
+		t.Headers = next
+		if size, overhead := writeSize(t); size > maxBytes || overhead > MaxMessageOverheadBytes {
 			break
 		}
-		if h == nil {
-			h = make(map[string]string, len(m.Headers)+len(injected))
-			for hk, hv := range m.Headers {
-				h[hk] = hv
-			}
-		}
-		h[k] = v
-		size += add
+		h = next
 		room--
 	}
 	if h == nil {

@@ -39,7 +39,7 @@ func TestDestinationName(t *testing.T) {
 	for dest, want := range map[string][2]string{
 		"arn:aws:sns:us-east-1:000000000000:orders":            {"orders", "aws.sns"},
 		"arn:aws:sns:us-east-1:000000000000:orders.fifo":       {"orders.fifo", "aws.sns"},
-		"arn:aws:events:us-east-1:000000000000:event-bus/shop": {"shop", "aws.events"},
+		"arn:aws:events:us-east-1:000000000000:event-bus/shop": {"shop", "aws.eventbridge"},
 		"arn:aws:kinesis:us-east-1:000000000000:stream/clicks": {"clicks", "aws.kinesis"},
 		"kafka://orders": {"orders", "kafka"},
 		"somewhere":      {"somewhere", "unknown"},

@@ -205,3 +205,57 @@ func TestRelayRecordsAPublishSpanLinkedToEachWriter(t *testing.T) {
 	}
 	require.Equal(t, map[string]bool{failing.String(): true}, failed, "the failure is recorded on its entry")
 }
+
+// A 500-record Kinesis or Kafka call keeps a link to every writer's span, although the SDK
+// keeps 128 links a span by default: the links beyond go on child spans of the call, and no
+// span carries more than the SDK keeps (issue 21, item 8).
+func TestPublishSpansKeepEveryLinkOfALargeCall(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	tp, exp := tracing(t)
+	const n = 300
+	writers := map[trace.SpanID]bool{}
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	for i := range n {
+		wctx, span := tp.Tracer("orders").Start(ctx, "place order")
+		_, err := outbox.Write(wctx, tx, outbox.Message{Topic: "clicks", EventType: "Clicked", PartitionKey: fmt.Sprintf("k%d", i), Payload: json.RawMessage(`{}`)})
+		require.NoError(t, err)
+		span.End()
+		writers[span.SpanContext().SpanID()] = true
+	}
+	require.NoError(t, tx.Commit(ctx))
+	svc := &sizedServices{limits: outbox.MessageLimits{}.WithDefaults(), accepted: map[string]string{}}
+	stream := "arn:aws:kinesis:us-east-1:111122223333:stream/clicks"
+	r := b.relay(t, func(c *outbox.RelayConfig) {
+		c.Publisher = outbox.NewKinesisPublisher(svc)
+		c.Topics = map[string]string{"clicks": stream}
+		c.BatchSize, c.TracerProvider = 500, tp
+	})
+	drainUntil(t, r, func() bool { return b.countWhere(t, "published_at IS NULL") == 0 })
+	linked := map[trace.SpanID]bool{}
+	for _, s := range exp.GetSpans() {
+		if s.Name != "publish clicks" {
+			continue
+		}
+		require.LessOrEqual(t, len(s.Links), outbox.MaxLinksPerSpan, "no span holds more links than the SDK keeps")
+		require.Zero(t, s.DroppedLinks, "no link dropped")
+		require.Equal(t, "aws.kinesis", attrValue(s, "messaging.system"))
+		for _, l := range s.Links {
+			linked[l.SpanContext.SpanID()] = true
+		}
+	}
+	for w := range writers {
+		require.True(t, linked[w], "every writer's span is linked from its publish call")
+	}
+}
+
+func attrValue(s tracetest.SpanStub, key string) string {
+	for _, a := range s.Attributes {
+		if string(a.Key) == key {
+			return a.Value.String()
+		}
+	}
+	return ""
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -21,12 +20,20 @@ type Executor interface {
 
 // WriterConfig configures a Writer.
 type WriterConfig struct {
-	// MaxMessageBytes is the largest message accepted, counting the payload and the message
-	// attributes as SNS does. Defaults to MaxMessageBytes (256 KiB), SNS's limit, which every
-	// relay can publish. Up to MaxOffloadBytes (256 MiB) when the relay stores large payloads
-	// in S3 (RelayConfig.ClaimCheck, docs/claimcheck.md): set it to the claim check's
-	// MaxPayloadBytes (DefaultMaxOffloadBytes, 32 MiB, by default), since a larger row would be
-	// quarantined by the relay. The row keeps its whole payload in PostgreSQL either way.
+	// MaxMessageBytes is the largest message accepted, measured as the strictest destination
+	// counts it: Write does not know which destination the relay maps a topic to, so it takes
+	// the largest of every kind's MessageSize (SNS body and attributes, the EventBridge entry
+	// with its envelope and the longest Source, the Kinesis record with its partition key, the
+	// Kafka record batch). Defaults to DefaultMaxWriteBytes (261,888 bytes), the smallest
+	// limit of the destinations at AWS's defaults (an EventBridge event delivered to a queue of
+	// 256 KiB), which every relay can publish. Without a claim check, keep it at most the
+	// smallest limit the deployment's relays use (RelayConfig.MessageLimits.Smallest()), or a
+	// row Write accepted could be quarantined as too large. With the relay's claim check
+	// (RelayConfig.ClaimCheck, docs/claimcheck.md) raise it up to the claim check's
+	// MaxPayloadBytes (DefaultMaxOffloadBytes, 32 MiB, by default; at most MaxOffloadBytes,
+	// 256 MiB): whatever its destination would refuse is stored in S3. Whatever the maximum, a
+	// message may carry at most MaxMessageOverheadBytes beside its payload, so that the claim
+	// check's pointer always fits. The row keeps its whole payload in PostgreSQL either way.
 	MaxMessageBytes int
 	// CopyThreshold is the number of messages from which Write uses COPY instead of one
 	// multi-row INSERT. Defaults to 100.
@@ -46,7 +53,7 @@ type WriterConfig struct {
 // WithDefaults returns c with every zero field set to its default.
 func (c WriterConfig) WithDefaults() WriterConfig {
 	if c.MaxMessageBytes == 0 {
-		c.MaxMessageBytes = MaxMessageBytes
+		c.MaxMessageBytes = DefaultMaxWriteBytes
 	}
 	if c.CopyThreshold == 0 {
 		c.CopyThreshold = 100
@@ -60,7 +67,7 @@ func (c WriterConfig) WithDefaults() WriterConfig {
 func (c WriterConfig) validate() error {
 	if c.MaxMessageBytes < 1 || c.MaxMessageBytes > MaxOffloadBytes {
 		return fmt.Errorf("outbox: MaxMessageBytes must be between 1 and %d (MaxOffloadBytes; above %d only with the relay's claim check), got %d",
-			MaxOffloadBytes, MaxMessageBytes, c.MaxMessageBytes)
+			MaxOffloadBytes, DefaultMaxWriteBytes, c.MaxMessageBytes)
 	}
 	if c.CopyThreshold < 1 {
 		return fmt.Errorf("outbox: CopyThreshold must be positive, got %d", c.CopyThreshold)
@@ -165,13 +172,17 @@ func (w *Writer) prepare(msgs []Message, trace map[string]string) ([]Message, []
 		if err != nil {
 			return nil, nil, err
 		}
-		size := wireSize(p)
+		size, overhead := writeSize(p)
+		if overhead > MaxMessageOverheadBytes {
+			return nil, nil, &ValidationError{Index: i, Field: "Headers", Problem: fmt.Sprintf("the message carries %d bytes beside its payload (attributes, headers and partition key, as the strictest destination counts them), above the %d Write allows (MaxMessageOverheadBytes), so that a claim check's pointer always fits",
+				overhead, MaxMessageOverheadBytes)}
+		}
 		if size > w.cfg.MaxMessageBytes {
-			return nil, nil, &ValidationError{Index: i, Field: "Payload", Problem: fmt.Sprintf("message is %d bytes with its attributes, above the publishable %d bytes%s",
-				size, w.cfg.MaxMessageBytes, raiseHint(w.cfg.MaxMessageBytes))}
+			return nil, nil, &ValidationError{Index: i, Field: "Payload", Problem: fmt.Sprintf("message is %d bytes as the strictest destination counts it (payload %d bytes), above the publishable %d bytes%s",
+				size, len(p.Payload), w.cfg.MaxMessageBytes, raiseHint(w.cfg.MaxMessageBytes))}
 		}
 		if len(trace) > 0 {
-			p.Headers = withTrace(p, size, trace, w.cfg.Propagator.Fields(), w.cfg.MaxMessageBytes)
+			p.Headers = withTrace(p, trace, w.cfg.Propagator.Fields(), w.cfg.MaxMessageBytes)
 		}
 		hb := []byte("{}")
 		if len(p.Headers) > 0 {
@@ -189,7 +200,7 @@ func raiseHint(limit int) string {
 	if limit >= MaxOffloadBytes {
 		return ""
 	}
-	if limit > MaxMessageBytes {
+	if limit > DefaultMaxWriteBytes {
 		return " (WriterConfig.MaxMessageBytes; at most MaxOffloadBytes)"
 	}
 	return " (WriterConfig.MaxMessageBytes): to write larger payloads, turn on the relay's S3 claim check " +
@@ -240,18 +251,13 @@ func insertArgs(prepared []Message, headers [][]byte) []any {
 	return []any{ids, topics, aggTypes, aggIDs, evTypes, keys, payloads, hdrs}
 }
 
-// wireSize estimates the size SNS counts for m: body plus attribute names, types and values.
-func wireSize(m Message) int {
-	attrs := map[string]string{
-		AttrMessageID: m.EventID.String(), AttrEventType: m.EventType, AttrAggregateType: m.AggregateType,
-		AttrAggregateID: m.AggregateID, AttrCreatedAt: time.Now().UTC().Format(time.RFC3339Nano),
-	}
-	for k, v := range m.Headers {
-		attrs[k] = v
-	}
-	n := len(m.Payload)
-	for k, v := range attrs {
-		n += len(k) + len("String") + len(v)
-	}
-	return n
+// writeSize returns m's size as the strictest destination counts it (strictestSize: the
+// largest of every kind's MessageSize, with the longest EventBridge Source and createdAt), and
+// what of it is not the payload. Write does not know m's destination (the relay's
+// configuration maps topics to destinations), so it holds every message to all of them.
+func writeSize(m Message) (size, overhead int) {
+	e := &Event{EventID: m.EventID, Topic: m.Topic, AggregateType: m.AggregateType, AggregateID: m.AggregateID,
+		EventType: m.EventType, PartitionKey: m.PartitionKey, Headers: m.Headers}
+	size = strictestSize(e, len(m.Payload))
+	return size, size - len(m.Payload)
 }

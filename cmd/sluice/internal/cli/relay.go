@@ -29,6 +29,10 @@ SLUICE_DEFAULT_TOPIC_ARN, and the relay settings (defaults in brackets):
   %s [%d]  %s [%d]  %s [%d]  %s [%d]
   %s [%s]  %s [%s]  %s [%s]  %s [%s]  %s [%s]
   %s [%s]  %s [%s]  %s [%d]  %s [%s]
+and each destination's largest message, in bytes as its service counts it (AWS's current limits;
+set them to what your topics, queues, streams and brokers take, docs/destinations.md):
+  %s [%d]  %s [%d]  %s [%d]
+  %s [%d]  %s [%d]
 A setting out of range is refused with an error naming it. --topic, --default-topic and
 --batch-size override the environment. The settings it runs with are printed on stderr.
 
@@ -42,7 +46,10 @@ relay round holds its partition keys' locks.`,
 			lambdaenv.RelayBackoffBase, outbox.DefaultBackoffBase, lambdaenv.RelayBackoffMax, outbox.DefaultBackoffMax,
 			lambdaenv.RelayOutageLimit, outbox.DefaultOutageLimit, lambdaenv.RelayPollInterval, outbox.DefaultPollInterval,
 			lambdaenv.RelayRescanInterval, outbox.DefaultRescanInterval, lambdaenv.RelayMaxAttempts, outbox.DefaultMaxAttempts,
-			lambdaenv.RelayMaxRoundBytes, formatBytes(outbox.DefaultMaxRoundBytes)),
+			lambdaenv.RelayMaxRoundBytes, formatBytes(outbox.DefaultMaxRoundBytes),
+			lambdaenv.SNSMaxMessageBytes, outbox.DefaultSNSMaxMessageBytes, lambdaenv.SQSMaxMessageBytes, outbox.DefaultSQSMaxMessageBytes,
+			lambdaenv.EventBridgeMaxEntryBytes, outbox.DefaultEventBridgeMaxEntryBytes,
+			lambdaenv.KinesisMaxRecordBytes, outbox.DefaultKinesisMaxRecordBytes, lambdaenv.KafkaMaxMessageBytes, outbox.DefaultKafkaMaxMessageBytes),
 		Example: `  sluice relay --once --topic orders=arn:aws:sns:eu-west-1:123456789012:orders
   SLUICE_TOPIC_ARNS='{"orders":"arn:aws:sns:eu-west-1:123456789012:orders"}' sluice relay`,
 		Args: cobra.NoArgs,

@@ -1,0 +1,227 @@
+package outbox
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// What each destination accepts in one message, as AWS documents it today (docs/destinations.md
+// cites each source). Each is the default of a setting (MessageLimits, and the SLUICE_*_MAX_*
+// variables of pkg/lambdaenv), since a topic, queue or stream can be configured otherwise.
+const (
+	// DefaultSNSMaxMessageBytes is an SNS topic's default MaximumMessageSize: body and message
+	// attributes together, 256 KiB. A topic may raise it to MaxSNSMessageBytes.
+	DefaultSNSMaxMessageBytes = 262_144
+	// MaxSNSMessageBytes is the most a topic's MaximumMessageSize may be (1 MiB).
+	MaxSNSMessageBytes = 1_048_576
+	// DefaultSQSMaxMessageBytes is an SQS queue's default MaximumMessageSize (256 KiB): what a
+	// queue subscribed to SNS or targeted by an EventBridge rule accepts. A queue may raise it to
+	// MaxSQSMessageBytes.
+	DefaultSQSMaxMessageBytes = 262_144
+	// MaxSQSMessageBytes is the most a queue's MaximumMessageSize may be (1 MiB).
+	MaxSQSMessageBytes = 1_048_576
+	// DefaultEventBridgeMaxEntryBytes is the largest PutEvents entry (Time's 14 bytes, Source,
+	// DetailType and Detail), which must be "less than 256KB".
+	DefaultEventBridgeMaxEntryBytes = 262_144 - 1
+	// DefaultKinesisMaxRecordBytes is a stream's default maximum record size (data and
+	// partition key), 1 MiB; UpdateMaxRecordSize raises it up to MaxKinesisRecordBytes.
+	DefaultKinesisMaxRecordBytes = 1_048_576
+	// MaxKinesisRecordBytes is the largest maximum record size a stream can have (10 MiB).
+	MaxKinesisRecordBytes = 10_485_760
+	// DefaultKafkaMaxMessageBytes is the largest record batch the relay produces: a broker's
+	// default message.max.bytes (1,048,588) less headroom; franz-go's ProducerBatchMaxBytes is
+	// set to the same value (lambdaenv.KafkaClient).
+	DefaultKafkaMaxMessageBytes = 1_000_000
+	// MaxKafkaMessageBytes bounds the Kafka setting: franz-go's default BrokerMaxWriteBytes, which a batch may not exceed.
+	MaxKafkaMessageBytes = 100 << 20
+
+	// MinMessageLimitBytes is the smallest message limit a destination may be given: room for
+	// the most a message carries beside its payload (MaxMessageOverheadBytes) and a claim
+	// check's pointer, so that offloading the payload always makes a message fit.
+	MinMessageLimitBytes = 32 << 10
+	// MaxMessageOverheadBytes is the most Write lets a message carry beside its payload (its
+	// attributes or envelope metadata, headers and partition key, as the strictest destination
+	// counts them).
+	MaxMessageOverheadBytes = 16 << 10
+
+	// eventBridgeDeliveryOverhead bounds what an EventBridge event adds to its entry when a rule
+	// delivers it whole to an SQS queue: version, id, account, time, region, resources and the
+	// JSON keys around detail-type, source and detail (about 170 bytes; Time's 14 are counted).
+	eventBridgeDeliveryOverhead = 256
+	// eventBridgeMaxSource is the longest Source EventBridge accepts: Write measures with it,
+	// since the Source is the relay's setting.
+	eventBridgeMaxSource = 256
+	// maxCreatedAtLen is the longest createdAt (RFC 3339 with nanoseconds, UTC).
+	maxCreatedAtLen = len("2006-01-02T15:04:05.999999999Z")
+	// kafkaRecordOverhead bounds what a one-record batch adds to the record's key, value and
+	// header bytes: the batch header (61 bytes), the record's length, attributes, timestamp and
+	// offset deltas and key and value lengths (varints), and the header count.
+	kafkaRecordOverhead = 61 + 5 + 1 + 10 + 5 + 5 + 5 + 5
+	// kafkaHeaderOverhead bounds a header's two length varints.
+	kafkaHeaderOverhead = 10
+)
+
+// DefaultMaxWriteBytes is WriterConfig.MaxMessageBytes's default: the smallest message limit of
+// the destinations at their defaults (an EventBridge event delivered to a queue of the default
+// size), so that whatever Write accepts, every destination takes.
+const DefaultMaxWriteBytes = DefaultSQSMaxMessageBytes - eventBridgeDeliveryOverhead
+
+// MessageLimits are the largest messages the deployment's destinations accept, each as its
+// service counts it (MessageSize). The relay publishes a message inline only when it fits its
+// destination's limit; above it, with a claim check, the payload goes to S3, and without one
+// the row is quarantined, which Write prevents when its MaxMessageBytes is at most the
+// smallest of these (see WriterConfig).
+type MessageLimits struct {
+	// SNS is the topics' MaximumMessageSize. Defaults to DefaultSNSMaxMessageBytes (256 KiB);
+	// at most MaxSNSMessageBytes.
+	SNS int
+	// SQS is the consumer queues' MaximumMessageSize: SNS delivers raw messages (body and
+	// attributes, as SNS counts them) and EventBridge whole events (the entry and about 256
+	// bytes more) to queues, so it bounds both. Defaults to DefaultSQSMaxMessageBytes (256 KiB);
+	// at most MaxSQSMessageBytes.
+	SQS int
+	// EventBridge is the largest PutEvents entry. Defaults to DefaultEventBridgeMaxEntryBytes.
+	EventBridge int
+	// Kinesis is the streams' maximum record size. Defaults to DefaultKinesisMaxRecordBytes
+	// (1 MiB); at most MaxKinesisRecordBytes (10 MiB).
+	Kinesis int
+	// Kafka is the largest record batch the brokers take (message.max.bytes), which the
+	// producer's ProducerBatchMaxBytes must equal. Defaults to DefaultKafkaMaxMessageBytes.
+	Kafka int
+}
+
+// WithDefaults returns l with every zero field set to its default.
+func (l MessageLimits) WithDefaults() MessageLimits {
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&l.SNS, DefaultSNSMaxMessageBytes)
+	def(&l.SQS, DefaultSQSMaxMessageBytes)
+	def(&l.EventBridge, DefaultEventBridgeMaxEntryBytes)
+	def(&l.Kinesis, DefaultKinesisMaxRecordBytes)
+	def(&l.Kafka, DefaultKafkaMaxMessageBytes)
+	return l
+}
+
+// Check reports every field of l (after WithDefaults) outside what its service allows.
+func (l MessageLimits) Check() error { return errors.Join(l.problems()...) }
+
+func (l MessageLimits) problems() []error {
+	l = l.WithDefaults()
+	var errs []error
+	for _, f := range []struct {
+		name      string
+		v, lo, hi int
+	}{
+		{"SNS", l.SNS, MinMessageLimitBytes, MaxSNSMessageBytes},
+		{"SQS", l.SQS, MinMessageLimitBytes, MaxSQSMessageBytes},
+		{"EventBridge", l.EventBridge, MinMessageLimitBytes, DefaultEventBridgeMaxEntryBytes},
+		{"Kinesis", l.Kinesis, DefaultKinesisMaxRecordBytes, MaxKinesisRecordBytes},
+		{"Kafka", l.Kafka, MinMessageLimitBytes, MaxKafkaMessageBytes},
+	} {
+		if f.v < f.lo || f.v > f.hi {
+			errs = append(errs, fmt.Errorf("MessageLimits.%s must be between %d and %d bytes, got %d", f.name, f.lo, f.hi, f.v))
+		}
+	}
+	return errs
+}
+
+// Of returns the largest message the relay publishes inline to a destination of kind k: the
+// service's own limit, and for SNS and EventBridge also what their queues accept.
+func (l MessageLimits) Of(k Kind) int {
+	l = l.WithDefaults()
+	switch k {
+	case EventBridge:
+		return min(l.EventBridge, l.SQS-eventBridgeDeliveryOverhead)
+	case Kinesis:
+		return l.Kinesis
+	case Kafka:
+		return l.Kafka
+	}
+	return min(l.SNS, l.SQS)
+}
+
+// Smallest returns the smallest of l's limits over every kind: the most WriterConfig's
+// MaxMessageBytes may be for a deployment without a claim check.
+func (l MessageLimits) Smallest() int {
+	n := l.Of(SNS)
+	for _, k := range []Kind{EventBridge, Kinesis, Kafka} {
+		n = min(n, l.Of(k))
+	}
+	return n
+}
+
+// MessageSize returns the size a destination of kind k counts for e's message when its payload
+// is payloadLen bytes: SNS (and SQS) the body and each attribute's name, type and value;
+// EventBridge the entry (Time's 14 bytes, Source, DetailType and the envelope as Detail);
+// Kinesis the envelope and the partition key; Kafka the record batch of the one record (key,
+// value, headers and their framing). source is the EventBridge Source ("" for
+// DefaultEventSource). e.Payload is not read: the size of each is its payload's length plus
+// what surrounds it, which does not depend on the payload's bytes.
+func MessageSize(k Kind, e *Event, payloadLen int, source string) int {
+	switch k {
+	case EventBridge:
+		if source == "" {
+			source = DefaultEventSource
+		}
+		return 14 + len(source) + len(e.EventType) + envelopeSize(e, payloadLen)
+	case Kinesis:
+		return envelopeSize(e, payloadLen) + len(streamKey(e.PartitionKey))
+	case Kafka:
+		n := kafkaRecordOverhead + len(e.PartitionKey) + payloadLen
+		for _, h := range kafkaHeaders(e) {
+			n += kafkaHeaderOverhead + len(h.Key) + len(h.Value)
+		}
+		return n
+	}
+	return payloadLen + attributesSize(e)
+}
+
+// strictestSize is the largest MessageSize of e over every kind, with the longest Source and
+// createdAt: what Write compares with its maximum, since it does not know the destination.
+func strictestSize(e *Event, payloadLen int) int {
+	long := *e
+	if long.CreatedAt.IsZero() || len(long.CreatedAt.UTC().Format(time.RFC3339Nano)) < maxCreatedAtLen {
+		// A time whose RFC 3339 form is the longest: nanoseconds without trailing zeros.
+		long.CreatedAt = time.Date(2006, 1, 2, 15, 4, 5, 999_999_999, time.UTC)
+	}
+	source := string(bytes.Repeat([]byte("s"), eventBridgeMaxSource))
+	n := 0
+	for _, k := range []Kind{SNS, EventBridge, Kinesis, Kafka} {
+		n = max(n, MessageSize(k, &long, payloadLen, source))
+	}
+	return n
+}
+
+// envelopeSize is the length of e's envelope (envelopeOf) with a payload of payloadLen bytes.
+func envelopeSize(e *Event, payloadLen int) int {
+	meta, err := envelopeMetadata(e)
+	if err != nil {
+		return 1 << 62 // cannot be encoded: larger than any limit
+	}
+	return len(envelopeOpen) + len(meta) + len(envelopeData) + payloadLen + len(envelopeClose)
+}
+
+// The envelope around its metadata and data.
+const (
+	envelopeOpen  = `{"metadata":`
+	envelopeData  = `,"data":`
+	envelopeClose = `}`
+)
+
+// encodeJSON encodes v as json.Marshal does, but without escaping <, > and & (which would
+// make the envelope's size depend on more than the lengths of its values' bytes).
+func encodeJSON(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+}
