@@ -306,6 +306,13 @@ func TestSluiceStack(t *testing.T) {
 			if fn == "" {
 				continue
 			}
+			if pl, ok := p["DestinationPrefixListId"]; ok {
+				// The S3 gateway endpoint's prefix list, looked up at deploy time.
+				require.True(t, strings.HasPrefix(refID(pl), "S3PrefixList"), id)
+				require.Equal(t, 443.0, p["FromPort"], id)
+				egress[fn] = append(egress[fn], "s3:443")
+				continue
+			}
 			dst := refID(p["DestinationSecurityGroupId"])
 			require.NotEmpty(t, dst, "egress %s goes to a security group", id)
 			if dst == endpointSG {
@@ -319,8 +326,9 @@ func TestSluiceStack(t *testing.T) {
 		for fn, dests := range egress {
 			sort.Strings(dests)
 			if fn == migrate {
-				// CloudFormation's response: a presigned S3 URL, reached through the S3 gateway endpoint.
-				require.Equal(t, []string{"0.0.0.0/0:443", "database", "endpoints:443"}, dests, fn)
+				// CloudFormation's response: a presigned S3 URL, reached through the S3 gateway
+				// endpoint, named by its prefix list (no HTTPS to any address).
+				require.Equal(t, []string{"database", "endpoints:443", "s3:443"}, dests, fn)
 			} else {
 				require.Equal(t, []string{"database", "endpoints:443"}, dests, fn)
 			}
