@@ -97,6 +97,14 @@ type SluiceStackProps struct {
 	ConsumerName string
 	// Relay tunes the relay (OutboxProps.Relay). Defaults to the relay's own defaults.
 	Relay RelaySettings
+	// ConsumerMaxConcurrency caps the example consumer's concurrent invocations
+	// (ConsumerProps.MaxConcurrency, 2..1000): with batches of 10 taking 100 ms each, 5 serve
+	// 500 events a second, 20 serve 2,000. Its connections count against MaxConnections.
+	// Defaults to the consumer's default (5).
+	ConsumerMaxConcurrency int
+	// MaxAllocatedStorageGB is the ceiling up to which RDS grows the new database's storage
+	// (from 20 GB). Defaults to 200.
+	MaxAllocatedStorageGB int
 	// ConsumerCommitMode, ConsumerDeadlineMargin and ConsumerStorePayload set the example
 	// consumer's ConsumerProps.CommitMode, DeadlineMargin and StorePayload. Default to the
 	// consumer's defaults (per-record, 3 seconds, false).
@@ -173,6 +181,12 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 	}
 	if p.NatGateways < 0 || p.NatGateways > 2 {
 		errs = append(errs, fmt.Errorf("NatGateways must be 0, 1 or 2, got %d", p.NatGateways))
+	}
+	if p.MaxAllocatedStorageGB != 0 && (p.MaxAllocatedStorageGB < 20 || p.MaxAllocatedStorageGB > 65536) {
+		errs = append(errs, fmt.Errorf("MaxAllocatedStorageGB must be between 20 and 65536, got %d", p.MaxAllocatedStorageGB))
+	}
+	if p.MaxAllocatedStorageGB != 0 && p.Database != nil {
+		errs = append(errs, errors.New("MaxAllocatedStorageGB shapes the stack's own database: leave it unset with Database"))
 	}
 	if p.ConsumerProxy && p.Database != nil {
 		errs = append(errs, errors.New("ConsumerProxy needs the stack's own database (a proxy targets an instance)"))
@@ -277,6 +291,7 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 		// The skeleton consumer (lambdas/consumer) writes nothing beyond its inbox rows. A
 		// service's consumer declares the tables its handlers write in DatabaseGrants, e.g.
 		// {Table: "invoice", Privileges: []string{"SELECT", "INSERT"}}.
+		MaxConcurrency: p.ConsumerMaxConcurrency,
 		CommitMode:     p.ConsumerCommitMode,
 		DeadlineMargin: p.ConsumerDeadlineMargin,
 		StorePayload:   p.ConsumerStorePayload,
@@ -571,7 +586,7 @@ func newDatabase(stack awscdk.Stack, network Network, p SluiceStackProps) (awsrd
 		MultiAz:                 jsii.Bool(multiAZ),
 		AllocatedStorage:        jsii.Number(20),
 		StorageType:             awsrds.StorageType_GP3,
-		MaxAllocatedStorage:     jsii.Number(200),
+		MaxAllocatedStorage:     jsii.Number(float64(orDefault(p.MaxAllocatedStorageGB, 200))),
 		BackupRetention:         awscdk.Duration_Days(jsii.Number(7)),
 		DeletionProtection:      jsii.Bool(true),
 		RemovalPolicy:           awscdk.RemovalPolicy_SNAPSHOT,
