@@ -38,9 +38,8 @@ type Network struct {
 	SecurityGroups []awsec2.ISecurityGroup
 	// ApiEndpoints are the interface VPC endpoints (Secrets Manager, SNS) through which the
 	// functions call AWS, e.g. NewVpcEndpoints(...).Connections(): the functions' security groups
-	// then allow HTTPS only to them (the migrations also to any address on 443, for the S3
-	// gateway endpoint whose prefix list a region-agnostic template cannot name, and so does a
-	// consumer with ConsumerProps.HTTPSToAnywhere). Defaults to none: HTTPS to any address,
+	// then allow HTTPS only to them (and to S3PrefixList for those that call S3; a consumer with
+	// ConsumerProps.HTTPSToAnywhere to any address). Defaults to none: HTTPS to any address,
 	// through a NAT gateway.
 	ApiEndpoints awsec2.IConnectable
 	// S3PrefixList is the ID (pl-...) of the region's S3 prefix list, which the S3 gateway

@@ -126,8 +126,8 @@ type OutboxProps struct {
 	LogRetention awslogs.RetentionDays
 	// ClaimCheck is the bucket (NewClaimCheck) where the relay stores payloads too large for
 	// their message, publishing a pointer instead: the relay gets SLUICE_CLAIM_CHECK_*, may put
-	// objects there, and HTTPS to any address (the S3 gateway endpoint, whose prefix list a
-	// region-agnostic template cannot name). Defaults to none: such rows are quarantined.
+	// objects there, and HTTPS to S3 (Network.S3PrefixList, the gateway endpoint's prefix list;
+	// any address without it). Defaults to none: such rows are quarantined.
 	ClaimCheck ClaimCheck
 }
 
