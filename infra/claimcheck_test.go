@@ -155,17 +155,11 @@ func TestClaimCheckStack(t *testing.T) {
 		require.NotContains(t, ce, lambdaenv.ClaimCheckThreshold)
 	})
 
-	t.Run("network: both functions may reach S3's gateway endpoint", func(t *testing.T) {
+	t.Run("network: both functions may reach S3's gateway endpoint, and nothing else outside", func(t *testing.T) {
 		for name, fn := range map[string]map[string]any{"relay": relay, "consumer": consumer} {
-			var egress []string
-			for _, sg := range props(fn)["VpcConfig"].(map[string]any)["SecurityGroupIds"].([]any) {
-				for _, e := range asList(props(resources(tmpl, "AWS::EC2::SecurityGroup")[refID(sg)])["SecurityGroupEgress"]) {
-					if rule, ok := e.(map[string]any); ok {
-						egress = append(egress, fmt.Sprintf("%v:%v", rule["CidrIp"], rule["FromPort"]))
-					}
-				}
-			}
-			require.Contains(t, egress, "0.0.0.0/0:443", name)
+			egress := egressOf(tmpl, fn)
+			require.Contains(t, egress, "s3-prefix-list:443", name)
+			require.NotContains(t, egress, "0.0.0.0/0:443", name)
 		}
 		tmpl.HasOutput(jsii.String("ClaimCheckBucket"), map[string]any{"Value": map[string]any{"Ref": bucketID}})
 	})

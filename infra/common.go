@@ -38,11 +38,17 @@ type Network struct {
 	SecurityGroups []awsec2.ISecurityGroup
 	// ApiEndpoints are the interface VPC endpoints (Secrets Manager, SNS) through which the
 	// functions call AWS, e.g. NewVpcEndpoints(...).Connections(): the functions' security groups
-	// then allow HTTPS only to them (the migrations also to any address on 443, for the S3
-	// gateway endpoint whose prefix list a region-agnostic template cannot name, and so does a
-	// consumer with ConsumerProps.HTTPSToAnywhere). Defaults to none: HTTPS to any address,
+	// then allow HTTPS only to them (and to S3PrefixList for those that call S3; a consumer with
+	// ConsumerProps.HTTPSToAnywhere to any address). Defaults to none: HTTPS to any address,
 	// through a NAT gateway.
 	ApiEndpoints awsec2.IConnectable
+	// S3PrefixList is the ID (pl-...) of the region's S3 prefix list, which the S3 gateway
+	// endpoint routes: the functions that call S3 (the migrations, for CloudFormation's
+	// response; the relay and consumers with a claim check) allow HTTPS to it instead of to
+	// any address. The example stack looks it up at deploy time (DescribeManagedPrefixLists
+	// for com.amazonaws.REGION.s3). Defaults to none: those functions allow HTTPS to any
+	// address.
+	S3PrefixList *string
 }
 
 // Database says how a Lambda reaches PostgreSQL.
@@ -152,7 +158,10 @@ type goFunctionProps struct {
 	via          awsec2.IConnectable
 	environment  map[string]*string
 	logRetention awslogs.RetentionDays
-	// httpsAnywhere also allows HTTPS to any address (the migrations' CloudFormation response).
+	// s3 is why the function calls S3 (the migrations' CloudFormation response, the claim
+	// check), for its egress rule to Network.S3PrefixList; "" when it does not.
+	s3 string
+	// httpsAnywhere also allows HTTPS to any address (handler code calling other services).
 	httpsAnywhere bool
 }
 
@@ -237,8 +246,16 @@ func newGoFunction(scope constructs.Construct, id string, p goFunctionProps) aws
 		if p.network.ApiEndpoints != nil {
 			fn.Connections().AllowTo(p.network.ApiEndpoints, https, jsii.String("sluice "+p.description+" to the AWS API endpoints"))
 		}
-		if p.network.ApiEndpoints == nil || p.httpsAnywhere {
+		switch {
+		case p.httpsAnywhere:
+			fn.Connections().AllowToAnyIpv4(https, jsii.String("sluice "+p.description+": handler code calling other services over HTTPS"))
+		case p.network.ApiEndpoints == nil:
 			fn.Connections().AllowToAnyIpv4(https, jsii.String("sluice "+p.description+" to AWS APIs over HTTPS"))
+		case p.s3 != "" && p.network.S3PrefixList != nil:
+			fn.Connections().AllowTo(awsec2.Peer_PrefixList(p.network.S3PrefixList), https,
+				jsii.String("sluice "+p.description+" to S3 through the gateway endpoint ("+p.s3+")"))
+		case p.s3 != "":
+			fn.Connections().AllowToAnyIpv4(https, jsii.String("sluice "+p.description+" to S3 over HTTPS ("+p.s3+"; no Network.S3PrefixList)"))
 		}
 	}
 	return fn
@@ -322,4 +339,12 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// claimCheckS3 is goFunctionProps.s3 for a function that calls S3 only with a claim check.
+func claimCheckS3(on bool, why string) string {
+	if on {
+		return why
+	}
+	return ""
 }

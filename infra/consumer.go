@@ -463,7 +463,8 @@ func NewConsumer(scope constructs.Construct, id string, props *ConsumerProps) Co
 		logRetention: p.LogRetention,
 		// Handler code may call other services through NAT, when the stack has it; the claim
 		// check's S3 is reached through the gateway endpoint.
-		httpsAnywhere: p.HTTPSToAnywhere || p.ClaimCheck != nil,
+		httpsAnywhere: p.HTTPSToAnywhere,
+		s3:            claimCheckS3(p.ClaimCheck != nil, "the claim check's payloads"),
 		// A stream's mapping scales with shards or partitions: cap it, as the SQS mapping's
 		// MaxConcurrency does, for the connection budget.
 		reservedConcurrency: p.streamConcurrency(),

@@ -150,6 +150,13 @@ type KinesisDestinationProps struct {
 	// behind, or a record in the failure destination not re-read in time, is lost to it.
 	// Between 24 hours and 365 days. Defaults to 7 days.
 	Retention time.Duration
+	// Publishers are further IAM principal ARNs (roles) allowed to put records on a new
+	// stream, e.g. an operator role that runs `sluice relay` or `sluice replay`. The stream's
+	// resource policy (AWS::Kinesis::ResourcePolicy) denies kinesis:PutRecord and PutRecords
+	// to every other principal but the relay's role (set when an outbox binds the stream), so
+	// that nobody forges a record the consumers would apply. An imported stream keeps its own
+	// policy. Defaults to none.
+	Publishers []string
 }
 
 // KinesisDestination is a Kinesis data stream the relay puts records on.
@@ -161,7 +168,9 @@ type KinesisDestination interface {
 
 type kinesisDestination struct {
 	constructs.Construct
-	stream awskinesis.IStream
+	stream     awskinesis.IStream
+	own        bool // created here: its resource policy is ours to write
+	publishers []string
 }
 
 func (d *kinesisDestination) Kind() sluiceoutbox.Kind    { return sluiceoutbox.Kinesis }
@@ -184,9 +193,13 @@ func NewKinesisDestination(scope constructs.Construct, id string, props *Kinesis
 	if p.Retention < 24*time.Hour || p.Retention > 365*24*time.Hour || p.Retention%time.Hour != 0 {
 		errs = append(errs, fmt.Errorf("Retention must be whole hours between 24h and 365 days, got %s", p.Retention))
 	}
+	if p.Stream != nil && len(p.Publishers) > 0 {
+		errs = append(errs, errors.New("Publishers need a new stream (an imported stream keeps its own policy)"))
+	}
+	errs = append(errs, checkARNs("Publishers", p.Publishers)...)
 	invalid("KinesisDestination", id, errs...)
 
-	d := &kinesisDestination{stream: p.Stream}
+	d := &kinesisDestination{stream: p.Stream, own: p.Stream == nil, publishers: p.Publishers}
 	constructs.NewConstruct_Override(d, scope, &id)
 	if d.stream == nil {
 		sp := &awskinesis.StreamProps{
@@ -211,6 +224,24 @@ func (d *kinesisDestination) bindRelay(relay awslambda.Function) {
 	if key := d.stream.EncryptionKey(); key != nil {
 		key.Grant(relay, jsii.String("kms:GenerateDataKey"))
 	}
+	if !d.own {
+		return
+	}
+	// Only the relay (and the listed publishers) may put records: a Deny in the stream's
+	// resource policy wins over any identity policy in the account, as on the SNS topic and the
+	// EventBridge bus. Reading, and changing the policy itself, stay with IAM.
+	publishers := []any{relay.Role().RoleArn()}
+	for _, a := range d.publishers {
+		publishers = append(publishers, a)
+	}
+	d.stream.AddToResourcePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Sid:        jsii.String("OnlyTheRelayPutsRecords"),
+		Effect:     awsiam.Effect_DENY,
+		Principals: &[]awsiam.IPrincipal{awsiam.NewAnyPrincipal()},
+		Actions:    jsii.Strings("kinesis:PutRecord", "kinesis:PutRecords"),
+		Resources:  &[]*string{d.stream.StreamArn()},
+		Conditions: &map[string]any{"ArnNotEquals": map[string]any{"aws:PrincipalArn": publishers}},
+	}))
 }
 
 // MskBrokerPort is the port of MSK's brokers for IAM access control (SASL/IAM over TLS), which
@@ -236,7 +267,9 @@ type MskDestinationProps struct {
 	// calling kafka:GetBootstrapBrokers).
 	BootstrapBrokers string
 	// Network places a new Serverless cluster: Network.Vpc and its Subnets (at least two, in
-	// different availability zones). Required without ClusterArn; not used with it.
+	// different availability zones); with Network.ApiEndpoints (which must include the lambda
+	// and sts endpoints) the cluster's security group allows HTTPS only to them, otherwise to
+	// any address. Required without ClusterArn; not used with it.
 	Network Network
 	// Partitions, when positive, creates the topic with this many partitions (AWS::MSK::Topic:
 	// provisioned clusters on Kafka 3.6 or later only; MSK's topic API does not serve
@@ -355,8 +388,13 @@ func NewMskDestination(scope constructs.Construct, id string, props *MskDestinat
 		// The consumers' event source mappings poll from ENIs with this security group: they
 		// reach the brokers through it, and the Lambda and STS APIs over HTTPS.
 		sg.Connections().AllowInternally(brokerPort, jsii.String("sluice MSK event source mappings to the brokers"))
-		sg.AddEgressRule(awsec2.Peer_AnyIpv4(), awsec2.Port_Tcp(jsii.Number(443)),
-			jsii.String("sluice MSK event source mappings to the Lambda and STS APIs"), nil)
+		if p.Network.ApiEndpoints != nil {
+			sg.Connections().AllowTo(p.Network.ApiEndpoints, awsec2.Port_Tcp(jsii.Number(443)),
+				jsii.String("sluice MSK event source mappings to the Lambda and STS endpoints"))
+		} else {
+			sg.AddEgressRule(awsec2.Peer_AnyIpv4(), awsec2.Port_Tcp(jsii.Number(443)),
+				jsii.String("sluice MSK event source mappings to the Lambda and STS APIs"), nil)
+		}
 		d.connections = awsec2.NewConnections(&awsec2.ConnectionsProps{SecurityGroups: &[]awsec2.ISecurityGroup{sg}, DefaultPort: brokerPort})
 		cluster := awsmsk.NewCfnServerlessCluster(this, jsii.String("Cluster"), &awsmsk.CfnServerlessClusterProps{
 			ClusterName: awscdk.Names_UniqueResourceName(this, &awscdk.UniqueResourceNameOptions{MaxLength: jsii.Number(64), Separator: jsii.String("-")}),
@@ -508,8 +546,8 @@ func suppressAwsCustomResource(scope constructs.Construct) {
 		return
 	}
 	suppress(provider, "AwsSolutions-IAM4",
-		"CDK's AwsCustomResource provider runs with AWSLambdaBasicExecutionRole (its own logs only); its one call "+
-			"(kafka:GetBootstrapBrokers on the cluster) is a scoped statement of the custom resource's policy.",
+		"CDK's AwsCustomResource provider runs with AWSLambdaBasicExecutionRole (its own logs only); its calls "+
+			"(kafka:GetBootstrapBrokers on the cluster, ec2:DescribeManagedPrefixLists) are statements of each custom resource's own policy.",
 		"Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole")
 	suppress(provider, "AwsSolutions-L1",
 		"The AwsCustomResource provider's Node.js runtime is CDK's choice, updated with aws-cdk-lib; it runs at deploy time only.")

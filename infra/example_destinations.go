@@ -69,21 +69,17 @@ func newExampleDestination(stack awscdk.Stack, network Network, p *SluiceStackPr
 	case DestinationEventBridge:
 		return NewEventBridgeDestination(stack, "EventBus", &EventBridgeDestinationProps{Publishers: p.Publishers})
 	case DestinationKinesis:
-		return NewKinesisDestination(stack, "Stream", &KinesisDestinationProps{})
+		return NewKinesisDestination(stack, "Stream", &KinesisDestinationProps{Publishers: p.Publishers})
 	case DestinationMSK:
 		mp := &MskDestinationProps{Topic: orDefault(p.MskTopic, DefaultMskTopic), ClusterArn: p.MskClusterArn}
 		if p.MskClusterArn == "" {
-			mp.Network = Network{Vpc: network.Vpc, Subnets: network.Subnets}
+			// The mapping's pollers reach the Lambda and STS endpoints from the cluster's group.
+			mp.Network = Network{Vpc: network.Vpc, Subnets: network.Subnets, ApiEndpoints: network.ApiEndpoints}
 		} else if p.MskSecurityGroupID != "" {
 			mp.SecurityGroups = []awsec2.ISecurityGroup{awsec2.SecurityGroup_FromSecurityGroupId(stack, jsii.String("MskSecurityGroup"),
 				jsii.String(p.MskSecurityGroupID), &awsec2.SecurityGroupImportOptions{AllowAllOutbound: jsii.Bool(false)})}
 		}
-		d := NewMskDestination(stack, "Kafka", mp)
-		if c := d.Connections(); c != nil && network.ApiEndpoints != nil && p.MskClusterArn == "" {
-			// The mapping's pollers reach the Lambda and STS endpoints from the cluster's group.
-			network.ApiEndpoints.Connections().AllowFrom(c, awsec2.Port_Tcp(jsii.Number(443)), jsii.String("sluice MSK event source mappings to the AWS API endpoints"))
-		}
-		return d
+		return NewMskDestination(stack, "Kafka", mp)
 	}
 	return nil
 }

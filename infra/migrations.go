@@ -316,7 +316,7 @@ func NewMigrations(scope constructs.Construct, id string, props *MigrationsProps
 		logRetention: p.LogRetention,
 		environment:  fnEnv,
 		// CloudFormation's response goes to a presigned S3 URL: the S3 gateway endpoint (or NAT).
-		httpsAnywhere: true,
+		s3: "CloudFormation's custom resource response",
 	})
 	// The fingerprint of the handler (which embeds the migrations) changes with any new
 	// migration, so CloudFormation sends an Update exactly when there is something to apply.

@@ -3,6 +3,7 @@ package infra
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"sort"
 	"strings"
 	"time"
@@ -60,6 +61,11 @@ type OutboxProps struct {
 	// operator role that runs `sluice relay` or `sluice replay`. The topic policy denies
 	// sns:Publish to every other principal but the relay's role. Defaults to none.
 	Publishers []string
+	// Subscribers are further endpoints allowed to subscribe to the topic, e.g. the queue ARN
+	// of a consumer in another stack. The topic policy denies sns:Subscribe for any endpoint
+	// but these and those of the topic's subscriptions in this stack (ConsumerProps.Topic), so
+	// that nobody copies the outbox's events elsewhere. Defaults to none.
+	Subscribers []string
 
 	// Fifo makes the topic a FIFO topic (MessageGroupId = partition_key, dedup id = event_id).
 	// Defaults to a standard topic.
@@ -120,8 +126,8 @@ type OutboxProps struct {
 	LogRetention awslogs.RetentionDays
 	// ClaimCheck is the bucket (NewClaimCheck) where the relay stores payloads too large for
 	// their message, publishing a pointer instead: the relay gets SLUICE_CLAIM_CHECK_*, may put
-	// objects there, and HTTPS to any address (the S3 gateway endpoint, whose prefix list a
-	// region-agnostic template cannot name). Defaults to none: such rows are quarantined.
+	// objects there, and HTTPS to S3 (Network.S3PrefixList, the gateway endpoint's prefix list;
+	// any address without it). Defaults to none: such rows are quarantined.
 	ClaimCheck ClaimCheck
 }
 
@@ -334,11 +340,11 @@ func NewOutbox(scope constructs.Construct, id string, props *OutboxProps) Outbox
 		timeout:             p.RelayTimeout,
 		memoryMB:            p.RelayMemoryMB,
 		reservedConcurrency: p.RelayReservedConcurrency,
+		s3:                  claimCheckS3(p.ClaimCheck != nil, "the claim check's payloads"),
 		network:             p.Network,
 		database:            p.Database,
 		environment:         env,
 		logRetention:        p.LogRetention,
-		httpsAnywhere:       p.ClaimCheck != nil, // S3 (claimcheck.go)
 	})
 	if p.ClaimCheck != nil {
 		p.ClaimCheck.attachRelay(o.relay)
@@ -368,6 +374,20 @@ func NewOutbox(scope constructs.Construct, id string, props *OutboxProps) Outbox
 			Resources:  &[]*string{o.topic.TopicArn()},
 			Conditions: &map[string]any{"ArnNotEquals": map[string]any{"aws:PrincipalArn": publishers}},
 		}))
+		// Only the stack's own subscriptions (and the listed Subscribers) may subscribe: whoever
+		// may call sns:Subscribe would otherwise receive every event. The endpoints are read from
+		// the stack's subscriptions to the topic when the template is synthesized, so consumers
+		// created after the outbox are included.
+		o.topic.AddToResourcePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Sid:        jsii.String("OnlyTheStacksSubscriptions"),
+			Effect:     awsiam.Effect_DENY,
+			Principals: &[]awsiam.IPrincipal{awsiam.NewAnyPrincipal()},
+			Actions:    jsii.Strings("sns:Subscribe"),
+			Resources:  &[]*string{o.topic.TopicArn()},
+			Conditions: &map[string]any{"StringNotEquals": map[string]any{
+				"sns:Endpoint": awscdk.Lazy_List(&topicSubscribers{stack: awscdk.Stack_Of(this), topic: o.topic.TopicArn(), extra: p.Subscribers}, nil),
+			}},
+		}))
 	}
 	for _, name := range extra {
 		p.ExtraTopics[name].GrantPublish(o.relay)
@@ -388,4 +408,32 @@ func NewOutbox(scope constructs.Construct, id string, props *OutboxProps) Outbox
 			"the statement is limited to the topic keys' ARNs, as Topic.GrantPublish writes it.",
 		"Action::kms:GenerateDataKey*")
 	return o
+}
+
+// topicSubscribers produces the endpoints allowed to subscribe to an outbox topic: those of the
+// stack's AWS::SNS::Subscription resources on it, and extra.
+type topicSubscribers struct {
+	stack awscdk.Stack
+	topic *string
+	extra []string
+}
+
+// Produce implements awscdk.IStableListProducer.
+func (t *topicSubscribers) Produce() *[]*string {
+	want := t.stack.Resolve(t.topic)
+	var out []*string
+	for _, c := range *t.stack.Node().FindAll(constructs.ConstructOrder_PREORDER) {
+		if sub, ok := c.(awssns.CfnSubscription); ok && reflect.DeepEqual(t.stack.Resolve(sub.TopicArn()), want) {
+			out = append(out, sub.Endpoint())
+		}
+	}
+	for _, e := range t.extra {
+		out = append(out, jsii.String(e))
+	}
+	if len(out) == 0 {
+		// No subscription: the topic's own ARN, which no Subscribe names as its endpoint, so
+		// that every Subscribe is denied (an empty list would make the condition meaningless).
+		out = append(out, t.topic)
+	}
+	return &out
 }

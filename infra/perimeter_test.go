@@ -1,12 +1,14 @@
 package infra_test
 
 import (
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/assertions"
+	"github.com/aws/constructs-go/constructs/v10"
 	"github.com/aws/jsii-runtime-go"
 	"github.com/stretchr/testify/require"
 
@@ -218,4 +220,208 @@ func TestDeadLetterQueuesRefuseForgedMessages(t *testing.T) {
 		assertions.Template_FromStack(other, nil).HasResourceProperties(jsii.String("AWS::RDS::DBProxy"), &map[string]any{"DBProxyName": name2})
 		require.NotEqual(t, *name.AsString(), *name2.AsString(), "a second stack in the same account and region deploys")
 	})
+}
+
+// egressOf lists a function's outbound rules: "CIDR:port" for an address range,
+// "s3-prefix-list:port" for the S3 gateway endpoint's prefix list, "sg:ID:port" for a security
+// group (inline rules and AWS::EC2::SecurityGroupEgress resources alike).
+func egressOf(tmpl assertions.Template, fn map[string]any) []string {
+	var out []string
+	sgs := map[string]bool{}
+	for _, sg := range props(fn)["VpcConfig"].(map[string]any)["SecurityGroupIds"].([]any) {
+		sgs[refID(sg)] = true
+		for _, e := range asList(props(resources(tmpl, "AWS::EC2::SecurityGroup")[refID(sg)])["SecurityGroupEgress"]) {
+			if rule, ok := e.(map[string]any); ok && rule["CidrIp"] != "255.255.255.255/32" {
+				out = append(out, fmt.Sprintf("%v:%v", rule["CidrIp"], rule["FromPort"]))
+			}
+		}
+	}
+	for _, r := range resources(tmpl, "AWS::EC2::SecurityGroupEgress") {
+		p := props(r)
+		if !sgs[refID(p["GroupId"])] {
+			continue
+		}
+		switch {
+		case p["DestinationPrefixListId"] != nil:
+			if !strings.HasPrefix(refID(p["DestinationPrefixListId"]), "S3PrefixList") {
+				panic(fmt.Sprintf("unexpected prefix list %v", p["DestinationPrefixListId"]))
+			}
+			out = append(out, fmt.Sprintf("s3-prefix-list:%v", p["FromPort"]))
+		case p["DestinationSecurityGroupId"] != nil:
+			out = append(out, fmt.Sprintf("sg:%s:%v", refID(p["DestinationSecurityGroupId"]), p["FromPort"]))
+		default:
+			out = append(out, fmt.Sprintf("%v:%v", p["CidrIp"], p["FromPort"]))
+		}
+	}
+	return out
+}
+
+// endpointPolicy returns the policy document of the VPC endpoint whose service name contains
+// ".service" (its ServiceName is a Join with the region).
+func endpointPolicy(t *testing.T, tmpl assertions.Template, service string) map[string]any {
+	t.Helper()
+	for _, r := range resources(tmpl, "AWS::EC2::VPCEndpoint") {
+		if p := props(r); strings.Contains(fmt.Sprint(p["ServiceName"]), "."+service) {
+			doc, ok := p["PolicyDocument"].(map[string]any)
+			require.True(t, ok, "the %s endpoint has a policy", service)
+			return doc
+		}
+	}
+	t.Fatalf("no %s endpoint", service)
+	return nil
+}
+
+// allowedResources returns what an endpoint policy allows, by action.
+func allowedResources(doc map[string]any) map[string][]any {
+	out := map[string][]any{}
+	for _, s := range asList(doc["Statement"]) {
+		st := s.(map[string]any)
+		if st["Effect"] != "Allow" {
+			continue
+		}
+		for _, a := range asList(st["Action"]) {
+			out[a.(string)] = append(out[a.(string)], asList(st["Resource"])...)
+		}
+	}
+	return out
+}
+
+// The network path is a data perimeter: each endpoint lets through only the stack's own
+// resources, the functions leave the VPC only towards what they call (S3 by its prefix list,
+// no 0.0.0.0/0), and only the stack's own subscriptions may subscribe to the outbox topic.
+func TestNetworkPerimeter(t *testing.T) {
+	app := awscdk.NewApp(nil)
+	s := infra.NewSluiceStack(app, "Perimeter", &infra.SluiceStackProps{
+		RelayCodeDir: assetDir(t, "relay"), ConsumerCodeDir: assetDir(t, "consumer"), MigrateCodeDir: assetDir(t, "migrate"),
+		CABundle: caBundle(t), NoAlarmDestination: true, ConsumerName: "orders", ClaimCheck: &infra.ClaimCheckProps{},
+	})
+	withNag(s)
+	tmpl := assertions.Template_FromStack(s, nil)
+	requireNoNagErrors(t, s)
+	id := func(c constructs.IConstruct) string {
+		return *s.GetLogicalId(c.Node().DefaultChild().(awscdk.CfnElement))
+	}
+	bucket, topic, queue := firstKey(resources(tmpl, "AWS::S3::Bucket")), id(s.Outbox().Topic()), id(s.Consumer().Queue())
+
+	t.Run("S3 gateway endpoint: CloudFormation's responses and the claim check only", func(t *testing.T) {
+		allowed := allowedResources(endpointPolicy(t, tmpl, "s3"))
+		require.ElementsMatch(t, []string{"s3:PutObject", "s3:GetObject"}, keys(allowed))
+		objects := map[string]any{"Fn::Join": []any{"", []any{map[string]any{"Fn::GetAtt": []any{bucket, "Arn"}}, "/*"}}}
+		require.Equal(t, []any{objects}, allowed["s3:GetObject"])
+		require.Len(t, allowed["s3:PutObject"], 2)
+		require.Contains(t, allowed["s3:PutObject"], objects)
+		responses := fmt.Sprint(allowed["s3:PutObject"])
+		require.Contains(t, responses, ":s3:::cloudformation-custom-resource-response-")
+		require.Contains(t, responses, "Fn::Split:[- map[Ref:AWS::Region]]", "the region without dashes, as the bucket's name spells it")
+	})
+	t.Run("Secrets Manager endpoint: the stack's secrets only", func(t *testing.T) {
+		allowed := allowedResources(endpointPolicy(t, tmpl, "secretsmanager"))
+		var secrets []any
+		for sid := range resources(tmpl, "AWS::SecretsManager::Secret") {
+			secrets = append(secrets, map[string]any{"Ref": sid})
+		}
+		require.Len(t, secrets, 3, "master, relay, consumer")
+		for _, a := range []string{"secretsmanager:GetSecretValue", "secretsmanager:PutSecretValue", "secretsmanager:DescribeSecret", "secretsmanager:UpdateSecretVersionStage"} {
+			require.ElementsMatch(t, secrets, allowed[a], a)
+		}
+		require.Equal(t, []any{"*"}, allowed["secretsmanager:GetRandomPassword"], "rotation; the action has no resource")
+		require.Len(t, allowed, 5)
+	})
+	t.Run("SNS endpoint: publishing to the outbox topic only", func(t *testing.T) {
+		allowed := allowedResources(endpointPolicy(t, tmpl, "sns"))
+		require.Equal(t, map[string][]any{"sns:Publish": {map[string]any{"Ref": topic}}}, allowed)
+	})
+	t.Run("egress: S3 by its prefix list, nothing to any address", func(t *testing.T) {
+		fns := resources(tmpl, "AWS::Lambda::Function")
+		migrate := refID(props(resources(tmpl, infra.MigrationsResourceType)[firstKey(resources(tmpl, infra.MigrationsResourceType))])["ServiceToken"])
+		for name, fnID := range map[string]string{"relay": id(s.Outbox().Relay()), "consumer": id(s.Consumer().Function()), "migrations": migrate} {
+			egress := egressOf(tmpl, fns[fnID])
+			require.Contains(t, egress, "s3-prefix-list:443", name)
+			for _, e := range egress {
+				require.False(t, strings.HasPrefix(e, "0.0.0.0/0"), "%s: %s", name, e)
+			}
+		}
+		for id, r := range resources(tmpl, "AWS::EC2::SecurityGroup") {
+			for _, e := range asList(props(r)["SecurityGroupEgress"]) {
+				if rule, ok := e.(map[string]any); ok {
+					require.NotEqual(t, "0.0.0.0/0", rule["CidrIp"], "security group %s", id)
+				}
+			}
+		}
+		for id, r := range resources(tmpl, "AWS::EC2::SecurityGroupEgress") {
+			require.NotEqual(t, "0.0.0.0/0", props(r)["CidrIp"], "egress %s", id)
+		}
+		prefixList := assertions.NewCapture(nil)
+		tmpl.HasResourceProperties(jsii.String("Custom::AWS"), map[string]any{"Create": prefixList})
+		require.Contains(t, fmt.Sprint(prefixList.AsObject()), "describeManagedPrefixLists")
+	})
+	t.Run("topic policy: only the stack's own subscriptions subscribe", func(t *testing.T) {
+		var doc map[string]any
+		for _, r := range resources(tmpl, "AWS::SNS::TopicPolicy") {
+			if reflect.DeepEqual(asList(props(r)["Topics"]), []any{map[string]any{"Ref": topic}}) {
+				doc = props(r)["PolicyDocument"].(map[string]any)
+			}
+		}
+		require.NotNil(t, doc)
+		tmpl.HasResourceProperties(jsii.String("AWS::SNS::TopicPolicy"), assertions.Match_ObjectLike(&map[string]any{
+			"PolicyDocument": assertions.Match_ObjectLike(&map[string]any{"Statement": assertions.Match_ArrayWith(&[]any{
+				assertions.Match_ObjectLike(&map[string]any{"Sid": "OnlyTheStacksSubscriptions", "Effect": "Deny", "Action": "sns:Subscribe",
+					"Condition": map[string]any{"StringNotEquals": map[string]any{"sns:Endpoint": []any{map[string]any{"Fn::GetAtt": []any{queue, "Arn"}}}}}}),
+			})}),
+		}))
+		admin := "arn:aws:iam::123456789012:role/admin"
+		subscribe := func(endpoint any) request {
+			return request{awsPrincipal: admin, action: "sns:Subscribe",
+				context: map[string]any{"aws:SecureTransport": "true", "aws:PrincipalArn": admin, "sns:Endpoint": endpoint}}
+		}
+		require.Equal(t, "deny", evaluate(t, doc, subscribe("arn:aws:sqs:eu-west-1:123456789012:copy")), "another queue")
+		require.Equal(t, "deny", evaluate(t, doc, subscribe("https://attacker.example/hook")), "an HTTPS endpoint")
+		require.Equal(t, "implicit", evaluate(t, doc, subscribe(map[string]any{"Fn::GetAtt": []any{queue, "Arn"}})), "the stack's consumer queue: IAM decides")
+	})
+}
+
+// A Kinesis stream the stack creates refuses records from anyone but the relay (and the
+// Publishers); MSK has no such policy (docs/deploy.md says why) and is guarded by IAM access
+// control and the brokers' security group.
+func TestStreamWritersPerimeter(t *testing.T) {
+	s, tmpl := destinationStack(t, infra.DestinationKinesis)
+	_, relayRole := relayOf(t, s, tmpl)
+	stream := firstKey(resources(tmpl, "AWS::Kinesis::Stream"))
+	policy := assertions.NewCapture(nil)
+	tmpl.HasResourceProperties(jsii.String("AWS::Kinesis::ResourcePolicy"), map[string]any{
+		"ResourceArn": map[string]any{"Fn::GetAtt": []any{stream, "Arn"}}, "ResourcePolicy": policy,
+	})
+	doc := *policy.AsObject()
+	tmpl.HasResourceProperties(jsii.String("AWS::Kinesis::ResourcePolicy"), assertions.Match_ObjectLike(&map[string]any{
+		"ResourcePolicy": assertions.Match_ObjectLike(&map[string]any{"Statement": assertions.Match_ArrayWith(&[]any{
+			assertions.Match_ObjectLike(&map[string]any{"Sid": "OnlyTheRelayPutsRecords", "Effect": "Deny",
+				"Action": []any{"kinesis:PutRecord", "kinesis:PutRecords"}}),
+		})}),
+	}))
+	relay := map[string]any{"Fn::GetAtt": []any{relayRole, "Arn"}}
+	forger := "arn:aws:iam::111111111111:role/forger"
+	for _, action := range []string{"kinesis:PutRecord", "kinesis:PutRecords"} {
+		require.Equal(t, "deny", evaluate(t, doc, request{awsPrincipal: forger, action: action, context: map[string]any{"aws:PrincipalArn": forger}}), action)
+		require.Equal(t, "implicit", evaluate(t, doc, request{awsPrincipal: "relay", action: action, context: map[string]any{"aws:PrincipalArn": relay}}), action)
+	}
+	require.Equal(t, "implicit", evaluate(t, doc, request{awsPrincipal: forger, action: "kinesis:GetRecords", context: map[string]any{"aws:PrincipalArn": forger}}),
+		"reading stays with IAM (the consumer's mapping)")
+
+	_, msk := destinationStack(t, infra.DestinationMSK)
+	msk.ResourceCountIs(jsii.String("AWS::MSK::ClusterPolicy"), jsii.Number(0))
+	for id, r := range resources(msk, "AWS::EC2::SecurityGroup") {
+		for _, e := range asList(props(r)["SecurityGroupEgress"]) {
+			if rule, ok := e.(map[string]any); ok {
+				require.NotEqual(t, "0.0.0.0/0", rule["CidrIp"], "security group %s: the pollers reach Lambda and STS through the endpoints", id)
+			}
+		}
+	}
+}
+
+func keys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
 }

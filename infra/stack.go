@@ -8,9 +8,12 @@ import (
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsec2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsrds"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awss3"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssecretsmanager"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssns"
+	"github.com/aws/aws-cdk-go/awscdk/v2/customresources"
 	"github.com/aws/constructs-go/constructs/v10"
 	"github.com/aws/jsii-runtime-go"
 )
@@ -94,6 +97,14 @@ type SluiceStackProps struct {
 	ConsumerName string
 	// Relay tunes the relay (OutboxProps.Relay). Defaults to the relay's own defaults.
 	Relay RelaySettings
+	// ConsumerMaxConcurrency caps the example consumer's concurrent invocations
+	// (ConsumerProps.MaxConcurrency, 2..1000): with batches of 10 taking 100 ms each, 5 serve
+	// 500 events a second, 20 serve 2,000. Its connections count against MaxConnections.
+	// Defaults to the consumer's default (5).
+	ConsumerMaxConcurrency int
+	// MaxAllocatedStorageGB is the ceiling up to which RDS grows the new database's storage
+	// (from 20 GB). Defaults to 200.
+	MaxAllocatedStorageGB int
 	// ConsumerCommitMode, ConsumerDeadlineMargin and ConsumerStorePayload set the example
 	// consumer's ConsumerProps.CommitMode, DeadlineMargin and StorePayload. Default to the
 	// consumer's defaults (per-record, 3 seconds, false).
@@ -171,6 +182,12 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 	if p.NatGateways < 0 || p.NatGateways > 2 {
 		errs = append(errs, fmt.Errorf("NatGateways must be 0, 1 or 2, got %d", p.NatGateways))
 	}
+	if p.MaxAllocatedStorageGB != 0 && (p.MaxAllocatedStorageGB < 20 || p.MaxAllocatedStorageGB > 65536) {
+		errs = append(errs, fmt.Errorf("MaxAllocatedStorageGB must be between 20 and 65536, got %d", p.MaxAllocatedStorageGB))
+	}
+	if p.MaxAllocatedStorageGB != 0 && p.Database != nil {
+		errs = append(errs, errors.New("MaxAllocatedStorageGB shapes the stack's own database: leave it unset with Database"))
+	}
 	if p.ConsumerProxy && p.Database != nil {
 		errs = append(errs, errors.New("ConsumerProxy needs the stack's own database (a proxy targets an instance)"))
 	}
@@ -189,12 +206,13 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 	stack := s
 
 	var network Network
+	var endpoints *stackEndpoints
 	if p.VpcID != "" {
 		// An imported VPC keeps its own routes: the functions go in its private subnets with
 		// egress and may use HTTPS to any address (its NAT or endpoints).
 		network.Vpc = awsec2.Vpc_FromLookup(stack, jsii.String("Vpc"), &awsec2.VpcLookupOptions{VpcId: jsii.String(p.VpcID)})
 	} else {
-		network = newNetwork(stack, p.NatGateways, exampleEndpoints(p.Destination))
+		network, endpoints = newNetwork(stack, p.NatGateways, exampleEndpoints(p.Destination))
 	}
 
 	db := Database{CABundle: p.CABundle}
@@ -273,6 +291,7 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 		// The skeleton consumer (lambdas/consumer) writes nothing beyond its inbox rows. A
 		// service's consumer declares the tables its handlers write in DatabaseGrants, e.g.
 		// {Table: "invoice", Privileges: []string{"SELECT", "INSERT"}}.
+		MaxConcurrency: p.ConsumerMaxConcurrency,
 		CommitMode:     p.ConsumerCommitMode,
 		DeadlineMargin: p.ConsumerDeadlineMargin,
 		StorePayload:   p.ConsumerStorePayload,
@@ -309,6 +328,21 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 		mon.Database = &DatabaseAlarms{Instance: instance, MaxConnections: maxConnections}
 	}
 	s.monitoring = NewMonitoring(stack, "Monitoring", mon)
+	if endpoints != nil {
+		var topics []*string
+		if t := s.outbox.Topic(); t != nil {
+			topics = append(topics, t.TopicArn())
+		}
+		var bucket awss3.IBucket
+		if claim != nil {
+			bucket = claim.Bucket()
+		}
+		var imported *string
+		if p.Database != nil {
+			imported = s.secret.SecretArn()
+		}
+		endpoints.scope(stack, topics, bucket, imported)
+	}
 
 	out := func(name, description string, value *string) {
 		awscdk.NewCfnOutput(stack, jsii.String(name), &awscdk.CfnOutputProps{Description: jsii.String(description), Value: value})
@@ -338,8 +372,9 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 }
 
 // newNetwork creates the VPC: isolated subnets for the database, private subnets for the
-// functions (isolated too without NAT), and the endpoints the functions call AWS through.
-func newNetwork(stack awscdk.Stack, natGateways int, extraEndpoints map[string]awsec2.InterfaceVpcEndpointAwsService) Network {
+// functions (isolated too without NAT), and the endpoints the functions call AWS through, whose
+// policies stackEndpoints.scope writes once the stack's resources exist.
+func newNetwork(stack awscdk.Stack, natGateways int, extraEndpoints map[string]awsec2.InterfaceVpcEndpointAwsService) (Network, *stackEndpoints) {
 	lambdaSubnets := awsec2.SubnetType_PRIVATE_ISOLATED
 	subnets := []*awsec2.SubnetConfiguration{}
 	if natGateways > 0 {
@@ -377,21 +412,108 @@ func newNetwork(stack awscdk.Stack, natGateways int, extraEndpoints map[string]a
 			service awsec2.InterfaceVpcEndpointAwsService
 		}{id, extraEndpoints[id]})
 	}
+	eps := &stackEndpoints{}
 	for _, e := range endpoints {
-		vpc.AddInterfaceEndpoint(jsii.String(e.id), &awsec2.InterfaceVpcEndpointOptions{
+		ep := vpc.AddInterfaceEndpoint(jsii.String(e.id), &awsec2.InterfaceVpcEndpointOptions{
 			Service:           e.service,
 			Subnets:           lambdas,
 			PrivateDnsEnabled: jsii.Bool(true),
 			Open:              jsii.Bool(false),
 			SecurityGroups:    &[]awsec2.ISecurityGroup{endpointSG},
 		})
+		switch e.id {
+		case "SecretsManagerEndpoint":
+			eps.secrets = ep
+		case "SnsEndpoint":
+			eps.sns = ep
+		}
 	}
-	// CloudFormation's custom resource response is a presigned S3 URL (the migrations).
-	vpc.AddGatewayEndpoint(jsii.String("S3Endpoint"), &awsec2.GatewayVpcEndpointOptions{
+	// CloudFormation's custom resource response is a presigned S3 URL (the migrations), and the
+	// claim check's payloads are S3 objects.
+	eps.s3 = vpc.AddGatewayEndpoint(jsii.String("S3Endpoint"), &awsec2.GatewayVpcEndpointOptions{
 		Service: awsec2.GatewayVpcEndpointAwsService_S3(),
 		Subnets: &[]*awsec2.SubnetSelection{lambdas},
 	})
-	return Network{Vpc: vpc, Subnets: lambdas, ApiEndpoints: endpointSG}
+	return Network{Vpc: vpc, Subnets: lambdas, ApiEndpoints: endpointSG, S3PrefixList: s3PrefixList(stack)}, eps
+}
+
+// s3PrefixList looks up the ID of the region's AWS-managed S3 prefix list
+// (com.amazonaws.REGION.s3) at deploy time, so that the functions' egress to S3 names it while
+// the template stays region-agnostic (CloudFormation's VPC endpoint has no attribute for it).
+func s3PrefixList(stack awscdk.Stack) *string {
+	name := awscdk.Fn_Join(jsii.String(""), &[]*string{jsii.String("com.amazonaws."), awscdk.Aws_REGION(), jsii.String(".s3")})
+	lookup := &customresources.AwsSdkCall{
+		Service: jsii.String("EC2"), Action: jsii.String("describeManagedPrefixLists"),
+		Parameters:         map[string]any{"Filters": []any{map[string]any{"Name": "prefix-list-name", "Values": []any{name}}}},
+		PhysicalResourceId: customresources.PhysicalResourceId_Of(name),
+		OutputPaths:        jsii.Strings("PrefixLists.0.PrefixListId"),
+	}
+	cr := customresources.NewAwsCustomResource(stack, jsii.String("S3PrefixList"), &customresources.AwsCustomResourceProps{
+		OnCreate: lookup, OnUpdate: lookup,
+		// DescribeManagedPrefixLists has no resource-level permissions: Resource "*" (read-only).
+		Policy:              customresources.AwsCustomResourcePolicy_FromSdkCalls(&customresources.SdkCallsPolicyOptions{Resources: customresources.AwsCustomResourcePolicy_ANY_RESOURCE()}),
+		InstallLatestAwsSdk: jsii.Bool(false),
+	})
+	suppress(cr, "AwsSolutions-IAM5",
+		"ec2:DescribeManagedPrefixLists (read-only, the one action of this policy) supports no resource-level permissions: "+
+			"the lookup of the region's S3 prefix list needs Resource *.", "Resource::*")
+	suppressAwsCustomResource(stack)
+	return cr.GetResponseField(jsii.String("PrefixLists.0.PrefixListId"))
+}
+
+// stackEndpoints are the example VPC's endpoints whose policies the stack scopes to its own
+// resources.
+type stackEndpoints struct {
+	s3           awsec2.GatewayVpcEndpoint
+	secrets, sns awsec2.InterfaceVpcEndpoint
+}
+
+// scope writes the endpoint policies: through the S3 gateway endpoint only CloudFormation's
+// custom resource responses and the claim check's objects; through the Secrets Manager
+// endpoint only the stack's secrets (and GetRandomPassword, which has no resource, for
+// rotation); through the SNS endpoint only publishing to the outbox's topics. Code in the
+// VPC cannot use these endpoints to move data to or from anything else, whatever its role
+// allows. Call it after every secret, topic and bucket of the stack exists.
+func (e *stackEndpoints) scope(stack awscdk.Stack, topics []*string, bucket awss3.IBucket, importedSecret *string) {
+	any := &[]awsiam.IPrincipal{awsiam.NewAnyPrincipal()}
+	// The region without dashes, as the response bucket's name spells it (us-east-1 → useast1).
+	region := awscdk.Fn_Join(jsii.String(""), awscdk.Fn_Split(jsii.String("-"), awscdk.Aws_REGION(), nil))
+	responses := awscdk.Fn_Join(jsii.String(""), &[]*string{
+		jsii.String("arn:"), awscdk.Aws_PARTITION(), jsii.String(":s3:::cloudformation-custom-resource-response-"), region, jsii.String("/*"),
+	})
+	e.s3.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Sid: jsii.String("CloudFormationResponses"), Principals: any, Actions: jsii.Strings("s3:PutObject"), Resources: &[]*string{responses},
+	}))
+	if bucket != nil {
+		e.s3.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Sid: jsii.String("ClaimCheckObjects"), Principals: any, Actions: jsii.Strings("s3:PutObject", "s3:GetObject"),
+			Resources: &[]*string{bucket.ArnForObjects(jsii.String("*"))},
+		}))
+	}
+
+	var secrets []*string
+	for _, c := range *stack.Node().FindAll(constructs.ConstructOrder_PREORDER) {
+		if r, ok := c.(awscdk.CfnResource); ok && *awscdk.CfnResource_IsCfnResource(c) && *r.CfnResourceType() == "AWS::SecretsManager::Secret" {
+			secrets = append(secrets, r.Ref())
+		}
+	}
+	if importedSecret != nil {
+		secrets = append(secrets, importedSecret)
+	}
+	e.secrets.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Sid: jsii.String("TheStacksSecrets"), Principals: any,
+		Actions:   jsii.Strings("secretsmanager:GetSecretValue", "secretsmanager:PutSecretValue", "secretsmanager:DescribeSecret", "secretsmanager:UpdateSecretVersionStage"),
+		Resources: &secrets,
+	}))
+	e.secrets.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Sid: jsii.String("RotationPasswords"), Principals: any, Actions: jsii.Strings("secretsmanager:GetRandomPassword"), Resources: jsii.Strings("*"),
+	}))
+
+	if len(topics) > 0 {
+		e.sns.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Sid: jsii.String("TheOutboxTopics"), Principals: any, Actions: jsii.Strings("sns:Publish"), Resources: &topics,
+		}))
+	}
 }
 
 // newConsumerProxy creates an RDS Proxy for the consumer role (TLS required, its secret only)
@@ -466,7 +588,7 @@ func newDatabase(stack awscdk.Stack, network Network, p SluiceStackProps) (awsrd
 		MultiAz:                 jsii.Bool(multiAZ),
 		AllocatedStorage:        jsii.Number(20),
 		StorageType:             awsrds.StorageType_GP3,
-		MaxAllocatedStorage:     jsii.Number(200),
+		MaxAllocatedStorage:     jsii.Number(float64(orDefault(p.MaxAllocatedStorageGB, 200))),
 		BackupRetention:         awscdk.Duration_Days(jsii.Number(7)),
 		DeletionProtection:      jsii.Bool(true),
 		RemovalPolicy:           awscdk.RemovalPolicy_SNAPSHOT,

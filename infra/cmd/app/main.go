@@ -24,6 +24,10 @@
 //	maxConnections           max_connections of the new database (defaults to 200, t4g.small), or
 //	                         of the imported one (no default: the connection budget is then not
 //	                         checked).
+//	instanceType             The new database's instance class without "db.", e.g. m7g.large (with
+//	                         maxConnections). Defaults to t4g.small.
+//	maxAllocatedStorage      GB up to which RDS grows the new database's storage. Defaults to 200.
+//	consumerMaxConcurrency   The example consumer's maximum concurrency (2..1000). Defaults to 5.
 //	natGateways              NAT gateways (0, 1 or 2). Defaults to 0: VPC endpoints only.
 //	consumerProxy            "true" puts an RDS Proxy between the consumer and the database.
 //	publisherRoleArns        Comma-separated role ARNs that may publish to the topic besides the relay.
@@ -55,6 +59,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsec2"
 	"github.com/aws/jsii-runtime-go"
 	"github.com/cdklabs/cdk-nag-go/cdknag/v2"
 	"github.com/sluicehq/sluice/infra"
@@ -157,19 +162,22 @@ func stackProps(ctx func(string) string, getenv func(string) string) (*infra.Slu
 		StackProps: awscdk.StackProps{
 			Description: jsii.String("sluice: transactional outbox/inbox (relay, consumer, migrations, alarms, dashboard)"),
 		},
-		VpcID:           ctx("vpcId"),
-		Fifo:            flag("fifo", false),
-		ConsumerName:    orDefault(ctx("consumerName"), "example"),
-		AlarmEmail:      ctx("alarmEmail"),
-		MultiAZ:         jsii.Bool(flag("multiAz", true)),
-		AlarmTopicArn:   ctx("alarmTopicArn"),
-		ConsumerProxy:   flag("consumerProxy", false),
-		CABundle:        orDefault(ctx("caBundle"), "bin/rds-ca-bundle.pem"),
-		Publishers:      list("publisherRoleArns"),
-		Redrivers:       list("redriveRoleArns"),
-		NatGateways:     number("natGateways", 0),
-		OutboxRetention: duration("outboxRetention"),
-		InboxRetention:  duration("inboxRetention"),
+		VpcID:         ctx("vpcId"),
+		Fifo:          flag("fifo", false),
+		ConsumerName:  orDefault(ctx("consumerName"), "example"),
+		AlarmEmail:    ctx("alarmEmail"),
+		MultiAZ:       jsii.Bool(flag("multiAz", true)),
+		AlarmTopicArn: ctx("alarmTopicArn"),
+		ConsumerProxy: flag("consumerProxy", false),
+		CABundle:      orDefault(ctx("caBundle"), "bin/rds-ca-bundle.pem"),
+		Publishers:    list("publisherRoleArns"),
+		Redrivers:     list("redriveRoleArns"),
+		NatGateways:   number("natGateways", 0),
+
+		MaxAllocatedStorageGB:  number("maxAllocatedStorage", 0),
+		ConsumerMaxConcurrency: number("consumerMaxConcurrency", 0),
+		OutboxRetention:        duration("outboxRetention"),
+		InboxRetention:         duration("inboxRetention"),
 
 		Destination:        ctx("destination"),
 		MskClusterArn:      ctx("mskClusterArn"),
@@ -188,6 +196,9 @@ func stackProps(ctx func(string) string, getenv func(string) string) (*infra.Slu
 	}
 	if account, region := getenv("CDK_DEFAULT_ACCOUNT"), getenv("CDK_DEFAULT_REGION"); account != "" && region != "" {
 		props.Env = &awscdk.Environment{Account: jsii.String(account), Region: jsii.String(region)}
+	}
+	if it := ctx("instanceType"); it != "" {
+		props.InstanceType = awsec2.NewInstanceType(jsii.String(strings.TrimPrefix(it, "db.")))
 	}
 	maxConnections := number("maxConnections", 0)
 	if arn := ctx("databaseSecretArn"); arn != "" {

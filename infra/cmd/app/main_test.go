@@ -50,6 +50,17 @@ func TestStackPropsFromContext(t *testing.T) {
 	require.True(t, p.NoAlarmDestination)
 	require.Equal(t, "eu-west-1", *p.Env.Region)
 	require.Nil(t, p.ClaimCheck, "no claim check unless asked")
+	require.Nil(t, p.InstanceType)
+	require.Zero(t, p.ConsumerMaxConcurrency)
+
+	// The cost table's 1,000 events/s column (docs/deploy.md), as deployed.
+	p, err = stackProps(context(map[string]string{"alarmDestination": "none", "instanceType": "db.m7g.large", "maxConnections": "900",
+		"maxAllocatedStorage": "1500", "consumerMaxConcurrency": "20"}), context(nil))
+	require.NoError(t, err)
+	require.Equal(t, "m7g.large", *p.InstanceType.ToString())
+	require.Equal(t, 900, p.MaxConnections)
+	require.Equal(t, 1500, p.MaxAllocatedStorageGB)
+	require.Equal(t, 20, p.ConsumerMaxConcurrency)
 	p, err = stackProps(context(map[string]string{"alarmDestination": "none", "claimCheck": "true", "claimCheckMaxPayload": "8388608"}), context(nil))
 	require.NoError(t, err)
 	require.Equal(t, 8<<20, p.ClaimCheck.MaxPayloadBytes)
