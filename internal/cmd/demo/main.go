@@ -151,7 +151,7 @@ func run(ctx context.Context, o options) int {
 	if err != nil {
 		return fail("build the Lambdas", err)
 	}
-	step("built lambdas/relay and examples/ledger (the demo's consumer) for this machine into %s", binDir)
+	step("built lambdas/relay and examples/ledger (the demo's consumer) for this machine into %s", relToRepo(root, binDir))
 
 	runID := fmt.Sprintf("%x", rand.Uint32())
 	startPipeline := startSNS
@@ -241,9 +241,9 @@ func run(ctx context.Context, o options) int {
 		return 1
 	}
 	if pl.ordered {
-		fmt.Printf("OK: every committed event was applied exactly once, each customer's in order (function logs: %s)\n", logPath)
+		fmt.Printf("OK: every committed event was applied exactly once, each customer's in order (function logs: %s)\n", relToRepo(root, logPath))
 	} else {
-		fmt.Printf("OK: every committed event was applied exactly once (function logs: %s)\n", logPath)
+		fmt.Printf("OK: every committed event was applied exactly once (function logs: %s)\n", relToRepo(root, logPath))
 	}
 	printWaterfall(os.Stdout, spans.all(), v.Produced, pl.hop)
 	return 0
@@ -310,4 +310,13 @@ func produce(ctx context.Context, pool *pgxpool.Pool, tracer trace.Tracer, o opt
 func isTerminal(f *os.File) bool {
 	fi, err := f.Stat()
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// relToRepo names path relative to the repository's root when it lies inside it, so the demo's
+// output reads the same on every machine.
+func relToRepo(root, path string) string {
+	if rel, err := filepath.Rel(root, path); err == nil && !strings.HasPrefix(rel, "..") {
+		return rel
+	}
+	return path
 }

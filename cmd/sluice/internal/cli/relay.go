@@ -22,9 +22,10 @@ func (a *app) relayCommand() *cobra.Command {
 	var opts RelayOptions
 	cmd := &cobra.Command{
 		Use:   "relay",
-		Short: "Publish committed outbox rows to SNS from this machine",
+		Short: "Publish committed outbox rows to their destinations from this machine",
 		Long: fmt.Sprintf(`Run the outbox relay in-process, with the configuration the relay Lambda reads from the
-environment: SLUICE_TOPIC_ARNS (a JSON object of topic name to SNS topic ARN),
+environment: SLUICE_TOPIC_ARNS (a JSON object of topic name to destination: an SNS topic,
+EventBridge bus or Kinesis stream ARN, or kafka://TOPIC),
 SLUICE_DEFAULT_TOPIC_ARN, and the relay settings (defaults in brackets):
   %s [%d]  %s [%d]  %s [%d]  %s [%d]
   %s [%s]  %s [%s]  %s [%s]  %s [%s]  %s [%s]
@@ -38,8 +39,8 @@ A setting out of range is refused with an error naming it. --topic, --default-to
 
 With --once it drains every claimable row and exits (rows in backoff, quarantined, behind such a
 row, held by another relay, or of a destination that fails as a whole are left); otherwise it
-keeps relaying until interrupted (Ctrl-C). It is safe to run next to the relay Lambda: each
-relay round holds its partition keys' locks.`,
+keeps relaying until interrupted (Ctrl-C). It is safe to run next to the relay Lambda: a
+partition key is one relay round's at a time (an advisory lock per key).`,
 			lambdaenv.RelayBatchSize, outbox.DefaultBatchSize, lambdaenv.RelayMaxPerKey, outbox.DefaultMaxPerKey,
 			lambdaenv.RelayPublishConcurrency, outbox.DefaultPublishConcurrency, lambdaenv.RelayPipelines, outbox.DefaultPipelines,
 			lambdaenv.RelayPublishTimeout, outbox.DefaultPublishTimeout, lambdaenv.RelayLease, outbox.DefaultLease,
