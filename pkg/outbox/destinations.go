@@ -110,6 +110,14 @@ func (d *destinations) failedWhole(dest string, since, now time.Time, err error)
 	return s.retryAt, true
 }
 
+// healthy reports whether dest is not backed off as a whole.
+func (d *destinations) healthy(dest string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := d.state[dest]
+	return s == nil || s.failures == 0
+}
+
 // abandoned ends a probe that made no call (its round stopped first, or its keys had no row
 // for dest any more): the next one may go out at once.
 func (d *destinations) abandoned(dest string) {

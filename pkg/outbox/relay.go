@@ -525,6 +525,12 @@ func (r *Relay) pipelinesReporting(ctx context.Context, untilIdle bool, report f
 	// probe is due: a destination that hangs holds only its own probe, never a pipeline.
 	probe := func() {
 		for _, dest := range r.book.heldDestinations() {
+			if r.dests.healthy(dest) {
+				// It answered while a round still held some of its keys, which that round then
+				// handed back as held: release them (the probe that answered released the rest).
+				r.book.release(dest, time.Now())
+				continue
+			}
 			if !r.dests.startProbe(dest, time.Now()) {
 				continue
 			}
