@@ -1,5 +1,6 @@
 // Command orders is the README's example: it saves an order and its OrderCreated event in one
-// PostgreSQL transaction with outbox.Write. Run it with DATABASE_URL set:
+// PostgreSQL transaction with outbox.Write, inside the span of the request that placed the
+// order, so the event carries that span's trace. Run it with DATABASE_URL set:
 //
 //	go run ./examples/orders
 package main
@@ -13,18 +14,28 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/sluicehq/sluice/migrations"
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
 func main() {
+	// Your service's tracer provider (here without an exporter; yours sends spans to X-Ray or
+	// an OTLP collector). sluice needs no tracing setup of its own: Write reads the span from ctx.
+	tp := sdktrace.NewTracerProvider()
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+	otel.SetTracerProvider(tp)
+
 	if err := run(context.Background(), os.Getenv("DATABASE_URL")); err != nil {
 		log.Fatal(err)
 	}
 	fmt.Println("order o-42 saved; its OrderCreated event will be published by the relay")
 }
 
+// run migrates, then saves order o-42 and its event in one transaction, inside a span standing
+// for the request that placed the order (in a real service, your HTTP or RPC middleware starts it).
 func run(ctx context.Context, databaseURL string) error {
 	pool, err := pgxpool.New(ctx, databaseURL)
 	if err != nil {
@@ -45,18 +56,21 @@ func run(ctx context.Context, databaseURL string) error {
 		return err
 	}
 
-	// The business write and the event commit together, or not at all.
+	ctx, span := otel.Tracer("orders").Start(ctx, "PlaceOrder")
+	defer span.End()
+
+	// The business write and the event commit together, or not at all. Write copies the span
+	// in ctx into the row's traceparent header: the consumer's span becomes its child.
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO orders (id, total_cents) VALUES ($1, $2)`, "o-42", 4200); err != nil {
 			return err
 		}
 		_, err := outbox.Write(ctx, tx, outbox.Message{
-			Topic:         "orders", // mapped to an SNS topic ARN by the relay's configuration
+			Topic:         "orders", // mapped to a destination (SNS topic, EventBridge bus, stream) by the relay's configuration
 			AggregateType: "order",
 			AggregateID:   "o-42", // also the partition key: this order's events stay in order
 			EventType:     "OrderCreated",
 			Payload:       json.RawMessage(`{"orderId": "o-42", "totalCents": 4200}`),
-			Headers:       map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
 		})
 		return err
 	})
