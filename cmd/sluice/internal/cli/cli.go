@@ -205,7 +205,7 @@ Exit codes: 0 success, 1 failure, 2 bad usage. Errors are one line on stderr.`,
 	root.CompletionOptions.DisableDefaultCmd = true
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL, or the RDS secret named by $DATABASE_SECRET_ARN)")
-	pf.StringVar(&a.endpointURL, "endpoint-url", "", "AWS endpoint for every AWS service the command calls: SQS, SNS, EventBridge, Kinesis, S3, Secrets Manager (default $AWS_ENDPOINT_URL, else AWS)")
+	pf.StringVar(&a.endpointURL, "endpoint-url", "", "AWS endpoint for every AWS service the command calls: SQS, SNS, EventBridge, Kinesis, S3, Secrets Manager; Kafka brokers are not reached through it (default $AWS_ENDPOINT_URL, else AWS)")
 	pf.StringVar(&a.region, "region", "", "AWS region (default $AWS_REGION, $AWS_DEFAULT_REGION, else us-east-1)")
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return usageError{fmt.Errorf("%w (see '%s --help')", err, c.CommandPath())}

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/cmd/sluice/internal/cli"
+	"github.com/sluicehq/sluice/internal/doclint"
 	"github.com/sluicehq/sluice/internal/testdb"
 	"github.com/sluicehq/sluice/migrations"
 )
@@ -63,6 +64,41 @@ func TestEveryCommandHasHelpWithExamples(t *testing.T) {
 		require.Contains(t, r.out, "Examples:", "sluice %s --help", cmd)
 		require.Contains(t, r.out, "--database-url", "global flags are listed for %q", cmd)
 	}
+}
+
+// TestHelpNamesEveryDestinationOrNone walks every command's help (found through "Available
+// Commands", so a new command is covered without editing this test) and holds it to the rule of
+// internal/doclint: general text names all of the outbox's destinations or none of them.
+func TestHelpNamesEveryDestinationOrNone(t *testing.T) {
+	t.Parallel()
+	b := &testBundle{env: map[string]string{}}
+	seen := 0
+	var walk func(path []string)
+	walk = func(path []string) {
+		r := b.run(t, append(append([]string{}, path...), "--help")...)
+		require.Equal(t, 0, r.code, "sluice %s --help", strings.Join(path, " "))
+		seen++
+		for _, para := range strings.Split(r.out, "\n\n") {
+			if named, missing := doclint.Prose(para); len(named) > 0 && len(missing) > 0 {
+				t.Errorf("sluice %s --help names %v but not %v in:\n%s", strings.Join(path, " "), named, missing, para)
+			}
+		}
+		_, sub, ok := strings.Cut(r.out, "Available Commands:\n")
+		if !ok {
+			return
+		}
+		for _, line := range strings.Split(sub, "\n") {
+			fields := strings.Fields(line)
+			if len(fields) == 0 || !strings.HasPrefix(line, "  ") {
+				break
+			}
+			if fields[0] != "help" {
+				walk(append(append([]string{}, path...), fields[0]))
+			}
+		}
+	}
+	walk(nil)
+	require.Greater(t, seen, 15, "the walk found the command tree")
 }
 
 // TestBadInputChangesNothing runs each kind of bad input against a populated database and

@@ -25,7 +25,7 @@ func (a *app) relayCommand() *cobra.Command {
 		Short: "Publish committed outbox rows to their destinations from this machine",
 		Long: fmt.Sprintf(`Run the outbox relay in-process, with the configuration the relay Lambda reads from the
 environment: SLUICE_TOPIC_ARNS (a JSON object of topic name to destination: an SNS topic,
-EventBridge bus or Kinesis stream ARN, or kafka://TOPIC),
+EventBridge bus or Kinesis stream ARN, or a Kafka topic as kafka://TOPIC),
 SLUICE_DEFAULT_TOPIC_ARN, and the relay settings (defaults in brackets):
   %s [%d]  %s [%d]  %s [%d]  %s [%d]
   %s [%s]  %s [%s]  %s [%s]  %s [%s]  %s [%s]
@@ -101,7 +101,7 @@ partition key is one relay round's at a time (an advisory lock per key).`,
 	f := cmd.Flags()
 	f.BoolVar(&opts.Once, "once", false, "drain the outbox and exit")
 	f.StringArrayVar(&opts.Topics, "topic", nil, "NAME=ARN topic mapping (repeatable; overrides $SLUICE_TOPIC_ARNS entries)")
-	f.StringVar(&opts.DefaultTopic, "default-topic", "", "destination (SNS topic, EventBridge bus or Kinesis stream ARN, or kafka://TOPIC) for rows whose topic is not mapped (default $SLUICE_DEFAULT_TOPIC_ARN)")
+	f.StringVar(&opts.DefaultTopic, "default-topic", "", "destination (SNS topic, EventBridge bus or Kinesis stream ARN, or a Kafka topic as kafka://TOPIC) for rows whose topic is not mapped (default $SLUICE_DEFAULT_TOPIC_ARN)")
 	f.IntVar(&opts.BatchSize, "batch-size", 0, fmt.Sprintf("rows per round, 1 to %d (default $%s, else %d)", outbox.MaxBatchSize, lambdaenv.RelayBatchSize, outbox.DefaultBatchSize))
 	return cmd
 }

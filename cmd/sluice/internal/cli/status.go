@@ -128,7 +128,7 @@ transaction), and a replication slot holding the horizon further back. It warns 
 transaction is older than 5 minutes: while it lasts VACUUM cannot clean up behind it.
 
 It counts the pending rows whose payload is above the claim check's threshold (--offload-threshold,
-else SLUICE_CLAIM_CHECK_THRESHOLD, else SNS's 262144 bytes): the relay stores those in S3 with a
+else SLUICE_CLAIM_CHECK_THRESHOLD, else the relay's default of 262144 bytes): the relay stores those in S3 with a
 claim check and quarantines them without one. It measures at most 1000 pending rows, and says so.
 
 --json prints a stable document (outbox.pending, outbox.oldest_pending_age_seconds,
@@ -197,7 +197,7 @@ type StatusOptions struct {
 	SQS        SQSAPI
 	CloudWatch CloudWatchAPI
 	// OffloadThreshold is the claim check's threshold in bytes for Outbox.Offload. Defaults
-	// to outbox.MaxMessageBytes (SNS's limit, the relay's default threshold).
+	// to outbox.MaxMessageBytes (the relay's default threshold).
 	OffloadThreshold int
 }
 
