@@ -211,7 +211,7 @@ Exit codes: 0 success, 1 failure, 2 bad usage. Errors are one line on stderr.`,
 		return usageError{fmt.Errorf("%w (see '%s --help')", err, c.CommandPath())}
 	})
 	root.AddCommand(a.migrateCommand(), a.relayCommand(), a.statusCommand(), a.deadCommand(),
-		a.redriveCommand(), a.replayCommand(), a.purgeCommand(), a.partitionCommand())
+		a.redriveCommand(), a.replayCommand(), a.purgeCommand(), a.partitionCommand(), a.auditCommand())
 	usageArgs(root)
 	return root
 }
@@ -290,6 +290,16 @@ func (a *app) db(ctx context.Context) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, err
 	}
+	pool, err := a.openPool(ctx, u)
+	if err != nil {
+		return nil, err
+	}
+	a.pool = pool
+	return pool, nil
+}
+
+// openPool opens and pings a pool on the database at u.
+func (a *app) openPool(ctx context.Context, u string) (*pgxpool.Pool, error) {
 	cfg, err := lambdaenv.PoolConfig(u, a.io.Getenv)
 	if err != nil {
 		return nil, usagef("database URL %s: %v", redact(u), unwrapParse(err))
@@ -307,7 +317,6 @@ func (a *app) db(ctx context.Context) (*pgxpool.Pool, error) {
 		pool.Close()
 		return nil, fmt.Errorf("cannot reach the database %s: %s", redact(u), firstLine(rootCause(err).Error()))
 	}
-	a.pool = pool
 	return pool, nil
 }
 
