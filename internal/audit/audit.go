@@ -84,6 +84,7 @@ type Lag struct {
 type Cost struct {
 	Queries      int           // statements sent, both databases
 	BucketsRead  int           // bucket summaries read, both sides
+	RowsGrouped  int64         // rows the summaries aggregated, both sides (each level re-reads the differing buckets' rows)
 	IDsRead      int           // ids read one by one, both sides
 	Levels       int           // prefix lengths visited
 	Duration     time.Duration // wall time of Run
@@ -318,6 +319,7 @@ func (a auditor) buckets(ctx context.Context, s side, prefixes []string, prefixL
 		}
 		out[p] = b
 		a.cost.BucketsRead++
+		a.cost.RowsGrouped += b.count
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("audit: summarise the %s's ids: %w", s.name, err)

@@ -136,8 +136,8 @@ func TestAuditFindsExactlyWhatWasRemovedAcrossTwoDatabases(t *testing.T) {
 	require.EqualValues(t, *events-1, r.Cost.InboxEvents) // one deleted, one parked, one stranger
 	require.Less(t, r.Cost.IDsRead, 4*audit.DefaultLeafSize*2, "only the differing buckets are read id by id")
 	require.Equal(t, 60*time.Millisecond, r.Lag.P50)
-	t.Logf("audited %d published events: %d queries, %d buckets, %d ids read, %d levels, %s",
-		r.Cost.OutboxEvents, r.Cost.Queries, r.Cost.BucketsRead, r.Cost.IDsRead, r.Cost.Levels, r.Cost.Duration)
+	t.Logf("audited %d published events: %d queries, %d buckets, %d rows grouped, %d ids read, %d levels, %s",
+		r.Cost.OutboxEvents, r.Cost.Queries, r.Cost.BucketsRead, r.Cost.RowsGrouped, r.Cost.IDsRead, r.Cost.Levels, r.Cost.Duration)
 }
 
 // TestAuditOfAConsumerThatAppliedEverythingReadsNoIDs: equal sides cost one summary per side.
