@@ -112,14 +112,20 @@ func (r *Relay) round(ctx context.Context, taken roundKeys) (Stats, error) {
 
 	pctx, stopPublishing := context.WithDeadline(ctx, start.Add(r.cfg.Lease*3/4))
 	defer stopPublishing()
-	settler := newRoundSettler(r, rc, back, stopPublishing)
+	// When the relay stops (ctx ends), no call starts any more, but the calls in flight get
+	// stopGrace to return: what a destination acknowledged is then recorded, not published a
+	// second time by the next relay. The lease bounds them as it bounds the round.
+	callCtx, stopCalls := context.WithDeadline(context.WithoutCancel(ctx), start.Add(r.cfg.Lease*3/4))
+	defer stopCalls()
+	defer context.AfterFunc(pctx, func() { time.AfterFunc(stopGrace, stopCalls) })()
+	settler := newRoundSettler(r, rc, back, func() { stopPublishing(); stopCalls() })
 	settler.start(ctx)
 	for _, kp := range plan.keys {
 		if len(kp.lane) == 0 {
 			settler.ended(kp) // nothing to send: record nothing, release at once
 		}
 	}
-	r.publish(pctx, start, plan.keys, taken.probe, settler.ended)
+	r.publish(pctx, callCtx, start, plan.keys, taken.probe, settler.ended)
 	published := time.Now()
 	st, err := settler.finish()
 	st.Rounds = 1
@@ -308,8 +314,9 @@ func (s *roundSettler) flush(ctx context.Context, plans []*keyPlan) (Stats, erro
 
 // publish sends the lanes of plans (see laneSet) with up to PublishConcurrency calls in flight
 // across the relay's rounds, and tells ended of each key whose lane ended. probe is the failing
-// destination a probe round may call ("" in an ordinary round).
-func (r *Relay) publish(ctx context.Context, roundStart time.Time, plans []*keyPlan, probe string, ended func(*keyPlan)) {
+// destination a probe round may call ("" in an ordinary round). No call starts once ctx has
+// ended; the calls themselves run under callCtx.
+func (r *Relay) publish(ctx, callCtx context.Context, roundStart time.Time, plans []*keyPlan, probe string, ended func(*keyPlan)) {
 	set := newLaneSet(plans, r.limit, func(dest string) (bool, time.Time) {
 		return r.dests.admit(dest, probe)
 	}, func(l *lane) { ended(l.plan) })
@@ -324,13 +331,18 @@ func (r *Relay) publish(ctx context.Context, roundStart time.Time, plans []*keyP
 				if !ok {
 					return
 				}
-				set.finish(batch, r.call(ctx, roundStart, dest, batch))
+				set.finish(batch, r.call(callCtx, roundStart, dest, batch))
 			}
 		}()
 	}
 	wg.Wait()
 	set.endRest()
 }
+
+// stopGrace is how long the calls in flight when the relay stops may take to return: long
+// enough for a destination's answer to arrive (tens of milliseconds), short enough to fit in
+// the relay Lambda's SLUICE_RELAY_STOP_BEFORE (5 s by default) with the settle after it.
+const stopGrace = 2 * time.Second
 
 // maxBatchEntries is the most entries of one PublishBatch call (SNS's limit).
 const maxBatchEntries = 10
