@@ -1,0 +1,84 @@
+// Package health is what the long-running examples (examples/relay, examples/processor) share:
+// the liveness and readiness endpoints an orchestrator (ECS, Kubernetes) probes, and a context
+// that ends on SIGTERM or Ctrl-C. Copy it with the example you adopt.
+package health
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// DefaultAddr is where Serve listens unless told otherwise (SLUICE_HEALTH_ADDR in the examples).
+const DefaultAddr = ":8080"
+
+// SignalContext returns a context that ends on SIGTERM (ECS and Kubernetes stop a task with it)
+// or SIGINT, and a function that stops listening for them.
+func SignalContext(parent context.Context) (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(parent, syscall.SIGTERM, os.Interrupt)
+}
+
+// Server answers /healthz (200 while the process runs: liveness) and /readyz (200 while the
+// service is ready and not stopping, 503 with the reason otherwise: readiness).
+type Server struct {
+	ready    func(context.Context) error
+	stopping atomic.Bool
+	srv      *http.Server
+	ln       net.Listener
+}
+
+// Serve listens on addr and answers the probes; ready reports whether the service can work
+// (the examples ping their database). It returns once the listener is open.
+func Serve(addr string, ready func(context.Context) error, log *slog.Logger) (*Server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{ready: ready, ln: ln}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		if s.stopping.Load() {
+			http.Error(w, "stopping", http.StatusServiceUnavailable)
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := s.ready(ctx); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
+	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("health endpoint stopped", "error", err)
+		}
+	}()
+	return s, nil
+}
+
+// Addr is the address the server listens on (useful with ":0").
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// Stopping makes /readyz answer 503 from now on, so that the orchestrator stops sending work
+// while the service finishes what it holds.
+func (s *Server) Stopping() { s.stopping.Store(true) }
+
+// Close stops the server.
+func (s *Server) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return s.srv.Shutdown(ctx)
+}
