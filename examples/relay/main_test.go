@@ -1,15 +1,11 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -20,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/examples/internal/exampletest"
 	"github.com/sluicehq/sluice/internal/localaws"
 	"github.com/sluicehq/sluice/internal/localrun"
 	"github.com/sluicehq/sluice/internal/testdb"
@@ -35,10 +32,7 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 func TestRelayProcessPublishesAndStopsCleanlyOnSIGTERM(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	bin := filepath.Join(t.TempDir(), "relay")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	out, err := build.CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	bin := exampletest.Build(t)
 
 	dbURL := testdb.URL(t)
 	pool, err := pgxpool.New(ctx, dbURL)
@@ -62,18 +56,10 @@ func TestRelayProcessPublishesAndStopsCleanlyOnSIGTERM(t *testing.T) {
 		"SLUICE_HEALTH_ADDR=127.0.0.1:0", "SLUICE_RELAY_BATCH_SIZE=50")
 
 	// The first process: ready, publishing, then stopped mid-backlog.
-	first, health := start(t, bin, env)
-	get := func(path string) int {
-		resp, err := http.Get("http://" + health + path)
-		if err != nil {
-			return 0
-		}
-		resp.Body.Close()
-		return resp.StatusCode
-	}
-	require.Equal(t, http.StatusOK, get("/healthz"))
-	require.Equal(t, http.StatusOK, get("/readyz"))
-	waitFor(t, "some rows published", func() bool { return published(t, pool) > 0 })
+	first, health := exampletest.Start(t, bin, env, "relay started")
+	require.Equal(t, http.StatusOK, exampletest.Status(health, "/healthz"))
+	require.Equal(t, http.StatusOK, exampletest.Status(health, "/readyz"))
+	exampletest.WaitFor(t, "some rows published", func() bool { return published(t, pool) > 0 })
 	require.NoError(t, first.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, first.Wait(), "SIGTERM ends the relay with exit code 0")
 
@@ -92,8 +78,8 @@ func TestRelayProcessPublishesAndStopsCleanlyOnSIGTERM(t *testing.T) {
 	t.Logf("first relay: %d of %d published before SIGTERM", published(t, pool), events)
 
 	// A second process publishes the rest: every event reaches the queue at least once.
-	second, _ := start(t, bin, env)
-	waitFor(t, "every row published", func() bool { return published(t, pool) == events })
+	second, _ := exampletest.Start(t, bin, env, "relay started")
+	exampletest.WaitFor(t, "every row published", func() bool { return published(t, pool) == events })
 	require.NoError(t, second.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, second.Wait())
 	for id := range drain(t, sqsc, p.QueueURL) {
@@ -121,51 +107,9 @@ func drain(t *testing.T, sqsc *sqs.Client, queueURL string) map[string]bool {
 	}
 }
 
-// start runs the relay binary and returns it with its health endpoint's address, read from its
-// "relay started" log line.
-func start(t *testing.T, bin string, env []string) (*exec.Cmd, string) {
-	t.Helper()
-	cmd := exec.Command(bin)
-	cmd.Env = env
-	stderr, err := cmd.StderrPipe()
-	require.NoError(t, err)
-	cmd.Stdout = nil
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
-	lines := bufio.NewScanner(stderr)
-	for lines.Scan() {
-		var rec struct {
-			Msg, Health string
-		}
-		if json.Unmarshal(lines.Bytes(), &rec) == nil && rec.Msg == "relay started" {
-			go func() {
-				for lines.Scan() { // keep draining, so the process never blocks on a full pipe
-					if testing.Verbose() && strings.Contains(lines.Text(), `"level":"ERROR"`) {
-						t.Log(lines.Text())
-					}
-				}
-			}()
-			return cmd, rec.Health
-		}
-	}
-	t.Fatalf("the relay exited before it started: %v", cmd.Wait())
-	return nil, ""
-}
-
 func published(t *testing.T, pool *pgxpool.Pool) int {
 	t.Helper()
 	var n int
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox_event WHERE published_at IS NOT NULL`).Scan(&n))
 	return n
-}
-
-// waitFor polls cond; the test's own deadline (go test -timeout) bounds it.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for !cond() {
-		if d, ok := t.Deadline(); ok && time.Until(d) < 5*time.Second {
-			t.Fatalf("still waiting for %s at the test's deadline", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
