@@ -23,7 +23,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strconv"
 
 	"github.com/jackc/pgx/v5"
 
@@ -63,17 +62,11 @@ func main() {
 
 // run applies stored rows until ctx ends, then stops cleanly.
 func run(ctx context.Context, getenv lambdaenv.Getenv, log *slog.Logger) error {
-	cfg := inbox.ProcessorConfig{Consumer: getenv(lambdaenv.ConsumerName), Logger: log, Metrics: os.Stdout}
-	if cfg.Consumer == "" {
-		return fmt.Errorf("%s is required: the consumer whose stored rows this process applies", lambdaenv.ConsumerName)
+	cfg, err := lambdaenv.ProcessorConfig(getenv) // before any connection: a bad setting costs nothing
+	if err != nil {
+		return err
 	}
-	if v := getenv("SLUICE_PROCESSOR_MAX_ATTEMPTS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			return fmt.Errorf("SLUICE_PROCESSOR_MAX_ATTEMPTS must be a positive integer, got %q", v)
-		}
-		cfg.MaxAttempts = n
-	}
+	cfg.Logger, cfg.Metrics = log, os.Stdout
 	pool, err := lambdaenv.OpenPool(ctx, getenv)
 	if err != nil {
 		return err

@@ -10,9 +10,16 @@
 // is; a team copies the directory, registers its own handlers in [handlers] and points the
 // construct's ConsumerProps.CodeDir at its build (docs/deploy.md, "Your consumer").
 //
+// In the async commit mode (SLUICE_CONSUMER_COMMIT_MODE=async) the event source's invocations
+// only store each message in inbox_event and acknowledge it, and the same function is the inbox
+// Processor: an EventBridge schedule invokes it (the CDK construct adds the schedule for an async
+// consumer), and each scheduled invocation applies stored rows with the same handlers until
+// SLUICE_CONSUMER_DEADLINE_MARGIN before its deadline. One binary, one set of handlers, so the
+// two roles cannot drift apart.
+//
 // Configuration (read once per cold start by lambdaenv.ConsumerConfig and lambdaenv.OpenPool):
-// SLUICE_CONSUMER_NAME (required), SLUICE_CONSUMER_COMMIT_MODE (per-record or batched; async
-// is refused at cold start, since no inbox Processor runs beside this Lambda),
+// SLUICE_CONSUMER_NAME (required), SLUICE_CONSUMER_COMMIT_MODE (per-record, batched or async),
+// SLUICE_PROCESSOR_MAX_ATTEMPTS (async: attempts before a stored row is parked),
 // SLUICE_CONSUMER_DEADLINE_MARGIN, SLUICE_CONSUMER_STORE_PAYLOAD; SLUICE_CLAIM_CHECK_BUCKET and
 // SLUICE_CLAIM_CHECK_MAX_PAYLOAD (fetch payloads a claim check stored in S3,
 // lambdaenv.ConsumerClaimCheck); DATABASE_URL, or
@@ -26,9 +33,12 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"time"
 
 	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/jackc/pgx/v5"
@@ -93,7 +103,71 @@ func main() {
 		log.Error("consumer cold start failed", "error", err)
 		os.Exit(1)
 	}
-	lambda.StartWithOptions(c.HandleEvent, lambda.WithEnableSIGTERM(pool.Close, func() { _ = stopTracing(context.Background()) }))
+	h := &handler{consumer: c, name: cfg.Consumer, margin: cfg.DeadlineMargin}
+	if cfg.Mode == inbox.Async {
+		if h.processor, err = newProcessor(pool, cfg, os.Getenv, log); err != nil {
+			log.Error("consumer cold start failed", "error", err)
+			os.Exit(1)
+		}
+	}
+	lambda.StartWithOptions(h.Handle, lambda.WithEnableSIGTERM(pool.Close, func() { _ = stopTracing(context.Background()) }))
+}
+
+// newProcessor builds the async inbox processor over db: the consumer's stored rows, applied
+// with this file's handlers.
+func newProcessor(db inbox.Beginner, cfg inbox.Config, getenv lambdaenv.Getenv, log *slog.Logger) (*inbox.Processor, error) {
+	pcfg, err := lambdaenv.ProcessorConfig(getenv)
+	if err != nil {
+		return nil, err
+	}
+	pcfg.Router = handlers(log)
+	pcfg.Metrics = os.Stdout
+	pcfg.Logger = log
+	pcfg.TracerProvider = cfg.TracerProvider
+	p, err := inbox.NewProcessor(db, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("create inbox processor: %w", err)
+	}
+	return p, nil
+}
+
+// handler routes an invocation: the event source's batches go to the inbox consumer; the
+// schedule's events, for an async consumer, run the processor until margin before the deadline.
+type handler struct {
+	consumer  *inbox.Consumer
+	processor *inbox.Processor // nil unless the commit mode is async
+	name      string
+	margin    time.Duration
+}
+
+// ProcessorRun is a scheduled invocation's response.
+type ProcessorRun struct {
+	Consumer string        `json:"consumer"`
+	Ran      time.Duration `json:"ranNanoseconds"`
+}
+
+// Handle serves one invocation.
+func (h *handler) Handle(ctx context.Context, event json.RawMessage) (any, error) {
+	var scheduled struct {
+		Source     string `json:"source"`
+		DetailType string `json:"detail-type"`
+	}
+	if json.Unmarshal(event, &scheduled) != nil || scheduled.Source != "aws.events" || scheduled.DetailType != "Scheduled Event" {
+		return h.consumer.HandleEvent(ctx, event)
+	}
+	if h.processor == nil {
+		return nil, errors.New("a scheduled event invoked a consumer that is not in the async commit mode: nothing to process (remove the schedule, or set SLUICE_CONSUMER_COMMIT_MODE=async)")
+	}
+	start := time.Now()
+	runCtx, cancel := ctx, context.CancelFunc(func() {})
+	if deadline, ok := ctx.Deadline(); ok {
+		runCtx, cancel = context.WithDeadline(ctx, deadline.Add(-max(h.margin, time.Second)))
+	}
+	defer cancel()
+	if err := h.processor.Run(runCtx); err != nil && runCtx.Err() == nil {
+		return nil, err
+	}
+	return ProcessorRun{Consumer: h.name, Ran: time.Since(start)}, nil
 }
 
 // newConsumer builds the inbox consumer over db with cfg's settings and this file's handlers.

@@ -3,10 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"log/slog"
 	"os"
-	"os/exec"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/stretchr/testify/require"
@@ -77,19 +78,50 @@ func TestSkeletonFailsUnknownEventTypes(t *testing.T) {
 	require.Zero(t, rows)
 }
 
-// The real cold start refuses the async commit mode before it connects anywhere: no processor
-// runs beside this Lambda, so messages would be acknowledged and never applied.
-func TestColdStartRefusesAsync(t *testing.T) {
+// In the async mode the event source's invocation only stores the message, and the schedule's
+// invocation of the same function applies it with the same handlers, once.
+func TestAsyncStoresThenTheScheduleApplies(t *testing.T) {
 	t.Parallel()
-	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), runMain+"=1", lambdaenv.ConsumerName+"=billing", lambdaenv.ConsumerCommitMode+"=async",
-		lambdaenv.DatabaseURL+"=postgres://nobody@127.0.0.1:1/none")
-	out, err := cmd.CombinedOutput()
-	var exit *exec.ExitError
-	require.ErrorAs(t, err, &exit, "output: %s", out)
-	require.Equal(t, 1, exit.ExitCode())
-	require.Contains(t, string(out), "consumer cold start failed")
-	require.Contains(t, string(out), "commit mode async needs an inbox Processor")
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	var logs bytes.Buffer
+	log := slog.New(slog.NewJSONHandler(&logs, nil))
+	getenv := func(k string) string {
+		return map[string]string{lambdaenv.ConsumerName: "billing", lambdaenv.ConsumerCommitMode: "async"}[k]
+	}
+	cfg, err := lambdaenv.ConsumerConfig(getenv)
+	require.NoError(t, err)
+	c, err := newConsumer(pool, cfg, log)
+	require.NoError(t, err)
+	p, err := newProcessor(pool, cfg, getenv, log)
+	require.NoError(t, err)
+	h := &handler{consumer: c, processor: p, name: "billing", margin: time.Second}
+
+	raw, err := json.Marshal(sqsEvent(t))
+	require.NoError(t, err)
+	resp, err := h.Handle(ctx, raw)
+	require.NoError(t, err)
+	require.Empty(t, resp.(events.SQSEventResponse).BatchItemFailures)
+	var stored, applied int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), count(processed_at) FROM inbox_event WHERE consumer = 'billing'`).Scan(&stored, &applied))
+	require.Equal(t, 1, stored)
+	require.Zero(t, applied, "the source's invocation only stores")
+	require.Zero(t, bytes.Count(logs.Bytes(), []byte(`"orderId":"o-42"`)))
+
+	scheduled := []byte(`{"version":"0","id":"e-1","detail-type":"Scheduled Event","source":"aws.events","time":"2026-12-02T07:00:00Z","resources":[],"detail":{}}`)
+	sctx, cancel := context.WithTimeout(ctx, 3*time.Second) // the invocation's deadline: it runs until a second before it
+	defer cancel()
+	out, err := h.Handle(sctx, scheduled)
+	require.NoError(t, err)
+	require.Equal(t, "billing", out.(ProcessorRun).Consumer)
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), count(processed_at) FROM inbox_event WHERE consumer = 'billing'`).Scan(&stored, &applied))
+	require.Equal(t, 1, applied, "the schedule's invocation applied the stored row")
+	require.Equal(t, 1, bytes.Count(logs.Bytes(), []byte(`"orderId":"o-42"`)), "the handler ran once")
+
+	// A consumer that is not async has nothing to process: a schedule pointed at it is a mistake.
+	sync := &handler{consumer: c, name: "billing", margin: time.Second}
+	_, err = sync.Handle(ctx, scheduled)
+	require.ErrorContains(t, err, "not in the async commit mode")
 }
 
 // consumerConfig is the configuration the Lambda reads with SLUICE_CONSUMER_NAME=name.

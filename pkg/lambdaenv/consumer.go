@@ -32,12 +32,9 @@ const (
 	DefaultConsumerStorePayload = false
 )
 
-// ErrAsyncWithoutProcessor refuses SLUICE_CONSUMER_COMMIT_MODE=async: in that mode the Lambda
-// only stores each message and acknowledges it, and a Processor must apply it later. No
-// processor runs beside the consumer Lambda (the CDK constructs refuse async for the same
-// reason), so every message would be acknowledged and never applied.
-var ErrAsyncWithoutProcessor = errors.New("commit mode async needs an inbox Processor, and none runs beside this Lambda: " +
-	"messages would be acknowledged and never applied; use per-record or batched")
+// ProcessorMaxAttempts is the asynchronous inbox processor's attempts before it parks a row
+// (inbox.ProcessorConfig.MaxAttempts). Defaults to inbox.DefaultMaxAttempts.
+const ProcessorMaxAttempts = "SLUICE_PROCESSOR_MAX_ATTEMPTS"
 
 // ConsumerEnv lists every variable ConsumerConfig reads, for help texts.
 func ConsumerEnv() []string {
@@ -48,7 +45,8 @@ func ConsumerEnv() []string {
 // Router, Logger and Metrics, which are code): the consumer name (required), the commit mode,
 // the deadline margin and whether payloads are stored. Every consumer Lambda reads it, so they
 // cannot differ; the CDK constructs validate their props with it. Every problem is reported at
-// once, each naming its variable. The async mode is refused with ErrAsyncWithoutProcessor.
+// once, each naming its variable. In the async mode the Lambda only stores each message; the
+// same function applies the stored rows when its schedule invokes it (ProcessorConfig).
 func ConsumerConfig(getenv Getenv) (inbox.Config, error) {
 	cfg := inbox.Config{
 		Mode:           DefaultConsumerCommitMode,
@@ -64,9 +62,7 @@ func ConsumerConfig(getenv Getenv) (inbox.Config, error) {
 		mode, err := inbox.ParseMode(raw)
 		switch {
 		case err != nil:
-			errs = append(errs, fmt.Errorf("%s must be per-record or batched, got %q", ConsumerCommitMode, raw))
-		case mode == inbox.Async:
-			errs = append(errs, fmt.Errorf("%s: %w", ConsumerCommitMode, ErrAsyncWithoutProcessor))
+			errs = append(errs, fmt.Errorf("%s must be per-record, batched or async, got %q", ConsumerCommitMode, raw))
 		default:
 			cfg.Mode = mode
 		}
@@ -113,4 +109,29 @@ func ConsumerEnvironment(cfg inbox.Config) map[string]string {
 		env[ConsumerStorePayload] = "true"
 	}
 	return env
+}
+
+// ProcessorConfig builds the asynchronous inbox processor's configuration from the environment
+// (without Router, Logger and Metrics, which are code): the consumer whose stored rows it
+// applies (SLUICE_CONSUMER_NAME, required) and its attempts before parking a row
+// (SLUICE_PROCESSOR_MAX_ATTEMPTS). The consumer Lambda in async mode and examples/processor
+// both read it.
+func ProcessorConfig(getenv Getenv) (inbox.ProcessorConfig, error) {
+	var cfg inbox.ProcessorConfig
+	var errs []error
+	cfg.Consumer = strings.TrimSpace(getenv(ConsumerName))
+	if cfg.Consumer == "" {
+		errs = append(errs, fmt.Errorf("%s is required: the consumer whose stored rows the processor applies", ConsumerName))
+	}
+	if raw := getenv(ProcessorMaxAttempts); raw != "" {
+		n, err := strconv.Atoi(strings.TrimSpace(raw))
+		if err != nil || n < 1 || n > 1000 {
+			errs = append(errs, fmt.Errorf("%s must be an integer between 1 and 1000, got %q", ProcessorMaxAttempts, raw))
+		}
+		cfg.MaxAttempts = n
+	}
+	if err := errors.Join(errs...); err != nil {
+		return inbox.ProcessorConfig{}, fmt.Errorf("processor settings: %w", err)
+	}
+	return cfg, nil
 }

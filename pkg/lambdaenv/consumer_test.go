@@ -1,7 +1,6 @@
 package lambdaenv
 
 import (
-	"errors"
 	"testing"
 	"time"
 
@@ -24,22 +23,32 @@ func TestConsumerConfigReadsEverySettingAndDefaults(t *testing.T) {
 	require.Equal(t, inbox.Config{Consumer: "billing", Mode: inbox.Batched, DeadlineMargin: -time.Second, StorePayload: true}, cfg)
 }
 
-func TestConsumerConfigRefusesAsyncAndNamesEveryProblem(t *testing.T) {
+func TestConsumerConfigNamesEveryProblem(t *testing.T) {
 	t.Parallel()
-	_, err := ConsumerConfig(env(map[string]string{ConsumerName: "billing", ConsumerCommitMode: "async"}))
-	require.ErrorIs(t, err, ErrAsyncWithoutProcessor)
-	require.ErrorContains(t, err, ConsumerCommitMode+": commit mode async needs an inbox Processor")
+	cfg, err := ConsumerConfig(env(map[string]string{ConsumerName: "billing", ConsumerCommitMode: "async"}))
+	require.NoError(t, err, "the async mode deploys: the same function runs the processor on its schedule")
+	require.Equal(t, inbox.Async, cfg.Mode)
 
 	_, err = ConsumerConfig(env(map[string]string{ConsumerCommitMode: "eventually", ConsumerDeadlineMargin: "soon",
 		ConsumerStorePayload: "maybe"}))
 	require.Error(t, err)
-	require.False(t, errors.Is(err, ErrAsyncWithoutProcessor))
-	for _, want := range []string{ConsumerName + " is required", ConsumerCommitMode + " must be per-record or batched",
+	for _, want := range []string{ConsumerName + " is required", ConsumerCommitMode + " must be per-record, batched or async",
 		ConsumerDeadlineMargin + " must be a Go duration", ConsumerStorePayload + " must be true or false"} {
 		require.ErrorContains(t, err, want)
 	}
 	_, err = ConsumerConfig(env(map[string]string{ConsumerName: "b", ConsumerDeadlineMargin: "1h"}))
 	require.ErrorContains(t, err, ConsumerDeadlineMargin+" must be at most 15m")
+}
+
+func TestProcessorConfig(t *testing.T) {
+	t.Parallel()
+	cfg, err := ProcessorConfig(env(map[string]string{ConsumerName: "billing", ProcessorMaxAttempts: "7"}))
+	require.NoError(t, err)
+	require.Equal(t, "billing", cfg.Consumer)
+	require.Equal(t, 7, cfg.MaxAttempts)
+	_, err = ProcessorConfig(env(map[string]string{ProcessorMaxAttempts: "0"}))
+	require.ErrorContains(t, err, ConsumerName+" is required")
+	require.ErrorContains(t, err, ProcessorMaxAttempts+" must be an integer between 1 and 1000")
 }
 
 // What a deployment tool writes is what the Lambda reads back.
