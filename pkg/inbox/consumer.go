@@ -487,19 +487,6 @@ func classify(err error) error {
 	return err
 }
 
-// Metric names written by the Consumer and the Processor, with dimensions Service and Consumer
-// (defined in pkg/metrics; repeated here for existing callers).
-const (
-	MetricProcessed  = metrics.InboxProcessed  // handlers applied and committed (Count)
-	MetricSkipped    = metrics.InboxSkipped    // unknown event types recorded without effect (Count)
-	MetricDuplicates = metrics.InboxDuplicates // deliveries found in the inbox (Count)
-	MetricFailures   = metrics.InboxFailures   // records or attempts that failed (Count)
-	MetricStored     = metrics.InboxStored     // messages stored by the Async mode (Count)
-	MetricParked     = metrics.InboxParked     // rows the Processor parked (Count)
-	// MetricCommitToApplyLatency is now minus the createdAt attribute, per applied message (Milliseconds).
-	MetricCommitToApplyLatency = metrics.CommitToApplyLatency
-)
-
 func (c *Consumer) emit(ctx context.Context, rep Report, recs []record) {
 	if c.metrics == nil || len(rep.Results) == 0 {
 		return
@@ -512,25 +499,23 @@ func (c *Consumer) emit(ctx context.Context, rep Report, recs []record) {
 		}
 	}
 	ms := []metrics.Measurement{
-		counter(MetricProcessed, rep.Count(Applied)),
-		counter(MetricSkipped, rep.Count(Skipped)),
-		counter(MetricDuplicates, rep.Count(Duplicate)),
-		counter(MetricFailures, rep.Count(Failed)),
+		counter(metrics.InboxProcessed, rep.Count(Applied)),
+		counter(metrics.InboxSkipped, rep.Count(Skipped)),
+		counter(metrics.InboxDuplicates, rep.Count(Duplicate)),
+		counter(metrics.InboxFailures, rep.Count(Failed)),
 	}
 	if c.cfg.Mode == Async {
-		ms = append(ms, counter(MetricStored, rep.Count(Stored)))
+		ms = append(ms, counter(metrics.InboxStored, rep.Count(Stored)))
 	}
 	c.metrics.Record(ctx, c.dims, withLatency(ms, lat)...)
 }
 
-func counter(name string, n int) metrics.Measurement {
-	return metrics.Measurement{Name: name, Kind: metrics.Counter, Unit: metrics.Count, Value: float64(n)}
-}
+func counter(m metrics.Metric, n int) metrics.Measurement { return m.Measure(float64(n)) }
 
 // withLatency adds the commit-to-apply latency samples to ms, when there are any.
 func withLatency(ms []metrics.Measurement, lat []float64) []metrics.Measurement {
 	if len(lat) == 0 {
 		return ms
 	}
-	return append(ms, metrics.Measurement{Name: MetricCommitToApplyLatency, Kind: metrics.Histogram, Unit: metrics.Milliseconds, Samples: lat})
+	return append(ms, metrics.CommitToApplyLatency.Observe(lat))
 }

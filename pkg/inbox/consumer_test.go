@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/pkg/inbox"
+	"github.com/sluicehq/sluice/pkg/metrics"
 )
 
 func TestConfigValidation(t *testing.T) {
@@ -472,10 +473,10 @@ func TestMetrics(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(lines[0]), &line))
 	require.Equal(t, "consumer", line["Service"])
 	require.Equal(t, "billing", line["Consumer"])
-	require.EqualValues(t, 1, line[inbox.MetricProcessed])
-	require.EqualValues(t, 1, line[inbox.MetricDuplicates])
-	require.EqualValues(t, 1, line[inbox.MetricFailures])
-	lat, ok := line[inbox.MetricCommitToApplyLatency].([]any)
+	require.EqualValues(t, 1, line[metrics.InboxProcessed.Name])
+	require.EqualValues(t, 1, line[metrics.InboxDuplicates.Name])
+	require.EqualValues(t, 1, line[metrics.InboxFailures.Name])
+	lat, ok := line[metrics.CommitToApplyLatency.Name].([]any)
 	require.True(t, ok, "latency samples: %v", line)
 	require.Len(t, lat, 1)
 	// createdAt is 2026-11-29T10:00:00Z in the scripted records.

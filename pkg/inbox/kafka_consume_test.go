@@ -118,7 +118,7 @@ type duplicates struct{ n atomic.Int64 }
 
 func (d *duplicates) Record(_ context.Context, _ metrics.Dimensions, ms ...metrics.Measurement) {
 	for _, m := range ms {
-		if m.Name == metrics.InboxDuplicates {
+		if m.Name == metrics.InboxDuplicates.Name {
 			d.n.Add(int64(m.Value))
 		}
 	}

@@ -524,9 +524,9 @@ func (p *Processor) emit(ctx context.Context, st ProcessStats, lat []float64) {
 		return
 	}
 	p.metrics.Record(context.WithoutCancel(ctx), p.dims, withLatency([]metrics.Measurement{
-		counter(MetricProcessed, st.Applied),
-		counter(MetricSkipped, st.Skipped),
-		counter(MetricFailures, st.Failed),
-		counter(MetricParked, st.Parked),
+		counter(metrics.InboxProcessed, st.Applied),
+		counter(metrics.InboxSkipped, st.Skipped),
+		counter(metrics.InboxFailures, st.Failed),
+		counter(metrics.InboxParked, st.Parked),
 	}, lat)...)
 }

@@ -224,11 +224,11 @@ func TestMetricsRecorderBesideEMF(t *testing.T) {
 	for _, m := range rec.calls[0].ms {
 		got[m.Name] = m
 	}
-	require.Equal(t, 1.0, got[metrics.InboxProcessed].Value)
-	require.Equal(t, metrics.Counter, got[metrics.InboxProcessed].Kind)
-	require.Equal(t, 1.0, got[metrics.InboxDuplicates].Value)
-	require.Equal(t, metrics.Histogram, got[metrics.CommitToApplyLatency].Kind)
-	require.Len(t, got[metrics.CommitToApplyLatency].Samples, 1)
+	require.Equal(t, 1.0, got[metrics.InboxProcessed.Name].Value)
+	require.Equal(t, metrics.Counter, got[metrics.InboxProcessed.Name].Kind)
+	require.Equal(t, 1.0, got[metrics.InboxDuplicates.Name].Value)
+	require.Equal(t, metrics.Histogram, got[metrics.CommitToApplyLatency.Name].Kind)
+	require.Len(t, got[metrics.CommitToApplyLatency.Name].Samples, 1)
 	require.Equal(t, 1, emf.n, "the EMF shorthand still writes its line")
 }
 
