@@ -97,11 +97,11 @@ func main() {
 }
 
 // newConsumer builds the inbox consumer over db with cfg's settings and this file's handlers.
-func newConsumer(db inbox.Beginner, cfg inbox.Config, log *slog.Logger) (*inbox.Consumer, error) {
+func newConsumer(db inbox.Beginner, cfg inbox.ConsumerConfig, log *slog.Logger) (*inbox.Consumer, error) {
 	cfg.Router = handlers(log)
 	cfg.Metrics = os.Stdout // EMF lines: CloudWatch turns them into metrics
 	cfg.Logger = log
-	c, err := inbox.New(db, cfg)
+	c, err := inbox.NewConsumer(db, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("create inbox consumer: %w", err)
 	}

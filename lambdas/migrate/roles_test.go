@@ -429,7 +429,7 @@ func TestRolesRunTheRealConsumerAndRelay(t *testing.T) {
 
 	run := func(t *testing.T, layout string) {
 		for _, mode := range []inbox.Mode{inbox.PerRecord, inbox.Batched} {
-			c, err := inbox.New(consumerPool, inbox.Config{Consumer: "billing", Router: router, Mode: mode, Logger: slog.New(slog.DiscardHandler)})
+			c, err := inbox.NewConsumer(consumerPool, inbox.ConsumerConfig{Consumer: "billing", Router: router, Mode: mode, Logger: slog.New(slog.DiscardHandler)})
 			require.NoError(t, err)
 			p := layout + "-" + mode.String() + "-"
 			resp, err := c.HandleSQS(ctx, events.SQSEvent{Records: []events.SQSMessage{

@@ -68,8 +68,8 @@ func ParseMode(s string) (Mode, error) {
 	return 0, fmt.Errorf("%w: unknown commit mode %q (want per-record, batched or async)", ErrInvalidConfig, s)
 }
 
-// Config configures a Consumer.
-type Config struct {
+// ConsumerConfig configures a Consumer.
+type ConsumerConfig struct {
 	// Consumer names this consumer: the first half of the inbox key. Two consumers with
 	// different names on one database each apply every message once. Required.
 	Consumer string
@@ -90,8 +90,8 @@ type Config struct {
 	// Metrics receives Embedded Metric Format lines (os.Stdout in a Lambda): a shorthand for
 	// MetricsRecorder: metrics.NewEMF(Metrics). Defaults to nil, which writes none.
 	Metrics io.Writer
-	// MetricsRecorder receives the consumer's metrics (pkg/metrics names, dimensions
-	// {Service: consumer, Consumer: <name>}) once per batch, e.g. otelmetrics.New(provider).
+	// MetricsRecorder receives the consumer's metrics (the inbox metrics of pkg/metrics, with
+	// dimensions {Service: consumer, Consumer: <name>}) once per batch, e.g. otelmetrics.New(provider).
 	// When Metrics is set too, both receive everything. Defaults to none.
 	MetricsRecorder metrics.Recorder
 	// TracerProvider records a consumer span per record, named "process <queue, stream or
@@ -109,17 +109,17 @@ type Config struct {
 	// trace context (propagation.TraceContext), what outbox.Write injects.
 	Propagator propagation.TextMapPropagator
 	// ClaimCheck fetches payloads a claim check stored in S3 (sluice's relay with
-	// outbox.ClaimCheck, or an AWS extended client) before the handler runs; see claimcheck.go
-	// and docs/claimcheck.md. Defaults to nil: a message whose payload is in S3 fails with
+	// outbox.ClaimCheck, or an AWS extended client) before the handler runs; see
+	// docs/claimcheck.md. Defaults to nil: a message whose payload is in S3 fails with
 	// ErrClaimCheck (and reaches the DLQ), never reaches a handler as a pointer.
 	ClaimCheck *ClaimCheck
 }
 
-// DefaultDeadlineMargin is Config.DeadlineMargin's default.
+// DefaultDeadlineMargin is ConsumerConfig.DeadlineMargin's default.
 const DefaultDeadlineMargin = 3 * time.Second
 
 // WithDefaults returns a copy of c with every zero field set to its documented default.
-func (c Config) WithDefaults() Config {
+func (c ConsumerConfig) WithDefaults() ConsumerConfig {
 	if c.DeadlineMargin == 0 {
 		c.DeadlineMargin = DefaultDeadlineMargin
 	}
@@ -132,7 +132,7 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-func (c Config) validate() error {
+func (c ConsumerConfig) validate() error {
 	if err := validateConsumer(c.Consumer); err != nil {
 		return err
 	}
@@ -164,15 +164,15 @@ func validateConsumer(name string) error {
 // Consumer applies batches of messages through the inbox: from SQS (HandleSQS), Kinesis
 // (HandleKinesis), Kafka through Lambda (HandleKafka) or a franz-go client (ConsumeKafka), or
 // whichever of the Lambda event sources invokes it (HandleEvent). Build it once per process
-// (Lambda cold start) with New; it is safe for concurrent use.
+// (Lambda cold start) with NewConsumer; it is safe for concurrent use.
 type Consumer struct {
 	db      Beginner
-	cfg     Config
+	cfg     ConsumerConfig
 	log     *slog.Logger
 	metrics metrics.Recorder
 	dims    metrics.Dimensions
 	tracing *tracing // nil: tracing off
-	// claimCheck is Config.ClaimCheck with its defaults; nil without one.
+	// claimCheck is ConsumerConfig.ClaimCheck with its defaults; nil without one.
 	claimCheck *ClaimCheck
 	now        func() time.Time
 	// layout is how inbox_event is stored (layoutPlain, layoutPartitioned), read once from
@@ -180,8 +180,8 @@ type Consumer struct {
 	layout atomic.Int32
 }
 
-// New returns a Consumer that opens its transactions on db (usually a *pgxpool.Pool).
-func New(db Beginner, cfg Config) (*Consumer, error) {
+// NewConsumer returns a Consumer that opens its transactions on db (usually a *pgxpool.Pool).
+func NewConsumer(db Beginner, cfg ConsumerConfig) (*Consumer, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: db is nil", ErrInvalidConfig)
 	}
@@ -306,8 +306,8 @@ func (c *Consumer) Process(ctx context.Context, event events.SQSEvent) Report {
 // message group orders it (also when it could not be parsed: the group comes from SQS, not
 // from the message).
 func sqsDelivery(m events.SQSMessage) delivery {
-	d := delivery{source: SourceSQS, id: m.MessageId, orderingGroup: m.Attributes["MessageGroupId"],
-		system: semconv.MessagingSystemAWSSQS, destination: queueName(m.EventSourceARN), xray: m.Attributes[AWSTraceHeader]}
+	d := delivery{source: sourceSQS, id: m.MessageId, orderingGroup: m.Attributes["MessageGroupId"],
+		system: semconv.MessagingSystemAWSSQS, destination: queueName(m.EventSourceARN), xray: m.Attributes[awsTraceHeader]}
 	msg, err := Parse(m)
 	if err != nil {
 		d.err = fmt.Errorf("parse record %s: %w", m.MessageId, err)
