@@ -56,62 +56,66 @@ var (
 	inboxDims = []string{DimensionService, DimensionConsumer}
 )
 
-func relayGauge(name string, u Unit, doc string) Metric {
-	return Metric{Name: name, Kind: Gauge, Unit: u, Services: relay, Dimensions: relayDims, Doc: doc}
-}
-
-func relayCount(name string, u Unit, doc string) Metric {
-	return Metric{Name: name, Kind: Counter, Unit: u, Services: relay, Dimensions: relayDims, Doc: doc}
-}
-
-func inboxCount(name string, services []string, doc string) Metric {
-	return Metric{Name: name, Kind: Counter, Unit: Count, Services: services, Dimensions: inboxDims, Doc: doc}
-}
-
 // The relay's metrics, emitted every RelayConfig.MetricsInterval with dimensions {Service=relay}.
 var (
 	// OutboxPending is the number of unpublished, unquarantined outbox rows.
-	OutboxPending = relayGauge("OutboxPending", Count, "unpublished, unquarantined outbox rows")
+	OutboxPending = Metric{Name: "OutboxPending", Kind: Gauge, Unit: Count, Services: relay, Dimensions: relayDims,
+		Doc: "unpublished, unquarantined outbox rows"}
 	// OutboxOldestPendingAge is the age of the oldest unpublished row.
-	OutboxOldestPendingAge = relayGauge("OutboxOldestPendingAgeSeconds", Seconds, "age of the oldest unpublished row")
+	OutboxOldestPendingAge = Metric{Name: "OutboxOldestPendingAgeSeconds", Kind: Gauge, Unit: Seconds, Services: relay, Dimensions: relayDims,
+		Doc: "age of the oldest unpublished row"}
 	// OutboxQuarantined is the number of quarantined outbox rows.
-	OutboxQuarantined = relayGauge("OutboxQuarantined", Count, "quarantined outbox rows")
+	OutboxQuarantined = Metric{Name: "OutboxQuarantined", Kind: Gauge, Unit: Count, Services: relay, Dimensions: relayDims,
+		Doc: "quarantined outbox rows"}
 	// RelayHeartbeat is emitted at least once a minute by every running relay.
-	RelayHeartbeat = relayCount("RelayHeartbeat", Count, "1 per metrics interval of every running relay")
+	RelayHeartbeat = Metric{Name: "RelayHeartbeat", Kind: Counter, Unit: Count, Services: relay, Dimensions: relayDims,
+		Doc: "1 per metrics interval of every running relay"}
 	// Published counts messages the broker acknowledged.
-	Published = relayCount("Published", Count, "messages the broker acknowledged")
+	Published = Metric{Name: "Published", Kind: Counter, Unit: Count, Services: relay, Dimensions: relayDims,
+		Doc: "messages the broker acknowledged"}
 	// PublishFailures counts failed publish attempts.
-	PublishFailures = relayCount("PublishFailures", Count, "failed publish attempts")
+	PublishFailures = Metric{Name: "PublishFailures", Kind: Counter, Unit: Count, Services: relay, Dimensions: relayDims,
+		Doc: "failed publish attempts"}
 	// DestinationsDown is the number of destinations a relay backs off as a whole because
 	// every call to them fails.
-	DestinationsDown = relayGauge("DestinationsDown", Count, "destinations backed off as a whole because every call to them fails")
+	DestinationsDown = Metric{Name: "DestinationsDown", Kind: Gauge, Unit: Count, Services: relay, Dimensions: relayDims,
+		Doc: "destinations backed off as a whole because every call to them fails"}
 	// OldestTransactionAge is the age of the database's oldest transaction holding a snapshot,
 	// which holds back VACUUM.
-	OldestTransactionAge = relayGauge("OldestTransactionAgeSeconds", Seconds, "age of the database's oldest transaction holding a snapshot (it holds back VACUUM)")
+	OldestTransactionAge = Metric{Name: "OldestTransactionAgeSeconds", Kind: Gauge, Unit: Seconds, Services: relay, Dimensions: relayDims,
+		Doc: "age of the database's oldest transaction holding a snapshot (it holds back VACUUM)"}
 	// Offloaded counts published messages whose payload the claim check stored in S3.
-	Offloaded = relayCount("Offloaded", Count, "published messages whose payload the claim check stored in S3 (relays with a claim check)")
+	Offloaded = Metric{Name: "Offloaded", Kind: Counter, Unit: Count, Services: relay, Dimensions: relayDims,
+		Doc: "published messages whose payload the claim check stored in S3 (relays with a claim check)"}
 	// OffloadedBytes counts the bytes of the payloads the claim check stored in S3.
-	OffloadedBytes = relayCount("OffloadedBytes", Bytes, "bytes of the payloads the claim check stored in S3 (relays with a claim check)")
+	OffloadedBytes = Metric{Name: "OffloadedBytes", Kind: Counter, Unit: Bytes, Services: relay, Dimensions: relayDims,
+		Doc: "bytes of the payloads the claim check stored in S3 (relays with a claim check)"}
 )
 
 // The inbox's metrics, emitted per batch by a consumer ({Service=consumer, Consumer=<name>})
 // and per drain by the asynchronous processor ({Service=inbox-processor, Consumer=<name>}).
 var (
 	// InboxProcessed counts messages applied and committed.
-	InboxProcessed = inboxCount("InboxProcessed", inbox, "messages applied and committed")
+	InboxProcessed = Metric{Name: "InboxProcessed", Kind: Counter, Unit: Count, Services: inbox, Dimensions: inboxDims,
+		Doc: "messages applied and committed"}
 	// InboxSkipped counts unknown event types recorded without effect.
-	InboxSkipped = inboxCount("InboxSkipped", inbox, "messages of unknown event types recorded without effect (SkipUnknown)")
+	InboxSkipped = Metric{Name: "InboxSkipped", Kind: Counter, Unit: Count, Services: inbox, Dimensions: inboxDims,
+		Doc: "messages of unknown event types recorded without effect (SkipUnknown)"}
 	// InboxDuplicates counts deliveries the inbox already had.
-	InboxDuplicates = inboxCount("InboxDuplicates", consumer, "deliveries the inbox already had")
+	InboxDuplicates = Metric{Name: "InboxDuplicates", Kind: Counter, Unit: Count, Services: consumer, Dimensions: inboxDims,
+		Doc: "deliveries the inbox already had"}
 	// InboxFailures counts records or attempts that failed.
-	InboxFailures = inboxCount("InboxFailures", inbox, "records (consumer) or attempts (processor) that failed")
+	InboxFailures = Metric{Name: "InboxFailures", Kind: Counter, Unit: Count, Services: inbox, Dimensions: inboxDims,
+		Doc: "records (consumer) or attempts (processor) that failed"}
 	// InboxStored counts messages stored by the asynchronous inbox.
-	InboxStored = inboxCount("InboxStored", consumer, "messages stored for the processor (async mode)")
+	InboxStored = Metric{Name: "InboxStored", Kind: Counter, Unit: Count, Services: consumer, Dimensions: inboxDims,
+		Doc: "messages stored for the processor (async mode)"}
 	// InboxParked counts rows the processor parked.
-	InboxParked = inboxCount("InboxParked", processor, "rows the processor parked after their last attempt")
+	InboxParked = Metric{Name: "InboxParked", Kind: Counter, Unit: Count, Services: processor, Dimensions: inboxDims,
+		Doc: "rows the processor parked after their last attempt"}
 	// CommitToApplyLatency is now minus the createdAt attribute, per applied message.
-	CommitToApplyLatency = Metric{Name: "CommitToApplyLatency", Kind: Histogram, Unit: Milliseconds, Services: inbox,
-		Dimensions: inboxDims, Doc: "now minus the message's createdAt attribute, per applied or skipped message"}
+	CommitToApplyLatency = Metric{Name: "CommitToApplyLatency", Kind: Histogram, Unit: Milliseconds, Services: inbox, Dimensions: inboxDims,
+		Doc: "now minus the message's createdAt attribute, per applied or skipped message"}
 )
 
 // All returns every sluice metric, relay metrics first.
