@@ -91,7 +91,8 @@ type ConsumerConfig struct {
 	// MetricsRecorder: metrics.NewEMF(Metrics). Defaults to nil, which writes none.
 	Metrics io.Writer
 	// MetricsRecorder receives the consumer's metrics (the inbox metrics of pkg/metrics, with
-	// dimensions {Service: consumer, Consumer: <name>}) once per batch, e.g. otelmetrics.New(provider).
+	// dimensions {Service: consumer, Consumer: <name>}) once per batch, e.g.
+	// otelmetrics.New(provider).
 	// When Metrics is set too, both receive everything. Defaults to none.
 	MetricsRecorder metrics.Recorder
 	// TracerProvider records a consumer span per record, named "process <queue, stream or
