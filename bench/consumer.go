@@ -87,7 +87,7 @@ func measureConsumer(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, 
 			if _, err := pool.Exec(ctx, "VACUUM ANALYZE inbox_event"); err != nil {
 				return err
 			}
-			c, err := inbox.New(pool, inbox.Config{Consumer: "bench", Router: router, Mode: mode})
+			c, err := inbox.NewConsumer(pool, inbox.ConsumerConfig{Consumer: "bench", Router: router, Mode: mode})
 			if err != nil {
 				return err
 			}

@@ -378,7 +378,7 @@ func (r *Report) consumerMarkdown(w func(string, ...any)) {
 		return
 	}
 	w("## 3. Consumer throughput with 10%% duplicates\n\n")
-	w("`inbox.New(pool, inbox.Config{Mode: ...}).Process` on SQS batches of raw-delivery records (the contract's attributes); "+
+	w("`inbox.NewConsumer(pool, inbox.ConsumerConfig{Mode: ...}).Process` on SQS batches of raw-delivery records (the contract's attributes); "+
 		"every tenth delivery repeats a message delivered at least %d batches earlier (a redelivery). The handler inserts one row (the effect) in the "+
 		"inbox's transaction. %d batches are processed at once, as concurrent Lambda invocations would. Every run is checked: "+
 		"effects applied = unique messages.\n\n", 2*consumerWorkers, consumerWorkers)

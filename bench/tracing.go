@@ -224,7 +224,7 @@ func tracedConsumerRun(ctx context.Context, pool *pgxpool.Pool, router *inbox.Ro
 		return TracingRun{}, err
 	}
 	tp, exp, stop := tracerFor(variant)
-	c, err := inbox.New(pool, inbox.Config{Consumer: "bench", Router: router, Mode: mode, TracerProvider: tp})
+	c, err := inbox.NewConsumer(pool, inbox.ConsumerConfig{Consumer: "bench", Router: router, Mode: mode, TracerProvider: tp})
 	if err != nil {
 		return TracingRun{}, err
 	}

@@ -16,7 +16,7 @@
 //   - [NewMigrations]: a CloudFormation custom resource that applies the embedded migrations on
 //     every deploy that changes them.
 //   - [NewMonitoring]: the alarms (to an alarm topic) and the CloudWatch dashboard, built on the
-//     metrics the Lambdas emit as EMF lines (see [MetricNamespace]).
+//     metrics the Lambdas emit as EMF lines (defined in pkg/metrics).
 //
 // [NewSluiceStack] is the production-shaped example: VPC, RDS PostgreSQL, migrations, one outbox,
 // one consumer (on SNS, EventBridge, Kinesis or MSK: SluiceStackProps.Destination), alarms and

@@ -26,6 +26,7 @@ import (
 	"github.com/cdklabs/cdk-nag-go/cdknag/v2"
 	"github.com/sluicehq/sluice/infra"
 	"github.com/sluicehq/sluice/pkg/lambdaenv"
+	"github.com/sluicehq/sluice/pkg/metrics"
 	"github.com/stretchr/testify/require"
 )
 
@@ -468,14 +469,14 @@ func TestSluiceStack(t *testing.T) {
 			p["AlarmActions"] = assertions.Match_ArrayWith(&[]any{map[string]any{"Ref": assertions.Match_StringLikeRegexp(jsii.String("^MonitoringAlarmTopic"))}})
 			tmpl.HasResourceProperties(jsii.String("AWS::CloudWatch::Alarm"), p)
 		}
-		alarm(infra.MetricRelayHeartbeat, map[string]any{
-			"Namespace": infra.MetricNamespace, "Dimensions": []any{map[string]any{"Name": "Service", "Value": "relay"}},
+		alarm(metrics.RelayHeartbeat.Name, map[string]any{
+			"Namespace": metrics.Namespace, "Dimensions": []any{map[string]any{"Name": "Service", "Value": "relay"}},
 			"ComparisonOperator": "LessThanThreshold", "Threshold": 1.0, "EvaluationPeriods": 3.0, "TreatMissingData": "breaching",
 		})
-		alarm(infra.MetricOutboxOldestPendingAge, map[string]any{
-			"Namespace": infra.MetricNamespace, "ComparisonOperator": "GreaterThanThreshold", "Threshold": 300.0, "Statistic": "Maximum",
+		alarm(metrics.OutboxOldestPendingAge.Name, map[string]any{
+			"Namespace": metrics.Namespace, "ComparisonOperator": "GreaterThanThreshold", "Threshold": 300.0, "Statistic": "Maximum",
 		})
-		alarm(infra.MetricOutboxQuarantined, map[string]any{"ComparisonOperator": "GreaterThanThreshold", "Threshold": 0.0})
+		alarm(metrics.OutboxQuarantined.Name, map[string]any{"ComparisonOperator": "GreaterThanThreshold", "Threshold": 0.0})
 		alarm("ApproximateAgeOfOldestMessage", map[string]any{"Namespace": "AWS/SQS", "Threshold": 300.0})
 		visible := 0
 		for _, a := range resources(tmpl, "AWS::CloudWatch::Alarm") {
@@ -487,13 +488,13 @@ func TestSluiceStack(t *testing.T) {
 		}
 		require.Equal(t, 2, visible, "DLQ and subscription DLQ alarms")
 		for metric, want := range map[string]map[string]any{
-			"CPUUtilization":                 {"Namespace": "AWS/RDS", "ComparisonOperator": "GreaterThanThreshold", "Threshold": 80.0},
-			"FreeableMemory":                 {"Namespace": "AWS/RDS", "ComparisonOperator": "LessThanThreshold", "Threshold": 200.0 * 1024 * 1024},
-			"FreeStorageSpace":               {"Namespace": "AWS/RDS", "ComparisonOperator": "LessThanThreshold", "Threshold": 2.0 * 1024 * 1024 * 1024},
-			"DatabaseConnections":            {"Namespace": "AWS/RDS", "ComparisonOperator": "GreaterThanThreshold", "Threshold": 160.0}, // 80% of 200
-			"MaximumUsedTransactionIDs":      {"Namespace": "AWS/RDS", "ComparisonOperator": "GreaterThanThreshold", "Threshold": 1e9},
-			infra.MetricDestinationsDown:     {"Namespace": infra.MetricNamespace, "ComparisonOperator": "GreaterThanThreshold", "Threshold": 0.0},
-			infra.MetricOldestTransactionAge: {"Namespace": infra.MetricNamespace, "ComparisonOperator": "GreaterThanThreshold", "Threshold": 600.0},
+			"CPUUtilization":                  {"Namespace": "AWS/RDS", "ComparisonOperator": "GreaterThanThreshold", "Threshold": 80.0},
+			"FreeableMemory":                  {"Namespace": "AWS/RDS", "ComparisonOperator": "LessThanThreshold", "Threshold": 200.0 * 1024 * 1024},
+			"FreeStorageSpace":                {"Namespace": "AWS/RDS", "ComparisonOperator": "LessThanThreshold", "Threshold": 2.0 * 1024 * 1024 * 1024},
+			"DatabaseConnections":             {"Namespace": "AWS/RDS", "ComparisonOperator": "GreaterThanThreshold", "Threshold": 160.0}, // 80% of 200
+			"MaximumUsedTransactionIDs":       {"Namespace": "AWS/RDS", "ComparisonOperator": "GreaterThanThreshold", "Threshold": 1e9},
+			metrics.DestinationsDown.Name:     {"Namespace": metrics.Namespace, "ComparisonOperator": "GreaterThanThreshold", "Threshold": 0.0},
+			metrics.OldestTransactionAge.Name: {"Namespace": metrics.Namespace, "ComparisonOperator": "GreaterThanThreshold", "Threshold": 600.0},
 		} {
 			alarm(metric, want)
 		}
@@ -513,8 +514,8 @@ func TestSluiceStack(t *testing.T) {
 	t.Run("dashboard shows the commit-to-apply latency", func(t *testing.T) {
 		body := assertions.NewCapture(nil)
 		tmpl.HasResourceProperties(jsii.String("AWS::CloudWatch::Dashboard"), map[string]any{"DashboardBody": body})
-		require.Contains(t, fmt.Sprint(body.AsObject()), infra.MetricCommitToApplyLatency)
-		require.Contains(t, fmt.Sprint(body.AsObject()), infra.MetricOutboxOldestPendingAge)
+		require.Contains(t, fmt.Sprint(body.AsObject()), metrics.CommitToApplyLatency.Name)
+		require.Contains(t, fmt.Sprint(body.AsObject()), metrics.OutboxOldestPendingAge.Name)
 	})
 
 	migrateID := refID(props(resources(tmpl, infra.MigrationsResourceType)[firstKey(resources(tmpl, infra.MigrationsResourceType))])["ServiceToken"])

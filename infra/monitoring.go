@@ -16,6 +16,8 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/interfaces/interfacesawscloudwatch"
 	"github.com/aws/constructs-go/constructs/v10"
 	"github.com/aws/jsii-runtime-go"
+
+	"github.com/sluicehq/sluice/pkg/metrics"
 )
 
 // MonitoringProps configure Monitoring.
@@ -248,26 +250,26 @@ func NewMonitoring(scope constructs.Construct, id string, props *MonitoringProps
 	}
 
 	if o := p.Outbox; o != nil {
-		age := RelayMetric(MetricOutboxOldestPendingAge, "Maximum")
+		age := RelayMetric(metrics.OutboxOldestPendingAge, "Maximum")
 		alarm("OutboxOldestPendingAge", fmt.Sprintf("The oldest unpublished outbox row is older than %s: rows are committed but not published.", p.OldestPendingAge),
 			age, gt, p.OldestPendingAge.Seconds(), 2, notBreaching)
 		alarm("RelayHeartbeatMissing", fmt.Sprintf("No relay heartbeat for %d minutes: no relay is running (missing data counts as breaching).", p.HeartbeatMissingMinutes),
-			RelayMetric(MetricRelayHeartbeat, "Sum"), awscloudwatch.ComparisonOperator_LESS_THAN_THRESHOLD, 1, p.HeartbeatMissingMinutes, awscloudwatch.TreatMissingData_BREACHING)
+			RelayMetric(metrics.RelayHeartbeat, "Sum"), awscloudwatch.ComparisonOperator_LESS_THAN_THRESHOLD, 1, p.HeartbeatMissingMinutes, awscloudwatch.TreatMissingData_BREACHING)
 		alarm("OutboxQuarantined", "Quarantined outbox rows: they block their partition key until retried.",
-			RelayMetric(MetricOutboxQuarantined, "Maximum"), gt, 0, 1, notBreaching)
+			RelayMetric(metrics.OutboxQuarantined, "Maximum"), gt, 0, 1, notBreaching)
 		alarm("RelayDestinationsDown", "A relay backs off a whole destination (every publish to it fails: SNS, EventBridge or Kinesis throttling, an outage, a denied key, unreachable Kafka brokers) for 5 minutes.",
-			RelayMetric(MetricDestinationsDown, "Maximum"), gt, 0, 5, notBreaching)
+			RelayMetric(metrics.DestinationsDown, "Maximum"), gt, 0, 5, notBreaching)
 		alarm("OldestTransactionAge", "A transaction has held a snapshot for over 10 minutes: VACUUM cannot clean up behind it and the outbox's index fills with dead entries (sluice status names it).",
-			RelayMetric(MetricOldestTransactionAge, "Maximum"), gt, 600, 2, notBreaching)
+			RelayMetric(metrics.OldestTransactionAge, "Maximum"), gt, 600, 2, notBreaching)
 		lambdaAlarms("Relay", "Relay", o.Relay())
 
 		dash.AddWidgets(
 			graph("Outbox oldest pending age (s)", []awscloudwatch.IMetric{age}, jsii.Number(p.OldestPendingAge.Seconds())),
-			graph("Outbox pending and quarantined rows", []awscloudwatch.IMetric{RelayMetric(MetricOutboxPending, "Maximum"), RelayMetric(MetricOutboxQuarantined, "Maximum")}, nil),
-			graph("Relay heartbeat", []awscloudwatch.IMetric{RelayMetric(MetricRelayHeartbeat, "Sum")}, nil),
+			graph("Outbox pending and quarantined rows", []awscloudwatch.IMetric{RelayMetric(metrics.OutboxPending, "Maximum"), RelayMetric(metrics.OutboxQuarantined, "Maximum")}, nil),
+			graph("Relay heartbeat", []awscloudwatch.IMetric{RelayMetric(metrics.RelayHeartbeat, "Sum")}, nil),
 		)
 		dash.AddWidgets(
-			graph("Published and publish failures", []awscloudwatch.IMetric{RelayMetric(MetricPublished, "Sum"), RelayMetric(MetricPublishFailures, "Sum")}, nil),
+			graph("Published and publish failures", []awscloudwatch.IMetric{RelayMetric(metrics.Published, "Sum"), RelayMetric(metrics.PublishFailures, "Sum")}, nil),
 			graph("Relay errors and throttles", []awscloudwatch.IMetric{o.Relay().MetricErrors(fiveMin), o.Relay().MetricThrottles(fiveMin)}, nil),
 			graph("Relay concurrent executions", []awscloudwatch.IMetric{o.Relay().Metric(jsii.String("ConcurrentExecutions"), &awscloudwatch.MetricOptions{Statistic: jsii.String("Maximum")})}, nil),
 		)
@@ -303,11 +305,11 @@ func NewMonitoring(scope constructs.Construct, id string, props *MonitoringProps
 		}
 		lambdaAlarms(n+"/Consumer", "Consumer "+n, c.Function())
 
-		latency := func(stat string) awscloudwatch.IMetric { return ConsumerMetric(n, MetricCommitToApplyLatency, stat) }
+		latency := func(stat string) awscloudwatch.IMetric { return ConsumerMetric(n, metrics.CommitToApplyLatency, stat) }
 		dash.AddWidgets(
 			graph("Consumer "+n+": commit-to-apply latency (ms)", []awscloudwatch.IMetric{latency("p50"), latency("p99"), latency("Maximum")}, nil),
 			graph("Consumer "+n+": processed, duplicates, failures", []awscloudwatch.IMetric{
-				ConsumerMetric(n, MetricInboxProcessed, "Sum"), ConsumerMetric(n, MetricInboxDuplicates, "Sum"), ConsumerMetric(n, MetricInboxFailures, "Sum"),
+				ConsumerMetric(n, metrics.InboxProcessed, "Sum"), ConsumerMetric(n, metrics.InboxDuplicates, "Sum"), ConsumerMetric(n, metrics.InboxFailures, "Sum"),
 			}, nil),
 			graph("Consumer "+n+": backlog (queue oldest message age s, iterator age ms, offset lag, failed deliveries)", backlog, ageThreshold),
 		)

@@ -87,7 +87,7 @@ func consumerEnvironment(p *ConsumerProps) (map[string]string, error) {
 	if p.CommitMode != "" {
 		env[lambdaenv.ConsumerCommitMode] = p.CommitMode
 	}
-	maps.Copy(env, lambdaenv.ConsumerEnvironment(inbox.Config{DeadlineMargin: p.DeadlineMargin, StorePayload: p.StorePayload}))
+	maps.Copy(env, lambdaenv.ConsumerEnvironment(inbox.ConsumerConfig{DeadlineMargin: p.DeadlineMargin, StorePayload: p.StorePayload}))
 	if _, err := lambdaenv.ConsumerConfig(func(k string) string { return env[k] }); err != nil {
 		return nil, fmt.Errorf("the consumer Lambda would refuse these settings at cold start: %w", err)
 	}

@@ -64,14 +64,14 @@ func main() {
 }
 
 // newConsumer ensures the demo tables exist and builds the inbox consumer over pool.
-func newConsumer(ctx context.Context, pool demoapp.Beginner, cfg inbox.Config, log *slog.Logger) (*inbox.Consumer, error) {
+func newConsumer(ctx context.Context, pool demoapp.Beginner, cfg inbox.ConsumerConfig, log *slog.Logger) (*inbox.Consumer, error) {
 	if err := demoapp.ApplySchema(ctx, pool); err != nil {
 		return nil, err
 	}
 	r := inbox.NewRouter(inbox.FailUnknown)
 	r.Handle(demoapp.EventOrderCreated, orderCreated)
 	cfg.Router, cfg.Metrics, cfg.Logger = r, os.Stdout, log
-	c, err := inbox.New(pool, cfg)
+	c, err := inbox.NewConsumer(pool, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("create inbox consumer: %w", err)
 	}

@@ -19,7 +19,7 @@ import (
 func TestMain(m *testing.M) { testdb.Main(m) }
 
 // config is what the Lambda reads with SLUICE_CONSUMER_NAME=name.
-func config(t *testing.T, name string) inbox.Config {
+func config(t *testing.T, name string) inbox.ConsumerConfig {
 	t.Helper()
 	cfg, err := lambdaenv.ConsumerConfig(func(k string) string { return map[string]string{lambdaenv.ConsumerName: name}[k] })
 	require.NoError(t, err)

@@ -26,7 +26,7 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 // Lambda in async mode does.
 func store(t *testing.T, pool *pgxpool.Pool, first, n int) {
 	t.Helper()
-	c, err := inbox.New(pool, inbox.Config{Consumer: "billing", Mode: inbox.Async, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	c, err := inbox.NewConsumer(pool, inbox.ConsumerConfig{Consumer: "billing", Mode: inbox.Async, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(t, err)
 	var ev events.SQSEvent
 	for i := first; i < first+n; i++ {

@@ -17,7 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/sluicehq/sluice/pkg/inbox"
+	"github.com/sluicehq/sluice/internal/wire"
 )
 
 // KafkaCluster is an in-process Kafka for the local pipeline: kfake, which speaks the real
@@ -195,7 +195,7 @@ func (k *KafkaEventSource) invoke(ctx context.Context, share map[string][]*kgo.R
 			retryFrom(rs[0])
 		}
 	}
-	var resp inbox.KafkaEventResponse
+	var resp wire.KafkaEventResponse
 	k.invocations.Add(1)
 	// The invocation runs to its end even when we are stopping, as Lambda's would.
 	if err := k.Function.Invoke(context.WithoutCancel(ctx), KafkaEvent(share, arn, strings.Join(k.Brokers, ",")), &resp); err != nil {

@@ -115,7 +115,7 @@ func main() {
 
 // newProcessor builds the async inbox processor over db: the consumer's stored rows, applied
 // with this file's handlers.
-func newProcessor(db inbox.Beginner, cfg inbox.Config, getenv lambdaenv.Getenv, log *slog.Logger) (*inbox.Processor, error) {
+func newProcessor(db inbox.Beginner, cfg inbox.ConsumerConfig, getenv lambdaenv.Getenv, log *slog.Logger) (*inbox.Processor, error) {
 	pcfg, err := lambdaenv.ProcessorConfig(getenv)
 	if err != nil {
 		return nil, err
@@ -171,11 +171,11 @@ func (h *handler) Handle(ctx context.Context, event json.RawMessage) (any, error
 }
 
 // newConsumer builds the inbox consumer over db with cfg's settings and this file's handlers.
-func newConsumer(db inbox.Beginner, cfg inbox.Config, log *slog.Logger) (*inbox.Consumer, error) {
+func newConsumer(db inbox.Beginner, cfg inbox.ConsumerConfig, log *slog.Logger) (*inbox.Consumer, error) {
 	cfg.Router = handlers(log)
 	cfg.Metrics = os.Stdout // EMF lines: CloudWatch turns them into metrics
 	cfg.Logger = log
-	c, err := inbox.New(db, cfg)
+	c, err := inbox.NewConsumer(db, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("create inbox consumer: %w", err)
 	}

@@ -125,7 +125,7 @@ func TestAsyncStoresThenTheScheduleApplies(t *testing.T) {
 }
 
 // consumerConfig is the configuration the Lambda reads with SLUICE_CONSUMER_NAME=name.
-func consumerConfig(t *testing.T, name string) inbox.Config {
+func consumerConfig(t *testing.T, name string) inbox.ConsumerConfig {
 	t.Helper()
 	cfg, err := lambdaenv.ConsumerConfig(func(k string) string { return map[string]string{lambdaenv.ConsumerName: name}[k] })
 	require.NoError(t, err)

@@ -13,7 +13,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/fixture"
 	"github.com/sluicehq/sluice/internal/testdb"
-	"github.com/sluicehq/sluice/pkg/inbox"
+	"github.com/sluicehq/sluice/internal/wire"
 )
 
 // The skeleton starts HandleEvent: the same binary serves an SQS and a Kafka (MSK) event source
@@ -31,7 +31,7 @@ func TestSkeletonServesSQSAndKafka(t *testing.T) {
 		want any
 	}{
 		{"testdata/sqs_order_created.json", events.SQSEventResponse{BatchItemFailures: []events.SQSBatchItemFailure{}}},
-		{"testdata/kafka_order_created.json", inbox.KafkaEventResponse{BatchItemFailures: []inbox.KafkaBatchItemFailure{}}},
+		{"testdata/kafka_order_created.json", wire.KafkaEventResponse{BatchItemFailures: []wire.KafkaBatchItemFailure{}}},
 	} {
 		raw, err := os.ReadFile(tc.file)
 		require.NoError(t, err)

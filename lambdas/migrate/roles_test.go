@@ -24,10 +24,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluicehq/sluice/internal/emf"
 	"github.com/sluicehq/sluice/internal/testdb"
 	"github.com/sluicehq/sluice/pkg/inbox"
 	"github.com/sluicehq/sluice/pkg/lambdaenv"
+	sluicemetrics "github.com/sluicehq/sluice/pkg/metrics"
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
@@ -215,7 +215,7 @@ func TestRolesGrantEachFunctionOnlyWhatItNeeds(t *testing.T) {
 		runCtx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 		defer cancel()
 		require.NoError(t, r.Run(runCtx))
-		require.Contains(t, metrics.String(), emf.OldestTransactionAge)
+		require.Contains(t, metrics.String(), sluicemetrics.OldestTransactionAge.Name)
 	})
 
 	t.Run("consumer: its own inbox rows and its declared tables, no outbox", func(t *testing.T) {
@@ -429,7 +429,7 @@ func TestRolesRunTheRealConsumerAndRelay(t *testing.T) {
 
 	run := func(t *testing.T, layout string) {
 		for _, mode := range []inbox.Mode{inbox.PerRecord, inbox.Batched} {
-			c, err := inbox.New(consumerPool, inbox.Config{Consumer: "billing", Router: router, Mode: mode, Logger: slog.New(slog.DiscardHandler)})
+			c, err := inbox.NewConsumer(consumerPool, inbox.ConsumerConfig{Consumer: "billing", Router: router, Mode: mode, Logger: slog.New(slog.DiscardHandler)})
 			require.NoError(t, err)
 			p := layout + "-" + mode.String() + "-"
 			resp, err := c.HandleSQS(ctx, events.SQSEvent{Records: []events.SQSMessage{

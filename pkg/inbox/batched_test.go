@@ -32,7 +32,7 @@ func TestBatchedConcurrentSharedIDsDoNotDeadlock(t *testing.T) {
 		reps = make([]inbox.Report, instances)
 	)
 	for i := range instances {
-		c, err := inbox.New(b.pool, inbox.Config{Consumer: "billing", Router: r, Mode: inbox.Batched, Logger: quiet})
+		c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "billing", Router: r, Mode: inbox.Batched, Logger: quiet})
 		require.NoError(t, err)
 		recs := []events.SQSMessage{rec("m1", script{N: 1}), rec("m2", script{N: 2}), rec("m3", script{N: 3}), rec("m4", script{N: 4})}
 		if i%2 == 1 {
@@ -71,7 +71,7 @@ func TestBatchedRetriesWithSavepointsAfterAFailure(t *testing.T) {
 		n.(*atomic.Int32).Add(1)
 		return scripted("c")(ctx, tx, msg)
 	})
-	c, err := inbox.New(b.pool, inbox.Config{Consumer: "c", Router: r, Mode: inbox.Batched, Logger: quiet})
+	c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "c", Router: r, Mode: inbox.Batched, Logger: quiet})
 	require.NoError(t, err)
 	rep := c.Process(context.Background(), batchOf(rec("m1", script{N: 1}), rec("m2", script{N: 2, Fail: "error"}), rec("m3", script{N: 3})))
 	require.Equal(t, []string{"sqs-m1:applied", "sqs-m2:failed", "sqs-m3:applied"}, outcomes(rep))
@@ -102,7 +102,7 @@ func TestSwallowedStatementErrorFailsOnlyItsRecord(t *testing.T) {
 			}
 			return nil
 		})
-		c, err := inbox.New(b.pool, inbox.Config{Consumer: "c", Router: r, Mode: mode, Logger: quiet})
+		c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "c", Router: r, Mode: mode, Logger: quiet})
 		require.NoError(t, err)
 		for _, ev := range []events.SQSEvent{
 			batchOf(rec("m1", script{N: 1}), rec("m2", script{N: 2}), rec("m3", script{N: 3})),
@@ -132,7 +132,7 @@ func TestUnstorablePayloadFailsAloneInBothModes(t *testing.T) {
 	t.Parallel()
 	forModes(t, func(t *testing.T, mode inbox.Mode) {
 		b := setup(t)
-		c, err := inbox.New(b.pool, inbox.Config{Consumer: "c", Router: router("c"), Mode: mode, StorePayload: true, Logger: quiet})
+		c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "c", Router: router("c"), Mode: mode, StorePayload: true, Logger: quiet})
 		require.NoError(t, err)
 		bad := record("sqs-bad", "{\"n\":7,\"s\":\"\xff\"}", map[string]string{"messageId": "bad", "eventType": "Scripted"}) // not UTF-8
 		rep := c.Process(context.Background(), batchOf(rec("m1", script{N: 1}), bad, rec("m2", script{N: 2})))
@@ -152,7 +152,7 @@ func TestSwallowedStatementErrorInTheRecordByRecordFallback(t *testing.T) {
 	t.Parallel()
 	forModes(t, func(t *testing.T, mode inbox.Mode) {
 		b := setup(t)
-		c, err := inbox.New(b.pool, inbox.Config{Consumer: "c", Router: router("c"), Mode: mode, StorePayload: true, Logger: quiet})
+		c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "c", Router: router("c"), Mode: mode, StorePayload: true, Logger: quiet})
 		require.NoError(t, err)
 		bad := record("sqs-bad", "{\"n\":7,\"s\":\"\xff\"}", map[string]string{"messageId": "bad", "eventType": "Scripted"}) // not UTF-8
 		rep := c.Process(context.Background(), batchOf(rec("m1", script{N: 1}), bad, rec("m2", script{N: 2, Fail: "swallow"}), rec("m3", script{N: 3})))

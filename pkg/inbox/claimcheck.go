@@ -49,8 +49,8 @@ const DefaultMaxPayloadBytes = 32 << 20
 // is held in memory whole.
 const MaxPayloadBytesLimit = 256 << 20
 
-// DefaultFetchConcurrency is ClaimCheck.Concurrency's default.
-const DefaultFetchConcurrency = 4
+// defaultFetchConcurrency is ClaimCheck.Concurrency's default.
+const defaultFetchConcurrency = 4
 
 // ErrClaimCheck marks a record whose payload is in S3 and could not be fetched: the object is
 // missing, larger than ClaimCheck.MaxPayloadBytes, unreadable, or the Consumer has no
@@ -98,8 +98,7 @@ type ClaimCheck struct {
 	// DefaultMaxPayloadBytes (32 MiB); at most MaxPayloadBytesLimit. A batch's payloads are in
 	// memory together: size the function for its batch size times this.
 	MaxPayloadBytes int
-	// Concurrency is how many payloads of a batch are fetched at once. Defaults to
-	// DefaultFetchConcurrency (4).
+	// Concurrency is how many payloads of a batch are fetched at once, at most 64. Defaults to 4.
 	Concurrency int
 }
 
@@ -109,7 +108,7 @@ func (c *ClaimCheck) withDefaults() *ClaimCheck {
 		out.MaxPayloadBytes = DefaultMaxPayloadBytes
 	}
 	if out.Concurrency == 0 {
-		out.Concurrency = DefaultFetchConcurrency
+		out.Concurrency = defaultFetchConcurrency
 	}
 	return &out
 }
@@ -132,7 +131,7 @@ func (c *ClaimCheck) validate() error {
 			DefaultMaxPayloadBytes, MaxPayloadBytesLimit, c.MaxPayloadBytes))
 	}
 	if c.Concurrency < 0 || c.Concurrency > 64 {
-		errs = append(errs, fmt.Errorf("ClaimCheck.Concurrency must be between 0 (the default, %d) and 64, got %d", DefaultFetchConcurrency, c.Concurrency))
+		errs = append(errs, fmt.Errorf("ClaimCheck.Concurrency must be between 0 (the default, %d) and 64, got %d", defaultFetchConcurrency, c.Concurrency))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
@@ -220,7 +219,7 @@ func (b *batch) fetchPayloads(ctx context.Context) {
 	if len(todo) == 0 {
 		return
 	}
-	n := DefaultFetchConcurrency
+	n := defaultFetchConcurrency
 	if cc := b.c.claimCheck; cc != nil {
 		n = cc.Concurrency
 	}
@@ -249,7 +248,7 @@ func (c *Consumer) fetchPayload(ctx context.Context, msg *Message) error {
 	}
 	cc := c.claimCheck
 	if cc == nil {
-		return fmt.Errorf("message %s: %w: its payload is in %s and this consumer has no Config.ClaimCheck (SLUICE_CLAIM_CHECK_BUCKET for the Lambdas)",
+		return fmt.Errorf("message %s: %w: its payload is in %s and this consumer has no ConsumerConfig.ClaimCheck (SLUICE_CLAIM_CHECK_BUCKET for the Lambdas)",
 			msg.ID, ErrClaimCheck, o.URI())
 	}
 	loc, ok := cc.location(o)
@@ -302,19 +301,20 @@ type PayloadStore interface {
 	GetPayload(ctx context.Context, loc PayloadLocation, key string, maxBytes int) ([]byte, error)
 }
 
-// s3Getter is the one S3 call a PayloadStore needs.
-type s3Getter interface {
+// S3Getter is the one S3 call an S3PayloadStore makes; *s3.Client implements it, and a test or
+// a wrapper (metrics, retries) may stand in for it.
+type S3Getter interface {
 	GetObject(ctx context.Context, in *s3.GetObjectInput, opts ...func(*s3.Options)) (*s3.GetObjectOutput, error)
 }
 
-var _ s3Getter = (*s3.Client)(nil)
+var _ S3Getter = (*s3.Client)(nil)
 
 // S3PayloadStore is a PayloadStore on S3 (GetObject). It never deletes objects.
-type S3PayloadStore struct{ client s3Getter }
+type S3PayloadStore struct{ client S3Getter }
 
 // NewS3PayloadStore returns a PayloadStore over an S3 client (path-style addressing for a
 // local endpoint: s3.NewFromConfig(cfg, func(o *s3.Options) { o.UsePathStyle = true })).
-func NewS3PayloadStore(client s3Getter) *S3PayloadStore { return &S3PayloadStore{client: client} }
+func NewS3PayloadStore(client S3Getter) *S3PayloadStore { return &S3PayloadStore{client: client} }
 
 // GetPayload implements PayloadStore. A missing object is ErrPayloadMissing when S3 says so:
 // 404 (NoSuchKey, NoSuchBucket), which S3 answers only to a caller that may list the bucket

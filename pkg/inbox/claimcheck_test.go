@@ -123,7 +123,7 @@ func TestClaimCheckHandlerSeesThePayloadInEveryMode(t *testing.T) {
 			store.put("bkt", "new", []byte(big))
 			store.put("bkt", "legacy", []byte(`{"n": 8}`))
 			var seen captured
-			c, err := inbox.New(b.pool, inbox.Config{Consumer: "docs", Router: seen.router("docs"), Mode: mode, Logger: quiet,
+			c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "docs", Router: seen.router("docs"), Mode: mode, Logger: quiet,
 				ClaimCheck: &inbox.ClaimCheck{Store: store, Locations: []inbox.PayloadLocation{{Bucket: "bkt"}}}})
 			require.NoError(t, err)
 			rep := c.Process(ctx, batchOf(
@@ -184,7 +184,7 @@ func TestClaimCheckReadsTheSNSEnvelopeForm(t *testing.T) {
 	require.Equal(t, pointerBody(wire.PointerClass, "bkt", "k"), string(msg.Payload), "Parse does no I/O")
 
 	var seen captured
-	c, err := inbox.New(b.pool, inbox.Config{Consumer: "docs", Router: seen.router("docs"), Logger: quiet, ClaimCheck: &inbox.ClaimCheck{Store: store, Locations: []inbox.PayloadLocation{{Bucket: "bkt"}}}})
+	c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "docs", Router: seen.router("docs"), Logger: quiet, ClaimCheck: &inbox.ClaimCheck{Store: store, Locations: []inbox.PayloadLocation{{Bucket: "bkt"}}}})
 	require.NoError(t, err)
 	rep := c.Process(context.Background(), batchOf(r))
 	require.Equal(t, 1, rep.Count(inbox.Applied), "%+v", rep.Results)
@@ -206,7 +206,7 @@ func TestClaimCheckFailuresFailTheRecord(t *testing.T) {
 		store.put("bkt", "notjson", []byte(`<html>`))
 		store.put("bkt", "ok", []byte(`{"n": 1}`))
 		var seen captured
-		c, err := inbox.New(b.pool, inbox.Config{Consumer: "docs", Router: seen.router("docs"), Mode: mode, Logger: quiet,
+		c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "docs", Router: seen.router("docs"), Mode: mode, Logger: quiet,
 			ClaimCheck: &inbox.ClaimCheck{Store: store, MaxPayloadBytes: 1 << 20, Locations: []inbox.PayloadLocation{{Bucket: "bkt"}}}})
 		require.NoError(t, err)
 		notPointer := rec("m-notpointer", script{N: 5})
@@ -255,7 +255,7 @@ func TestClaimCheckConfigIsValidated(t *testing.T) {
 	loc := []inbox.PayloadLocation{{Bucket: "bkt"}}
 	for _, cc := range []*inbox.ClaimCheck{{Locations: loc}, {Store: &memoryStore{}, MaxPayloadBytes: inbox.MaxPayloadBytesLimit + 1, Locations: loc},
 		{Store: &memoryStore{}, Concurrency: -1, Locations: loc}, {Store: &memoryStore{}}, {Store: &memoryStore{}, Locations: []inbox.PayloadLocation{{KeyPrefix: "outbox/"}}}} {
-		_, err := inbox.New(b.pool, inbox.Config{Consumer: "c", Router: router("c"), ClaimCheck: cc})
+		_, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "c", Router: router("c"), ClaimCheck: cc})
 		require.ErrorIs(t, err, inbox.ErrInvalidConfig)
 	}
 	require.Equal(t, outbox.DefaultMaxOffloadBytes, inbox.DefaultMaxPayloadBytes, "a consumer reads what a relay with defaults stores")
@@ -304,7 +304,7 @@ func TestClaimCheckReadsAnExtendedClientMessageAndDeadLettersAMissingObject(t *t
 	send("java-missing", "java/none", 100)
 
 	var seen captured
-	c, err := inbox.New(b.pool, inbox.Config{Consumer: "docs", Router: seen.router("docs"), Logger: quiet,
+	c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "docs", Router: seen.router("docs"), Logger: quiet,
 		ClaimCheck: &inbox.ClaimCheck{Store: inbox.NewS3PayloadStore(s3c), Locations: []inbox.PayloadLocation{{Bucket: bucket, KeyPrefix: "java/"}}}})
 	require.NoError(t, err)
 	// The event source: receive, process, delete what succeeded; failures come back after the
@@ -363,7 +363,7 @@ func TestClaimCheckFetchesOnlyFromTheConfiguredLocations(t *testing.T) {
 	store.put("relay-bucket", "elsewhere/secret", []byte(`{"n": 2}`))
 	store.put("other-bucket", "outbox/secret", []byte(`{"n": 3}`))
 	var seen captured
-	c, err := inbox.New(b.pool, inbox.Config{Consumer: "docs", Router: seen.router("docs"), Logger: quiet,
+	c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "docs", Router: seen.router("docs"), Logger: quiet,
 		ClaimCheck: &inbox.ClaimCheck{Store: store, Locations: []inbox.PayloadLocation{{Bucket: "relay-bucket", KeyPrefix: "outbox/", ExpectedBucketOwner: "111122223333"}}}})
 	require.NoError(t, err)
 	rep := c.Process(ctx, batchOf(

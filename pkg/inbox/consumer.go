@@ -68,8 +68,8 @@ func ParseMode(s string) (Mode, error) {
 	return 0, fmt.Errorf("%w: unknown commit mode %q (want per-record, batched or async)", ErrInvalidConfig, s)
 }
 
-// Config configures a Consumer.
-type Config struct {
+// ConsumerConfig configures a Consumer.
+type ConsumerConfig struct {
 	// Consumer names this consumer: the first half of the inbox key. Two consumers with
 	// different names on one database each apply every message once. Required.
 	Consumer string
@@ -90,8 +90,9 @@ type Config struct {
 	// Metrics receives Embedded Metric Format lines (os.Stdout in a Lambda): a shorthand for
 	// MetricsRecorder: metrics.NewEMF(Metrics). Defaults to nil, which writes none.
 	Metrics io.Writer
-	// MetricsRecorder receives the consumer's metrics (pkg/metrics names, dimensions
-	// {Service: consumer, Consumer: <name>}) once per batch, e.g. otelmetrics.New(provider).
+	// MetricsRecorder receives the consumer's metrics (the inbox metrics of pkg/metrics, with
+	// dimensions {Service: consumer, Consumer: <name>}) once per batch, e.g.
+	// otelmetrics.New(provider).
 	// When Metrics is set too, both receive everything. Defaults to none.
 	MetricsRecorder metrics.Recorder
 	// TracerProvider records a consumer span per record, named "process <queue, stream or
@@ -109,17 +110,17 @@ type Config struct {
 	// trace context (propagation.TraceContext), what outbox.Write injects.
 	Propagator propagation.TextMapPropagator
 	// ClaimCheck fetches payloads a claim check stored in S3 (sluice's relay with
-	// outbox.ClaimCheck, or an AWS extended client) before the handler runs; see claimcheck.go
-	// and docs/claimcheck.md. Defaults to nil: a message whose payload is in S3 fails with
+	// outbox.ClaimCheck, or an AWS extended client) before the handler runs; see
+	// docs/claimcheck.md. Defaults to nil: a message whose payload is in S3 fails with
 	// ErrClaimCheck (and reaches the DLQ), never reaches a handler as a pointer.
 	ClaimCheck *ClaimCheck
 }
 
-// DefaultDeadlineMargin is Config.DeadlineMargin's default.
+// DefaultDeadlineMargin is ConsumerConfig.DeadlineMargin's default.
 const DefaultDeadlineMargin = 3 * time.Second
 
 // WithDefaults returns a copy of c with every zero field set to its documented default.
-func (c Config) WithDefaults() Config {
+func (c ConsumerConfig) WithDefaults() ConsumerConfig {
 	if c.DeadlineMargin == 0 {
 		c.DeadlineMargin = DefaultDeadlineMargin
 	}
@@ -132,7 +133,7 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-func (c Config) validate() error {
+func (c ConsumerConfig) validate() error {
 	if err := validateConsumer(c.Consumer); err != nil {
 		return err
 	}
@@ -164,15 +165,15 @@ func validateConsumer(name string) error {
 // Consumer applies batches of messages through the inbox: from SQS (HandleSQS), Kinesis
 // (HandleKinesis), Kafka through Lambda (HandleKafka) or a franz-go client (ConsumeKafka), or
 // whichever of the Lambda event sources invokes it (HandleEvent). Build it once per process
-// (Lambda cold start) with New; it is safe for concurrent use.
+// (Lambda cold start) with NewConsumer; it is safe for concurrent use.
 type Consumer struct {
 	db      Beginner
-	cfg     Config
+	cfg     ConsumerConfig
 	log     *slog.Logger
 	metrics metrics.Recorder
 	dims    metrics.Dimensions
 	tracing *tracing // nil: tracing off
-	// claimCheck is Config.ClaimCheck with its defaults; nil without one.
+	// claimCheck is ConsumerConfig.ClaimCheck with its defaults; nil without one.
 	claimCheck *ClaimCheck
 	now        func() time.Time
 	// layout is how inbox_event is stored (layoutPlain, layoutPartitioned), read once from
@@ -180,8 +181,8 @@ type Consumer struct {
 	layout atomic.Int32
 }
 
-// New returns a Consumer that opens its transactions on db (usually a *pgxpool.Pool).
-func New(db Beginner, cfg Config) (*Consumer, error) {
+// NewConsumer returns a Consumer that opens its transactions on db (usually a *pgxpool.Pool).
+func NewConsumer(db Beginner, cfg ConsumerConfig) (*Consumer, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: db is nil", ErrInvalidConfig)
 	}
@@ -306,8 +307,8 @@ func (c *Consumer) Process(ctx context.Context, event events.SQSEvent) Report {
 // message group orders it (also when it could not be parsed: the group comes from SQS, not
 // from the message).
 func sqsDelivery(m events.SQSMessage) delivery {
-	d := delivery{source: SourceSQS, id: m.MessageId, orderingGroup: m.Attributes["MessageGroupId"],
-		system: semconv.MessagingSystemAWSSQS, destination: queueName(m.EventSourceARN), xray: m.Attributes[AWSTraceHeader]}
+	d := delivery{source: sourceSQS, id: m.MessageId, orderingGroup: m.Attributes["MessageGroupId"],
+		system: semconv.MessagingSystemAWSSQS, destination: queueName(m.EventSourceARN), xray: m.Attributes[awsTraceHeader]}
 	msg, err := Parse(m)
 	if err != nil {
 		d.err = fmt.Errorf("parse record %s: %w", m.MessageId, err)
@@ -487,19 +488,6 @@ func classify(err error) error {
 	return err
 }
 
-// Metric names written by the Consumer and the Processor, with dimensions Service and Consumer
-// (defined in pkg/metrics; repeated here for existing callers).
-const (
-	MetricProcessed  = metrics.InboxProcessed  // handlers applied and committed (Count)
-	MetricSkipped    = metrics.InboxSkipped    // unknown event types recorded without effect (Count)
-	MetricDuplicates = metrics.InboxDuplicates // deliveries found in the inbox (Count)
-	MetricFailures   = metrics.InboxFailures   // records or attempts that failed (Count)
-	MetricStored     = metrics.InboxStored     // messages stored by the Async mode (Count)
-	MetricParked     = metrics.InboxParked     // rows the Processor parked (Count)
-	// MetricCommitToApplyLatency is now minus the createdAt attribute, per applied message (Milliseconds).
-	MetricCommitToApplyLatency = metrics.CommitToApplyLatency
-)
-
 func (c *Consumer) emit(ctx context.Context, rep Report, recs []record) {
 	if c.metrics == nil || len(rep.Results) == 0 {
 		return
@@ -512,25 +500,23 @@ func (c *Consumer) emit(ctx context.Context, rep Report, recs []record) {
 		}
 	}
 	ms := []metrics.Measurement{
-		counter(MetricProcessed, rep.Count(Applied)),
-		counter(MetricSkipped, rep.Count(Skipped)),
-		counter(MetricDuplicates, rep.Count(Duplicate)),
-		counter(MetricFailures, rep.Count(Failed)),
+		counter(metrics.InboxProcessed, rep.Count(Applied)),
+		counter(metrics.InboxSkipped, rep.Count(Skipped)),
+		counter(metrics.InboxDuplicates, rep.Count(Duplicate)),
+		counter(metrics.InboxFailures, rep.Count(Failed)),
 	}
 	if c.cfg.Mode == Async {
-		ms = append(ms, counter(MetricStored, rep.Count(Stored)))
+		ms = append(ms, counter(metrics.InboxStored, rep.Count(Stored)))
 	}
 	c.metrics.Record(ctx, c.dims, withLatency(ms, lat)...)
 }
 
-func counter(name string, n int) metrics.Measurement {
-	return metrics.Measurement{Name: name, Kind: metrics.Counter, Unit: metrics.Count, Value: float64(n)}
-}
+func counter(m metrics.Metric, n int) metrics.Measurement { return m.Measure(float64(n)) }
 
 // withLatency adds the commit-to-apply latency samples to ms, when there are any.
 func withLatency(ms []metrics.Measurement, lat []float64) []metrics.Measurement {
 	if len(lat) == 0 {
 		return ms
 	}
-	return append(ms, metrics.Measurement{Name: MetricCommitToApplyLatency, Kind: metrics.Histogram, Unit: metrics.Milliseconds, Samples: lat})
+	return append(ms, metrics.CommitToApplyLatency.Observe(lat))
 }

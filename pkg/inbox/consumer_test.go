@@ -16,23 +16,24 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/pkg/inbox"
+	"github.com/sluicehq/sluice/pkg/metrics"
 )
 
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := inbox.New(b.pool, inbox.Config{Router: router("c")})
+	_, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Router: router("c")})
 	require.ErrorIs(t, err, inbox.ErrInvalidConfig)
-	_, err = inbox.New(b.pool, inbox.Config{Consumer: "c"})
+	_, err = inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "c"})
 	require.ErrorIs(t, err, inbox.ErrInvalidConfig, "router required in the synchronous modes")
-	_, err = inbox.New(b.pool, inbox.Config{Consumer: "c", Mode: inbox.Async, Logger: quiet})
+	_, err = inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "c", Mode: inbox.Async, Logger: quiet})
 	require.NoError(t, err, "the async consumer only stores")
-	_, err = inbox.New(b.pool, inbox.Config{Consumer: "c", Router: router("c"), Mode: inbox.Mode(9)})
+	_, err = inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "c", Router: router("c"), Mode: inbox.Mode(9)})
 	require.ErrorIs(t, err, inbox.ErrInvalidConfig)
-	_, err = inbox.New(nil, inbox.Config{Consumer: "c", Router: router("c")})
+	_, err = inbox.NewConsumer(nil, inbox.ConsumerConfig{Consumer: "c", Router: router("c")})
 	require.ErrorIs(t, err, inbox.ErrInvalidConfig)
 
-	require.Equal(t, inbox.DefaultDeadlineMargin, inbox.Config{}.WithDefaults().DeadlineMargin)
+	require.Equal(t, inbox.DefaultDeadlineMargin, inbox.ConsumerConfig{}.WithDefaults().DeadlineMargin)
 	for s, want := range map[string]inbox.Mode{"": inbox.PerRecord, "per-record": inbox.PerRecord, "batched": inbox.Batched, "ASYNC": inbox.Async} {
 		m, err := inbox.ParseMode(s)
 		require.NoError(t, err)
@@ -90,7 +91,7 @@ func TestConcurrentConsumersApplyOnce(t *testing.T) {
 		var wg sync.WaitGroup
 		reps := make([]inbox.Report, instances)
 		for i := range instances {
-			c, err := inbox.New(b.pool, inbox.Config{Consumer: "billing", Router: r, Mode: mode, Logger: quiet})
+			c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "billing", Router: r, Mode: mode, Logger: quiet})
 			require.NoError(t, err)
 			wg.Add(1)
 			go func() {
@@ -198,7 +199,7 @@ func TestFIFOFixtureAndBadRecordBlocksItsGroup(t *testing.T) {
 		_, err := tx.Exec(ctx, `INSERT INTO effect VALUES ('c', $1, 0)`, msg.ID)
 		return err
 	})
-	c, err := inbox.New(b.pool, inbox.Config{Consumer: "c", Router: r, Logger: quiet})
+	c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "c", Router: r, Logger: quiet})
 	require.NoError(t, err)
 	ev := loadEvent(t, "sqs_fifo.json")
 	ev.Records[0].Body = "{not json" // the head of group order-1 is unparseable
@@ -227,7 +228,7 @@ func TestDeadline(t *testing.T) {
 			mu.Unlock()
 			return scripted("billing")(ctx, tx, msg)
 		})
-		c, err := inbox.New(b.pool, inbox.Config{Consumer: "billing", Router: r, Mode: mode, DeadlineMargin: 10 * time.Minute, Logger: quiet})
+		c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "billing", Router: r, Mode: mode, DeadlineMargin: 10 * time.Minute, Logger: quiet})
 		require.NoError(t, err)
 		inbox.SetClock(c, now)
 
@@ -247,7 +248,7 @@ func TestDeadline(t *testing.T) {
 		require.Equal(t, 1, count(t, b.pool, `SELECT count(*) FROM inbox_event`))
 
 		// An already cancelled context starts nothing either, even with the margin disabled.
-		c2, err := inbox.New(b.pool, inbox.Config{Consumer: "billing", Router: r, Mode: mode, DeadlineMargin: -1, Logger: quiet})
+		c2, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "billing", Router: r, Mode: mode, DeadlineMargin: -1, Logger: quiet})
 		require.NoError(t, err)
 		done, cancel3 := context.WithCancel(context.Background())
 		cancel3()
@@ -393,7 +394,7 @@ func TestUnknownEventTypes(t *testing.T) {
 		require.Contains(t, rep.Results[0].Err.Error(), `"Nobody"`)
 
 		r := inbox.NewRouter(inbox.SkipUnknown)
-		skipping, err := inbox.New(b.pool, inbox.Config{Consumer: "lenient", Router: r, Mode: mode, Logger: quiet})
+		skipping, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "lenient", Router: r, Mode: mode, Logger: quiet})
 		require.NoError(t, err)
 		require.Equal(t, inbox.Skipped, skipping.Process(ctx, batchOf(unknown)).Results[0].Outcome)
 		require.Equal(t, inbox.Duplicate, skipping.Process(ctx, batchOf(unknown)).Results[0].Outcome)
@@ -414,7 +415,7 @@ func TestEnvelopeFixtureAppliesAndRecordsRow(t *testing.T) {
 	r.Handle("OrderCreated", h)
 	r.Handle("OrderShipped", h)
 	var logs bytes.Buffer
-	c, err := inbox.New(b.pool, inbox.Config{Consumer: "shipping", Router: r, StorePayload: true,
+	c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "shipping", Router: r, StorePayload: true,
 		Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	require.NoError(t, err)
 	rep := c.Process(ctx, loadEvent(t, "sqs_sns_envelope.json"))
@@ -448,7 +449,7 @@ func TestEnvelopeFixtureAppliesAndRecordsRow(t *testing.T) {
 func TestUnstorablePayloadIsABadMessage(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	c, err := inbox.New(b.pool, inbox.Config{Consumer: "c", Mode: inbox.Async, Logger: quiet})
+	c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "c", Mode: inbox.Async, Logger: quiet})
 	require.NoError(t, err)
 	rep := c.Process(context.Background(), batchOf(
 		record("sqs-bad", "{\"s\":\"\xff\"}", map[string]string{"messageId": "bad", "eventType": "X"}), // not UTF-8
@@ -462,7 +463,7 @@ func TestMetrics(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	var out bytes.Buffer
-	c, err := inbox.New(b.pool, inbox.Config{Consumer: "billing", Router: router("billing"), Metrics: &out, Logger: quiet})
+	c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "billing", Router: router("billing"), Metrics: &out, Logger: quiet})
 	require.NoError(t, err)
 	c.Process(context.Background(), batchOf(rec("m1", script{N: 1}), rec("m1", script{N: 1}), rec("m2", script{N: 2, Fail: "error"})))
 
@@ -472,10 +473,10 @@ func TestMetrics(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(lines[0]), &line))
 	require.Equal(t, "consumer", line["Service"])
 	require.Equal(t, "billing", line["Consumer"])
-	require.EqualValues(t, 1, line[inbox.MetricProcessed])
-	require.EqualValues(t, 1, line[inbox.MetricDuplicates])
-	require.EqualValues(t, 1, line[inbox.MetricFailures])
-	lat, ok := line[inbox.MetricCommitToApplyLatency].([]any)
+	require.EqualValues(t, 1, line[metrics.InboxProcessed.Name])
+	require.EqualValues(t, 1, line[metrics.InboxDuplicates.Name])
+	require.EqualValues(t, 1, line[metrics.InboxFailures.Name])
+	lat, ok := line[metrics.CommitToApplyLatency.Name].([]any)
 	require.True(t, ok, "latency samples: %v", line)
 	require.Len(t, lat, 1)
 	// createdAt is 2026-11-29T10:00:00Z in the scripted records.
@@ -491,7 +492,7 @@ func TestHandlerSeesMessageFields(t *testing.T) {
 	var got inbox.Message
 	r.Handle("OrderCreated", func(ctx context.Context, tx pgx.Tx, msg inbox.Message) error { got = msg; return nil })
 	r.Handle("OrderCancelled", func(ctx context.Context, tx pgx.Tx, msg inbox.Message) error { return fmt.Errorf("not today") })
-	c, err := inbox.New(b.pool, inbox.Config{Consumer: "c", Router: r, Logger: quiet})
+	c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "c", Router: r, Logger: quiet})
 	require.NoError(t, err)
 	resp, err := c.HandleSQS(context.Background(), loadEvent(t, "sqs_raw.json"))
 	require.NoError(t, err)

@@ -71,7 +71,7 @@ func (b *e2eBundle) consumer(t *testing.T) *inbox.Consumer {
 		_, err = tx.Exec(ctx, `INSERT INTO applied (message_id, key, n) VALUES ($1, $2, $3)`, msg.ID, k.Key, k.N)
 		return err
 	})
-	c, err := inbox.New(b.pool, inbox.Config{Consumer: "ledger", Router: r, Logger: quiet})
+	c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "ledger", Router: r, Logger: quiet})
 	require.NoError(t, err)
 	return c
 }

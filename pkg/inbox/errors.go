@@ -21,7 +21,8 @@ var (
 	ErrGroupBlocked = errors.New("inbox: earlier record of the message group failed")
 	// ErrCommit marks a record whose work succeeded but whose transaction failed to commit.
 	ErrCommit = errors.New("inbox: commit failed")
-	// ErrInvalidConfig is returned by the constructors for a bad Config.
+	// ErrInvalidConfig is returned by the constructors for a bad ConsumerConfig or
+	// ProcessorConfig, and by ConsumeKafka for bad KafkaOptions.
 	ErrInvalidConfig = errors.New("inbox: invalid config")
 	// ErrInvalidArgument is returned by the operator functions for bad arguments.
 	ErrInvalidArgument = errors.New("inbox: invalid argument")

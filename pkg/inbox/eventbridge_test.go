@@ -29,7 +29,7 @@ func TestParseEventBridgeEventFromSQS(t *testing.T) {
 	require.Equal(t, time.Date(2026, 11, 29, 10, 41, 59, 500_000_000, time.UTC), msg.CreatedAt)
 	require.Equal(t, map[string]string{"traceparent": "00-5bf92f3577b34da6a3ce929d0e0e4736-10f067aa0ba902b7-01"}, msg.Headers)
 	require.Equal(t, `{"orderId":"ord-3003","customerId":"cus-9","totalCents":700,"currency":"EUR","schemaVersion":1}`, string(msg.Payload))
-	require.Equal(t, inbox.SourceSQS, msg.Source)
+	require.Equal(t, "aws:sqs", msg.Source)
 	require.Equal(t, ev.Records[0].MessageId, msg.ItemID)
 	require.False(t, msg.Enveloped, "Enveloped is the SNS envelope")
 	require.Empty(t, msg.GroupID, "EventBridge keeps no key's order: no group on a standard queue")
@@ -76,7 +76,7 @@ func TestConsumerAppliesEventBridgeEventsOnce(t *testing.T) {
 				return err
 			})
 		}
-		c, err := inbox.New(b.pool, inbox.Config{Consumer: "eb", Router: r, Mode: mode, Logger: quiet})
+		c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "eb", Router: r, Mode: mode, Logger: quiet})
 		require.NoError(t, err)
 		ev := fixture.Load[events.SQSEvent](t, "testdata/sqs_eventbridge.json")
 		for range 2 {

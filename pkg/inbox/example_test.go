@@ -20,7 +20,7 @@ type OrderCreated struct {
 }
 
 // A consumer Lambda: the handler's writes and the inbox row commit together, once per message.
-func Example_consumer() {
+func ExampleNewConsumer() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL")) // once per cold start
 	if err != nil {
@@ -35,11 +35,33 @@ func Example_consumer() {
 		_, err = tx.Exec(ctx, `INSERT INTO invoice (order_id, cents) VALUES ($1, $2)`, o.OrderID, o.TotalCents)
 		return err
 	})
-	consumer, err := inbox.New(pool, inbox.Config{Consumer: "billing", Router: r, Metrics: os.Stdout})
+	consumer, err := inbox.NewConsumer(pool, inbox.ConsumerConfig{Consumer: "billing", Router: r, Metrics: os.Stdout})
 	if err != nil {
 		log.Fatal(err)
 	}
 	lambda.StartWithOptions(consumer.HandleSQS, lambda.WithEnableSIGTERM(pool.Close))
+}
+
+// The asynchronous inbox: the consumer Lambda only stores each message (Mode: inbox.Async);
+// a worker you run applies the stored rows, retrying with backoff and parking what keeps
+// failing (inbox.ListParked, inbox.RetryParked).
+func ExampleNewProcessor() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	r := inbox.NewRouter(inbox.FailUnknown)
+	r.Handle("OrderCreated", func(ctx context.Context, tx pgx.Tx, msg inbox.Message) error {
+		_, err := tx.Exec(ctx, `INSERT INTO invoice (message_id) VALUES ($1)`, msg.ID)
+		return err
+	})
+	p, err := inbox.NewProcessor(pool, inbox.ProcessorConfig{Consumer: "billing", Router: r, MaxAttempts: 5})
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Run applies rows until ctx ends (it returns ctx's error then) or a database error.
+	log.Println(p.Run(ctx))
 }
 
 func ExampleParse() {

@@ -74,7 +74,7 @@ func router(consumer string) *inbox.Router {
 
 func newConsumer(t *testing.T, db inbox.Beginner, name string, mode inbox.Mode) *inbox.Consumer {
 	t.Helper()
-	c, err := inbox.New(db, inbox.Config{Consumer: name, Router: router(name), Mode: mode, Logger: quiet})
+	c, err := inbox.NewConsumer(db, inbox.ConsumerConfig{Consumer: name, Router: router(name), Mode: mode, Logger: quiet})
 	require.NoError(t, err)
 	return c
 }

@@ -12,29 +12,9 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 	otelattr "go.opentelemetry.io/otel/attribute"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+
+	"github.com/sluicehq/sluice/internal/wire"
 )
-
-// KafkaEventResponse is the partial batch response of a Kafka event source mapping (Amazon MSK
-// or self-managed Apache Kafka) with ReportBatchItemFailures; aws-lambda-go has no type for it.
-// Unlike SQS and Kinesis, a Kafka item identifier is an object naming the topic-partition and
-// the offset:
-//
-//	{"batchItemFailures": [{"itemIdentifier": {"partition": "orders-3", "offset": 42}}]}
-type KafkaEventResponse struct {
-	BatchItemFailures []KafkaBatchItemFailure `json:"batchItemFailures"`
-}
-
-// KafkaBatchItemFailure is one record that failed.
-type KafkaBatchItemFailure struct {
-	ItemIdentifier KafkaItemIdentifier `json:"itemIdentifier"`
-}
-
-// KafkaItemIdentifier names a record of a Kafka event: Partition is its key in the event's
-// records map, TOPIC-PARTITION ("orders-3"), and Offset its offset.
-type KafkaItemIdentifier struct {
-	Partition string `json:"partition"`
-	Offset    int64  `json:"offset"`
-}
 
 // HandleKafka is the Lambda handler for an Amazon MSK or self-managed Apache Kafka event source
 // mapping with ReportBatchItemFailures:
@@ -46,25 +26,27 @@ type KafkaItemIdentifier struct {
 // partition from the lowest offset reported failed, so after a record fails every later record
 // of its partition is reported failed too without being attempted (ErrGroupBlocked): a
 // partition's records are applied in order, never past a failure. Other partitions go on. It
-// never returns an error: failures are per record, in BatchItemFailures (see docs/inbox.md for
-// the mapping's settings and what a poison record does).
-func (c *Consumer) HandleKafka(ctx context.Context, event events.KafkaEvent) (KafkaEventResponse, error) {
+// never returns an error: failures are per record, in the response's BatchItemFailures, each
+// naming its topic-partition and offset ({"itemIdentifier": {"partition": "orders-3", "offset":
+// 42}}; aws-lambda-go has no type for this response). See docs/inbox.md for the mapping's
+// settings and what a poison record does.
+func (c *Consumer) HandleKafka(ctx context.Context, event events.KafkaEvent) (wire.KafkaEventResponse, error) {
 	var (
 		ds  []delivery
-		ids []KafkaItemIdentifier
+		ids []wire.KafkaItemIdentifier
 	)
 	for _, tp := range slices.Sorted(maps.Keys(event.Records)) {
 		recs := slices.SortedStableFunc(slices.Values(event.Records[tp]), func(a, b events.KafkaRecord) int { return cmp.Compare(a.Offset, b.Offset) })
 		for _, r := range recs {
 			ds = append(ds, lambdaKafkaDelivery(tp, r))
-			ids = append(ids, KafkaItemIdentifier{Partition: tp, Offset: r.Offset})
+			ids = append(ids, wire.KafkaItemIdentifier{Partition: tp, Offset: r.Offset})
 		}
 	}
 	rep := c.run(ctx, ds)
-	resp := KafkaEventResponse{BatchItemFailures: []KafkaBatchItemFailure{}}
+	resp := wire.KafkaEventResponse{BatchItemFailures: []wire.KafkaBatchItemFailure{}}
 	for i, res := range rep.Results {
 		if res.Outcome == Failed {
-			resp.BatchItemFailures = append(resp.BatchItemFailures, KafkaBatchItemFailure{ItemIdentifier: ids[i]})
+			resp.BatchItemFailures = append(resp.BatchItemFailures, wire.KafkaBatchItemFailure{ItemIdentifier: ids[i]})
 		}
 	}
 	return resp, nil
@@ -100,7 +82,7 @@ func (r kafkaRecord) itemID() string {
 // is the ordering key. Without a messageId header the dedup key is kafka://TOPIC/PARTITION/OFFSET
 // (IDFromKafka).
 func (r kafkaRecord) message() (Message, error) {
-	msg := Message{Source: SourceKafka, ItemID: r.itemID(), Headers: map[string]string{}}
+	msg := Message{Source: sourceKafka, ItemID: r.itemID(), Headers: map[string]string{}}
 	if k := string(r.key); storableText(k) {
 		msg.GroupID = k
 	}
@@ -120,7 +102,7 @@ func (r kafkaRecord) message() (Message, error) {
 
 // delivery turns the record into a delivery, ordered by its topic-partition.
 func (r kafkaRecord) delivery() delivery {
-	d := delivery{source: SourceKafka, id: r.itemID(), orderingGroup: r.topicPartition(),
+	d := delivery{source: sourceKafka, id: r.itemID(), orderingGroup: r.topicPartition(),
 		system: semconv.MessagingSystemKafka, destination: r.topic,
 		attrs: []otelattr.KeyValue{semconv.MessagingDestinationPartitionID(strconv.FormatInt(r.partition, 10)), semconv.MessagingKafkaOffset(int(r.offset))}}
 	msg, err := r.message()
@@ -167,7 +149,7 @@ func lambdaKafkaDelivery(tp string, r events.KafkaRecord) delivery {
 	kr, err := fromLambdaKafka(r)
 	if err != nil {
 		id := tp + "@" + strconv.FormatInt(r.Offset, 10)
-		return delivery{source: SourceKafka, id: id, orderingGroup: tp, system: semconv.MessagingSystemKafka,
+		return delivery{source: sourceKafka, id: id, orderingGroup: tp, system: semconv.MessagingSystemKafka,
 			destination: r.Topic, err: fmt.Errorf("parse record %s: %w", id, err)}
 	}
 	d := kr.delivery()

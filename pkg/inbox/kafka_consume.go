@@ -26,10 +26,10 @@ import (
 
 // Defaults of KafkaOptions.
 const (
-	DefaultKafkaMaxPollRecords  = 500
-	DefaultKafkaRetryBackoff    = time.Second
-	DefaultKafkaRetryBackoffMax = time.Minute
-	DefaultKafkaMaxAttempts     = 10
+	defaultKafkaMaxPollRecords  = 500
+	defaultKafkaRetryBackoff    = time.Second
+	defaultKafkaRetryBackoffMax = time.Minute
+	defaultKafkaMaxAttempts     = 10
 )
 
 // The headers a dead-lettered record carries beside its own: where it came from and why.
@@ -42,12 +42,10 @@ const (
 
 // KafkaOptions configure ConsumeKafka. A nil *KafkaOptions takes every default.
 type KafkaOptions struct {
-	// MaxPollRecords bounds the records applied per poll (one Consumer batch). Defaults to
-	// DefaultKafkaMaxPollRecords.
+	// MaxPollRecords bounds the records applied per poll (one Consumer batch). Defaults to 500.
 	MaxPollRecords int
 	// RetryBackoff is the wait before a failed record is tried again; it doubles with each
-	// failed attempt up to RetryBackoffMax. Default to DefaultKafkaRetryBackoff and
-	// DefaultKafkaRetryBackoffMax.
+	// failed attempt up to RetryBackoffMax. Default to 1 second and 1 minute.
 	RetryBackoff, RetryBackoffMax time.Duration
 	// DeadLetterTopic receives a record that failed MaxAttempts times: its key, value and headers
 	// as they were (so replaying it dedups on its messageId), plus the HeaderDeadLetter*
@@ -56,7 +54,7 @@ type KafkaOptions struct {
 	// its partition waits for it, logged at every attempt. Nothing is ever skipped silently.
 	DeadLetterTopic string
 	// MaxAttempts is how many times a record is tried before it goes to DeadLetterTopic.
-	// Defaults to DefaultKafkaMaxAttempts; unused without DeadLetterTopic.
+	// Defaults to 10; unused without DeadLetterTopic.
 	MaxAttempts int
 	// Logger receives the loop's logs. Defaults to the Consumer's logger.
 	Logger *slog.Logger
@@ -65,16 +63,16 @@ type KafkaOptions struct {
 // WithDefaults returns a copy of o with every zero field set to its documented default.
 func (o KafkaOptions) WithDefaults() KafkaOptions {
 	if o.MaxPollRecords == 0 {
-		o.MaxPollRecords = DefaultKafkaMaxPollRecords
+		o.MaxPollRecords = defaultKafkaMaxPollRecords
 	}
 	if o.RetryBackoff == 0 {
-		o.RetryBackoff = DefaultKafkaRetryBackoff
+		o.RetryBackoff = defaultKafkaRetryBackoff
 	}
 	if o.RetryBackoffMax == 0 {
-		o.RetryBackoffMax = DefaultKafkaRetryBackoffMax
+		o.RetryBackoffMax = defaultKafkaRetryBackoffMax
 	}
 	if o.MaxAttempts == 0 {
-		o.MaxAttempts = DefaultKafkaMaxAttempts
+		o.MaxAttempts = defaultKafkaMaxAttempts
 	}
 	return o
 }
@@ -107,10 +105,13 @@ func KafkaGroupOpts(group string, topics ...string) []kgo.Opt {
 // closed, then returns nil; the client stays the caller's (close it to leave the group, so its
 // partitions move to the other members at once). The client must be a group consumer with DisableAutoCommit and
 // BlockRebalanceOnPoll (KafkaGroupOpts); otherwise ConsumeKafka returns an error wrapping
-// ErrInvalidConfig at once, as it does for bad opts. See the comment at the top of this file:
-// offsets are committed per partition in order, only after the inbox transaction committed, and
-// a failing record blocks its partition (retried with backoff; dead-lettered after MaxAttempts
-// only when DeadLetterTopic is set).
+// ErrInvalidConfig at once, as it does for bad opts.
+//
+// Each poll's records are applied as one Consumer batch; then each partition's offset is
+// committed after its last record whose transaction committed, in order, so a crash at any
+// point redelivers records the inbox then finds (duplicates, never loss). A failing record
+// blocks its partition, and only its partition: it is retried with backoff and, only when
+// DeadLetterTopic is set, moved there after MaxAttempts.
 func ConsumeKafka(ctx context.Context, client *kgo.Client, c *Consumer, opts *KafkaOptions) error {
 	if client == nil || c == nil {
 		return fmt.Errorf("%w: ConsumeKafka needs a client and a Consumer", ErrInvalidConfig)

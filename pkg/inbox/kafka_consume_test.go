@@ -118,7 +118,7 @@ type duplicates struct{ n atomic.Int64 }
 
 func (d *duplicates) Record(_ context.Context, _ metrics.Dimensions, ms ...metrics.Measurement) {
 	for _, m := range ms {
-		if m.Name == metrics.InboxDuplicates {
+		if m.Name == metrics.InboxDuplicates.Name {
 			d.n.Add(int64(m.Value))
 		}
 	}
@@ -128,11 +128,11 @@ func (k *kafkaBundle) consumer(t *testing.T, mode inbox.Mode, dups *duplicates) 
 	t.Helper()
 	r := inbox.NewRouter(inbox.FailUnknown)
 	r.Handle("Ledger", k.app.handle)
-	cfg := inbox.Config{Consumer: "ledger", Router: r, Mode: mode, Logger: quiet}
+	cfg := inbox.ConsumerConfig{Consumer: "ledger", Router: r, Mode: mode, Logger: quiet}
 	if dups != nil {
 		cfg.MetricsRecorder = dups
 	}
-	c, err := inbox.New(k.pool, cfg)
+	c, err := inbox.NewConsumer(k.pool, cfg)
 	require.NoError(t, err)
 	return c
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/internal/fixture"
+	"github.com/sluicehq/sluice/internal/wire"
 	"github.com/sluicehq/sluice/pkg/inbox"
 )
 
@@ -38,7 +39,7 @@ func kafkaEvent(recs ...events.KafkaRecord) events.KafkaEvent {
 	return ev
 }
 
-func kafkaFailures(resp inbox.KafkaEventResponse) []string {
+func kafkaFailures(resp wire.KafkaEventResponse) []string {
 	out := []string{}
 	for _, f := range resp.BatchItemFailures {
 		out = append(out, fmt.Sprintf("%s@%d", f.ItemIdentifier.Partition, f.ItemIdentifier.Offset))
@@ -63,7 +64,7 @@ func TestParseKafkaFixture(t *testing.T) {
 	require.Equal(t, map[string]string{"traceparent": "00-6bf92f3577b34da6a3ce929d0e0e4736-20f067aa0ba902b7-01"}, msg.Headers)
 	require.Equal(t, `{"orderId":"ord-4001","customerId":"cus-7","totalCents":1200,"currency":"EUR","schemaVersion":1}`, string(msg.Payload))
 	require.Equal(t, "cus-7", msg.GroupID, "the record key, the outbox partition key")
-	require.Equal(t, inbox.SourceKafka, msg.Source)
+	require.Equal(t, "kafka", msg.Source)
 	require.Equal(t, "orders-0@15", msg.ItemID)
 
 	msg, err = inbox.ParseKafka(ev.Records["orders-1"][0])
@@ -112,7 +113,7 @@ func TestHandleKafkaAppliesOnce(t *testing.T) {
 	t.Parallel()
 	forModes(t, func(t *testing.T, mode inbox.Mode) {
 		b := setup(t)
-		c, err := inbox.New(b.pool, inbox.Config{Consumer: "k", Router: effectRouter("k", "OrderCreated", "OrderCancelled"), Mode: mode, Logger: quiet})
+		c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "k", Router: effectRouter("k", "OrderCreated", "OrderCancelled"), Mode: mode, Logger: quiet})
 		require.NoError(t, err)
 		ev := fixture.Load[events.KafkaEvent](t, "testdata/kafka_msk.json")
 		for range 2 {
@@ -170,7 +171,7 @@ func TestHandleKafkaUnparseableRecordBlocksItsPartition(t *testing.T) {
 // The response has the shape the Kafka event source mapping reads: itemIdentifier is an object.
 func TestKafkaEventResponseJSON(t *testing.T) {
 	t.Parallel()
-	b, err := json.Marshal(inbox.KafkaEventResponse{BatchItemFailures: []inbox.KafkaBatchItemFailure{{ItemIdentifier: inbox.KafkaItemIdentifier{Partition: "orders-3", Offset: 42}}}})
+	b, err := json.Marshal(wire.KafkaEventResponse{BatchItemFailures: []wire.KafkaBatchItemFailure{{ItemIdentifier: wire.KafkaItemIdentifier{Partition: "orders-3", Offset: 42}}}})
 	require.NoError(t, err)
 	require.JSONEq(t, `{"batchItemFailures":[{"itemIdentifier":{"partition":"orders-3","offset":42}}]}`, string(b))
 }
@@ -179,7 +180,7 @@ func TestKafkaEventResponseJSON(t *testing.T) {
 func TestHandleEventDispatchesOnTheEventSource(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	c, err := inbox.New(b.pool, inbox.Config{Consumer: "any", Router: effectRouter("any", "OrderCreated", "OrderCancelled", "OrderShipped"), Logger: quiet})
+	c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "any", Router: effectRouter("any", "OrderCreated", "OrderCancelled", "OrderShipped"), Logger: quiet})
 	require.NoError(t, err)
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -188,7 +189,7 @@ func TestHandleEventDispatchesOnTheEventSource(t *testing.T) {
 	}{
 		{"testdata/sqs_sns_envelope.json", events.SQSEventResponse{BatchItemFailures: []events.SQSBatchItemFailure{}}},
 		{"testdata/kinesis.json", events.KinesisEventResponse{BatchItemFailures: []events.KinesisBatchItemFailure{}}},
-		{"testdata/kafka_msk.json", inbox.KafkaEventResponse{BatchItemFailures: []inbox.KafkaBatchItemFailure{}}},
+		{"testdata/kafka_msk.json", wire.KafkaEventResponse{BatchItemFailures: []wire.KafkaBatchItemFailure{}}},
 	} {
 		raw, err := os.ReadFile(tc.file)
 		require.NoError(t, err)
@@ -203,7 +204,7 @@ func TestHandleEventDispatchesOnTheEventSource(t *testing.T) {
 	raw, _ := json.Marshal(selfManaged)
 	resp, err := c.HandleEvent(ctx, raw)
 	require.NoError(t, err)
-	require.IsType(t, inbox.KafkaEventResponse{}, resp)
+	require.IsType(t, wire.KafkaEventResponse{}, resp)
 
 	resp, err = c.HandleEvent(ctx, json.RawMessage(`{"Records":[]}`))
 	require.NoError(t, err)
@@ -232,7 +233,7 @@ func TestHandleKafkaSpans(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	tp, exp := spans(t)
-	c, err := inbox.New(b.pool, inbox.Config{Consumer: "k", Router: router("k"), Logger: quiet, TracerProvider: tp})
+	c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "k", Router: router("k"), Logger: quiet, TracerProvider: tp})
 	require.NoError(t, err)
 	_, span := tp.Tracer("producer").Start(context.Background(), "place order")
 	span.End()

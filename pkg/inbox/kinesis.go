@@ -55,7 +55,7 @@ func ParseKinesis(r events.KinesisEventRecord) (Message, error) {
 	if r.EventSourceArn == "" || seq == "" {
 		f.fallbacks = nil // not enough to name the record
 	}
-	msg := Message{Source: SourceKinesis, ItemID: seq, GroupID: key, Headers: map[string]string{}}
+	msg := Message{Source: sourceKinesis, ItemID: seq, GroupID: key, Headers: map[string]string{}}
 	if msg.GroupID == "" {
 		msg.GroupID = r.Kinesis.PartitionKey
 	}
@@ -76,7 +76,7 @@ func kinesisShard(r events.KinesisEventRecord) string {
 }
 
 func kinesisDelivery(r events.KinesisEventRecord) delivery {
-	d := delivery{source: SourceKinesis, id: r.Kinesis.SequenceNumber, orderingGroup: kinesisShard(r),
+	d := delivery{source: sourceKinesis, id: r.Kinesis.SequenceNumber, orderingGroup: kinesisShard(r),
 		system: messagingSystemKinesis, destination: streamName(r.EventSourceArn)}
 	msg, err := ParseKinesis(r)
 	if err != nil {

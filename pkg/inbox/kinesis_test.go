@@ -50,7 +50,7 @@ func TestParseKinesisFixture(t *testing.T) {
 	require.Equal(t, "00-7bf92f3577b34da6a3ce929d0e0e4736-30f067aa0ba902b7-01", msg.Traceparent())
 	require.Equal(t, `{"orderId":"ord-5001","customerId":"cus-9","totalCents":4500,"currency":"USD","schemaVersion":1}`, string(msg.Payload))
 	require.Equal(t, "cus-9", msg.GroupID)
-	require.Equal(t, inbox.SourceKinesis, msg.Source)
+	require.Equal(t, "aws:kinesis", msg.Source)
 	require.Equal(t, ev.Records[0].Kinesis.SequenceNumber, msg.ItemID)
 
 	msg, err = inbox.ParseKinesis(ev.Records[1])
@@ -82,7 +82,7 @@ func TestHandleKinesisAppliesOnce(t *testing.T) {
 	t.Parallel()
 	forModes(t, func(t *testing.T, mode inbox.Mode) {
 		b := setup(t)
-		c, err := inbox.New(b.pool, inbox.Config{Consumer: "s", Router: effectRouter("s", "OrderCreated", "OrderCancelled"), Mode: mode, Logger: quiet})
+		c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "s", Router: effectRouter("s", "OrderCreated", "OrderCancelled"), Mode: mode, Logger: quiet})
 		require.NoError(t, err)
 		ev := fixture.Load[events.KinesisEvent](t, "testdata/kinesis.json")
 		for range 2 {

@@ -15,18 +15,6 @@ import (
 	"github.com/sluicehq/sluice/internal/wire"
 )
 
-// Names of the message attributes sluice's relay publishes (see the contract, "The message on
-// the wire"). Every other string attribute is a header.
-const (
-	AttrMessageID     = wire.MessageID
-	AttrEventType     = wire.EventType
-	AttrAggregateType = wire.AggregateType
-	AttrAggregateID   = wire.AggregateID
-	AttrCreatedAt     = wire.CreatedAt
-	// AttrTraceparent is the W3C trace context header, carried as an attribute.
-	AttrTraceparent = wire.Traceparent
-)
-
 // IDSource tells where a message's dedup key came from.
 type IDSource string
 
@@ -54,14 +42,11 @@ const (
 	IDFromKinesis IDSource = "kinesis"
 )
 
-// Source names the event source that delivered a message.
-type Source string
-
-// The event sources a Consumer reads.
+// The values of Message.Source: the event sources a Consumer reads.
 const (
-	SourceSQS     Source = "aws:sqs"
-	SourceKinesis Source = "aws:kinesis"
-	SourceKafka   Source = "kafka" // Amazon MSK, self-managed Kafka, or a franz-go client (ConsumeKafka)
+	sourceSQS     = "aws:sqs"
+	sourceKinesis = "aws:kinesis"
+	sourceKafka   = "kafka" // Amazon MSK, self-managed Kafka, or a franz-go client (ConsumeKafka)
 )
 
 // Message is one parsed delivery.
@@ -91,8 +76,10 @@ type Message struct {
 	// [Processor] applies (their payload was fetched when they were stored).
 	Offloaded *Offloaded
 
-	// Source is the event source that delivered the message; empty for messages applied by a [Processor].
-	Source Source
+	// Source is the event source that delivered the message, as the Lambda event's records
+	// name it: "aws:sqs", "aws:kinesis", or "kafka" (Amazon MSK, self-managed Kafka, or
+	// ConsumeKafka). Empty for messages applied by a [Processor].
+	Source string
 	// ItemID identifies the delivery to its source, as batch item failures and logs name it: the
 	// SQS message id, the Kinesis sequence number, or TOPIC-PARTITION@OFFSET for Kafka. Empty
 	// for messages applied by a [Processor].
@@ -114,7 +101,7 @@ type Message struct {
 }
 
 // Traceparent returns the W3C traceparent header, or "".
-func (m Message) Traceparent() string { return m.Headers[AttrTraceparent] }
+func (m Message) Traceparent() string { return m.Headers[wire.Traceparent] }
 
 // Decode unmarshals the payload into v.
 func (m Message) Decode(v any) error {
@@ -213,7 +200,7 @@ type wireFields struct {
 // the consumer logs when the dedup key fell back.
 func Parse(record events.SQSMessage) (Message, error) {
 	msg := Message{
-		Source:       SourceSQS,
+		Source:       sourceSQS,
 		ItemID:       record.MessageId,
 		SQSMessageID: record.MessageId,
 		GroupID:      record.Attributes["MessageGroupId"],
@@ -312,8 +299,8 @@ func envelopeFields(b []byte, what string) (wireFields, string, error) {
 			f.attrs[k] = stringAttr(v)
 		}
 	}
-	for name, v := range map[string]*string{AttrMessageID: md.MessageID, AttrEventType: md.EventType,
-		AttrAggregateType: md.AggregateType, AttrAggregateID: md.AggregateID, AttrCreatedAt: md.CreatedAt} {
+	for name, v := range map[string]*string{wire.MessageID: md.MessageID, wire.EventType: md.EventType,
+		wire.AggregateType: md.AggregateType, wire.AggregateID: md.AggregateID, wire.CreatedAt: md.CreatedAt} {
 		if v != nil {
 			f.attrs[name] = stringAttr(*v)
 		}
@@ -327,7 +314,7 @@ func envelopeFields(b []byte, what string) (wireFields, string, error) {
 // contractAttr reports whether name is one of the contract's attributes (not a header).
 func contractAttr(name string) bool {
 	switch name {
-	case AttrMessageID, AttrEventType, AttrAggregateType, AttrAggregateID, AttrCreatedAt:
+	case wire.MessageID, wire.EventType, wire.AggregateType, wire.AggregateID, wire.CreatedAt:
 		return true
 	}
 	return false
@@ -368,20 +355,20 @@ func (f wireFields) fill(msg *Message) error {
 
 	var err error
 	var ok bool
-	if msg.EventType, ok, err = str(AttrEventType); err != nil {
+	if msg.EventType, ok, err = str(wire.EventType); err != nil {
 		return err
 	} else if !ok {
-		return badMessage("missing %s %s%s", f.kind, AttrEventType, f.hint)
+		return badMessage("missing %s %s%s", f.kind, wire.EventType, f.hint)
 	} else if strings.TrimSpace(msg.EventType) == "" {
-		return badMessage("%s %s is empty", f.kind, AttrEventType)
+		return badMessage("%s %s is empty", f.kind, wire.EventType)
 	}
 
-	id, ok, err := str(AttrMessageID)
+	id, ok, err := str(wire.MessageID)
 	switch {
 	case err != nil:
 		return err
 	case ok && strings.TrimSpace(id) == "":
-		return badMessage("%s %s is empty", f.kind, AttrMessageID)
+		return badMessage("%s %s is empty", f.kind, wire.MessageID)
 	case ok:
 		msg.ID, msg.IDSource = id, IDFromAttribute
 	default:
@@ -394,24 +381,24 @@ func (f wireFields) fill(msg *Message) error {
 			names = append(names, fb.name)
 		}
 		if msg.ID == "" {
-			return badMessage("no dedup key: no %s %s%s", AttrMessageID, f.kind, orList(names))
+			return badMessage("no dedup key: no %s %s%s", wire.MessageID, f.kind, orList(names))
 		}
 	}
 
-	if msg.AggregateType, _, err = str(AttrAggregateType); err != nil {
+	if msg.AggregateType, _, err = str(wire.AggregateType); err != nil {
 		return err
 	}
-	if msg.AggregateID, _, err = str(AttrAggregateID); err != nil {
+	if msg.AggregateID, _, err = str(wire.AggregateID); err != nil {
 		return err
 	}
-	created, ok, err := str(AttrCreatedAt)
+	created, ok, err := str(wire.CreatedAt)
 	if err != nil {
 		return err
 	}
 	if ok {
 		t, perr := time.Parse(time.RFC3339Nano, created)
 		if perr != nil {
-			return badMessage("%s %s is not an RFC 3339 time: %q", f.kind, AttrCreatedAt, truncate(created, 64))
+			return badMessage("%s %s is not an RFC 3339 time: %q", f.kind, wire.CreatedAt, truncate(created, 64))
 		}
 		msg.CreatedAt = t.UTC()
 	}

@@ -145,7 +145,7 @@ func TestDuplicateArrivingInTheNextPartitionWhileTheFirstIsInFlightIsNotApplied(
 			<-gate
 			return nil
 		})
-		first, err := inbox.New(b.pool, inbox.Config{Consumer: "billing", Router: slow, Mode: mode, Logger: quiet})
+		first, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "billing", Router: slow, Mode: mode, Logger: quiet})
 		require.NoError(t, err)
 		var firstRep, secondRep inbox.Report
 		var wg sync.WaitGroup

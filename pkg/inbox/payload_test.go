@@ -61,7 +61,7 @@ func TestInboxKeepsTheBytesThatArrived(t *testing.T) {
 				handled[msg.ID] = string(msg.Payload)
 				return nil
 			})
-			c, err := inbox.New(b.pool, inbox.Config{Consumer: "c", Router: r, Mode: mode, StorePayload: true, Logger: quiet})
+			c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "c", Router: r, Mode: mode, StorePayload: true, Logger: quiet})
 			require.NoError(t, err)
 			batch, want := verbatimBatch()
 			rep := c.Process(ctx, batch)

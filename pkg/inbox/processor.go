@@ -40,16 +40,16 @@ type ProcessorConfig struct {
 	// Metrics receives Embedded Metric Format lines: a shorthand for MetricsRecorder:
 	// metrics.NewEMF(Metrics). Defaults to nil, which writes none.
 	Metrics io.Writer
-	// MetricsRecorder receives the processor's metrics (pkg/metrics names, dimensions
-	// {Service: inbox-processor, Consumer: <name>}) once per Drain. When Metrics is set too,
-	// both receive everything. Defaults to none.
+	// MetricsRecorder receives the processor's metrics (the inbox metrics of pkg/metrics, with
+	// dimensions {Service: inbox-processor, Consumer: <name>}) once per Drain. When Metrics is
+	// set too, both receive everything. Defaults to none.
 	MetricsRecorder metrics.Recorder
 	// TracerProvider records a consumer span per applied row, linked to the span that wrote
 	// the event (read from the stored headers); handlers get its context. Defaults to none: no
 	// spans, no cost.
 	TracerProvider trace.TracerProvider
 	// TraceAsChild makes each row's span a child of the writer's span instead, as
-	// Config.TraceAsChild does. Defaults to false.
+	// ConsumerConfig.TraceAsChild does. Defaults to false.
 	TraceAsChild bool
 	// Propagator reads the writer's span context from the stored headers. Defaults to W3C
 	// trace context (propagation.TraceContext), what outbox.Write injects.
@@ -65,8 +65,8 @@ const DefaultBatchSize = 100
 // maxBatchSize bounds ProcessorConfig.BatchSize.
 const maxBatchSize = 10_000
 
-// DefaultBackoff is ProcessorConfig.Backoff's default: 1s, 2s, 4s, ... capped at 5 minutes.
-func DefaultBackoff(attempts int) time.Duration {
+// defaultBackoff is ProcessorConfig.Backoff's default: 1s, 2s, 4s, ... capped at 5 minutes.
+func defaultBackoff(attempts int) time.Duration {
 	if attempts < 1 {
 		attempts = 1
 	}
@@ -82,7 +82,7 @@ func (c ProcessorConfig) WithDefaults() ProcessorConfig {
 		c.MaxAttempts = DefaultMaxAttempts
 	}
 	if c.Backoff == nil {
-		c.Backoff = DefaultBackoff
+		c.Backoff = defaultBackoff
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = DefaultBatchSize
@@ -463,7 +463,7 @@ func (p *Processor) one(ctx context.Context, c claimed, afterSeq int64) (res one
 			if err != nil && herr == nil {
 				herr = err
 			}
-			p.tracing.end(span, msg, res.outcome, herr, time.Now(), otelattr.Bool(SpanAttrParked, res.parked))
+			p.tracing.end(span, msg, res.outcome, herr, time.Now(), otelattr.Bool(spanAttrParked, res.parked))
 		}()
 	}
 	res.outcome = Applied
@@ -524,9 +524,9 @@ func (p *Processor) emit(ctx context.Context, st ProcessStats, lat []float64) {
 		return
 	}
 	p.metrics.Record(context.WithoutCancel(ctx), p.dims, withLatency([]metrics.Measurement{
-		counter(MetricProcessed, st.Applied),
-		counter(MetricSkipped, st.Skipped),
-		counter(MetricFailures, st.Failed),
-		counter(MetricParked, st.Parked),
+		counter(metrics.InboxProcessed, st.Applied),
+		counter(metrics.InboxSkipped, st.Skipped),
+		counter(metrics.InboxFailures, st.Failed),
+		counter(metrics.InboxParked, st.Parked),
 	}, lat)...)
 }

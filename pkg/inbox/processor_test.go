@@ -24,7 +24,7 @@ func noBackoff(int) time.Duration { return 0 }
 
 func newAsync(t *testing.T, b *testBundle, name string) *inbox.Consumer {
 	t.Helper()
-	c, err := inbox.New(b.pool, inbox.Config{Consumer: name, Mode: inbox.Async, Logger: quiet})
+	c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: name, Mode: inbox.Async, Logger: quiet})
 	require.NoError(t, err)
 	return c
 }

@@ -20,7 +20,7 @@ import (
 // delivery is one record of a batch, as every source gives it to the common path.
 type delivery struct {
 	// source is the event source that delivered the record.
-	source Source
+	source string
 	// id identifies the record to its source in failure reports and logs (Message.ItemID).
 	id string
 	// orderingGroup is the record's ordering group within the batch: a failure fails every
@@ -77,13 +77,13 @@ func (c *Consumer) HandleEvent(ctx context.Context, event json.RawMessage) (any,
 		return events.SQSEventResponse{BatchItemFailures: []events.SQSBatchItemFailure{}}, nil
 	}
 	switch records[0].EventSource {
-	case string(SourceSQS):
+	case sourceSQS:
 		var ev events.SQSEvent
 		if err := json.Unmarshal(event, &ev); err != nil {
 			return nil, fmt.Errorf("%w: SQS event: %v", ErrUnknownEventSource, err)
 		}
 		return c.HandleSQS(ctx, ev)
-	case string(SourceKinesis):
+	case sourceKinesis:
 		var ev events.KinesisEvent
 		if err := json.Unmarshal(event, &ev); err != nil {
 			return nil, fmt.Errorf("%w: Kinesis event: %v", ErrUnknownEventSource, err)
@@ -103,7 +103,7 @@ func (c *Consumer) run(ctx context.Context, ds []delivery) Report {
 	b.recs = make([]record, len(ds))
 	for i, d := range ds {
 		b.results[i] = Result{ItemID: d.id, Outcome: Failed}
-		if d.source == SourceSQS {
+		if d.source == sourceSQS {
 			b.results[i].SQSMessageID = d.id
 		}
 		if d.err == nil && d.msg.IDSource != IDFromAttribute {

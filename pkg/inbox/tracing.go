@@ -11,30 +11,33 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/sluicehq/sluice/internal/wire"
 )
 
-// ScopeName is the instrumentation scope of the inbox's spans.
-const ScopeName = "github.com/sluicehq/sluice/pkg/inbox"
+// scopeName is the instrumentation scope of the inbox's spans.
+const scopeName = "github.com/sluicehq/sluice/pkg/inbox"
 
-// Attributes sluice adds to the inbox's spans beside the messaging semantic conventions.
+// Attributes sluice adds to the inbox's spans beside the messaging semantic conventions
+// (docs/tracing.md lists them).
 const (
-	// SpanAttrOutcome is the record's final outcome: applied, duplicate, skipped, stored or failed
-	// (see Outcome), set once its transaction committed or rolled back.
-	SpanAttrOutcome = "sluice.inbox.outcome"
-	// SpanAttrCommitToApplyMillis is the commit-to-apply latency of an applied or skipped message:
-	// the span's end minus the message's createdAt attribute.
-	SpanAttrCommitToApplyMillis = "sluice.inbox.commit_to_apply_ms"
-	// SpanAttrEventType is the message's event type.
-	SpanAttrEventType = "sluice.event_type"
-	// SpanAttrMode is the consumer's commit mode (per-record, batched, async) or "processor".
-	SpanAttrMode = "sluice.inbox.mode"
-	// SpanAttrParked is set on a processor's failed attempt that parked the row.
-	SpanAttrParked = "sluice.inbox.parked"
+	// spanAttrOutcome is the record's final outcome: applied, duplicate, skipped, stored or
+	// failed (see Outcome), set once its transaction committed or rolled back.
+	spanAttrOutcome = wire.InboxOutcomeAttr
+	// spanAttrCommitToApplyMillis is the commit-to-apply latency of an applied or skipped
+	// message: the span's end minus the message's createdAt attribute.
+	spanAttrCommitToApplyMillis = "sluice.inbox.commit_to_apply_ms"
+	// spanAttrEventType is the message's event type.
+	spanAttrEventType = "sluice.event_type"
+	// spanAttrMode is the consumer's commit mode (per-record, batched, async) or "processor".
+	spanAttrMode = "sluice.inbox.mode"
+	// spanAttrParked is set on a processor's failed attempt that parked the row.
+	spanAttrParked = "sluice.inbox.parked"
 )
 
-// AWSTraceHeader is the SQS system attribute that carries an X-Ray trace header
+// awsTraceHeader is the SQS system attribute that carries an X-Ray trace header
 // (Root=1-...;Parent=...;Sampled=1) when the sender or SNS had active tracing.
-const AWSTraceHeader = "AWSTraceHeader"
+const awsTraceHeader = "AWSTraceHeader"
 
 // defaultPropagator is the propagator outbox.Write injects with by default: W3C trace context.
 var defaultPropagator propagation.TextMapPropagator = propagation.TraceContext{}
@@ -46,7 +49,7 @@ type tracing struct {
 	prop   propagation.TextMapPropagator
 	// static are the attributes every span of this consumer carries.
 	static []otelattr.KeyValue
-	// child: the span is a child of the writer's span (Config.TraceAsChild), not linked to it.
+	// child: the span is a child of the writer's span (ConsumerConfig.TraceAsChild), not linked to it.
 	child bool
 }
 
@@ -54,11 +57,11 @@ func newTracing(tp trace.TracerProvider, prop propagation.TextMapPropagator, con
 	if tp == nil {
 		return nil
 	}
-	return &tracing{tracer: tp.Tracer(ScopeName), prop: prop, child: child, static: []otelattr.KeyValue{
+	return &tracing{tracer: tp.Tracer(scopeName), prop: prop, child: child, static: []otelattr.KeyValue{
 		semconv.MessagingOperationTypeProcess,
 		semconv.MessagingOperationName("process"),
 		semconv.MessagingConsumerGroupName(consumer),
-		otelattr.String(SpanAttrMode, mode),
+		otelattr.String(spanAttrMode, mode),
 	}}
 }
 
@@ -67,7 +70,7 @@ func newTracing(tp trace.TracerProvider, prop propagation.TextMapPropagator, con
 // from its headers (traceparent), or else the X-Ray header xray. By default the span links to it
 // (the conventions' recommendation: a record is one message of one trace, but its consumer may
 // run in another, the invocation's, which spans up to ten messages of as many traces), and its
-// parent is the span in ctx, if any. With child (Config.TraceAsChild) the creation context is
+// parent is the span in ctx, if any. With child (ConsumerConfig.TraceAsChild) the creation context is
 // the parent, which puts the effect in the writer's trace, and the invocation becomes a link.
 // An X-Ray context that is not the creation context is linked either way.
 func (t *tracing) start(ctx context.Context, msg Message, xray, queueARN string, at time.Time) (context.Context, trace.Span) {
@@ -108,7 +111,7 @@ func (t *tracing) startFrom(ctx context.Context, msg Message, d delivery, at tim
 	}
 	attrs = append(attrs, d.attrs...)
 	if msg.ID != "" {
-		attrs = append(attrs, semconv.MessagingMessageID(msg.ID), otelattr.String(SpanAttrEventType, msg.EventType),
+		attrs = append(attrs, semconv.MessagingMessageID(msg.ID), otelattr.String(spanAttrEventType, msg.EventType),
 			semconv.MessagingMessageBodySize(len(msg.Payload)))
 	}
 	return t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithTimestamp(at),
@@ -117,9 +120,9 @@ func (t *tracing) startFrom(ctx context.Context, msg Message, d delivery, at tim
 
 // end records the final outcome on span and ends it at now.
 func (t *tracing) end(span trace.Span, msg Message, out Outcome, err error, now time.Time, extra ...otelattr.KeyValue) {
-	attrs := append(extra, otelattr.String(SpanAttrOutcome, out.String()))
+	attrs := append(extra, otelattr.String(spanAttrOutcome, out.String()))
 	if (out == Applied || out == Skipped) && !msg.CreatedAt.IsZero() {
-		attrs = append(attrs, otelattr.Int64(SpanAttrCommitToApplyMillis, now.Sub(msg.CreatedAt).Milliseconds()))
+		attrs = append(attrs, otelattr.Int64(spanAttrCommitToApplyMillis, now.Sub(msg.CreatedAt).Milliseconds()))
 	}
 	span.SetAttributes(attrs...)
 	if out == Failed {

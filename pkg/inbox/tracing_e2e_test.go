@@ -66,7 +66,7 @@ func TestOneTraceFromWriteToApply(t *testing.T) {
 
 	msgs := receive(t, sqsc, p.QueueURL, 2)
 	event := localrun.SQSEvent(msgs, p.QueueARN)
-	c, err := inbox.New(b.pool, inbox.Config{Consumer: "ledger", Router: router("ledger"), Logger: quiet, TracerProvider: tp, TraceAsChild: true})
+	c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "ledger", Router: router("ledger"), Logger: quiet, TracerProvider: tp, TraceAsChild: true})
 	require.NoError(t, err)
 	first := c.Process(ctx, event)
 	again := c.Process(ctx, event) // SQS delivers again: the applied one is a duplicate
@@ -94,7 +94,7 @@ func TestOneTraceFromWriteToApply(t *testing.T) {
 		for _, s := range got {
 			require.Equal(t, w.TraceID(), s.SpanContext.TraceID(), "%s: the consumer span is in the writer's trace", id)
 			require.Equal(t, w.SpanID(), s.Parent.SpanID(), "%s: a child of the writer's span", id)
-			outcome := attrsOf(s)[inbox.SpanAttrOutcome].(string)
+			outcome := attrsOf(s)["sluice.inbox.outcome"].(string)
 			seen = append(seen, outcome)
 			if outcome == "failed" {
 				require.Equal(t, codes.Error, s.Status.Code)

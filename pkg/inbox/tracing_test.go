@@ -92,7 +92,7 @@ func TestConsumerSpansInEveryMode(t *testing.T) {
 		b := setup(t)
 		tp, exp := spans(t)
 		var hs handlerSpans
-		c, err := inbox.New(b.pool, inbox.Config{Consumer: "c", Router: hs.router("c"), Mode: mode, Logger: quiet, TracerProvider: tp, TraceAsChild: true})
+		c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "c", Router: hs.router("c"), Mode: mode, Logger: quiet, TracerProvider: tp, TraceAsChild: true})
 		require.NoError(t, err)
 
 		ok, okProducer := tracedRec(t, tp, "ok", script{N: 1})
@@ -112,13 +112,13 @@ func TestConsumerSpansInEveryMode(t *testing.T) {
 			require.Equal(t, okProducer.SpanID(), s.Parent.SpanID(), "a child of the writer's span")
 			require.Equal(t, "process", s.Name, "{operation} {destination}: the record names no queue")
 			a := attrsOf(s)
-			outcomesSeen[a[inbox.SpanAttrOutcome].(string)] = true
+			outcomesSeen[a["sluice.inbox.outcome"].(string)] = true
 			require.Equal(t, "aws_sqs", a["messaging.system"])
 			require.Equal(t, "process", a["messaging.operation.type"])
 			require.Equal(t, "c", a["messaging.consumer.group.name"])
-			require.Equal(t, mode.String(), a[inbox.SpanAttrMode])
-			if a[inbox.SpanAttrOutcome] == "applied" {
-				require.Contains(t, a, inbox.SpanAttrCommitToApplyMillis)
+			require.Equal(t, mode.String(), a["sluice.inbox.mode"])
+			if a["sluice.inbox.outcome"] == "applied" {
+				require.Contains(t, a, "sluice.inbox.commit_to_apply_ms")
 				require.Equal(t, s.SpanContext.SpanID(), hs.seen["ok"].SpanID(), "the handler's ctx carries the span")
 			}
 			require.Equal(t, codes.Unset, s.Status.Code)
@@ -126,7 +126,7 @@ func TestConsumerSpansInEveryMode(t *testing.T) {
 		require.Equal(t, map[string]bool{"applied": true, "duplicate": true}, outcomesSeen)
 		failed := got["bad"][0]
 		require.Equal(t, badProducer.TraceID(), failed.SpanContext.TraceID())
-		require.Equal(t, "failed", attrsOf(failed)[inbox.SpanAttrOutcome])
+		require.Equal(t, "failed", attrsOf(failed)["sluice.inbox.outcome"])
 		require.Equal(t, codes.Error, failed.Status.Code)
 		require.NotEmpty(t, failed.Events, "the error is recorded")
 	})
@@ -136,10 +136,10 @@ func TestConsumerSpanFollowsAWSTraceHeader(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	tp, exp := spans(t)
-	c, err := inbox.New(b.pool, inbox.Config{Consumer: "c", Router: router("c"), Logger: quiet, TracerProvider: tp, TraceAsChild: true})
+	c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "c", Router: router("c"), Logger: quiet, TracerProvider: tp, TraceAsChild: true})
 	require.NoError(t, err)
 	r := rec("x", script{N: 1})
-	r.Attributes[inbox.AWSTraceHeader] = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1"
+	r.Attributes["AWSTraceHeader"] = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1"
 	r.EventSourceARN = "arn:aws:sqs:us-east-1:000000000000:orders-queue"
 	rep := c.Process(context.Background(), batchOf(r))
 	require.Equal(t, []string{"sqs-x:applied"}, outcomes(rep))
@@ -153,7 +153,7 @@ func TestProcessorSpans(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	tp, exp := spans(t)
-	store, err := inbox.New(b.pool, inbox.Config{Consumer: "c", Mode: inbox.Async, Logger: quiet, TracerProvider: tp, TraceAsChild: true})
+	store, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "c", Mode: inbox.Async, Logger: quiet, TracerProvider: tp, TraceAsChild: true})
 	require.NoError(t, err)
 	ok, okProducer := tracedRec(t, tp, "ok", script{N: 1})
 	bad, _ := tracedRec(t, tp, "bad", script{N: 2, Fail: "error"})
@@ -175,17 +175,17 @@ func TestProcessorSpans(t *testing.T) {
 		require.Equal(t, okProducer.TraceID(), s.SpanContext.TraceID())
 		require.Equal(t, okProducer.SpanID(), s.Parent.SpanID(), "both children of the writer's span")
 		a := attrsOf(s)
-		outcomesSeen = append(outcomesSeen, a[inbox.SpanAttrMode].(string)+":"+a[inbox.SpanAttrOutcome].(string))
-		if a[inbox.SpanAttrMode] == "processor" {
+		outcomesSeen = append(outcomesSeen, a["sluice.inbox.mode"].(string)+":"+a["sluice.inbox.outcome"].(string))
+		if a["sluice.inbox.mode"] == "processor" {
 			require.Equal(t, s.SpanContext.SpanID(), hs.seen["ok"].SpanID(), "the handler's ctx carries the span")
 		}
 	}
 	require.ElementsMatch(t, []string{"async:stored", "processor:applied"}, outcomesSeen)
 	var parked bool
 	for _, s := range got["bad"] {
-		if attrsOf(s)[inbox.SpanAttrMode] == "processor" {
-			require.Equal(t, "failed", attrsOf(s)[inbox.SpanAttrOutcome])
-			require.Equal(t, true, attrsOf(s)[inbox.SpanAttrParked])
+		if attrsOf(s)["sluice.inbox.mode"] == "processor" {
+			require.Equal(t, "failed", attrsOf(s)["sluice.inbox.outcome"])
+			require.Equal(t, true, attrsOf(s)["sluice.inbox.parked"])
 			require.Equal(t, codes.Error, s.Status.Code)
 			parked = true
 		}
@@ -215,7 +215,7 @@ func TestMetricsRecorderBesideEMF(t *testing.T) {
 	b := setup(t)
 	var rec fakeRecorder
 	var emf jsonLines
-	c, err := inbox.New(b.pool, inbox.Config{Consumer: "billing", Router: router("billing"), Logger: quiet, MetricsRecorder: &rec, Metrics: &emf})
+	c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "billing", Router: router("billing"), Logger: quiet, MetricsRecorder: &rec, Metrics: &emf})
 	require.NoError(t, err)
 	c.Process(context.Background(), batchOf(rec1("m1"), rec1("m1")))
 	require.Len(t, rec.calls, 1, "one Record per batch")
@@ -224,11 +224,11 @@ func TestMetricsRecorderBesideEMF(t *testing.T) {
 	for _, m := range rec.calls[0].ms {
 		got[m.Name] = m
 	}
-	require.Equal(t, 1.0, got[metrics.InboxProcessed].Value)
-	require.Equal(t, metrics.Counter, got[metrics.InboxProcessed].Kind)
-	require.Equal(t, 1.0, got[metrics.InboxDuplicates].Value)
-	require.Equal(t, metrics.Histogram, got[metrics.CommitToApplyLatency].Kind)
-	require.Len(t, got[metrics.CommitToApplyLatency].Samples, 1)
+	require.Equal(t, 1.0, got[metrics.InboxProcessed.Name].Value)
+	require.Equal(t, metrics.Counter, got[metrics.InboxProcessed.Name].Kind)
+	require.Equal(t, 1.0, got[metrics.InboxDuplicates.Name].Value)
+	require.Equal(t, metrics.Histogram, got[metrics.CommitToApplyLatency.Name].Kind)
+	require.Len(t, got[metrics.CommitToApplyLatency.Name].Samples, 1)
 	require.Equal(t, 1, emf.n, "the EMF shorthand still writes its line")
 }
 
@@ -251,7 +251,7 @@ func TestConsumerSpanLinksTheWriterByDefault(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	tp, exp := spans(t)
-	c, err := inbox.New(b.pool, inbox.Config{Consumer: "c", Router: router("c"), Logger: quiet, TracerProvider: tp})
+	c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "c", Router: router("c"), Logger: quiet, TracerProvider: tp})
 	require.NoError(t, err)
 	r, producer := tracedRec(t, tp, "x", script{N: 1})
 	r.EventSourceARN = "arn:aws:sqs:us-east-1:000000000000:orders-queue"

@@ -11,7 +11,7 @@ import (
 )
 
 // Consumer settings beyond ConsumerName and ConsumerCommitMode (lambdaenv.go). Each sets the
-// inbox.Config field of the same name.
+// inbox.ConsumerConfig field of the same name.
 const (
 	// ConsumerDeadlineMargin overrides DeadlineMargin (Go duration): a record is not started when
 	// the invocation's deadline is nearer. A negative value disables the check. Defaults to
@@ -47,8 +47,8 @@ func ConsumerEnv() []string {
 // cannot differ; the CDK constructs validate their props with it. Every problem is reported at
 // once, each naming its variable. In the async mode the Lambda only stores each message; the
 // same function applies the stored rows when its schedule invokes it (ProcessorConfig).
-func ConsumerConfig(getenv Getenv) (inbox.Config, error) {
-	cfg := inbox.Config{
+func ConsumerConfig(getenv Getenv) (inbox.ConsumerConfig, error) {
+	cfg := inbox.ConsumerConfig{
 		Mode:           DefaultConsumerCommitMode,
 		DeadlineMargin: DefaultConsumerDeadlineMargin,
 		StorePayload:   DefaultConsumerStorePayload,
@@ -86,7 +86,7 @@ func ConsumerConfig(getenv Getenv) (inbox.Config, error) {
 		cfg.StorePayload = b
 	}
 	if err := errors.Join(errs...); err != nil {
-		return inbox.Config{}, fmt.Errorf("consumer settings: %w", err)
+		return inbox.ConsumerConfig{}, fmt.Errorf("consumer settings: %w", err)
 	}
 	return cfg, nil
 }
@@ -94,7 +94,7 @@ func ConsumerConfig(getenv Getenv) (inbox.Config, error) {
 // ConsumerEnvironment is ConsumerConfig's inverse for deployment tools: the variables that make
 // ConsumerConfig return cfg's name, mode, deadline margin and payload storage. Fields at their
 // zero value or default are left out, so the Lambda applies its own default.
-func ConsumerEnvironment(cfg inbox.Config) map[string]string {
+func ConsumerEnvironment(cfg inbox.ConsumerConfig) map[string]string {
 	env := map[string]string{}
 	if cfg.Consumer != "" {
 		env[ConsumerName] = cfg.Consumer

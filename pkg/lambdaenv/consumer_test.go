@@ -14,13 +14,13 @@ func TestConsumerConfigReadsEverySettingAndDefaults(t *testing.T) {
 	t.Parallel()
 	cfg, err := ConsumerConfig(env(map[string]string{ConsumerName: "billing"}))
 	require.NoError(t, err)
-	require.Equal(t, inbox.Config{Consumer: "billing", Mode: DefaultConsumerCommitMode, DeadlineMargin: DefaultConsumerDeadlineMargin,
+	require.Equal(t, inbox.ConsumerConfig{Consumer: "billing", Mode: DefaultConsumerCommitMode, DeadlineMargin: DefaultConsumerDeadlineMargin,
 		StorePayload: DefaultConsumerStorePayload}, cfg)
 
 	cfg, err = ConsumerConfig(env(map[string]string{ConsumerName: " billing ", ConsumerCommitMode: "batched",
 		ConsumerDeadlineMargin: "-1s", ConsumerStorePayload: "true"}))
 	require.NoError(t, err)
-	require.Equal(t, inbox.Config{Consumer: "billing", Mode: inbox.Batched, DeadlineMargin: -time.Second, StorePayload: true}, cfg)
+	require.Equal(t, inbox.ConsumerConfig{Consumer: "billing", Mode: inbox.Batched, DeadlineMargin: -time.Second, StorePayload: true}, cfg)
 }
 
 func TestConsumerConfigNamesEveryProblem(t *testing.T) {
@@ -54,11 +54,11 @@ func TestProcessorConfig(t *testing.T) {
 // What a deployment tool writes is what the Lambda reads back.
 func TestEnvironmentsRoundTripThroughTheReaders(t *testing.T) {
 	t.Parallel()
-	want := inbox.Config{Consumer: "billing", Mode: inbox.Batched, DeadlineMargin: 5 * time.Second, StorePayload: true}
+	want := inbox.ConsumerConfig{Consumer: "billing", Mode: inbox.Batched, DeadlineMargin: 5 * time.Second, StorePayload: true}
 	got, err := ConsumerConfig(env(ConsumerEnvironment(want)))
 	require.NoError(t, err)
 	require.Equal(t, want, got)
-	require.Equal(t, map[string]string{ConsumerName: "billing"}, ConsumerEnvironment(inbox.Config{Consumer: "billing",
+	require.Equal(t, map[string]string{ConsumerName: "billing"}, ConsumerEnvironment(inbox.ConsumerConfig{Consumer: "billing",
 		Mode: inbox.PerRecord, DeadlineMargin: DefaultConsumerDeadlineMargin}), "defaults are left to the Lambda")
 
 	relay := outbox.RelayConfig{BatchSize: 100, MaxPerKey: 5, PublishConcurrency: 8, Pipelines: 3, MaxAttempts: 4,

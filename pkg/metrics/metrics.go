@@ -1,6 +1,7 @@
 // Package metrics is how sluice's relay and inbox report what they do: a Recorder interface
-// small enough to put in front of any backend, the names and dimensions of every metric
-// (defined here once; the CDK alarms, the Lambdas and the CLI use these constants), and the
+// small enough to put in front of any backend, the one definition of every metric ([Metric]:
+// name, kind, unit, dimensions and meaning; [All] lists them), which the relay and the inbox
+// emit, the CDK alarms and dashboard watch and docs/deploy.md tabulates, and the
 // CloudWatch Embedded Metric Format implementation the Lambdas use. An OpenTelemetry meter
 // implementation is in the otelmetrics subpackage, which keeps OpenTelemetry out of the module
 // graph of programs that only write EMF.
@@ -51,7 +52,7 @@ func (k Kind) String() string {
 
 // Measurement is one named value, or several observations of one histogram.
 type Measurement struct {
-	// Name is one of this package's metric names.
+	// Name is the Name of one of this package's metrics, e.g. InboxProcessed.Name.
 	Name string
 	// Kind is Counter, Gauge or Histogram.
 	Kind Kind

@@ -15,49 +15,115 @@ const (
 	ServiceInboxProcessor = "inbox-processor"
 )
 
-// Relay metric names.
-const (
-	// OutboxPending is the number of unpublished, unquarantined outbox rows (Gauge, Count).
-	OutboxPending = "OutboxPending"
-	// OutboxOldestPendingAge is the age of the oldest unpublished row (Gauge, Seconds).
-	OutboxOldestPendingAge = "OutboxOldestPendingAgeSeconds"
-	// OutboxQuarantined is the number of quarantined outbox rows (Gauge, Count).
-	OutboxQuarantined = "OutboxQuarantined"
-	// RelayHeartbeat is emitted at least once a minute by every running relay (Counter, Count).
-	RelayHeartbeat = "RelayHeartbeat"
-	// Published counts messages the broker acknowledged (Counter, Count).
-	Published = "Published"
-	// PublishFailures counts failed publish attempts (Counter, Count).
-	PublishFailures = "PublishFailures"
-	// DestinationsDown is the number of destinations a relay backs off as a whole because
-	// every call to them fails (Gauge, Count).
-	DestinationsDown = "DestinationsDown"
-	// OldestTransactionAge is the age of the database's oldest transaction holding a snapshot,
-	// which holds back VACUUM (Gauge, Seconds).
-	OldestTransactionAge = "OldestTransactionAgeSeconds"
-	// Offloaded counts published messages whose payload the claim check stored in S3 (Counter,
-	// Count); emitted by relays with a claim check.
-	Offloaded = "Offloaded"
-	// OffloadedBytes counts the bytes of the payloads the claim check stored in S3 (Counter,
-	// Bytes); emitted with Offloaded.
-	OffloadedBytes = "OffloadedBytes"
+// Metric is the one definition of a sluice metric. The relay and the inbox build their
+// measurements from it ([Metric.Measure], [Metric.Observe]), the CDK alarms and dashboard
+// (infra/) take its name and dimensions from it, and the metrics table of docs/deploy.md is
+// generated from [All] (a test keeps it current).
+type Metric struct {
+	// Name is the CloudWatch metric name (the EMF key).
+	Name string
+	// Kind is how it is aggregated: a Counter's values add up, a Gauge is the latest value, a
+	// Histogram is a distribution of samples.
+	Kind Kind
+	// Unit is the values' unit.
+	Unit Unit
+	// Services are the DimensionService values of the components that emit it.
+	Services []string
+	// Dimensions are the names of the dimensions it carries, DimensionService first.
+	Dimensions []string
+	// Doc says what it measures, in one sentence.
+	Doc string
+}
+
+// Measure returns a measurement of m with value v: a counter's increment, a gauge's value or
+// one histogram observation.
+func (m Metric) Measure(v float64) Measurement {
+	return Measurement{Name: m.Name, Kind: m.Kind, Unit: m.Unit, Value: v}
+}
+
+// Observe returns a measurement of m holding the observations samples (for a Histogram).
+func (m Metric) Observe(samples []float64) Measurement {
+	return Measurement{Name: m.Name, Kind: m.Kind, Unit: m.Unit, Samples: samples}
+}
+
+// The Services and Dimensions of the relay's and the inbox's metrics.
+var (
+	relay     = []string{ServiceRelay}
+	inbox     = []string{ServiceConsumer, ServiceInboxProcessor}
+	consumer  = []string{ServiceConsumer}
+	processor = []string{ServiceInboxProcessor}
+	relayDims = []string{DimensionService}
+	inboxDims = []string{DimensionService, DimensionConsumer}
 )
 
-// Inbox metric names (consumer and asynchronous processor).
-const (
-	// InboxProcessed counts messages applied and committed (Counter, Count).
-	InboxProcessed = "InboxProcessed"
-	// InboxSkipped counts unknown event types recorded without effect (Counter, Count).
-	InboxSkipped = "InboxSkipped"
-	// InboxDuplicates counts deliveries the inbox already had (Counter, Count).
-	InboxDuplicates = "InboxDuplicates"
-	// InboxFailures counts records or attempts that failed (Counter, Count).
-	InboxFailures = "InboxFailures"
-	// InboxStored counts messages stored by the asynchronous inbox (Counter, Count).
-	InboxStored = "InboxStored"
-	// InboxParked counts rows the processor parked (Counter, Count).
-	InboxParked = "InboxParked"
-	// CommitToApplyLatency is now minus the createdAt attribute, per applied message
-	// (Histogram, Milliseconds).
-	CommitToApplyLatency = "CommitToApplyLatency"
+// The relay's metrics, emitted every RelayConfig.MetricsInterval with dimensions {Service=relay}.
+var (
+	// OutboxPending is the number of unpublished, unquarantined outbox rows.
+	OutboxPending = Metric{Name: "OutboxPending", Kind: Gauge, Unit: Count, Services: relay, Dimensions: relayDims,
+		Doc: "unpublished, unquarantined outbox rows"}
+	// OutboxOldestPendingAge is the age of the oldest unpublished row.
+	OutboxOldestPendingAge = Metric{Name: "OutboxOldestPendingAgeSeconds", Kind: Gauge, Unit: Seconds, Services: relay, Dimensions: relayDims,
+		Doc: "age of the oldest unpublished row"}
+	// OutboxQuarantined is the number of quarantined outbox rows.
+	OutboxQuarantined = Metric{Name: "OutboxQuarantined", Kind: Gauge, Unit: Count, Services: relay, Dimensions: relayDims,
+		Doc: "quarantined outbox rows"}
+	// RelayHeartbeat is emitted at least once a minute by every running relay.
+	RelayHeartbeat = Metric{Name: "RelayHeartbeat", Kind: Counter, Unit: Count, Services: relay, Dimensions: relayDims,
+		Doc: "1 per metrics interval of every running relay"}
+	// Published counts messages the broker acknowledged.
+	Published = Metric{Name: "Published", Kind: Counter, Unit: Count, Services: relay, Dimensions: relayDims,
+		Doc: "messages the broker acknowledged"}
+	// PublishFailures counts failed publish attempts.
+	PublishFailures = Metric{Name: "PublishFailures", Kind: Counter, Unit: Count, Services: relay, Dimensions: relayDims,
+		Doc: "failed publish attempts"}
+	// DestinationsDown is the number of destinations a relay backs off as a whole because
+	// every call to them fails.
+	DestinationsDown = Metric{Name: "DestinationsDown", Kind: Gauge, Unit: Count, Services: relay, Dimensions: relayDims,
+		Doc: "destinations backed off as a whole because every call to them fails"}
+	// OldestTransactionAge is the age of the database's oldest transaction holding a snapshot,
+	// which holds back VACUUM.
+	OldestTransactionAge = Metric{Name: "OldestTransactionAgeSeconds", Kind: Gauge, Unit: Seconds, Services: relay, Dimensions: relayDims,
+		Doc: "age of the database's oldest transaction holding a snapshot (it holds back VACUUM)"}
+	// Offloaded counts published messages whose payload the claim check stored in S3.
+	Offloaded = Metric{Name: "Offloaded", Kind: Counter, Unit: Count, Services: relay, Dimensions: relayDims,
+		Doc: "published messages whose payload the claim check stored in S3 (relays with a claim check)"}
+	// OffloadedBytes counts the bytes of the payloads the claim check stored in S3.
+	OffloadedBytes = Metric{Name: "OffloadedBytes", Kind: Counter, Unit: Bytes, Services: relay, Dimensions: relayDims,
+		Doc: "bytes of the payloads the claim check stored in S3 (relays with a claim check)"}
 )
+
+// The inbox's metrics, emitted per batch by a consumer ({Service=consumer, Consumer=<name>})
+// and per drain by the asynchronous processor ({Service=inbox-processor, Consumer=<name>}).
+var (
+	// InboxProcessed counts messages applied and committed.
+	InboxProcessed = Metric{Name: "InboxProcessed", Kind: Counter, Unit: Count, Services: inbox, Dimensions: inboxDims,
+		Doc: "messages applied and committed"}
+	// InboxSkipped counts unknown event types recorded without effect.
+	InboxSkipped = Metric{Name: "InboxSkipped", Kind: Counter, Unit: Count, Services: inbox, Dimensions: inboxDims,
+		Doc: "messages of unknown event types recorded without effect (SkipUnknown)"}
+	// InboxDuplicates counts deliveries the inbox already had.
+	InboxDuplicates = Metric{Name: "InboxDuplicates", Kind: Counter, Unit: Count, Services: consumer, Dimensions: inboxDims,
+		Doc: "deliveries the inbox already had"}
+	// InboxFailures counts records or attempts that failed.
+	InboxFailures = Metric{Name: "InboxFailures", Kind: Counter, Unit: Count, Services: inbox, Dimensions: inboxDims,
+		Doc: "records (consumer) or attempts (processor) that failed"}
+	// InboxStored counts messages stored by the asynchronous inbox.
+	InboxStored = Metric{Name: "InboxStored", Kind: Counter, Unit: Count, Services: consumer, Dimensions: inboxDims,
+		Doc: "messages stored for the processor (async mode)"}
+	// InboxParked counts rows the processor parked.
+	InboxParked = Metric{Name: "InboxParked", Kind: Counter, Unit: Count, Services: processor, Dimensions: inboxDims,
+		Doc: "rows the processor parked after their last attempt"}
+	// CommitToApplyLatency is now minus the createdAt attribute, per applied message.
+	CommitToApplyLatency = Metric{Name: "CommitToApplyLatency", Kind: Histogram, Unit: Milliseconds, Services: inbox, Dimensions: inboxDims,
+		Doc: "now minus the message's createdAt attribute, per applied or skipped message"}
+)
+
+// All returns every sluice metric, relay metrics first.
+func All() []Metric {
+	return []Metric{
+		OutboxPending, OutboxOldestPendingAge, OutboxQuarantined, RelayHeartbeat, Published,
+		PublishFailures, DestinationsDown, OldestTransactionAge, Offloaded, OffloadedBytes,
+		InboxProcessed, InboxSkipped, InboxDuplicates, InboxFailures, InboxStored, InboxParked,
+		CommitToApplyLatency,
+	}
+}

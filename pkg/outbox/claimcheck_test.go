@@ -433,10 +433,10 @@ func TestClaimCheckMetricsCountOffloadsAndBytes(t *testing.T) {
 	require.NoError(t, <-done)
 	sink.mu.Lock()
 	defer sink.mu.Unlock()
-	require.Equal(t, 3.0, sink.sums[metrics.Published])
-	require.Equal(t, 2.0, sink.sums[metrics.Offloaded])
-	require.Equal(t, float64(want), sink.sums[metrics.OffloadedBytes])
-	require.Equal(t, metrics.Bytes, sink.unit[metrics.OffloadedBytes])
+	require.Equal(t, 3.0, sink.sums[metrics.Published.Name])
+	require.Equal(t, 2.0, sink.sums[metrics.Offloaded.Name])
+	require.Equal(t, float64(want), sink.sums[metrics.OffloadedBytes.Name])
+	require.Equal(t, metrics.Bytes, sink.unit[metrics.OffloadedBytes.Name])
 }
 
 // OffloadBacklogOf's cost is bounded: it measures at most OffloadSampleRows pending rows and

@@ -628,32 +628,26 @@ func (r *Relay) waitForWork(ctx context.Context) {
 func (r *Relay) emitMetrics(ctx context.Context, s Stats) {
 	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	count := func(name string, v int) metrics.Measurement {
-		return metrics.Measurement{Name: name, Kind: metrics.Counter, Unit: metrics.Count, Value: float64(v)}
-	}
-	gauge := func(name string, u metrics.Unit, v float64) metrics.Measurement {
-		return metrics.Measurement{Name: name, Kind: metrics.Gauge, Unit: u, Value: v}
-	}
 	ms := []metrics.Measurement{
-		count(metrics.RelayHeartbeat, 1),
-		count(metrics.Published, s.Published),
-		count(metrics.PublishFailures, s.Retrying+s.Quarantined+s.Outage),
-		gauge(metrics.DestinationsDown, metrics.Count, float64(len(r.dests.down()))),
+		metrics.RelayHeartbeat.Measure(1),
+		metrics.Published.Measure(float64(s.Published)),
+		metrics.PublishFailures.Measure(float64(s.Retrying + s.Quarantined + s.Outage)),
+		metrics.DestinationsDown.Measure(float64(len(r.dests.down()))),
 	}
 	if r.cfg.ClaimCheck != nil { // payloads stored in S3 (claimcheck.go)
-		ms = append(ms, count(metrics.Offloaded, s.Offloaded), metrics.Measurement{Name: metrics.OffloadedBytes, Kind: metrics.Counter, Unit: metrics.Bytes, Value: float64(s.OffloadedBytes)})
+		ms = append(ms, metrics.Offloaded.Measure(float64(s.Offloaded)), metrics.OffloadedBytes.Measure(float64(s.OffloadedBytes)))
 	}
 	if lag, err := LagOf(lctx, r.pool); err == nil {
 		ms = append(ms,
-			gauge(metrics.OutboxPending, metrics.Count, float64(lag.Pending)),
-			gauge(metrics.OutboxOldestPendingAge, metrics.Seconds, lag.OldestPendingAge.Seconds()),
-			gauge(metrics.OutboxQuarantined, metrics.Count, float64(lag.Quarantined)),
+			metrics.OutboxPending.Measure(float64(lag.Pending)),
+			metrics.OutboxOldestPendingAge.Measure(lag.OldestPendingAge.Seconds()),
+			metrics.OutboxQuarantined.Measure(float64(lag.Quarantined)),
 		)
 	} else {
 		r.log.Warn("read outbox lag", "error", err)
 	}
 	if h, err := HorizonOf(lctx, r.pool); err == nil {
-		ms = append(ms, gauge(metrics.OldestTransactionAge, metrics.Seconds, h.OldestTransactionAge.Seconds()))
+		ms = append(ms, metrics.OldestTransactionAge.Measure(h.OldestTransactionAge.Seconds()))
 		if h.OldestTransactionAge > 5*time.Minute {
 			r.log.Warn("an old transaction holds back VACUUM: published rows' index entries pile up", "held_by", h.HeldBy,
 				"age", h.OldestTransactionAge.Round(time.Second))

@@ -20,7 +20,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/sluicehq/sluice/pkg/inbox"
+	"github.com/sluicehq/sluice/internal/wire"
 	"github.com/sluicehq/sluice/pkg/lambdatrace"
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
@@ -181,9 +181,9 @@ func traces(spans []jsonSpan) []*orderTrace {
 		s := &spans[i]
 		if o := byID[s.Parent.SpanID]; o != nil && s.SpanContext.TraceID == o.place.SpanContext.TraceID {
 			switch {
-			case s.attr(inbox.SpanAttrOutcome) != "":
+			case s.attr(wire.InboxOutcomeAttr) != "":
 				o.deliveries++
-				if s.attr(inbox.SpanAttrOutcome) == "applied" {
+				if s.attr(wire.InboxOutcomeAttr) == "applied" {
 					o.process = s
 				}
 			default:
@@ -248,7 +248,7 @@ func printWaterfall(w io.Writer, spans []jsonSpan, produced int, hop string) {
 	row("outbox: waits for the relay (poll, claim)", commitEnd, p.StartTime, "░")
 	row(fmt.Sprintf("publish: %s (relay, %d events)", shorten(strings.TrimPrefix(p.Name, "publish "), 18), o.batch), p.StartTime, p.EndTime, "█")
 	row(hop, p.EndTime, c.StartTime, "░")
-	row(fmt.Sprintf("apply: %s (ledger, %s)", c.Name, c.attr(inbox.SpanAttrOutcome)), c.StartTime, c.EndTime, "█")
+	row(fmt.Sprintf("apply: %s (ledger, %s)", c.Name, c.attr(wire.InboxOutcomeAttr)), c.StartTime, c.EndTime, "█")
 	fmt.Fprintf(w, "  commit to apply %s; the consumer span is a child of PlaceOrder, the publish span links to it", ms(c.EndTime.Sub(commitEnd)))
 	if o.deliveries > 1 {
 		fmt.Fprintf(w, "; %d deliveries", o.deliveries)

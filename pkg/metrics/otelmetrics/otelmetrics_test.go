@@ -21,9 +21,9 @@ func TestRecorderMapsKindsToInstruments(t *testing.T) {
 	dims := metrics.Dimensions{metrics.DimensionService: metrics.ServiceConsumer, metrics.DimensionConsumer: "ledger"}
 	for range 2 {
 		rec.Record(ctx, dims,
-			metrics.Measurement{Name: metrics.InboxProcessed, Kind: metrics.Counter, Unit: metrics.Count, Value: 3},
-			metrics.Measurement{Name: metrics.OutboxPending, Kind: metrics.Gauge, Unit: metrics.Count, Value: 7},
-			metrics.Measurement{Name: metrics.CommitToApplyLatency, Kind: metrics.Histogram, Unit: metrics.Milliseconds, Samples: []float64{5, 15}})
+			metrics.Measurement{Name: metrics.InboxProcessed.Name, Kind: metrics.Counter, Unit: metrics.Count, Value: 3},
+			metrics.Measurement{Name: metrics.OutboxPending.Name, Kind: metrics.Gauge, Unit: metrics.Count, Value: 7},
+			metrics.Measurement{Name: metrics.CommitToApplyLatency.Name, Kind: metrics.Histogram, Unit: metrics.Milliseconds, Samples: []float64{5, 15}})
 	}
 
 	var rm metricdata.ResourceMetrics
@@ -36,19 +36,19 @@ func TestRecorderMapsKindsToInstruments(t *testing.T) {
 	}
 	wantAttrs := attribute.NewSet(attribute.String("Consumer", "ledger"), attribute.String("Service", "consumer"))
 
-	sum := got[metrics.InboxProcessed].Data.(metricdata.Sum[float64])
+	sum := got[metrics.InboxProcessed.Name].Data.(metricdata.Sum[float64])
 	require.True(t, sum.IsMonotonic)
 	require.Len(t, sum.DataPoints, 1)
 	require.Equal(t, 6.0, sum.DataPoints[0].Value, "a counter adds")
 	require.True(t, wantAttrs.Equals(&sum.DataPoints[0].Attributes), "dimensions are attributes")
-	require.Equal(t, "1", got[metrics.InboxProcessed].Unit)
+	require.Equal(t, "1", got[metrics.InboxProcessed.Name].Unit)
 
-	gauge := got[metrics.OutboxPending].Data.(metricdata.Gauge[float64])
+	gauge := got[metrics.OutboxPending.Name].Data.(metricdata.Gauge[float64])
 	require.Equal(t, 7.0, gauge.DataPoints[0].Value, "a gauge holds the last value")
 
-	hist := got[metrics.CommitToApplyLatency].Data.(metricdata.Histogram[float64])
+	hist := got[metrics.CommitToApplyLatency.Name].Data.(metricdata.Histogram[float64])
 	require.Len(t, hist.DataPoints, 1)
 	require.EqualValues(t, 4, hist.DataPoints[0].Count, "each sample is an observation: %+v", hist.DataPoints)
 	require.Equal(t, 40.0, hist.DataPoints[0].Sum)
-	require.Equal(t, "ms", got[metrics.CommitToApplyLatency].Unit)
+	require.Equal(t, "ms", got[metrics.CommitToApplyLatency.Name].Unit)
 }

@@ -66,7 +66,7 @@ func TestRelayAndReplay(t *testing.T) {
 			_, err := tx.Exec(ctx, `INSERT INTO effect VALUES ($1, $2)`, name, msg.ID)
 			return err
 		})
-		cons, err := inbox.New(b.pool, inbox.Config{Consumer: name, Router: r})
+		cons, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: name, Router: r})
 		require.NoError(t, err)
 		return cons
 	}
