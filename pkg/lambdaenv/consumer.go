@@ -39,11 +39,6 @@ const (
 var ErrAsyncWithoutProcessor = errors.New("commit mode async needs an inbox Processor, and none runs beside this Lambda: " +
 	"messages would be acknowledged and never applied; use per-record or batched")
 
-// ConsumerEnv lists every variable ConsumerConfig reads, for help texts.
-func ConsumerEnv() []string {
-	return []string{ConsumerName, ConsumerCommitMode, ConsumerDeadlineMargin, ConsumerStorePayload}
-}
-
 // ConsumerConfig builds a consumer Lambda's inbox configuration from the environment (without
 // Router, Logger and Metrics, which are code): the consumer name (required), the commit mode,
 // the deadline margin and whether payloads are stored. Every consumer Lambda reads it, so they
@@ -93,24 +88,4 @@ func ConsumerConfig(getenv Getenv) (inbox.Config, error) {
 		return inbox.Config{}, fmt.Errorf("consumer settings: %w", err)
 	}
 	return cfg, nil
-}
-
-// ConsumerEnvironment is ConsumerConfig's inverse for deployment tools: the variables that make
-// ConsumerConfig return cfg's name, mode, deadline margin and payload storage. Fields at their
-// zero value or default are left out, so the Lambda applies its own default.
-func ConsumerEnvironment(cfg inbox.Config) map[string]string {
-	env := map[string]string{}
-	if cfg.Consumer != "" {
-		env[ConsumerName] = cfg.Consumer
-	}
-	if cfg.Mode != DefaultConsumerCommitMode {
-		env[ConsumerCommitMode] = cfg.Mode.String()
-	}
-	if cfg.DeadlineMargin != 0 && cfg.DeadlineMargin != DefaultConsumerDeadlineMargin {
-		env[ConsumerDeadlineMargin] = cfg.DeadlineMargin.String()
-	}
-	if cfg.StorePayload { // the default is false
-		env[ConsumerStorePayload] = "true"
-	}
-	return env
 }
