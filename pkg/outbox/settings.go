@@ -52,7 +52,9 @@ type Setting struct {
 // no change.
 var RelaySettings = []Setting{
 	{Field: "BatchSize", Env: "SLUICE_RELAY_BATCH_SIZE", Flag: "batch-size", Unit: "count", Default: 500, Min: 1, Max: 10_000,
-		Doc: "the most rows one round takes, and the most partition keys it holds (more holds more PostgreSQL lock-table entries and memory than any measured gain)",
+		// The bounds of BatchSize, MaxPerKey, PublishConcurrency and Pipelines: more makes rounds
+		// hold more keys (PostgreSQL lock-table entries) and memory than any measured gain.
+		Doc: "the most rows one round takes, and the most partition keys it holds",
 		ref: func(c *RelayConfig, _ bool) any { return &c.BatchSize }},
 	{Field: "MaxPerKey", Env: "SLUICE_RELAY_MAX_PER_KEY", Unit: "count", Default: 10, Min: 1, Max: 1000,
 		Doc: "the most rows of one partition key a round takes; a key's rows go out one after another, so less spreads a round over more keys",
