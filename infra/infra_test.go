@@ -742,7 +742,7 @@ func TestConstructsAlone(t *testing.T) {
 			"ClaimCheck.Threshold": "ClaimCheckProps.Threshold", "ClaimCheck.MaxPayloadBytes": "ClaimCheckProps.MaxPayloadBytes",
 		}
 		props := reflect.TypeFor[infra.RelaySettings]()
-		for _, s := range outbox.RelaySettings {
+		for _, s := range outbox.RelaySettings() {
 			f, ok := props.FieldByName(s.Field)
 			switch {
 			case s.Env == "":

@@ -68,7 +68,7 @@ func RelaySettings(getenv Getenv) (outbox.RelayConfig, error) {
 // variable when it is set; it reports the values that cannot be read, naming the variable.
 func readSettings(getenv Getenv, cfg *outbox.RelayConfig, keep func(outbox.Setting) bool) []error {
 	var errs []error
-	for _, s := range outbox.RelaySettings {
+	for _, s := range outbox.RelaySettings() {
 		if s.Env == "" || !keep(s) {
 			continue
 		}
@@ -99,7 +99,7 @@ func nameVariables(err error) []error {
 		list = []error{err}
 	}
 	envOf := map[string]string{}
-	for _, s := range outbox.RelaySettings {
+	for _, s := range outbox.RelaySettings() {
 		envOf[s.Field] = s.Env
 	}
 	out := make([]error, 0, len(list))

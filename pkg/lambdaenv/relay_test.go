@@ -28,7 +28,7 @@ func TestRelaySettingsReadsEveryDeclaredVariable(t *testing.T) {
 	t.Parallel()
 	vars := map[string]string{ClaimCheckBucket: "payloads"}
 	want := outbox.RelayConfig{}
-	for _, s := range outbox.RelaySettings {
+	for _, s := range outbox.RelaySettings() {
 		if s.Env == "" {
 			continue
 		}
@@ -44,7 +44,7 @@ func TestRelaySettingsReadsEveryDeclaredVariable(t *testing.T) {
 	cc, err := ClaimCheck(env(vars), aws.Config{})
 	require.NoError(t, err)
 	cfg.ClaimCheck = cc
-	for _, s := range outbox.RelaySettings {
+	for _, s := range outbox.RelaySettings() {
 		require.Equal(t, s.Get(want), s.Get(cfg), "%s (%s)", s.Field, s.Env)
 	}
 
@@ -74,7 +74,7 @@ func TestClaimCheckVariablesAreTheTables(t *testing.T) {
 func TestRelayVariablesKeepTheirNames(t *testing.T) {
 	t.Parallel()
 	var got []string
-	for _, s := range outbox.RelaySettings {
+	for _, s := range outbox.RelaySettings() {
 		if s.Env != "" {
 			got = append(got, s.Env)
 		}

@@ -55,7 +55,7 @@ func (c *ClaimCheck) validate() error {
 		errs = append(errs, fmt.Errorf("ClaimCheck.KeyPrefix is %d bytes; S3 keys are at most 1,024 with the event id", len(c.KeyPrefix)))
 	}
 	cfg := RelayConfig{ClaimCheck: c}
-	for _, s := range RelaySettings {
+	for _, s := range relaySettings {
 		if strings.HasPrefix(s.Field, "ClaimCheck.") {
 			if v := s.Get(cfg); v != 0 { // 0: the default
 				errs = append(errs, s.Check(v))

@@ -116,7 +116,7 @@ type RelayConfig struct {
 // WithDefaults returns c with every zero field set to its default (RelaySettings; a
 // ClaimCheck's fields are left to it).
 func (c RelayConfig) WithDefaults() RelayConfig {
-	for _, s := range RelaySettings {
+	for _, s := range relaySettings {
 		if s.Default != 0 && !strings.HasPrefix(s.Field, "ClaimCheck.") && s.Get(c) == 0 {
 			s.Set(&c, s.Default)
 		}
@@ -185,7 +185,7 @@ func (c RelayConfig) Destinations() []string {
 func (c RelayConfig) CheckSettings() error {
 	c = c.WithDefaults()
 	var errs []error
-	for _, s := range RelaySettings {
+	for _, s := range relaySettings {
 		if strings.HasPrefix(s.Field, "ClaimCheck.") {
 			continue
 		}

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -41,16 +42,8 @@ type Setting struct {
 	ref func(c *RelayConfig, alloc bool) any
 }
 
-// RelaySettings declares every tunable number of RelayConfig (and of its MessageLimits and
-// ClaimCheck), in field order; errors are reported in this order.
-//
-// To add a relay setting: add its field to RelayConfig (its doc comment ending in "Defaults to
-// X." with X as Format renders the default), add one entry here, and run the tests. They tell
-// you what else is missing: TestSettingsDocs regenerates the table in docs/outbox.md
-// (go test ./pkg/outbox -run TestSettingsDocs -update-docs), the infra tests ask for a field of
-// infra.RelaySettings (or the construct that sets it), and pkg/lambdaenv reads the variable with
-// no change.
-var RelaySettings = []Setting{
+// relaySettings is RelaySettings' table.
+var relaySettings = []Setting{
 	{Field: "BatchSize", Env: "SLUICE_RELAY_BATCH_SIZE", Flag: "batch-size", Unit: "count", Default: 500, Min: 1, Max: 10_000,
 		// The bounds of BatchSize, MaxPerKey, PublishConcurrency and Pipelines: more makes rounds
 		// hold more keys (PostgreSQL lock-table entries) and memory than any measured gain.
@@ -126,6 +119,19 @@ var RelaySettings = []Setting{
 		ref: func(c *RelayConfig, _ bool) any { return &c.MetricsInterval }},
 }
 
+// RelaySettings returns the declaration of every tunable number of RelayConfig (and of its
+// MessageLimits and ClaimCheck), in field order, the order errors are reported in. It is a
+// copy: changing it changes nothing.
+//
+// To add a relay setting: add its field to RelayConfig (its doc comment saying "Defaults to
+// X." with X as Format writes the default), add one entry to relaySettings above, and run the
+// tests; they tell you what else is missing (docs/outbox.md, "Adding a relay setting"):
+// TestSettingsDocs regenerates the table in docs/outbox.md (go test ./pkg/outbox -run
+// TestSettingsDocs -update-docs), the infra tests ask for a field of infra.RelaySettings (or
+// the construct that sets it), pkg/lambdaenv lists the variable names it must keep, and reads
+// the new variable with no change; `sluice relay` lists it in its help.
+func RelaySettings() []Setting { return slices.Clone(relaySettings) }
+
 func claimCheckRef(field func(*ClaimCheck) *int) func(*RelayConfig, bool) any {
 	return func(c *RelayConfig, alloc bool) any {
 		if c.ClaimCheck == nil {
@@ -140,8 +146,8 @@ func claimCheckRef(field func(*ClaimCheck) *int) func(*RelayConfig, bool) any {
 
 // settingIndex finds RelaySettings' entries by Field.
 var settingIndex = func() map[string]int {
-	m := make(map[string]int, len(RelaySettings))
-	for i, s := range RelaySettings {
+	m := make(map[string]int, len(relaySettings))
+	for i, s := range relaySettings {
 		m[s.Field] = i
 	}
 	return m
@@ -154,7 +160,7 @@ func RelaySetting(field string) Setting {
 	if !ok {
 		panic("outbox: no relay setting " + field)
 	}
-	return RelaySettings[i]
+	return relaySettings[i]
 }
 
 // settingDefault returns a field's declared default as an int, for the package's own use.

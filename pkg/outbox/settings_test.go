@@ -24,7 +24,7 @@ var updateDocs = flag.Bool("update-docs", false, "rewrite the settings table in 
 func TestSettingsAreWellFormed(t *testing.T) {
 	t.Parallel()
 	seen := map[string]bool{}
-	for _, s := range outbox.RelaySettings {
+	for _, s := range outbox.RelaySettings() {
 		require.Contains(t, []string{"count", "bytes", "duration"}, s.Unit, s.Field)
 		require.NotEmpty(t, s.Doc, s.Field)
 		require.LessOrEqual(t, s.Min, s.Max, s.Field)
@@ -55,7 +55,7 @@ func TestSettingsAreWellFormed(t *testing.T) {
 func TestEveryNumberOfRelayConfigIsASetting(t *testing.T) {
 	t.Parallel()
 	declared := map[string]bool{}
-	for _, s := range outbox.RelaySettings {
+	for _, s := range outbox.RelaySettings() {
 		declared[s.Field] = true
 	}
 	var missing []string
@@ -84,12 +84,12 @@ func TestEveryNumberOfRelayConfigIsASetting(t *testing.T) {
 func TestSettingsDefaultsAndBoundsApply(t *testing.T) {
 	t.Parallel()
 	cfg := outbox.RelayConfig{}.WithDefaults()
-	for _, s := range outbox.RelaySettings {
+	for _, s := range outbox.RelaySettings() {
 		if !strings.HasPrefix(s.Field, "ClaimCheck.") {
 			require.Equal(t, s.Default, s.Get(cfg), s.Field)
 		}
 	}
-	for _, s := range outbox.RelaySettings {
+	for _, s := range outbox.RelaySettings() {
 		if strings.HasPrefix(s.Field, "ClaimCheck.") {
 			cc := outbox.RelayConfig{ClaimCheck: &outbox.ClaimCheck{}}
 			s.Set(&cc, s.Max+1)
@@ -107,7 +107,7 @@ func TestSettingsDefaultsAndBoundsApply(t *testing.T) {
 func TestSettingsFieldDocsQuoteTheDefault(t *testing.T) {
 	t.Parallel()
 	docs := fieldDocs(t, "relay.go", "size.go", "claimcheck.go")
-	for _, s := range outbox.RelaySettings {
+	for _, s := range outbox.RelaySettings() {
 		doc, ok := docs[s.Field]
 		require.True(t, ok, "no doc comment found for %s", s.Field)
 		want := "Defaults to " + s.Format(s.Default)
@@ -172,7 +172,7 @@ func TestSettingsDocs(t *testing.T) {
 func settingsTable() string {
 	var b strings.Builder
 	b.WriteString("| field | variable | default | range | meaning |\n|---|---|---|---|---|\n")
-	for _, s := range outbox.RelaySettings {
+	for _, s := range outbox.RelaySettings() {
 		vars := "code only"
 		if s.Env != "" {
 			vars = "`" + s.Env + "`"

@@ -67,7 +67,7 @@ func (l MessageLimits) WithDefaults() MessageLimits {
 func (l MessageLimits) Check() error {
 	c := RelayConfig{MessageLimits: l.WithDefaults()}
 	var errs []error
-	for _, s := range RelaySettings {
+	for _, s := range relaySettings {
 		if strings.HasPrefix(s.Field, "MessageLimits.") {
 			errs = append(errs, s.Check(s.Get(c)))
 		}

@@ -86,7 +86,7 @@ partition key is one relay round's at a time (an advisory lock per key).`,
 	f.BoolVar(&opts.Once, "once", false, "drain the outbox and exit")
 	f.StringArrayVar(&opts.Topics, "topic", nil, "NAME=ARN topic mapping (repeatable; overrides $SLUICE_TOPIC_ARNS entries)")
 	f.StringVar(&opts.DefaultTopic, "default-topic", "", "destination (SNS topic, EventBridge bus or Kinesis stream ARN, or kafka://TOPIC) for rows whose topic is not mapped (default $SLUICE_DEFAULT_TOPIC_ARN)")
-	for _, s := range outbox.RelaySettings {
+	for _, s := range outbox.RelaySettings() {
 		if s.Flag != "" {
 			f.Var(settingFlag{s, &opts.Settings}, s.Flag, fmt.Sprintf("%s, %s to %s (default $%s, else %s)",
 				s.Doc, s.Format(s.Min), s.Format(s.Max), s.Env, s.Format(s.Default)))
@@ -100,7 +100,7 @@ partition key is one relay round's at a time (an advisory lock per key).`,
 func relaySettingsHelp() string {
 	var b strings.Builder
 	line := 0
-	for _, s := range outbox.RelaySettings {
+	for _, s := range outbox.RelaySettings() {
 		if s.Env == "" {
 			continue
 		}
@@ -195,7 +195,7 @@ func RelaySettings(opts RelayOptions) (outbox.RelayConfig, error) {
 	if getenv == nil {
 		getenv = os.Getenv
 	}
-	for _, s := range outbox.RelaySettings {
+	for _, s := range outbox.RelaySettings() {
 		v, ok := opts.Settings[s.Field]
 		if !ok {
 			continue
@@ -216,7 +216,7 @@ func RelaySettings(opts RelayOptions) (outbox.RelayConfig, error) {
 		return outbox.RelayConfig{}, usageError{err}
 	}
 	cfg.Topics, cfg.DefaultTopic = topics, def
-	for _, s := range outbox.RelaySettings {
+	for _, s := range outbox.RelaySettings() {
 		if v, ok := opts.Settings[s.Field]; ok {
 			s.Set(&cfg, v)
 		}
@@ -261,7 +261,7 @@ func Relay(ctx context.Context, pool *pgxpool.Pool, pub outbox.Publisher, opts R
 // describeRelaySettings lists cfg's settings as the environment variables that would set them.
 func describeRelaySettings(cfg outbox.RelayConfig) string {
 	var parts []string
-	for _, s := range outbox.RelaySettings {
+	for _, s := range outbox.RelaySettings() {
 		if v := s.Get(cfg); s.Env != "" && v != 0 {
 			parts = append(parts, s.Env+"="+s.Text(v))
 		}

@@ -107,7 +107,7 @@ func TestRelayHelpAndFlagsComeFromTheSettingsTable(t *testing.T) {
 	require.Equal(t, 0, r.code, r.err)
 	help := strings.Join(strings.Fields(r.out), " ")
 	flags := 0
-	for _, s := range outbox.RelaySettings {
+	for _, s := range outbox.RelaySettings() {
 		if s.Env != "" && s.Default != 0 {
 			require.Contains(t, help, s.Env+" ["+s.Format(s.Default)+"]")
 		}
