@@ -63,7 +63,7 @@ func TestClaimCheckVariablesAreTheTables(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 204800, threshold)
 	_, err = ClaimCheckThresholdOf(env(map[string]string{ClaimCheckThreshold: "100"}))
-	require.ErrorContains(t, err, ClaimCheckThreshold+": ClaimCheck.Threshold must be between 1024")
+	require.ErrorContains(t, err, ClaimCheckThreshold+": ClaimCheck.Threshold must be 0 (the default) or between 1024")
 	_, err = ClaimCheck(env(map[string]string{ClaimCheckBucket: "b", ClaimCheckMaxPayload: "-1", ClaimCheckThreshold: "x"}), aws.Config{})
 	require.ErrorContains(t, err, ClaimCheckThreshold+" must be an integer")
 	_, err = ClaimCheck(env(map[string]string{ClaimCheckBucket: "b", ClaimCheckMaxPayload: "-1"}), aws.Config{})

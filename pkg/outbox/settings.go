@@ -248,7 +248,11 @@ func (s Setting) Check(v int64) error {
 	if (v == 0 && s.Default == 0) || (v >= s.Min && v <= s.Max) {
 		return nil
 	}
-	return fmt.Errorf("%s must be between %s and %s, got %s", s.Field, s.Text(s.Min), s.Text(s.Max), s.Text(v))
+	zero := ""
+	if s.Default == 0 {
+		zero = "0 (the default) or "
+	}
+	return fmt.Errorf("%s must be %sbetween %s and %s, got %s", s.Field, zero, s.Text(s.Min), s.Text(s.Max), s.Text(v))
 }
 
 // thousands writes n with a comma between each group of three digits.

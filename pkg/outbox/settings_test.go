@@ -93,12 +93,14 @@ func TestSettingsDefaultsAndBoundsApply(t *testing.T) {
 		if strings.HasPrefix(s.Field, "ClaimCheck.") {
 			cc := outbox.RelayConfig{ClaimCheck: &outbox.ClaimCheck{}}
 			s.Set(&cc, s.Max+1)
-			require.ErrorContains(t, cc.ClaimCheck.Check(), s.Field+" must be between")
+			require.ErrorContains(t, cc.ClaimCheck.Check(), s.Field+" must be ")
+			require.ErrorContains(t, cc.ClaimCheck.Check(), "got "+s.Text(s.Max+1))
 			continue
 		}
 		var c outbox.RelayConfig
 		s.Set(&c, s.Max+1)
-		require.ErrorContains(t, c.CheckSettings(), s.Field+" must be between", s.Field)
+		require.ErrorContains(t, c.CheckSettings(), s.Field+" must be ", s.Field)
+		require.ErrorContains(t, c.CheckSettings(), "got "+s.Text(s.Max+1), s.Field)
 	}
 }
 
