@@ -72,7 +72,7 @@ const destinationsDelay = 10 * time.Millisecond
 // destinationsConcurrency are the relay's PublishConcurrency values the suite runs at: the
 // default, at which the database work bounds every kind, and 4, at which the calls do and the
 // entries one call takes decide.
-var destinationsConcurrency = []int{outbox.DefaultPublishConcurrency, 4}
+var destinationsConcurrency = []int{int(outbox.RelaySetting("PublishConcurrency").Default), 4}
 
 // delayedCalls is what every stub shares: the delay, and counts of the calls answered, the
 // entries they acknowledged and the calls cancelled before their answer.

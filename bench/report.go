@@ -793,7 +793,7 @@ func (r *Report) isolationMarkdown(w func(string, ...any)) {
 		"%d more waves of idle rows are committed %s apart. An idle row's wait runs from the return of its producer's `Commit` to the "+
 		"stub's acknowledgement. The rows committed before the relay started are found by its first sweep; the later ones by polling "+
 		"(every %s). The blocker's state is checked at the end, so the waits were measured while it was in force.\n\n",
-		iso.IdleKeys, iso.IdleKeys-1, iso.Delay, iso.Waves, iso.WaveEvery, outbox.DefaultPollInterval)
+		iso.IdleKeys, iso.IdleKeys-1, iso.Delay, iso.Waves, iso.WaveEvery, time.Duration(outbox.RelaySetting("PollInterval").Default))
 	w("| scenario | blocker | idle rows | wait p50 | wait max | committed before the relay started: p50 / max | while it ran: p50 / max | not acknowledged | blocker at the end | relay failures |\n")
 	w("|---|---|---:|---:|---:|---:|---:|---:|---|---:|\n")
 	for _, x := range iso.Runs {

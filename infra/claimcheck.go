@@ -45,8 +45,8 @@ type ClaimCheckProps struct {
 	// (SLUICE_CLAIM_CHECK_THRESHOLD). Defaults to each destination's limit (SNS: 256 KiB).
 	Threshold int
 	// MaxPayloadBytes is the largest payload the relay stores and the consumers fetch
-	// (SLUICE_CLAIM_CHECK_MAX_PAYLOAD on both). Defaults to outbox.DefaultMaxOffloadBytes
-	// (32 MiB). Set WriterConfig.MaxMessageBytes of the services that write to it.
+	// (SLUICE_CLAIM_CHECK_MAX_PAYLOAD on both). Defaults to 32 MiB
+	// (outbox.RelaySetting("ClaimCheck.MaxPayloadBytes")). Set WriterConfig.MaxMessageBytes of the services that write to it.
 	MaxPayloadBytes int
 	// EncryptionKey encrypts the objects (SSE-KMS with a bucket key); the relay may generate
 	// data keys, the consumers decrypt. Defaults to S3-managed encryption (SSE-S3).

@@ -238,7 +238,7 @@ func TestClaimCheckConstructAndValidation(t *testing.T) {
 		}, "Expiration 240h0m0s is shorter than the 26 days a message may point at its object: queue retention 96h0m0s + DLQ retention 336h0m0s + replay window 168h0m0s"},
 		{"settings the relay would refuse", func() {
 			infra.NewClaimCheck(bad, "Tiny", &infra.ClaimCheckProps{Threshold: 100, MaxPayloadBytes: 1 << 30})
-		}, "ClaimCheck.Threshold must be 0 (the destination's limit) or at least 1024, got 100"},
+		}, "ClaimCheck.Threshold must be 0 (the default) or between 1024 and 104857600, got 100"},
 		{"a consumer whose queues outlive the objects", func() {
 			infra.NewConsumer(bad, "Slow", &infra.ConsumerProps{Name: "slow", CodeDir: assetDir(t, "consumer"), Topic: badTopic,
 				Network: badNetwork, Database: badDB, UseDatabaseSecret: true, ClaimCheck: badCC, RetentionPeriod: 14 * 24 * time.Hour})

@@ -280,7 +280,7 @@ type MskDestinationProps struct {
 	ReplicationFactor int
 	// MaxMessageBytes is the largest record the brokers accept (SLUICE_KAFKA_MAX_MESSAGE_BYTES):
 	// a larger row is quarantined, or its payload goes to the claim check. Defaults to
-	// outbox.DefaultKafkaMaxMessageBytes.
+	// 1,000,000 bytes (outbox.RelaySetting("MessageLimits.Kafka")).
 	MaxMessageBytes int
 }
 
@@ -458,7 +458,7 @@ func (d *mskDestination) bindRelay(relay awslambda.Function) {
 	relay.AddEnvironment(jsii.String(lambdaenv.KafkaBrokers), d.brokers, nil)
 	relay.AddEnvironment(jsii.String(lambdaenv.KafkaAuth), jsii.String("iam"), nil)
 	if d.maxBytes > 0 {
-		relay.AddEnvironment(jsii.String(lambdaenv.KafkaMaxMessageBytes), jsii.String(strconv.Itoa(d.maxBytes)), nil)
+		relay.AddEnvironment(jsii.String(sluiceoutbox.RelaySetting("MessageLimits.Kafka").Env), jsii.String(strconv.Itoa(d.maxBytes)), nil)
 	}
 	if d.connections != nil {
 		relay.Connections().AllowTo(d.connections, awsec2.Port_Tcp(jsii.Number(MskBrokerPort)), jsii.String("sluice outbox relay to the MSK brokers"))

@@ -336,7 +336,7 @@ func TestMixedDestinationsOnOneRelay(t *testing.T) {
 	}
 	require.NotContains(t, e, lambdaenv.DefaultTopicARN, "LogicalTopics without DefaultToTopic: unknown topics are quarantined")
 	require.Equal(t, "b-1.payments.kafka.eu-west-1.amazonaws.com:9098,b-2.payments.kafka.eu-west-1.amazonaws.com:9098", e[lambdaenv.KafkaBrokers])
-	require.Equal(t, "4194304", e[lambdaenv.KafkaMaxMessageBytes])
+	require.Equal(t, "4194304", e["SLUICE_KAFKA_MAX_MESSAGE_BYTES"])
 	require.Equal(t, "com.example.orders", e[lambdaenv.EventBridgeSource])
 	tmpl.ResourceCountIs(jsii.String("Custom::AWS"), jsii.Number(0)) // brokers given
 	tmpl.HasResourceProperties(jsii.String("AWS::MSK::Topic"), map[string]any{

@@ -12,6 +12,7 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"reflect"
 	"sort"
 	"strings"
 	"testing"
@@ -27,6 +28,8 @@ import (
 	"github.com/sluicehq/sluice/infra"
 	"github.com/sluicehq/sluice/pkg/lambdaenv"
 	"github.com/sluicehq/sluice/pkg/metrics"
+
+	"github.com/sluicehq/sluice/pkg/outbox"
 	"github.com/stretchr/testify/require"
 )
 
@@ -719,11 +722,11 @@ func TestConstructsAlone(t *testing.T) {
 		}
 		require.NotNil(t, relayEnv, "the relay function")
 		for k, want := range map[string]string{
-			lambdaenv.RelayBatchSize: "200", lambdaenv.RelayMaxPerKey: "5", lambdaenv.RelayPublishConcurrency: "16",
-			lambdaenv.RelayPipelines: "3", lambdaenv.RelayMaxRoundBytes: "8388608", lambdaenv.RelayMaxAttempts: "7",
-			lambdaenv.RelayPublishTimeout: "5s", lambdaenv.RelayLease: "20s", lambdaenv.RelayBackoffBase: "500ms",
-			lambdaenv.RelayBackoffMax: "2m0s", lambdaenv.RelayOutageLimit: "6h0m0s", lambdaenv.RelayPollInterval: "100ms",
-			lambdaenv.RelayRescanInterval: "2s", lambdaenv.OutboxRetention: "720h0m0s", lambdaenv.OutboxPartitionInterval: "6h0m0s",
+			"SLUICE_RELAY_BATCH_SIZE": "200", "SLUICE_RELAY_MAX_PER_KEY": "5", "SLUICE_RELAY_PUBLISH_CONCURRENCY": "16",
+			"SLUICE_RELAY_PIPELINES": "3", "SLUICE_RELAY_MAX_ROUND_BYTES": "8388608", "SLUICE_RELAY_MAX_ATTEMPTS": "7",
+			"SLUICE_RELAY_PUBLISH_TIMEOUT": "5s", "SLUICE_RELAY_LEASE": "20s", "SLUICE_RELAY_BACKOFF_BASE": "500ms",
+			"SLUICE_RELAY_BACKOFF_MAX": "2m0s", "SLUICE_RELAY_OUTAGE_LIMIT": "6h0m0s", "SLUICE_RELAY_POLL_INTERVAL": "100ms",
+			"SLUICE_RELAY_RESCAN_INTERVAL": "2s", lambdaenv.OutboxRetention: "720h0m0s", lambdaenv.OutboxPartitionInterval: "6h0m0s",
 		} {
 			require.Equal(t, want, relayEnv[k], k)
 		}
@@ -731,7 +734,30 @@ func TestConstructsAlone(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, 200, cfg.BatchSize)
 		require.Equal(t, 20*time.Second, cfg.Lease)
-		require.Len(t, lambdaenv.RelayEnv()[2:], 18, "a new relay setting needs a RelaySettings field and a line above")
+	})
+	t.Run("relay settings: every variable of outbox.RelaySettings has a prop", func(t *testing.T) {
+		// Settings set by other constructs than OutboxProps.Relay, or not from the CDK.
+		elsewhere := map[string]string{
+			"MessageLimits.SNS": "a topic's limit: set on the function when the topic's is raised", "MessageLimits.SQS": "likewise, the queues'",
+			"MessageLimits.EventBridge": "EventBridge's fixed limit", "MessageLimits.Kinesis": "likewise, the stream's",
+			"MessageLimits.Kafka":  "MskDestinationProps.MaxMessageBytes",
+			"ClaimCheck.Threshold": "ClaimCheckProps.Threshold", "ClaimCheck.MaxPayloadBytes": "ClaimCheckProps.MaxPayloadBytes",
+		}
+		props := reflect.TypeFor[infra.RelaySettings]()
+		for _, s := range outbox.RelaySettings() {
+			f, ok := props.FieldByName(s.Field)
+			switch {
+			case s.Env == "":
+				require.False(t, ok, "%s has no variable: the relay Lambda cannot read it", s.Field)
+			case ok:
+				require.Contains(t, []reflect.Type{reflect.TypeFor[int](), reflect.TypeFor[time.Duration]()}, f.Type, s.Field)
+			default:
+				require.Contains(t, elsewhere, s.Field, "a new relay setting needs a field of infra.RelaySettings (or a line here saying which construct sets %s)", s.Env)
+			}
+		}
+		for i := range props.NumField() {
+			require.NotPanics(t, func() { outbox.RelaySetting(props.Field(i).Name) }, "infra.RelaySettings.%s is no outbox.RelaySettings entry", props.Field(i).Name)
+		}
 	})
 	t.Run("consumer settings reach the consumer's environment", func(t *testing.T) {
 		tmpl.HasResourceProperties(jsii.String("AWS::Lambda::Function"), map[string]any{
@@ -740,7 +766,6 @@ func TestConstructsAlone(t *testing.T) {
 				lambdaenv.ConsumerDeadlineMargin: "5s", lambdaenv.ConsumerStorePayload: "true",
 			})},
 		})
-		require.Len(t, lambdaenv.ConsumerEnv(), 4, "a new consumer setting needs a ConsumerProps field and a line above")
 	})
 	t.Run("existing database security group gets the ingress rules", func(t *testing.T) {
 		tmpl.ResourceCountIs(jsii.String("AWS::EC2::SecurityGroupIngress"), jsii.Number(2))

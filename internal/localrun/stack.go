@@ -177,8 +177,8 @@ type functionsOptions struct {
 // and the ledger consumer under the emulator.
 func startFunctions(ctx context.Context, o functionsOptions) (relay, consumer *Function, err error) {
 	relayEnv := append([]string{lambdaenv.DatabaseURL + "=" + withAppName(o.DatabaseURL, "sluice-relay"), lambdaenv.TopicARNs + "=" + o.Topics,
-		lambdaenv.RelayStopBefore + "=2s", lambdaenv.RelayLease + "=4s", lambdaenv.RelayPublishTimeout + "=3s",
-		lambdaenv.RelayBackoffBase + "=200ms"}, o.RelayEnv...)
+		lambdaenv.RelayStopBefore + "=2s", "SLUICE_RELAY_LEASE=4s", "SLUICE_RELAY_PUBLISH_TIMEOUT=3s",
+		"SLUICE_RELAY_BACKOFF_BASE=200ms"}, o.RelayEnv...)
 	relay, err = StartFunction(ctx, FunctionOptions{Name: "sluice-relay", RIE: o.RIE, Bootstrap: filepath.Join(o.BinDir, RelayFunction, "bootstrap"),
 		Env: relayEnv, Timeout: o.RelayTimeout, Instances: o.RelayInstances, Log: o.Log})
 	if err != nil {

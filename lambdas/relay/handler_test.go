@@ -73,8 +73,8 @@ func TestHandleRunsUntilShortlyBeforeTheDeadline(t *testing.T) {
 func TestRelayConfigFromEnvironment(t *testing.T) {
 	t.Parallel()
 	env := map[string]string{
-		lambdaenv.TopicARNs: `{"orders":"arn:aws:sns:eu-west-1:1:orders"}`, lambdaenv.RelayBatchSize: "50",
-		lambdaenv.RelayLease: "4s", lambdaenv.RelayPublishTimeout: "3s", lambdaenv.RelayStopBefore: "2s",
+		lambdaenv.TopicARNs: `{"orders":"arn:aws:sns:eu-west-1:1:orders"}`, "SLUICE_RELAY_BATCH_SIZE": "50",
+		"SLUICE_RELAY_LEASE": "4s", "SLUICE_RELAY_PUBLISH_TIMEOUT": "3s", lambdaenv.RelayStopBefore: "2s",
 	}
 	cfg, stop, err := relayConfig(func(k string) string { return env[k] })
 	require.NoError(t, err)
@@ -88,7 +88,7 @@ func TestRelayConfigFromEnvironment(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, lambdaenv.DefaultRelayStopBefore, stop)
 
-	env[lambdaenv.RelayBatchSize] = "many"
+	env["SLUICE_RELAY_BATCH_SIZE"] = "many"
 	_, _, err = relayConfig(func(k string) string { return env[k] })
-	require.ErrorContains(t, err, lambdaenv.RelayBatchSize)
+	require.ErrorContains(t, err, "SLUICE_RELAY_BATCH_SIZE")
 }

@@ -7,7 +7,8 @@
 // Configuration (read once per cold start, see pkg/lambdaenv): DATABASE_URL, or
 // DATABASE_SECRET_ARN naming the RDS Secrets Manager secret; DATABASE_MAX_CONNS;
 // SLUICE_TOPIC_ARNS and SLUICE_DEFAULT_TOPIC_ARN; SLUICE_RELAY_STOP_BEFORE and the relay
-// settings of lambdaenv.RelayConfig (SLUICE_RELAY_BATCH_SIZE, SLUICE_RELAY_LEASE, ...);
+// settings declared in outbox.RelaySettings (SLUICE_RELAY_BATCH_SIZE, SLUICE_RELAY_LEASE, ...;
+// docs/outbox.md lists them), read by lambdaenv.RelayConfig;
 // SLUICE_OUTBOX_RETENTION and SLUICE_OUTBOX_PARTITION_INTERVAL, when set, make each invocation
 // maintain a partitioned outbox_event (create partitions ahead, drop expired ones with a
 // retention), which needs the owner's privileges; unset, the relay does no DDL (the CDK stack

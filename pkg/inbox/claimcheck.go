@@ -41,11 +41,11 @@ import (
 // fetchPayload, for one message) resolve it like an SQS record's.
 
 // DefaultMaxPayloadBytes is ClaimCheck.MaxPayloadBytes's default: the relay's default
-// (outbox.DefaultMaxOffloadBytes, 32 MiB), so a consumer reads whatever a relay with default
+// (outbox.RelaySetting("ClaimCheck.MaxPayloadBytes").Default, 32 MiB), so a consumer reads whatever a relay with default
 // settings stores.
 const DefaultMaxPayloadBytes = 32 << 20
 
-// MaxPayloadBytesLimit bounds ClaimCheck.MaxPayloadBytes (outbox.MaxOffloadBytes): a payload
+// MaxPayloadBytesLimit bounds ClaimCheck.MaxPayloadBytes (the relay's bound, 256 MiB): a payload
 // is held in memory whole.
 const MaxPayloadBytesLimit = 256 << 20
 

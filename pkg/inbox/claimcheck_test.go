@@ -258,8 +258,9 @@ func TestClaimCheckConfigIsValidated(t *testing.T) {
 		_, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "c", Router: router("c"), ClaimCheck: cc})
 		require.ErrorIs(t, err, inbox.ErrInvalidConfig)
 	}
-	require.Equal(t, outbox.DefaultMaxOffloadBytes, inbox.DefaultMaxPayloadBytes, "a consumer reads what a relay with defaults stores")
-	require.Equal(t, outbox.MaxOffloadBytes, inbox.MaxPayloadBytesLimit)
+	relayMax := outbox.RelaySetting("ClaimCheck.MaxPayloadBytes")
+	require.EqualValues(t, relayMax.Default, inbox.DefaultMaxPayloadBytes, "a consumer reads what a relay with defaults stores")
+	require.EqualValues(t, relayMax.Max, inbox.MaxPayloadBytesLimit)
 }
 
 // s3Bucket creates a bucket on the local emulator with a path-style client.

@@ -2,6 +2,7 @@ package lambdaenv
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/sluicehq/sluice/pkg/inbox"
+	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
 // ConsumerClaimCheck reads a consumer Lambda's claim check: nil when ClaimCheckBucket is unset
@@ -44,10 +46,21 @@ func CheckConsumerClaimCheck(getenv Getenv) error {
 	return err
 }
 
-// ClaimCheckThresholdOf reads ClaimCheckThreshold (integer bytes): 0 when unset, meaning each
-// destination's message limit. The relay's claim check and `sluice status` read it here.
+// ClaimCheckThresholdOf reads ClaimCheckThreshold (integer bytes) as the relay's claim check
+// does: 0 when unset, meaning each destination's message limit. `sluice status` reads it here.
 func ClaimCheckThresholdOf(getenv Getenv) (int, error) {
-	return positiveInt(getenv, ClaimCheckThreshold, 0)
+	var cfg outbox.RelayConfig
+	errs := readSettings(getenv, &cfg, func(s outbox.Setting) bool { return s.Field == "ClaimCheck.Threshold" })
+	if len(errs) == 0 && cfg.ClaimCheck != nil {
+		s := outbox.RelaySetting("ClaimCheck.Threshold")
+		if err := s.Check(s.Get(cfg)); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", s.Env, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return 0, err
+	}
+	return int(outbox.RelaySetting("ClaimCheck.Threshold").Get(cfg)), nil
 }
 
 // claimCheckLocation reads where the relay stores payloads and the consumers fetch them:

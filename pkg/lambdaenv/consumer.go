@@ -36,11 +36,6 @@ const (
 // (inbox.ProcessorConfig.MaxAttempts). Defaults to inbox.DefaultMaxAttempts.
 const ProcessorMaxAttempts = "SLUICE_PROCESSOR_MAX_ATTEMPTS"
 
-// ConsumerEnv lists every variable ConsumerConfig reads, for help texts.
-func ConsumerEnv() []string {
-	return []string{ConsumerName, ConsumerCommitMode, ConsumerDeadlineMargin, ConsumerStorePayload}
-}
-
 // ConsumerConfig builds a consumer Lambda's inbox configuration from the environment (without
 // Router, Logger and Metrics, which are code): the consumer name (required), the commit mode,
 // the deadline margin and whether payloads are stored. Every consumer Lambda reads it, so they
@@ -89,26 +84,6 @@ func ConsumerConfig(getenv Getenv) (inbox.ConsumerConfig, error) {
 		return inbox.ConsumerConfig{}, fmt.Errorf("consumer settings: %w", err)
 	}
 	return cfg, nil
-}
-
-// ConsumerEnvironment is ConsumerConfig's inverse for deployment tools: the variables that make
-// ConsumerConfig return cfg's name, mode, deadline margin and payload storage. Fields at their
-// zero value or default are left out, so the Lambda applies its own default.
-func ConsumerEnvironment(cfg inbox.ConsumerConfig) map[string]string {
-	env := map[string]string{}
-	if cfg.Consumer != "" {
-		env[ConsumerName] = cfg.Consumer
-	}
-	if cfg.Mode != DefaultConsumerCommitMode {
-		env[ConsumerCommitMode] = cfg.Mode.String()
-	}
-	if cfg.DeadlineMargin != 0 && cfg.DeadlineMargin != DefaultConsumerDeadlineMargin {
-		env[ConsumerDeadlineMargin] = cfg.DeadlineMargin.String()
-	}
-	if cfg.StorePayload { // the default is false
-		env[ConsumerStorePayload] = "true"
-	}
-	return env
 }
 
 // ProcessorConfig builds the asynchronous inbox processor's configuration from the environment

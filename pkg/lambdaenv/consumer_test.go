@@ -7,7 +7,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/pkg/inbox"
-	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
 func TestConsumerConfigReadsEverySettingAndDefaults(t *testing.T) {
@@ -49,26 +48,4 @@ func TestProcessorConfig(t *testing.T) {
 	_, err = ProcessorConfig(env(map[string]string{ProcessorMaxAttempts: "0"}))
 	require.ErrorContains(t, err, ConsumerName+" is required")
 	require.ErrorContains(t, err, ProcessorMaxAttempts+" must be an integer between 1 and 1000")
-}
-
-// What a deployment tool writes is what the Lambda reads back.
-func TestEnvironmentsRoundTripThroughTheReaders(t *testing.T) {
-	t.Parallel()
-	want := inbox.ConsumerConfig{Consumer: "billing", Mode: inbox.Batched, DeadlineMargin: 5 * time.Second, StorePayload: true}
-	got, err := ConsumerConfig(env(ConsumerEnvironment(want)))
-	require.NoError(t, err)
-	require.Equal(t, want, got)
-	require.Equal(t, map[string]string{ConsumerName: "billing"}, ConsumerEnvironment(inbox.ConsumerConfig{Consumer: "billing",
-		Mode: inbox.PerRecord, DeadlineMargin: DefaultConsumerDeadlineMargin}), "defaults are left to the Lambda")
-
-	relay := outbox.RelayConfig{BatchSize: 100, MaxPerKey: 5, PublishConcurrency: 8, Pipelines: 3, MaxAttempts: 4,
-		MaxRoundBytes: 1 << 20, PublishTimeout: 2 * time.Second, Lease: 9 * time.Second, BackoffBase: 100 * time.Millisecond,
-		BackoffMax: time.Minute, OutageLimit: 2 * time.Hour, PollInterval: 20 * time.Millisecond, RescanInterval: 3 * time.Second,
-		MessageLimits: outbox.MessageLimits{SNS: 1 << 20, SQS: 1 << 20, EventBridge: 200_000, Kinesis: 4 << 20, Kafka: 8 << 20}}
-	renv := RelayEnvironment(relay)
-	require.Len(t, renv, len(RelayEnv())-2, "every setting but the two topic variables")
-	back, err := RelaySettings(env(renv))
-	require.NoError(t, err)
-	require.Equal(t, relay, back)
-	require.Empty(t, RelayEnvironment(outbox.RelayConfig{}))
 }

@@ -1,7 +1,8 @@
 // Package lambdaenv is the environment contract between the CDK constructs and the Lambdas:
 // the variable names (both sides import these constants, so they cannot drift apart) and the
 // one reader of each setting (RelayConfig, ConsumerConfig, OpenPool), used by sluice's own
-// functions, the CLI and a team's consumer copied from lambdas/consumer.
+// functions, the CLI and a team's consumer copied from lambdas/consumer. The relay's tunable
+// numbers and their variables are declared in outbox.RelaySettings and read by RelaySettings.
 package lambdaenv
 
 const (
@@ -17,18 +18,6 @@ const (
 	TopicARNs = "SLUICE_TOPIC_ARNS"
 	// DefaultTopicARN receives rows whose topic is not in TopicARNs. Optional; without it such rows are quarantined.
 	DefaultTopicARN = "SLUICE_DEFAULT_TOPIC_ARN"
-	// RelayStopBefore is how long before the Lambda deadline the relay stops claiming (Go duration). Defaults to "5s".
-	RelayStopBefore = "SLUICE_RELAY_STOP_BEFORE"
-	// RelayBatchSize overrides the relay's claim batch size.
-	RelayBatchSize = "SLUICE_RELAY_BATCH_SIZE"
-	// RelayLease overrides outbox.RelayConfig.Lease (Go duration): the most one relay round may
-	// hold its partition keys (a hung relay's keys come free after it). Defaults to the package's 30s.
-	RelayLease = "SLUICE_RELAY_LEASE"
-	// RelayPublishTimeout overrides outbox.RelayConfig.PublishTimeout (Go duration); it must stay
-	// below RelayLease. Defaults to the package's 10s.
-	RelayPublishTimeout = "SLUICE_RELAY_PUBLISH_TIMEOUT"
-	// RelayBackoffBase overrides outbox.RelayConfig.BackoffBase (Go duration). Defaults to the package's 1s.
-	RelayBackoffBase = "SLUICE_RELAY_BACKOFF_BASE"
 	// ConsumerName is the inbox consumer name (the first half of the inbox key).
 	ConsumerName = "SLUICE_CONSUMER_NAME"
 	// ConsumerCommitMode is "per-record" (default) or "batched".

@@ -22,8 +22,8 @@ func TestKafkaMaxMessageBytesReachesTheProducer(t *testing.T) {
 	for _, tc := range []struct {
 		setting string
 		want    int
-	}{{"", outbox.DefaultKafkaMaxMessageBytes}, {strconv.Itoa(4 << 20), 4 << 20}} {
-		env := map[string]string{KafkaBrokers: "127.0.0.1:1", KafkaMaxMessageBytes: tc.setting}
+	}{{"", 1_000_000}, {strconv.Itoa(4 << 20), 4 << 20}} {
+		env := map[string]string{KafkaBrokers: "127.0.0.1:1", "SLUICE_KAFKA_MAX_MESSAGE_BYTES": tc.setting}
 		client, maxBytes, err := relayKafkaClient(context.Background(), func(k string) string { return env[k] }, aws.Config{})
 		require.NoError(t, err)
 		require.Equal(t, tc.want, maxBytes)
@@ -40,20 +40,21 @@ func TestMessageLimitSettings(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, outbox.MessageLimits{SNS: 262_144, SQS: 262_144, EventBridge: 262_143, Kinesis: 1 << 20, Kafka: 1_000_000}, cfg.MessageLimits.WithDefaults())
 
-	env := map[string]string{KinesisMaxRecordBytes: strconv.Itoa(10 << 20), SNSMaxMessageBytes: strconv.Itoa(1 << 20), SQSMaxMessageBytes: strconv.Itoa(1 << 20)}
+	env := map[string]string{"SLUICE_KINESIS_MAX_RECORD_BYTES": strconv.Itoa(10 << 20), "SLUICE_SNS_MAX_MESSAGE_BYTES": strconv.Itoa(1 << 20),
+		"SLUICE_SQS_MAX_MESSAGE_BYTES": strconv.Itoa(1 << 20)}
 	cfg, err = RelaySettings(func(k string) string { return env[k] })
 	require.NoError(t, err)
 	require.Equal(t, 10<<20, cfg.MessageLimits.Of(outbox.Kinesis))
 	require.Equal(t, 1<<20, cfg.MessageLimits.Of(outbox.SNS))
 	require.Equal(t, 262_143, cfg.MessageLimits.Of(outbox.EventBridge))
 
-	env = map[string]string{KinesisMaxRecordBytes: strconv.Itoa(11 << 20), EventBridgeMaxEntryBytes: "300000", SNSMaxMessageBytes: "100"}
+	env = map[string]string{"SLUICE_KINESIS_MAX_RECORD_BYTES": strconv.Itoa(11 << 20), "SLUICE_EVENTBRIDGE_MAX_ENTRY_BYTES": "300000",
+		"SLUICE_SNS_MAX_MESSAGE_BYTES": "100"}
 	_, err = RelaySettings(func(k string) string { return env[k] })
 	require.Error(t, err)
-	for _, v := range []string{KinesisMaxRecordBytes, EventBridgeMaxEntryBytes, SNSMaxMessageBytes} {
-		require.ErrorContains(t, err, v)
+	for v := range env {
+		require.ErrorContains(t, err, v+": MessageLimits.")
 	}
-	require.Equal(t, env, RelayEnvironment(outbox.RelayConfig{MessageLimits: outbox.MessageLimits{Kinesis: 11 << 20, EventBridge: 300000, SNS: 100}}))
 }
 
 // A consumer Lambda fetches only from the relay's bucket and prefix, with the bucket's owner

@@ -24,11 +24,6 @@ const (
 	InboxPartitionInterval = "SLUICE_INBOX_PARTITION_INTERVAL"
 )
 
-// PartitionEnv lists every variable OutboxPartitions and InboxPartitions read, for help texts.
-func PartitionEnv() []string {
-	return []string{OutboxRetention, OutboxPartitionInterval, InboxRetention, InboxPartitionInterval}
-}
-
 // OutboxPartitions reads the maintenance of a partitioned outbox_event: OutboxRetention
 // (unset: drop nothing) and OutboxPartitionInterval (unset: outbox.DefaultPartitionInterval).
 // It returns nil when neither is set, so that a caller can tell "asked for" from "defaults" (a

@@ -37,11 +37,6 @@ const (
 	// KafkaTLS is "true" or "false": connect to the brokers over TLS (system roots). Defaults to
 	// true with KafkaAuth=iam (MSK requires it), false otherwise.
 	KafkaTLS = "SLUICE_KAFKA_TLS"
-	// KafkaMaxMessageBytes overrides MessageLimits.Kafka (integer bytes): the largest record
-	// batch the brokers accept (message.max.bytes), which is also the producer's
-	// ProducerBatchMaxBytes. Defaults to outbox.DefaultKafkaMaxMessageBytes. A relay setting
-	// (RelaySettings reads it).
-	KafkaMaxMessageBytes = "SLUICE_KAFKA_MAX_MESSAGE_BYTES"
 	// ClaimCheckBucket turns the claim check on: payloads of messages too large for their
 	// destination are stored in this S3 bucket (outbox.ClaimCheck).
 	ClaimCheckBucket = "SLUICE_CLAIM_CHECK_BUCKET"
@@ -52,19 +47,13 @@ const (
 	// as ExpectedBucketOwner with every GetObject. Defaults to "": not checked (the CDK sets it
 	// to the stack's account).
 	ClaimCheckBucketOwner = "SLUICE_CLAIM_CHECK_BUCKET_OWNER"
-	// ClaimCheckThreshold is the message size (integer bytes) above which the payload goes to
-	// S3. Defaults to each destination's message limit.
+	// ClaimCheckThreshold is outbox.RelaySetting("ClaimCheck.Threshold").Env, named here for
+	// `sluice status` (a test keeps the two equal).
 	ClaimCheckThreshold = "SLUICE_CLAIM_CHECK_THRESHOLD"
-	// ClaimCheckMaxPayload is the largest payload (integer bytes) the relay stores in S3.
-	// Defaults to outbox.DefaultMaxOffloadBytes.
+	// ClaimCheckMaxPayload is outbox.RelaySetting("ClaimCheck.MaxPayloadBytes").Env, which the
+	// consumers read too, with the inbox's bounds (a test keeps the two equal).
 	ClaimCheckMaxPayload = "SLUICE_CLAIM_CHECK_MAX_PAYLOAD"
 )
-
-// PublisherEnv lists the variables RelayPublisher and ClaimCheck read, for help texts.
-func PublisherEnv() []string {
-	return []string{EventBridgeSource, KafkaBrokers, KafkaAuth, KafkaTLS,
-		ClaimCheckBucket, ClaimCheckPrefix, ClaimCheckBucketOwner, ClaimCheckThreshold, ClaimCheckMaxPayload}
-}
 
 // RelayPublisher builds the publisher for destinations (outbox.RelayConfig.Destinations): an
 // SNS publisher when they are all SNS topics, otherwise outbox.Publishers with a publisher for
@@ -110,7 +99,7 @@ func RelayPublisher(ctx context.Context, getenv Getenv, awsCfg aws.Config, desti
 }
 
 // relayKafkaClient opens the relay's Kafka client with its record batch limit: what the relay
-// plans with (MessageLimits.Kafka, KafkaMaxMessageBytes) is what franz-go lets a batch be
+// plans with (MessageLimits.Kafka, SLUICE_KAFKA_MAX_MESSAGE_BYTES) is what franz-go lets a batch be
 // (ProducerBatchMaxBytes), or a record the relay sends would fail MESSAGE_TOO_LARGE in the
 // client at franz-go's default of 1,000,012 bytes.
 func relayKafkaClient(ctx context.Context, getenv Getenv, awsCfg aws.Config) (*kgo.Client, int, error) {
@@ -170,22 +159,27 @@ func KafkaClient(ctx context.Context, getenv Getenv, awsCfg aws.Config, opts ...
 	return client, nil
 }
 
-// ClaimCheck reads the claim check's settings: nil when ClaimCheckBucket is unset. The
-// payloads go to S3 through a client built from awsCfg.
+// ClaimCheck reads the claim check's settings: nil when ClaimCheckBucket is unset; with it,
+// ClaimCheckPrefix and the variables of outbox.RelaySettings' ClaimCheck.* entries. The
+// payloads go to S3 through a client built from awsCfg. Every problem is reported at once,
+// each naming its variable.
 func ClaimCheck(getenv Getenv, awsCfg aws.Config) (*outbox.ClaimCheck, error) {
 	loc := claimCheckLocation(getenv)
 	if loc.Bucket == "" {
 		return nil, nil
 	}
-	threshold, terr := ClaimCheckThresholdOf(getenv)
-	maxPayload, merr := positiveInt(getenv, ClaimCheckMaxPayload, 0)
-	if err := errors.Join(terr, merr); err != nil {
-		return nil, err
-	}
-	return &outbox.ClaimCheck{
+	cfg := outbox.RelayConfig{ClaimCheck: &outbox.ClaimCheck{
 		Store:  outbox.NewS3PayloadStore(s3.NewFromConfig(awsCfg, func(o *s3.Options) { o.UsePathStyle = pathStyle(awsCfg) })),
-		Bucket: loc.Bucket, KeyPrefix: loc.KeyPrefix, Threshold: threshold, MaxPayloadBytes: maxPayload,
-	}, nil
+		Bucket: loc.Bucket, KeyPrefix: loc.KeyPrefix,
+	}}
+	errs := readSettings(getenv, &cfg, func(s outbox.Setting) bool { return strings.HasPrefix(s.Field, "ClaimCheck.") })
+	if len(errs) == 0 {
+		errs = nameVariables(cfg.ClaimCheck.Check())
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("claim check: %w", err)
+	}
+	return cfg.ClaimCheck, nil
 }
 
 // pathStyle reports whether S3 must be addressed by path (a local endpoint, which has no

@@ -10,103 +10,25 @@ import (
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
-// Relay settings beyond those in lambdaenv.go. Each overrides the outbox.RelayConfig field of
-// the same name; unset, the field takes outbox's default (outbox.Default*).
+// The relay's settings are declared in outbox.RelaySettings, each with its variable
+// (SLUICE_RELAY_BATCH_SIZE, SLUICE_SNS_MAX_MESSAGE_BYTES, ...): RelaySettings reads them all, so
+// a new entry there is read here without a change. These are the relay's other variables.
 const (
-	// RelayMaxPerKey overrides MaxPerKey (integer).
-	RelayMaxPerKey = "SLUICE_RELAY_MAX_PER_KEY"
-	// RelayPublishConcurrency overrides PublishConcurrency (integer).
-	RelayPublishConcurrency = "SLUICE_RELAY_PUBLISH_CONCURRENCY"
-	// RelayPipelines overrides Pipelines (integer).
-	RelayPipelines = "SLUICE_RELAY_PIPELINES"
-	// RelayMaxAttempts overrides MaxAttempts (integer).
-	RelayMaxAttempts = "SLUICE_RELAY_MAX_ATTEMPTS"
-	// RelayMaxRoundBytes overrides MaxRoundBytes (integer bytes). In Lambda it defaults to the
-	// function's memory (AWS_LAMBDA_FUNCTION_MEMORY_SIZE) divided by 8 × Pipelines, so that
-	// every round's payloads and their copies in flight fit the function.
-	RelayMaxRoundBytes = "SLUICE_RELAY_MAX_ROUND_BYTES"
-	// RelayBackoffMax overrides BackoffMax (Go duration).
-	RelayBackoffMax = "SLUICE_RELAY_BACKOFF_MAX"
-	// RelayOutageLimit overrides OutageLimit (Go duration).
-	RelayOutageLimit = "SLUICE_RELAY_OUTAGE_LIMIT"
-	// RelayPollInterval overrides PollInterval (Go duration).
-	RelayPollInterval = "SLUICE_RELAY_POLL_INTERVAL"
-	// RelayRescanInterval overrides RescanInterval (Go duration).
-	RelayRescanInterval = "SLUICE_RELAY_RESCAN_INTERVAL"
-	// SNSMaxMessageBytes overrides MessageLimits.SNS (integer bytes): the topics'
-	// MaximumMessageSize. Defaults to outbox.DefaultSNSMaxMessageBytes (262,144).
-	SNSMaxMessageBytes = "SLUICE_SNS_MAX_MESSAGE_BYTES"
-	// SQSMaxMessageBytes overrides MessageLimits.SQS (integer bytes): the consumer queues'
-	// MaximumMessageSize, which bounds SNS and EventBridge deliveries. Defaults to
-	// outbox.DefaultSQSMaxMessageBytes (262,144).
-	SQSMaxMessageBytes = "SLUICE_SQS_MAX_MESSAGE_BYTES"
-	// EventBridgeMaxEntryBytes overrides MessageLimits.EventBridge (integer bytes): the
-	// largest PutEvents entry. Defaults to outbox.DefaultEventBridgeMaxEntryBytes (262,143).
-	EventBridgeMaxEntryBytes = "SLUICE_EVENTBRIDGE_MAX_ENTRY_BYTES"
-	// KinesisMaxRecordBytes overrides MessageLimits.Kinesis (integer bytes): the streams'
-	// maximum record size. Defaults to outbox.DefaultKinesisMaxRecordBytes (1,048,576).
-	KinesisMaxRecordBytes = "SLUICE_KINESIS_MAX_RECORD_BYTES"
-	// LambdaMemorySize is set by Lambda: the function's memory in MB.
+	// RelayStopBefore is how long before the Lambda deadline the relay stops claiming (Go
+	// duration). Defaults to DefaultRelayStopBefore.
+	RelayStopBefore = "SLUICE_RELAY_STOP_BEFORE"
+	// LambdaMemorySize is set by Lambda: the function's memory in MB. The relay's
+	// MaxRoundBytes defaults to it divided by 8 × Pipelines, so that every round's payloads and
+	// their copies in flight fit the function.
 	LambdaMemorySize = "AWS_LAMBDA_FUNCTION_MEMORY_SIZE"
 )
 
 // DefaultRelayStopBefore is SLUICE_RELAY_STOP_BEFORE's default.
 const DefaultRelayStopBefore = 5 * time.Second
 
-// relayInts and relayDurations are the relay's settings, in outbox.RelayConfig's field order.
-func relaySettings(cfg *outbox.RelayConfig) (ints []intSetting, durations []durationSetting) {
-	ints = []intSetting{
-		{RelayBatchSize, "BatchSize", &cfg.BatchSize},
-		{RelayMaxPerKey, "MaxPerKey", &cfg.MaxPerKey},
-		{RelayPublishConcurrency, "PublishConcurrency", &cfg.PublishConcurrency},
-		{RelayPipelines, "Pipelines", &cfg.Pipelines},
-		{RelayMaxRoundBytes, "MaxRoundBytes", &cfg.MaxRoundBytes},
-		{RelayMaxAttempts, "MaxAttempts", &cfg.MaxAttempts},
-		{SNSMaxMessageBytes, "MessageLimits.SNS", &cfg.MessageLimits.SNS},
-		{SQSMaxMessageBytes, "MessageLimits.SQS", &cfg.MessageLimits.SQS},
-		{EventBridgeMaxEntryBytes, "MessageLimits.EventBridge", &cfg.MessageLimits.EventBridge},
-		{KinesisMaxRecordBytes, "MessageLimits.Kinesis", &cfg.MessageLimits.Kinesis},
-		{KafkaMaxMessageBytes, "MessageLimits.Kafka", &cfg.MessageLimits.Kafka},
-	}
-	durations = []durationSetting{
-		{RelayPublishTimeout, "PublishTimeout", &cfg.PublishTimeout},
-		{RelayLease, "Lease", &cfg.Lease},
-		{RelayBackoffBase, "BackoffBase", &cfg.BackoffBase},
-		{RelayBackoffMax, "BackoffMax", &cfg.BackoffMax},
-		{RelayOutageLimit, "OutageLimit", &cfg.OutageLimit},
-		{RelayPollInterval, "PollInterval", &cfg.PollInterval},
-		{RelayRescanInterval, "RescanInterval", &cfg.RescanInterval},
-	}
-	return ints, durations
-}
-
-type intSetting struct {
-	env, field string
-	v          *int
-}
-
-type durationSetting struct {
-	env, field string
-	v          *time.Duration
-}
-
-// RelayEnv lists every variable RelayConfig reads, for help texts.
-func RelayEnv() []string {
-	var cfg outbox.RelayConfig
-	ints, durations := relaySettings(&cfg)
-	out := []string{TopicARNs, DefaultTopicARN}
-	for _, s := range ints {
-		out = append(out, s.env)
-	}
-	for _, s := range durations {
-		out = append(out, s.env)
-	}
-	return out
-}
-
 // RelayConfig builds the relay's configuration from the environment (without Publisher,
-// Metrics and Logger, which need clients): the topics (Topics) and the settings
-// (RelaySettings). The relay Lambda and `sluice relay` both read it, so they cannot differ.
+// ClaimCheck, Metrics and Logger, which need clients): the topics (Topics) and the settings
+// (RelaySettings). The relay Lambda reads it; `sluice relay` reads the same two parts.
 func RelayConfig(getenv Getenv) (outbox.RelayConfig, error) {
 	topics, def, topicErr := Topics(getenv)
 	cfg, err := RelaySettings(getenv)
@@ -117,49 +39,24 @@ func RelayConfig(getenv Getenv) (outbox.RelayConfig, error) {
 	return cfg, nil
 }
 
-// RelaySettings reads every relay setting above (not the topics), checked against outbox's
-// bounds. Every problem is reported at once, each naming its variable.
+// RelaySettings reads the variable of every entry of outbox.RelaySettings (but the claim
+// check's, which ClaimCheck reads), not the topics, checked against outbox's bounds. An unset
+// variable leaves its field zero (outbox's default), but for MaxRoundBytes in Lambda (see
+// LambdaMemorySize). Every problem is reported at once, each naming its variable.
 func RelaySettings(getenv Getenv) (outbox.RelayConfig, error) {
-	var (
-		cfg  outbox.RelayConfig
-		errs []error
-	)
-	ints, durations := relaySettings(&cfg)
-	for _, s := range ints {
-		raw := getenv(s.env)
-		if raw == "" {
-			continue
-		}
-		n, err := strconv.ParseInt(strings.TrimSpace(raw), 10, 0)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s must be an integer, got %q", s.env, raw))
-			continue
-		}
-		*s.v = int(n)
-	}
-	for _, s := range durations {
-		raw := getenv(s.env)
-		if raw == "" {
-			continue
-		}
-		d, err := time.ParseDuration(strings.TrimSpace(raw))
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s must be a Go duration such as 5s, got %q", s.env, raw))
-			continue
-		}
-		*s.v = d
-	}
+	var cfg outbox.RelayConfig
+	errs := readSettings(getenv, &cfg, func(s outbox.Setting) bool { return !strings.HasPrefix(s.Field, "ClaimCheck.") })
 	if cfg.MaxRoundBytes == 0 {
 		if mb, err := strconv.Atoi(getenv(LambdaMemorySize)); err == nil && mb > 0 {
 			pipelines := cfg.Pipelines
 			if pipelines == 0 {
-				pipelines = outbox.DefaultPipelines
+				pipelines = int(outbox.RelaySetting("Pipelines").Default)
 			}
 			cfg.MaxRoundBytes = max(mb<<20/(8*pipelines), 1<<20)
 		}
 	}
 	if len(errs) == 0 {
-		errs = append(errs, nameVariables(cfg.CheckSettings(), ints, durations)...)
+		errs = append(errs, nameVariables(cfg.CheckSettings())...)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return outbox.RelayConfig{}, fmt.Errorf("relay settings: %w", err)
@@ -167,9 +64,31 @@ func RelaySettings(getenv Getenv) (outbox.RelayConfig, error) {
 	return cfg, nil
 }
 
+// readSettings sets cfg's field of each setting that has a variable and passes keep, from the
+// variable when it is set; it reports the values that cannot be read, naming the variable.
+func readSettings(getenv Getenv, cfg *outbox.RelayConfig, keep func(outbox.Setting) bool) []error {
+	var errs []error
+	for _, s := range outbox.RelaySettings() {
+		if s.Env == "" || !keep(s) {
+			continue
+		}
+		raw := getenv(s.Env)
+		if raw == "" {
+			continue
+		}
+		v, err := s.Parse(raw)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s %w", s.Env, err))
+			continue
+		}
+		s.Set(cfg, v)
+	}
+	return errs
+}
+
 // nameVariables turns outbox's field errors ("BatchSize must be ...") into errors naming the
 // environment variable that set the field.
-func nameVariables(err error, ints []intSetting, durations []durationSetting) []error {
+func nameVariables(err error) []error {
 	if err == nil {
 		return nil
 	}
@@ -180,16 +99,13 @@ func nameVariables(err error, ints []intSetting, durations []durationSetting) []
 		list = []error{err}
 	}
 	envOf := map[string]string{}
-	for _, s := range ints {
-		envOf[s.field] = s.env
-	}
-	for _, s := range durations {
-		envOf[s.field] = s.env
+	for _, s := range outbox.RelaySettings() {
+		envOf[s.Field] = s.Env
 	}
 	out := make([]error, 0, len(list))
 	for _, e := range list {
 		field, _, _ := strings.Cut(e.Error(), " ")
-		if env, ok := envOf[field]; ok {
+		if env := envOf[field]; env != "" {
 			e = fmt.Errorf("%s: %w", env, e)
 		}
 		out = append(out, e)

@@ -16,14 +16,6 @@ import (
 	"github.com/sluicehq/sluice/internal/wire"
 )
 
-// Defaults and bounds of ClaimCheck.
-const (
-	// DefaultMaxOffloadBytes is ClaimCheck.MaxPayloadBytes's default.
-	DefaultMaxOffloadBytes = 32 << 20
-	// MaxOffloadBytes bounds ClaimCheck.MaxPayloadBytes: the relay reads a payload whole.
-	MaxOffloadBytes = 256 << 20
-)
-
 // ClaimCheck stores the payloads of messages too large for their destination in S3 and
 // publishes, instead of the payload, a pointer in the format of AWS's extended client
 // libraries (the body ["software.amazon.payloadoffloading.PayloadS3Pointer",
@@ -39,11 +31,11 @@ type ClaimCheck struct {
 	// KeyPrefix is put before each object's key (the event id), e.g. "outbox/". Defaults to "".
 	KeyPrefix string
 	// Threshold: a message larger than this (payload and attributes, as the destination counts
-	// them) has its payload stored in S3. Defaults to, and is at most, the destination's
-	// message limit (Limits.MaxMessageBytes).
+	// them) has its payload stored in S3. Defaults to 0: the destination's message limit
+	// (Limits.MaxMessageBytes), which it never exceeds.
 	Threshold int
 	// MaxPayloadBytes is the largest payload the relay stores in S3; a larger row is
-	// quarantined. Defaults to DefaultMaxOffloadBytes (32 MiB); at most MaxOffloadBytes.
+	// quarantined. Defaults to 32 MiB.
 	MaxPayloadBytes int
 }
 
@@ -62,18 +54,20 @@ func (c *ClaimCheck) validate() error {
 	if len(c.KeyPrefix) > 900 {
 		errs = append(errs, fmt.Errorf("ClaimCheck.KeyPrefix is %d bytes; S3 keys are at most 1,024 with the event id", len(c.KeyPrefix)))
 	}
-	if c.Threshold < 0 || (c.Threshold > 0 && c.Threshold < 1024) {
-		errs = append(errs, fmt.Errorf("ClaimCheck.Threshold must be 0 (the destination's limit) or at least 1024, got %d", c.Threshold))
-	}
-	if c.MaxPayloadBytes < 0 || c.MaxPayloadBytes > MaxOffloadBytes {
-		errs = append(errs, fmt.Errorf("ClaimCheck.MaxPayloadBytes must be between 0 (the default, %d) and %d, got %d", DefaultMaxOffloadBytes, MaxOffloadBytes, c.MaxPayloadBytes))
+	cfg := RelayConfig{ClaimCheck: c}
+	for _, s := range relaySettings {
+		if strings.HasPrefix(s.Field, "ClaimCheck.") {
+			if v := s.Get(cfg); v != 0 { // 0: the default
+				errs = append(errs, s.Check(v))
+			}
+		}
 	}
 	return errors.Join(errs...)
 }
 
 func (c *ClaimCheck) maxPayload() int {
 	if c.MaxPayloadBytes == 0 {
-		return DefaultMaxOffloadBytes
+		return settingDefault("ClaimCheck.MaxPayloadBytes")
 	}
 	return c.MaxPayloadBytes
 }
@@ -180,16 +174,16 @@ type OffloadBacklog struct {
 
 // Bounds of OffloadBacklogOf's sample.
 const (
-	// OffloadSampleRows is the most pending rows OffloadBacklogOf measures.
-	OffloadSampleRows = 1000
-	// OffloadSampleStoredBytes bounds the stored (possibly compressed) payload bytes it reads.
-	OffloadSampleStoredBytes = 64 << 20
+	// offloadSampleRows is the most pending rows OffloadBacklogOf measures.
+	offloadSampleRows = 1000
+	// offloadSampleStoredBytes bounds the stored (possibly compressed) payload bytes it reads.
+	offloadSampleStoredBytes = 64 << 20
 )
 
 // OffloadBacklogOf counts the pending rows whose payload text is larger than threshold bytes
 // (attributes not counted). Its cost is bounded whatever the backlog: it reads at most
-// OffloadSampleRows pending rows in the pending key index's order, and measures them (reads
-// the payload's text) only while their stored sizes total at most OffloadSampleStoredBytes; Complete says
+// 1,000 pending rows in the pending key index's order, and measures them (reads the payload's
+// text) only while their stored sizes total at most 64 MiB; Complete says
 // whether that covered every pending row.
 func OffloadBacklogOf(ctx context.Context, db Querier, threshold int) (OffloadBacklog, error) {
 	if threshold < 1 {
@@ -197,7 +191,7 @@ func OffloadBacklogOf(ctx context.Context, db Querier, threshold int) (OffloadBa
 	}
 	b := OffloadBacklog{Threshold: threshold}
 	var more bool
-	err := db.QueryRow(ctx, offloadBacklogSQL, threshold, OffloadSampleRows, OffloadSampleStoredBytes).Scan(&b.Examined, &b.Above, &b.AboveBytes, &more)
+	err := db.QueryRow(ctx, offloadBacklogSQL, threshold, offloadSampleRows, offloadSampleStoredBytes).Scan(&b.Examined, &b.Above, &b.AboveBytes, &more)
 	if err != nil {
 		return OffloadBacklog{}, fmt.Errorf("read the claim check's backlog: %w", err)
 	}

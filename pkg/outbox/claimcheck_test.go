@@ -360,7 +360,7 @@ func TestClaimCheckOffloadedMessageKeepsEveryHeader(t *testing.T) {
 }
 
 // The writer's limit is configuration: SNS's 256 KiB by default (what any relay can publish),
-// raised up to MaxOffloadBytes for a relay with a claim check; the refusal says how.
+// raised up to the claim check's largest payload for a relay with a claim check; the refusal says how.
 func TestWriterAcceptsLargePayloadsOnlyWhenConfigured(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -374,7 +374,7 @@ func TestWriterAcceptsLargePayloadsOnlyWhenConfigured(t *testing.T) {
 	require.ErrorContains(t, err, "WriterConfig.MaxMessageBytes")
 	require.ErrorContains(t, err, "claim check")
 
-	w, err := outbox.NewWriter(outbox.WriterConfig{MaxMessageBytes: outbox.DefaultMaxOffloadBytes})
+	w, err := outbox.NewWriter(outbox.WriterConfig{MaxMessageBytes: int(outbox.RelaySetting("ClaimCheck.MaxPayloadBytes").Default)})
 	require.NoError(t, err)
 	written, err := w.Write(ctx, tx, large)
 	require.NoError(t, err)
@@ -382,8 +382,8 @@ func TestWriterAcceptsLargePayloadsOnlyWhenConfigured(t *testing.T) {
 	require.NoError(t, tx.QueryRow(ctx, `SELECT octet_length(payload::text) FROM outbox_event WHERE event_id = $1`, written[0].EventID).Scan(&n))
 	require.Equal(t, len(large.Payload), n, "the row holds the whole payload")
 
-	_, err = outbox.NewWriter(outbox.WriterConfig{MaxMessageBytes: outbox.MaxOffloadBytes + 1})
-	require.ErrorContains(t, err, "MaxOffloadBytes")
+	_, err = outbox.NewWriter(outbox.WriterConfig{MaxMessageBytes: int(outbox.RelaySetting("ClaimCheck.MaxPayloadBytes").Max) + 1})
+	require.ErrorContains(t, err, "ClaimCheck.MaxPayloadBytes' maximum")
 }
 
 // metricsSink is a metrics.Recorder that sums counters by name.
@@ -439,7 +439,7 @@ func TestClaimCheckMetricsCountOffloadsAndBytes(t *testing.T) {
 	require.Equal(t, metrics.Bytes, sink.unit[metrics.OffloadedBytes.Name])
 }
 
-// OffloadBacklogOf's cost is bounded: it measures at most OffloadSampleRows pending rows and
+// OffloadBacklogOf's cost is bounded: it measures at most 1,000 pending rows (its documented bound) and
 // says when that was not all of them; quarantined and published rows are not counted.
 func TestOffloadBacklogIsBoundedAndSaysSo(t *testing.T) {
 	t.Parallel()
@@ -451,10 +451,10 @@ func TestOffloadBacklogIsBoundedAndSaysSo(t *testing.T) {
 	require.Equal(t, outbox.OffloadBacklog{Threshold: outbox.MaxMessageBytes, Examined: 1, Above: 1, AboveBytes: back.AboveBytes, Complete: true}, back)
 	require.Greater(t, back.AboveBytes, int64(outbox.MaxMessageBytes))
 
-	b.write(t, outbox.OffloadSampleRows+5, 50)
+	b.write(t, 1000+5, 50)
 	back, err = outbox.OffloadBacklogOf(ctx, b.pool, outbox.MaxMessageBytes)
 	require.NoError(t, err)
-	require.EqualValues(t, outbox.OffloadSampleRows, back.Examined)
+	require.EqualValues(t, 1000, back.Examined)
 	require.False(t, back.Complete)
 	_, err = outbox.OffloadBacklogOf(ctx, b.pool, 0)
 	require.Error(t, err)

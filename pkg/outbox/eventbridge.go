@@ -24,7 +24,7 @@ const DefaultEventSource = "sluice"
 
 // eventBridgeLimits are PutEvents': 10 entries, each less than 256 KB (the relay's limit is
 // MessageLimits.EventBridge), and 256 KiB in all.
-var eventBridgeLimits = Limits{MaxEntries: 10, MaxMessageBytes: DefaultEventBridgeMaxEntryBytes, MaxCallBytes: 256 * 1024}
+var eventBridgeLimits = Limits{MaxEntries: 10, MaxMessageBytes: int(RelaySetting("MessageLimits.EventBridge").Max), MaxCallBytes: 256 * 1024}
 
 // EventBridgePublisher publishes events to EventBridge buses with PutEvents: DetailType is
 // the event type, Source the configured one, Time the row's created_at, and Detail the

@@ -200,7 +200,7 @@ func TestHotKeyBacklogDoesNotDelayIdleKeys(t *testing.T) {
 			switch {
 			case e.PartitionKey == "hot":
 				hotSeen++
-			case hotSeen > outbox.DefaultMaxPerKey:
+			case hotSeen > int(outbox.RelaySetting("MaxPerKey").Default):
 				idleLate = append(idleLate, e.PartitionKey)
 			}
 		}

@@ -33,10 +33,10 @@ type KafkaPublisher struct {
 }
 
 // NewKafkaPublisher returns a Publisher over a franz-go client; maxMessageBytes is the largest
-// record value and headers the brokers accept (0 for DefaultKafkaMaxMessageBytes).
+// record value and headers the brokers accept (0 for MessageLimits.Kafka's default).
 func NewKafkaPublisher(client kafkaProducer, maxMessageBytes int) *KafkaPublisher {
 	if maxMessageBytes <= 0 {
-		maxMessageBytes = DefaultKafkaMaxMessageBytes
+		maxMessageBytes = settingDefault("MessageLimits.Kafka")
 	}
 	return &KafkaPublisher{client: client, maxMessage: maxMessageBytes}
 }

@@ -21,7 +21,7 @@ var _ kinesisPutter = (*kinesis.Client)(nil)
 // kinesisLimits are PutRecords': 500 records, each up to the stream's maximum record size (data
 // and partition key: 1 MiB by default, up to 10 MiB; the relay's limit is
 // MessageLimits.Kinesis), 5 MiB in all (a larger record goes alone).
-var kinesisLimits = Limits{MaxEntries: 500, MaxMessageBytes: MaxKinesisRecordBytes, MaxCallBytes: 5 << 20}
+var kinesisLimits = Limits{MaxEntries: 500, MaxMessageBytes: int(RelaySetting("MessageLimits.Kinesis").Max), MaxCallBytes: 5 << 20}
 
 // KinesisPublisher publishes events to Kinesis data streams with PutRecords: the partition key
 // is the row's partition key (hashed when longer than Kinesis's 256 characters), so a key stays

@@ -177,7 +177,7 @@ func sizedMessage(n int) outbox.Message {
 
 // writeBoundary returns the largest payload Write accepts for sizedMessage with w.
 func writeBoundary(t *testing.T, w *outbox.Writer) int {
-	lo, hi := 64, outbox.MaxOffloadBytes
+	lo, hi := 64, int(outbox.RelaySetting("ClaimCheck.MaxPayloadBytes").Max)
 	for lo < hi {
 		mid := (lo + hi + 1) / 2
 		if _, err := w.Write(context.Background(), nullExecutor{}, sizedMessage(mid)); err == nil {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,34 +18,8 @@ import (
 	"github.com/sluicehq/sluice/pkg/metrics"
 )
 
-// Defaults and bounds of RelayConfig, exported so that the Lambda's and the CLI's settings can
-// quote them.
-const (
-	DefaultBatchSize          = 500
-	DefaultMaxPerKey          = 10
-	DefaultPublishConcurrency = 64
-	DefaultPipelines          = 2
-	DefaultPublishTimeout     = 10 * time.Second
-	DefaultLease              = 30 * time.Second
-	DefaultMaxAttempts        = 10
-	DefaultBackoffBase        = time.Second
-	DefaultBackoffMax         = 5 * time.Minute
-	DefaultOutageLimit        = 24 * time.Hour
-	DefaultPollInterval       = 50 * time.Millisecond
-	DefaultRescanInterval     = time.Second
-	DefaultMetricsInterval    = 30 * time.Second
-	DefaultMaxRoundBytes      = 16 << 20
-
-	// MaxBatchSize, MaxPerKeyLimit, MaxPublishConcurrency and MaxPipelines bound the settings:
-	// larger values make rounds hold more keys (PostgreSQL lock-table entries) and memory than
-	// any measured gain.
-	MaxBatchSize          = 10000
-	MaxPerKeyLimit        = 1000
-	MaxPublishConcurrency = 1024
-	MaxPipelines          = 16
-)
-
-// RelayConfig configures a Relay. Zero fields take the defaults stated on each.
+// RelayConfig configures a Relay. Zero fields take the defaults stated on each; the defaults
+// and bounds of its numbers are declared in RelaySettings.
 type RelayConfig struct {
 	// Publisher sends events to the broker. Required; NewSNSPublisher is the production one.
 	Publisher Publisher
@@ -55,11 +30,11 @@ type RelayConfig struct {
 	// quarantined with an "unknown topic" error.
 	DefaultTopic string
 	// BatchSize is the most rows one round takes, and the most partition keys it holds.
-	// Defaults to 500; at most MaxBatchSize.
+	// Defaults to 500.
 	BatchSize int
 	// MaxPerKey is the most rows of one partition key one round takes; a key's rows are
 	// published one after another, so a smaller value spreads a round over more keys.
-	// Defaults to 10; at most MaxPerKeyLimit.
+	// Defaults to 10.
 	MaxPerKey int
 	// PublishConcurrency is the number of PublishBatch calls in flight. Defaults to 64.
 	PublishConcurrency int
@@ -76,9 +51,9 @@ type RelayConfig struct {
 	// service counts it (MessageSize: SNS the body and attributes, EventBridge the entry with
 	// its envelope, Kinesis the record's data and partition key, Kafka the record batch). A
 	// message above its destination's limit has its payload stored in S3 with ClaimCheck, and
-	// is quarantined without one. Zero fields default to AWS's current limits
-	// (MessageLimits.WithDefaults); set them to what your topics, queues, streams and brokers
-	// are configured to take.
+	// is quarantined without one. Zero fields default to AWS's current limits (cited in
+	// RelaySettings); set them to what your topics, queues, streams and brokers are configured
+	// to take.
 	MessageLimits MessageLimits
 	// MaxMessageBytes caps the largest message, as the destination counts it, below
 	// MessageLimits; a larger row is quarantined without being read into memory, or with
@@ -88,36 +63,37 @@ type RelayConfig struct {
 	// a pointer in the AWS extended clients' format instead. Defaults to nil: such rows are
 	// quarantined as too large.
 	ClaimCheck *ClaimCheck
-	// PublishTimeout bounds one PublishBatch call. Defaults to 10 seconds.
+	// PublishTimeout bounds one PublishBatch call. Defaults to 10s.
 	PublishTimeout time.Duration
 	// Lease bounds how long one round holds its partition keys: publishing stops at three
 	// quarters of it, every statement of the round is cancelled after half of it, and
 	// PostgreSQL ends the round's session if it sits idle longer (a hung or frozen relay;
 	// idle_session_timeout, PostgreSQL 14 and later), which releases its keys. A relay that
 	// dies releases them when PostgreSQL sees its connection close, within a second even
-	// mid-statement. Defaults to 30 seconds.
+	// mid-statement. Defaults to 30s.
 	Lease time.Duration
 	// MaxAttempts is the number of failed publish attempts after which a row is quarantined.
 	// Only failures of the row count: while its whole destination fails (nothing sent there
 	// succeeds), the destination backs off instead. Defaults to 10.
 	MaxAttempts int
-	// BackoffBase and BackoffMax bound the exponential backoff (with jitter) between attempts
-	// of a row, and between probes of a failing destination. Default to 1 second and 5 minutes.
+	// BackoffBase is the first backoff (exponential, with jitter, up to BackoffMax) between
+	// attempts of a row, and between probes of a failing destination. Defaults to 1s.
 	BackoffBase time.Duration
-	BackoffMax  time.Duration
+	// BackoffMax is the longest backoff. Defaults to 5m.
+	BackoffMax time.Duration
 	// OutageLimit is how long a row may keep failing because its whole destination fails
 	// before it is quarantined all the same, so that a destination that never recovers shows
-	// up in `sluice dead list`. Defaults to 24 hours.
+	// up in `sluice dead list`. Defaults to 24h.
 	OutageLimit time.Duration
 	// PollInterval is how often Run looks for newly committed rows: one primary-key lookup,
-	// whatever the backlog. Defaults to 50 milliseconds.
+	// whatever the backlog. Defaults to 50ms.
 	PollInterval time.Duration
 	// RescanInterval is how often Run walks every pending partition key (one index descent
 	// each), to pick up what polling cannot see: keys released by a relay that died, rows
 	// whose backoff ended, rows made pending again by hand. A walk that takes long is spaced
-	// out further. Defaults to 1 second.
+	// out further. Defaults to 1s.
 	RescanInterval time.Duration
-	// MetricsInterval is how often Run emits the heartbeat and lag metrics. Defaults to 30 seconds.
+	// MetricsInterval is how often Run emits the heartbeat and lag metrics. Defaults to 30s.
 	MetricsInterval time.Duration
 	// Metrics receives Embedded Metric Format lines (a Lambda passes os.Stdout): a shorthand
 	// for MetricsRecorder: metrics.NewEMF(Metrics). Defaults to none.
@@ -137,32 +113,14 @@ type RelayConfig struct {
 	Logger *slog.Logger
 }
 
-// WithDefaults returns c with every zero field set to its default.
+// WithDefaults returns c with every zero field set to its default (RelaySettings; a
+// ClaimCheck's fields are left to it).
 func (c RelayConfig) WithDefaults() RelayConfig {
-	defInt := func(i *int, v int) {
-		if *i == 0 {
-			*i = v
+	for _, s := range relaySettings {
+		if s.Default != 0 && !strings.HasPrefix(s.Field, "ClaimCheck.") && s.Get(c) == 0 {
+			s.Set(&c, s.Default)
 		}
 	}
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	defInt(&c.BatchSize, DefaultBatchSize)
-	defInt(&c.MaxPerKey, DefaultMaxPerKey)
-	defInt(&c.PublishConcurrency, DefaultPublishConcurrency)
-	defInt(&c.Pipelines, DefaultPipelines)
-	defInt(&c.MaxAttempts, DefaultMaxAttempts)
-	defInt(&c.MaxRoundBytes, DefaultMaxRoundBytes)
-	def(&c.PublishTimeout, DefaultPublishTimeout)
-	def(&c.Lease, DefaultLease)
-	def(&c.BackoffBase, DefaultBackoffBase)
-	def(&c.BackoffMax, DefaultBackoffMax)
-	def(&c.OutageLimit, DefaultOutageLimit)
-	def(&c.PollInterval, DefaultPollInterval)
-	def(&c.RescanInterval, DefaultRescanInterval)
-	def(&c.MetricsInterval, DefaultMetricsInterval)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -221,53 +179,20 @@ func (c RelayConfig) Destinations() []string {
 	return out
 }
 
-// CheckSettings reports every out-of-range setting of c (after WithDefaults, so zero fields
-// are fine), one error per problem in field order, each starting with the field's name.
-// Publisher and Topics are not checked. It returns nil when all are in range.
+// CheckSettings reports every out-of-range setting of c (RelaySettings, after WithDefaults, so
+// zero fields are fine), one error per problem in field order, each starting with the field's
+// name. Publisher, Topics and ClaimCheck are not checked. It returns nil when all are in range.
 func (c RelayConfig) CheckSettings() error {
 	c = c.WithDefaults()
 	var errs []error
-	ints := []struct {
-		name      string
-		v, lo, hi int
-	}{
-		{"BatchSize", c.BatchSize, 1, MaxBatchSize},
-		{"MaxPerKey", c.MaxPerKey, 1, MaxPerKeyLimit},
-		{"PublishConcurrency", c.PublishConcurrency, 1, MaxPublishConcurrency},
-		{"Pipelines", c.Pipelines, 1, MaxPipelines},
-		{"MaxAttempts", c.MaxAttempts, 1, 1000},
-		{"MaxRoundBytes", c.MaxRoundBytes, 64 << 10, 1 << 30},
-	}
-	if c.MaxMessageBytes != 0 {
-		ints = append(ints, struct {
-			name      string
-			v, lo, hi int
-		}{"MaxMessageBytes", c.MaxMessageBytes, 1024, 64 << 20})
-	}
-	for _, f := range ints {
-		if f.v < f.lo || f.v > f.hi {
-			errs = append(errs, fmt.Errorf("%s must be between %d and %d, got %d", f.name, f.lo, f.hi, f.v))
+	for _, s := range relaySettings {
+		if strings.HasPrefix(s.Field, "ClaimCheck.") {
+			continue
+		}
+		if err := s.Check(s.Get(c)); err != nil {
+			errs = append(errs, err)
 		}
 	}
-	durations := []struct {
-		name      string
-		v, lo, hi time.Duration
-	}{
-		{"PublishTimeout", c.PublishTimeout, time.Millisecond, 15 * time.Minute},
-		{"Lease", c.Lease, 100 * time.Millisecond, time.Hour},
-		{"BackoffBase", c.BackoffBase, time.Millisecond, 24 * time.Hour},
-		{"BackoffMax", c.BackoffMax, time.Millisecond, 24 * time.Hour},
-		{"OutageLimit", c.OutageLimit, time.Second, 365 * 24 * time.Hour},
-		{"PollInterval", c.PollInterval, time.Millisecond, time.Hour},
-		{"RescanInterval", c.RescanInterval, time.Millisecond, 24 * time.Hour},
-		{"MetricsInterval", c.MetricsInterval, time.Millisecond, 24 * time.Hour},
-	}
-	for _, f := range durations {
-		if f.v < f.lo || f.v > f.hi {
-			errs = append(errs, fmt.Errorf("%s must be between %s and %s, got %s", f.name, f.lo, f.hi, f.v))
-		}
-	}
-	errs = append(errs, c.MessageLimits.problems()...)
 	if c.PublishTimeout >= c.Lease {
 		errs = append(errs, fmt.Errorf("Lease (%s) must be longer than PublishTimeout (%s): a round's publishing stops at three quarters of the lease", c.Lease, c.PublishTimeout))
 	}

@@ -4,48 +4,21 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"fmt"
+	"strings"
 	"time"
 )
 
-// What each destination accepts in one message, as AWS documents it today (docs/destinations.md
-// cites each source). Each is the default of a setting (MessageLimits, and the SLUICE_*_MAX_*
-// variables of pkg/lambdaenv), since a topic, queue or stream can be configured otherwise.
+// What each destination accepts in one message is a setting (MessageLimits, RelaySettings'
+// MessageLimits.* entries, which cite AWS's documentation); these bound what Write lets through.
 const (
-	// DefaultSNSMaxMessageBytes is an SNS topic's default MaximumMessageSize: body and message
-	// attributes together, 256 KiB. A topic may raise it to MaxSNSMessageBytes.
-	DefaultSNSMaxMessageBytes = 262_144
-	// MaxSNSMessageBytes is the most a topic's MaximumMessageSize may be (1 MiB).
-	MaxSNSMessageBytes = 1_048_576
-	// DefaultSQSMaxMessageBytes is an SQS queue's default MaximumMessageSize (256 KiB): what a
-	// queue subscribed to SNS or targeted by an EventBridge rule accepts. A queue may raise it to
-	// MaxSQSMessageBytes.
-	DefaultSQSMaxMessageBytes = 262_144
-	// MaxSQSMessageBytes is the most a queue's MaximumMessageSize may be (1 MiB).
-	MaxSQSMessageBytes = 1_048_576
-	// DefaultEventBridgeMaxEntryBytes is the largest PutEvents entry (Time's 14 bytes, Source,
-	// DetailType and Detail), which must be "less than 256KB".
-	DefaultEventBridgeMaxEntryBytes = 262_144 - 1
-	// DefaultKinesisMaxRecordBytes is a stream's default maximum record size (data and
-	// partition key), 1 MiB; UpdateMaxRecordSize raises it up to MaxKinesisRecordBytes.
-	DefaultKinesisMaxRecordBytes = 1_048_576
-	// MaxKinesisRecordBytes is the largest maximum record size a stream can have (10 MiB).
-	MaxKinesisRecordBytes = 10_485_760
-	// DefaultKafkaMaxMessageBytes is the largest record batch the relay produces: a broker's
-	// default message.max.bytes (1,048,588) less headroom; franz-go's ProducerBatchMaxBytes is
-	// set to the same value (lambdaenv.KafkaClient).
-	DefaultKafkaMaxMessageBytes = 1_000_000
-	// MaxKafkaMessageBytes bounds the Kafka setting: franz-go's default BrokerMaxWriteBytes, which a batch may not exceed.
-	MaxKafkaMessageBytes = 100 << 20
-
-	// MinMessageLimitBytes is the smallest message limit a destination may be given: room for
-	// the most a message carries beside its payload (MaxMessageOverheadBytes) and a claim
+	// minMessageLimitBytes is the smallest message limit a destination may be given: room for
+	// the most a message carries beside its payload (maxMessageOverheadBytes) and a claim
 	// check's pointer, so that offloading the payload always makes a message fit.
-	MinMessageLimitBytes = 32 << 10
-	// MaxMessageOverheadBytes is the most Write lets a message carry beside its payload (its
+	minMessageLimitBytes = 32 << 10
+	// maxMessageOverheadBytes is the most Write lets a message carry beside its payload (its
 	// attributes or envelope metadata, headers and partition key, as the strictest destination
-	// counts them).
-	MaxMessageOverheadBytes = 16 << 10
+	// counts them): 16 KiB.
+	maxMessageOverheadBytes = 16 << 10
 
 	// eventBridgeDeliveryOverhead bounds what an EventBridge event adds to its entry when a rule
 	// delivers it whole to an SQS queue: version, id, account, time, region, resources and the
@@ -64,71 +37,42 @@ const (
 	kafkaHeaderOverhead = 10
 )
 
-// DefaultMaxWriteBytes is WriterConfig.MaxMessageBytes's default: the smallest message limit of
-// the destinations at their defaults (an EventBridge event delivered to a queue of the default
-// size), so that whatever Write accepts, every destination takes.
-const DefaultMaxWriteBytes = DefaultSQSMaxMessageBytes - eventBridgeDeliveryOverhead
-
 // MessageLimits are the largest messages the deployment's destinations accept, each as its
 // service counts it (MessageSize). The relay publishes a message inline only when it fits its
 // destination's limit; above it, with a claim check, the payload goes to S3, and without one
 // the row is quarantined, which Write prevents when its MaxMessageBytes is at most the
 // smallest of these (see WriterConfig).
 type MessageLimits struct {
-	// SNS is the topics' MaximumMessageSize. Defaults to DefaultSNSMaxMessageBytes (256 KiB);
-	// at most MaxSNSMessageBytes.
+	// SNS is the topics' MaximumMessageSize. Defaults to 256 KiB.
 	SNS int
 	// SQS is the consumer queues' MaximumMessageSize: SNS delivers raw messages (body and
 	// attributes, as SNS counts them) and EventBridge whole events (the entry and about 256
-	// bytes more) to queues, so it bounds both. Defaults to DefaultSQSMaxMessageBytes (256 KiB);
-	// at most MaxSQSMessageBytes.
+	// bytes more) to queues, so it bounds both. Defaults to 256 KiB.
 	SQS int
-	// EventBridge is the largest PutEvents entry. Defaults to DefaultEventBridgeMaxEntryBytes.
+	// EventBridge is the largest PutEvents entry. Defaults to 262,143 bytes.
 	EventBridge int
-	// Kinesis is the streams' maximum record size. Defaults to DefaultKinesisMaxRecordBytes
-	// (1 MiB); at most MaxKinesisRecordBytes (10 MiB).
+	// Kinesis is the streams' maximum record size. Defaults to 1 MiB.
 	Kinesis int
 	// Kafka is the largest record batch the brokers take (message.max.bytes), which the
-	// producer's ProducerBatchMaxBytes must equal. Defaults to DefaultKafkaMaxMessageBytes.
+	// producer's ProducerBatchMaxBytes must equal. Defaults to 1,000,000 bytes.
 	Kafka int
 }
 
 // WithDefaults returns l with every zero field set to its default.
 func (l MessageLimits) WithDefaults() MessageLimits {
-	def := func(v *int, d int) {
-		if *v == 0 {
-			*v = d
-		}
-	}
-	def(&l.SNS, DefaultSNSMaxMessageBytes)
-	def(&l.SQS, DefaultSQSMaxMessageBytes)
-	def(&l.EventBridge, DefaultEventBridgeMaxEntryBytes)
-	def(&l.Kinesis, DefaultKinesisMaxRecordBytes)
-	def(&l.Kafka, DefaultKafkaMaxMessageBytes)
-	return l
+	return RelayConfig{MessageLimits: l}.WithDefaults().MessageLimits
 }
 
 // Check reports every field of l (after WithDefaults) outside what its service allows.
-func (l MessageLimits) Check() error { return errors.Join(l.problems()...) }
-
-func (l MessageLimits) problems() []error {
-	l = l.WithDefaults()
+func (l MessageLimits) Check() error {
+	c := RelayConfig{MessageLimits: l.WithDefaults()}
 	var errs []error
-	for _, f := range []struct {
-		name      string
-		v, lo, hi int
-	}{
-		{"SNS", l.SNS, MinMessageLimitBytes, MaxSNSMessageBytes},
-		{"SQS", l.SQS, MinMessageLimitBytes, MaxSQSMessageBytes},
-		{"EventBridge", l.EventBridge, MinMessageLimitBytes, DefaultEventBridgeMaxEntryBytes},
-		{"Kinesis", l.Kinesis, DefaultKinesisMaxRecordBytes, MaxKinesisRecordBytes},
-		{"Kafka", l.Kafka, MinMessageLimitBytes, MaxKafkaMessageBytes},
-	} {
-		if f.v < f.lo || f.v > f.hi {
-			errs = append(errs, fmt.Errorf("MessageLimits.%s must be between %d and %d bytes, got %d", f.name, f.lo, f.hi, f.v))
+	for _, s := range relaySettings {
+		if strings.HasPrefix(s.Field, "MessageLimits.") {
+			errs = append(errs, s.Check(s.Get(c)))
 		}
 	}
-	return errs
+	return errors.Join(errs...)
 }
 
 // Of returns the largest message the relay publishes inline to a destination of kind k: the

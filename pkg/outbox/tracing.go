@@ -203,7 +203,7 @@ func (w *Writer) traceHeaders(ctx context.Context) map[string]string {
 // withTrace returns m's headers with the injected trace headers added, in the order the
 // relay publishes them (traceparent, tracestate, then by name), while each fits: the attribute
 // count, the message size (measured by writeSize, at most maxBytes, and its overhead at most
-// MaxMessageOverheadBytes) and the attribute name and value rules. It returns m.Headers unchanged when m already carries one of
+// maxMessageOverheadBytes) and the attribute name and value rules. It returns m.Headers unchanged when m already carries one of
 // the propagator's fields (the caller's trace context wins, and half of two contexts would be
 // neither) or when nothing fits. It never modifies the caller's map.
 func withTrace(m Message, injected map[string]string, fields []string, maxBytes int) map[string]string {
@@ -234,7 +234,7 @@ func withTrace(m Message, injected map[string]string, fields []string, maxBytes 
 		next[k] = v
 		t := m
 		t.Headers = next
-		if size, overhead := writeSize(t); size > maxBytes || overhead > MaxMessageOverheadBytes {
+		if size, overhead := writeSize(t); size > maxBytes || overhead > maxMessageOverheadBytes {
 			break
 		}
 		h = next

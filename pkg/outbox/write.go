@@ -24,15 +24,15 @@ type WriterConfig struct {
 	// counts it: Write does not know which destination the relay maps a topic to, so it takes
 	// the largest of every kind's MessageSize (SNS body and attributes, the EventBridge entry
 	// with its envelope and the longest Source, the Kinesis record with its partition key, the
-	// Kafka record batch). Defaults to DefaultMaxWriteBytes (261,888 bytes), the smallest
+	// Kafka record batch). Defaults to 261,888 bytes (MessageLimits{}.Smallest()), the smallest
 	// limit of the destinations at AWS's defaults (an EventBridge event delivered to a queue of
 	// 256 KiB), which every relay can publish. Without a claim check, keep it at most the
 	// smallest limit the deployment's relays use (RelayConfig.MessageLimits.Smallest()), or a
 	// row Write accepted could be quarantined as too large. With the relay's claim check
 	// (RelayConfig.ClaimCheck, docs/claimcheck.md) raise it up to the claim check's
-	// MaxPayloadBytes (DefaultMaxOffloadBytes, 32 MiB, by default; at most MaxOffloadBytes,
-	// 256 MiB): whatever its destination would refuse is stored in S3. Whatever the maximum, a
-	// message may carry at most MaxMessageOverheadBytes beside its payload, so that the claim
+	// MaxPayloadBytes (32 MiB by default; at most 256 MiB, RelaySetting("ClaimCheck.MaxPayloadBytes")):
+	// whatever its destination would refuse is stored in S3. Whatever the maximum, a
+	// message may carry at most 16 KiB beside its payload, so that the claim
 	// check's pointer always fits. The row keeps its whole payload in PostgreSQL either way.
 	MaxMessageBytes int
 	// CopyThreshold is the number of messages from which Write uses COPY instead of one
@@ -50,10 +50,19 @@ type WriterConfig struct {
 	Propagator propagation.TextMapPropagator
 }
 
+// defaultMaxWriteBytes is WriterConfig.MaxMessageBytes's default: the smallest message limit
+// of the destinations at their defaults (an EventBridge event delivered to a queue of the
+// default size), so that whatever Write accepts, every destination takes.
+func defaultMaxWriteBytes() int { return MessageLimits{}.Smallest() }
+
+// maxOffloadBytes is the largest payload a claim check may store: WriterConfig.MaxMessageBytes'
+// bound.
+func maxOffloadBytes() int { return int(RelaySetting("ClaimCheck.MaxPayloadBytes").Max) }
+
 // WithDefaults returns c with every zero field set to its default.
 func (c WriterConfig) WithDefaults() WriterConfig {
 	if c.MaxMessageBytes == 0 {
-		c.MaxMessageBytes = DefaultMaxWriteBytes
+		c.MaxMessageBytes = defaultMaxWriteBytes()
 	}
 	if c.CopyThreshold == 0 {
 		c.CopyThreshold = 100
@@ -65,9 +74,9 @@ func (c WriterConfig) WithDefaults() WriterConfig {
 }
 
 func (c WriterConfig) validate() error {
-	if c.MaxMessageBytes < 1 || c.MaxMessageBytes > MaxOffloadBytes {
-		return fmt.Errorf("outbox: MaxMessageBytes must be between 1 and %d (MaxOffloadBytes; above %d only with the relay's claim check), got %d",
-			MaxOffloadBytes, DefaultMaxWriteBytes, c.MaxMessageBytes)
+	if maxBytes := maxOffloadBytes(); c.MaxMessageBytes < 1 || c.MaxMessageBytes > maxBytes {
+		return fmt.Errorf("outbox: MaxMessageBytes must be between 1 and %d (ClaimCheck.MaxPayloadBytes' maximum; above %d only with the relay's claim check), got %d",
+			maxBytes, defaultMaxWriteBytes(), c.MaxMessageBytes)
 	}
 	if c.CopyThreshold < 1 {
 		return fmt.Errorf("outbox: CopyThreshold must be positive, got %d", c.CopyThreshold)
@@ -173,9 +182,9 @@ func (w *Writer) prepare(msgs []Message, trace map[string]string) ([]Message, []
 			return nil, nil, err
 		}
 		size, overhead := writeSize(p)
-		if overhead > MaxMessageOverheadBytes {
-			return nil, nil, &ValidationError{Index: i, Field: "Headers", Problem: fmt.Sprintf("the message carries %d bytes beside its payload (attributes, headers and partition key, as the strictest destination counts them), above the %d Write allows (MaxMessageOverheadBytes), so that a claim check's pointer always fits",
-				overhead, MaxMessageOverheadBytes)}
+		if overhead > maxMessageOverheadBytes {
+			return nil, nil, &ValidationError{Index: i, Field: "Headers", Problem: fmt.Sprintf("the message carries %d bytes beside its payload (attributes, headers and partition key, as the strictest destination counts them), above the %d Write allows, so that a claim check's pointer always fits",
+				overhead, maxMessageOverheadBytes)}
 		}
 		if size > w.cfg.MaxMessageBytes {
 			return nil, nil, &ValidationError{Index: i, Field: "Payload", Problem: fmt.Sprintf("message is %d bytes as the strictest destination counts it (payload %d bytes), above the publishable %d bytes%s",
@@ -197,11 +206,11 @@ func (w *Writer) prepare(msgs []Message, trace map[string]string) ([]Message, []
 
 // raiseHint tells, after a refusal at limit, how to write larger payloads.
 func raiseHint(limit int) string {
-	if limit >= MaxOffloadBytes {
+	if limit >= maxOffloadBytes() {
 		return ""
 	}
-	if limit > DefaultMaxWriteBytes {
-		return " (WriterConfig.MaxMessageBytes; at most MaxOffloadBytes)"
+	if limit > defaultMaxWriteBytes() {
+		return " (WriterConfig.MaxMessageBytes; at most ClaimCheck.MaxPayloadBytes' maximum, 256 MiB)"
 	}
 	return " (WriterConfig.MaxMessageBytes): to write larger payloads, turn on the relay's S3 claim check " +
 		"(RelayConfig.ClaimCheck, SLUICE_CLAIM_CHECK_BUCKET; docs/claimcheck.md) and raise MaxMessageBytes to its MaxPayloadBytes"

@@ -239,7 +239,7 @@ func TestWriteRefusesWhatPostgreSQLRefuses(t *testing.T) {
 
 func TestWriterConfigIsValidated(t *testing.T) {
 	t.Parallel()
-	_, err := outbox.NewWriter(outbox.WriterConfig{MaxMessageBytes: outbox.MaxOffloadBytes + 1})
+	_, err := outbox.NewWriter(outbox.WriterConfig{MaxMessageBytes: int(outbox.RelaySetting("ClaimCheck.MaxPayloadBytes").Max) + 1})
 	require.ErrorContains(t, err, "MaxMessageBytes")
 	w, err := outbox.NewWriter(outbox.WriterConfig{MaxMessageBytes: 1024})
 	require.NoError(t, err)

@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"os"
-	"slices"
 	"strings"
 	"time"
 
@@ -23,34 +21,20 @@ func (a *app) relayCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "relay",
 		Short: "Publish committed outbox rows to their destinations from this machine",
-		Long: fmt.Sprintf(`Run the outbox relay in-process, with the configuration the relay Lambda reads from the
+		Long: `Run the outbox relay in-process, with the configuration the relay Lambda reads from the
 environment: SLUICE_TOPIC_ARNS (a JSON object of topic name to destination: an SNS topic,
-EventBridge bus or Kinesis stream ARN, or a Kafka topic as kafka://TOPIC),
-SLUICE_DEFAULT_TOPIC_ARN, and the relay settings (defaults in brackets):
-  %s [%d]  %s [%d]  %s [%d]  %s [%d]
-  %s [%s]  %s [%s]  %s [%s]  %s [%s]  %s [%s]
-  %s [%s]  %s [%s]  %s [%d]  %s [%s]
-and each destination's largest message, in bytes as its service counts it (AWS's current limits;
-set them to what your topics, queues, streams and brokers take, docs/destinations.md):
-  %s [%d]  %s [%d]  %s [%d]
-  %s [%d]  %s [%d]
-A setting out of range is refused with an error naming it. --topic, --default-topic and
---batch-size override the environment. The settings it runs with are printed on stderr.
+EventBridge bus or Kinesis stream ARN, or a Kafka topic as kafka://TOPIC), SLUICE_DEFAULT_TOPIC_ARN, and the
+relay settings (outbox.RelaySettings, docs/outbox.md; defaults in brackets; the message limits
+are bytes as each service counts them, AWS's current limits: set them to what your topics,
+queues, streams and brokers take, docs/destinations.md):
+` + relaySettingsHelp() + `
+A setting out of range is refused with an error naming it. --topic, --default-topic and the
+flags below override the environment. The settings it runs with are printed on stderr.
 
 With --once it drains every claimable row and exits (rows in backoff, quarantined, behind such a
 row, held by another relay, or of a destination that fails as a whole are left); otherwise it
 keeps relaying until interrupted (Ctrl-C). It is safe to run next to the relay Lambda: a
 partition key is one relay round's at a time (an advisory lock per key).`,
-			lambdaenv.RelayBatchSize, outbox.DefaultBatchSize, lambdaenv.RelayMaxPerKey, outbox.DefaultMaxPerKey,
-			lambdaenv.RelayPublishConcurrency, outbox.DefaultPublishConcurrency, lambdaenv.RelayPipelines, outbox.DefaultPipelines,
-			lambdaenv.RelayPublishTimeout, outbox.DefaultPublishTimeout, lambdaenv.RelayLease, outbox.DefaultLease,
-			lambdaenv.RelayBackoffBase, outbox.DefaultBackoffBase, lambdaenv.RelayBackoffMax, outbox.DefaultBackoffMax,
-			lambdaenv.RelayOutageLimit, outbox.DefaultOutageLimit, lambdaenv.RelayPollInterval, outbox.DefaultPollInterval,
-			lambdaenv.RelayRescanInterval, outbox.DefaultRescanInterval, lambdaenv.RelayMaxAttempts, outbox.DefaultMaxAttempts,
-			lambdaenv.RelayMaxRoundBytes, formatBytes(outbox.DefaultMaxRoundBytes),
-			lambdaenv.SNSMaxMessageBytes, outbox.DefaultSNSMaxMessageBytes, lambdaenv.SQSMaxMessageBytes, outbox.DefaultSQSMaxMessageBytes,
-			lambdaenv.EventBridgeMaxEntryBytes, outbox.DefaultEventBridgeMaxEntryBytes,
-			lambdaenv.KinesisMaxRecordBytes, outbox.DefaultKinesisMaxRecordBytes, lambdaenv.KafkaMaxMessageBytes, outbox.DefaultKafkaMaxMessageBytes),
 		Example: `  sluice relay --once --topic orders=arn:aws:sns:eu-west-1:123456789012:orders
   SLUICE_TOPIC_ARNS='{"orders":"arn:aws:sns:eu-west-1:123456789012:orders"}' sluice relay`,
 		Args: cobra.NoArgs,
@@ -102,8 +86,69 @@ partition key is one relay round's at a time (an advisory lock per key).`,
 	f.BoolVar(&opts.Once, "once", false, "drain the outbox and exit")
 	f.StringArrayVar(&opts.Topics, "topic", nil, "NAME=ARN topic mapping (repeatable; overrides $SLUICE_TOPIC_ARNS entries)")
 	f.StringVar(&opts.DefaultTopic, "default-topic", "", "destination (SNS topic, EventBridge bus or Kinesis stream ARN, or a Kafka topic as kafka://TOPIC) for rows whose topic is not mapped (default $SLUICE_DEFAULT_TOPIC_ARN)")
-	f.IntVar(&opts.BatchSize, "batch-size", 0, fmt.Sprintf("rows per round, 1 to %d (default $%s, else %d)", outbox.MaxBatchSize, lambdaenv.RelayBatchSize, outbox.DefaultBatchSize))
+	for _, s := range outbox.RelaySettings() {
+		if s.Flag != "" {
+			f.Var(settingFlag{s, &opts.Settings}, s.Flag, fmt.Sprintf("%s, %s to %s (default $%s, else %s)",
+				s.Doc, s.Format(s.Min), s.Format(s.Max), s.Env, s.Format(s.Default)))
+		}
+	}
 	return cmd
+}
+
+// relaySettingsHelp lists the variable and default of every setting in outbox.RelaySettings
+// that has one, a few to a line.
+func relaySettingsHelp() string {
+	var b strings.Builder
+	line := 0
+	for _, s := range outbox.RelaySettings() {
+		if s.Env == "" {
+			continue
+		}
+		def := s.Format(s.Default)
+		if s.Default == 0 {
+			def = "unset"
+		}
+		item := fmt.Sprintf("%s [%s]", s.Env, def)
+		if line > 0 && line+2+len(item) > 98 {
+			b.WriteString("\n")
+			line = 0
+		}
+		b.WriteString("  " + item)
+		line += 2 + len(item)
+	}
+	return b.String()
+}
+
+// settingFlag is the flag of a setting: its value goes to Settings[s.Field].
+type settingFlag struct {
+	s        outbox.Setting
+	settings *map[string]int64
+}
+
+func (f settingFlag) String() string {
+	if v, ok := (*f.settings)[f.s.Field]; ok {
+		return f.s.Text(v)
+	}
+	return ""
+}
+
+func (f settingFlag) Set(text string) error {
+	v, err := f.s.Parse(text)
+	if err != nil {
+		return err
+	}
+	if *f.settings == nil {
+		*f.settings = map[string]int64{}
+	}
+	(*f.settings)[f.s.Field] = v
+	return nil
+}
+
+func (f settingFlag) Type() string {
+	if f.s.Unit == "duration" {
+		return "duration"
+	}
+	return "int"
 }
 
 // RelayOptions configure Relay. The relay's configuration is the relay Lambda's, read from the
@@ -117,8 +162,9 @@ type RelayOptions struct {
 	Topics []string
 	// DefaultTopic replaces SLUICE_DEFAULT_TOPIC_ARN when set.
 	DefaultTopic string
-	// BatchSize replaces SLUICE_RELAY_BATCH_SIZE when not 0: 1 to outbox.MaxBatchSize.
-	BatchSize int
+	// Settings replace the environment's settings, by outbox.Setting.Field ("BatchSize": 100);
+	// the flags of the settings that have one (--batch-size) fill it. Defaults to none.
+	Settings map[string]int64
 	// Once drains every claimable row and returns (outbox.Relay.RunOnce); otherwise Relay runs
 	// until ctx ends (outbox.Relay.Run).
 	Once bool
@@ -142,15 +188,24 @@ type RelayResult struct {
 
 // RelaySettings builds the relay's configuration (without Publisher and Logger) as Relay does:
 // the environment as the relay Lambda reads it (lambdaenv.Topics and lambdaenv.RelaySettings),
-// then opts' topics and batch size, outbox's defaults applied. A bad setting or option is
-// ErrUsage, naming the variable or flag.
+// then opts' topics and settings, outbox's defaults applied. A bad setting or option is
+// ErrUsage, naming the variable, flag or field.
 func RelaySettings(opts RelayOptions) (outbox.RelayConfig, error) {
 	getenv := opts.Getenv
 	if getenv == nil {
 		getenv = os.Getenv
 	}
-	if opts.BatchSize != 0 && (opts.BatchSize < 1 || opts.BatchSize > outbox.MaxBatchSize) {
-		return outbox.RelayConfig{}, usagef("--batch-size must be between 1 and %d, got %d", outbox.MaxBatchSize, opts.BatchSize)
+	for _, s := range outbox.RelaySettings() {
+		v, ok := opts.Settings[s.Field]
+		if !ok {
+			continue
+		}
+		if err := s.Check(v); err != nil {
+			if s.Flag != "" {
+				return outbox.RelayConfig{}, usagef("--%s: %v", s.Flag, err)
+			}
+			return outbox.RelayConfig{}, usageError{err}
+		}
 	}
 	topics, def, err := relayTopics(getenv, opts.Topics, opts.DefaultTopic)
 	if err != nil {
@@ -161,8 +216,13 @@ func RelaySettings(opts RelayOptions) (outbox.RelayConfig, error) {
 		return outbox.RelayConfig{}, usageError{err}
 	}
 	cfg.Topics, cfg.DefaultTopic = topics, def
-	if opts.BatchSize != 0 {
-		cfg.BatchSize = opts.BatchSize
+	for _, s := range outbox.RelaySettings() {
+		if v, ok := opts.Settings[s.Field]; ok {
+			s.Set(&cfg, v)
+		}
+	}
+	if err := cfg.CheckSettings(); err != nil { // with the environment's, e.g. PublishTimeout against Lease
+		return outbox.RelayConfig{}, usageError{err}
 	}
 	return cfg.WithDefaults(), nil
 }
@@ -200,25 +260,13 @@ func Relay(ctx context.Context, pool *pgxpool.Pool, pub outbox.Publisher, opts R
 
 // describeRelaySettings lists cfg's settings as the environment variables that would set them.
 func describeRelaySettings(cfg outbox.RelayConfig) string {
-	env := lambdaenv.RelayEnvironment(cfg)
-	parts := make([]string, 0, len(env))
-	for _, k := range slices.Sorted(maps.Keys(env)) {
-		parts = append(parts, k+"="+env[k])
-	}
-	return strings.Join(parts, " ")
-}
-
-// formatBytes renders a byte count in the largest binary unit that divides it: 16 MiB, 64 KiB.
-func formatBytes(n int) string {
-	for _, u := range []struct {
-		shift int
-		name  string
-	}{{30, "GiB"}, {20, "MiB"}, {10, "KiB"}} {
-		if n >= 1<<u.shift && n%(1<<u.shift) == 0 {
-			return fmt.Sprintf("%d %s", n>>u.shift, u.name)
+	var parts []string
+	for _, s := range outbox.RelaySettings() {
+		if v := s.Get(cfg); s.Env != "" && v != 0 {
+			parts = append(parts, s.Env+"="+s.Text(v))
 		}
 	}
-	return fmt.Sprintf("%d bytes", n)
+	return strings.Join(parts, " ")
 }
 
 // relayTopics merges the Lambda's environment configuration with the flags (flags win).

@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -23,9 +24,9 @@ func TestRelayCommandHonoursTheLambdasSettings(t *testing.T) {
 	b.insertOutbox(t, outboxRow{})
 	before := b.fingerprint(t)
 	for name, value := range map[string]string{
-		lambdaenv.RelayLease:          "50ms", // below 100ms
-		lambdaenv.RelayPublishTimeout: "20m",  // above 15m
-		lambdaenv.RelayBackoffBase:    "25h",  // above 24h
+		"SLUICE_RELAY_LEASE":           "50ms", // below 100ms
+		"SLUICE_RELAY_PUBLISH_TIMEOUT": "20m",  // above 15m
+		"SLUICE_RELAY_BACKOFF_BASE":    "25h",  // above 24h
 	} {
 		b.env[name] = value
 		r := b.run(t, "relay", "--once", "--topic", "orders="+relayTestARN)
@@ -43,11 +44,11 @@ func TestRelayCommandHonoursTheLambdasSettings(t *testing.T) {
 
 	// Valid values reach the relay: the command prints the settings it runs with. With the only
 	// row's topic unmapped (no SNS call), the drain quarantines it.
-	b.env[lambdaenv.RelayLease], b.env[lambdaenv.RelayPublishTimeout], b.env[lambdaenv.RelayBackoffBase] = "45s", "7s", "250ms"
+	b.env["SLUICE_RELAY_LEASE"], b.env["SLUICE_RELAY_PUBLISH_TIMEOUT"], b.env["SLUICE_RELAY_BACKOFF_BASE"] = "45s", "7s", "250ms"
 	r := b.run(t, "relay", "--once", "--topic", "payments="+relayTestARN)
 	require.Equal(t, cli.ExitOK, r.code, r.err)
-	for _, want := range []string{lambdaenv.RelayLease + "=45s", lambdaenv.RelayPublishTimeout + "=7s", lambdaenv.RelayBackoffBase + "=250ms",
-		lambdaenv.RelayMaxPerKey + "=10"} {
+	for _, want := range []string{"SLUICE_RELAY_LEASE" + "=45s", "SLUICE_RELAY_PUBLISH_TIMEOUT" + "=7s", "SLUICE_RELAY_BACKOFF_BASE" + "=250ms",
+		"SLUICE_RELAY_MAX_PER_KEY" + "=10"} {
 		require.Contains(t, r.err, want)
 	}
 	require.Contains(t, r.out, "quarantined 1")
@@ -73,25 +74,50 @@ func TestRelayFunctionRunsWithTheEnvironmentsSettings(t *testing.T) {
 	ctx := context.Background()
 	b := setup(t)
 	_, eventID := b.insertOutbox(t, outboxRow{})
-	env := map[string]string{lambdaenv.TopicARNs: `{"orders":"` + relayTestARN + `"}`, lambdaenv.RelayLease: "45s",
-		lambdaenv.RelayPublishTimeout: "7s", lambdaenv.RelayBackoffBase: "250ms", lambdaenv.RelayBatchSize: "40"}
+	env := map[string]string{lambdaenv.TopicARNs: `{"orders":"` + relayTestARN + `"}`, "SLUICE_RELAY_LEASE": "45s",
+		"SLUICE_RELAY_PUBLISH_TIMEOUT": "7s", "SLUICE_RELAY_BACKOFF_BASE": "250ms", "SLUICE_RELAY_BATCH_SIZE": "40"}
 	broker := &stubBroker{}
-	res, err := cli.Relay(ctx, b.pool, broker, cli.RelayOptions{Getenv: func(k string) string { return env[k] }, Once: true, BatchSize: 7})
+	res, err := cli.Relay(ctx, b.pool, broker, cli.RelayOptions{Getenv: func(k string) string { return env[k] }, Once: true, Settings: map[string]int64{"BatchSize": 7}})
 	require.NoError(t, err)
 	require.Equal(t, 45*time.Second, res.Config.Lease)
 	require.Equal(t, 7*time.Second, res.Config.PublishTimeout)
 	require.Equal(t, 250*time.Millisecond, res.Config.BackoffBase)
 	require.Equal(t, 7, res.Config.BatchSize, "the option wins over the environment")
-	require.Equal(t, outbox.DefaultMaxPerKey, res.Config.MaxPerKey, "outbox's default where nothing is set")
+	require.EqualValues(t, outbox.RelaySetting("MaxPerKey").Default, res.Config.MaxPerKey, "outbox's default where nothing is set")
 	require.Equal(t, map[string]string{"orders": relayTestARN}, res.Config.Topics)
 	require.Equal(t, 1, res.Stats.Published)
 	require.Len(t, broker.events, 1)
 	require.Equal(t, eventID, broker.events[0].EventID)
 
-	_, err = cli.Relay(ctx, b.pool, broker, cli.RelayOptions{Getenv: func(k string) string { return env[k] }, Once: true, BatchSize: -1})
+	_, err = cli.Relay(ctx, b.pool, broker, cli.RelayOptions{Getenv: func(k string) string { return env[k] }, Once: true, Settings: map[string]int64{"BatchSize": -1}})
 	require.ErrorIs(t, err, cli.ErrUsage)
-	env[lambdaenv.RelayLease] = "1h1m"
+	require.ErrorContains(t, err, "--batch-size: BatchSize must be between 1 and 10000, got -1")
+	env["SLUICE_RELAY_LEASE"] = "1h1m"
 	_, err = cli.Relay(ctx, b.pool, broker, cli.RelayOptions{Getenv: func(k string) string { return env[k] }, Once: true})
 	require.ErrorIs(t, err, cli.ErrUsage)
-	require.ErrorContains(t, err, lambdaenv.RelayLease)
+	require.ErrorContains(t, err, "SLUICE_RELAY_LEASE")
+}
+
+// The help lists every variable of outbox.RelaySettings with its default, and each setting
+// that has a flag gets it, from the table: a new entry needs no change here.
+func TestRelayHelpAndFlagsComeFromTheSettingsTable(t *testing.T) {
+	t.Parallel()
+	b := &testBundle{env: map[string]string{}}
+	r := b.run(t, "relay", "--help")
+	require.Equal(t, 0, r.code, r.err)
+	help := strings.Join(strings.Fields(r.out), " ")
+	flags := 0
+	for _, s := range outbox.RelaySettings() {
+		if s.Env != "" && s.Default != 0 {
+			require.Contains(t, help, s.Env+" ["+s.Format(s.Default)+"]")
+		}
+		if s.Flag != "" {
+			flags++
+			require.Contains(t, help, "--"+s.Flag+" ")
+			r := b.run(t, "relay", "--once", "--"+s.Flag, "nonsense", "--topic", "orders="+relayTestARN)
+			require.Equal(t, cli.ExitUsage, r.code)
+			require.Contains(t, r.err, "--"+s.Flag)
+		}
+	}
+	require.Positive(t, flags, "--batch-size at least")
 }

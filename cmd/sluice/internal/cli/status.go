@@ -49,7 +49,7 @@ type OutboxStatus struct {
 // OffloadStatus counts the pending rows whose payload is above the claim check's threshold
 // (outbox.OffloadBacklogOf): a relay with a claim check stores them in S3, one without
 // quarantines them as too large. The count covers a bounded sample of the pending rows
-// (outbox.OffloadSampleRows); Complete says whether that was all of them. What the relays
+// (at most 1,000 rows); Complete says whether that was all of them. What the relays
 // offloaded is in their metrics (Offloaded, OffloadedBytes).
 type OffloadStatus struct {
 	ThresholdBytes             int   `json:"threshold_bytes"`

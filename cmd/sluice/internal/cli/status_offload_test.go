@@ -47,6 +47,6 @@ func TestStatusCountsPendingPayloadsAboveTheOffloadThreshold(t *testing.T) {
 	require.Contains(t, b.ok(t, "status"), "OFFLOAD: 1 pending payloads above 1048576 bytes (2097152 bytes in all), of 4 pending rows")
 
 	b.env["SLUICE_CLAIM_CHECK_THRESHOLD"] = "lots"
-	requireOneLineError(t, b.run(t, "status"), 1, "SLUICE_CLAIM_CHECK_THRESHOLD must be a positive integer")
+	requireOneLineError(t, b.run(t, "status"), 1, "SLUICE_CLAIM_CHECK_THRESHOLD must be an integer")
 	requireOneLineError(t, b.run(t, "status", "--offload-threshold", "-5"), 2, "--offload-threshold must be a positive number of bytes")
 }
