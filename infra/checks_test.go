@@ -48,6 +48,8 @@ func TestTemplatesPassCfnLint(t *testing.T) {
 		"SluiceEventBridge": {NoAlarmDestination: true, Destination: infra.DestinationEventBridge},
 		"SluiceKinesis":     {NoAlarmDestination: true, Destination: infra.DestinationKinesis},
 		"SluiceMsk":         {NoAlarmDestination: true, Destination: infra.DestinationMSK},
+		// The async consumer with its scheduled processor.
+		"SluiceAsync": {NoAlarmDestination: true, ConsumerCommitMode: infra.CommitAsync},
 	} {
 		p.RelayCodeDir, p.ConsumerCodeDir, p.MigrateCodeDir, p.CABundle = assetDir(t, "relay"), assetDir(t, "consumer"), assetDir(t, "migrate"), caBundle(t)
 		infra.NewSluiceStack(app, name, p)
@@ -55,7 +57,7 @@ func TestTemplatesPassCfnLint(t *testing.T) {
 	app.Synth(nil)
 	templates, err := filepath.Glob(filepath.Join(dir, "*.template.json"))
 	require.NoError(t, err)
-	require.Len(t, templates, 5)
+	require.Len(t, templates, 6)
 
 	out, err := exec.Command(lint, append([]string{"--format", "json"}, templates...)...).Output()
 	if ee, ok := err.(*exec.ExitError); ok && len(out) == 0 {

@@ -9,6 +9,7 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsec2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsevents"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awseventstargets"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awskms"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
@@ -35,8 +36,9 @@ const (
 	CommitPerRecord = "per-record"
 	// CommitBatched commits a batch's records together, falling back per record on failure.
 	CommitBatched = "batched"
-	// CommitAsync stores messages for a processor to apply later. Refused: the constructs deploy
-	// no processor, and without one the messages would be acknowledged and never applied.
+	// CommitAsync stores each message in inbox_event and acknowledges it; the same function,
+	// invoked every minute by a schedule the construct adds, is the inbox Processor that applies
+	// the stored rows with the same handlers (retrying, parking a row after its attempts).
 	CommitAsync = "async"
 )
 
@@ -102,8 +104,10 @@ type ConsumerProps struct {
 	// its target group may open), booked against the migrations' connection budget. Defaults
 	// to 100, RDS Proxy's own default; set it to the proxy's value.
 	ProxyMaxConnectionsPercent int
-	// CommitMode is CommitPerRecord or CommitBatched (SLUICE_CONSUMER_COMMIT_MODE). Defaults to
-	// the consumer's default (per-record). CommitAsync is refused: no processor is deployed.
+	// CommitMode is CommitPerRecord, CommitBatched or CommitAsync (SLUICE_CONSUMER_COMMIT_MODE).
+	// With CommitAsync the construct also schedules the function every minute to run the inbox
+	// Processor (ProcessorSchedule), books those invocations' connections, and the monitoring
+	// alarms on parked rows. Defaults to the consumer's default (per-record).
 	CommitMode string
 	// DeadlineMargin: a record is not started when the invocation's deadline is nearer; it comes
 	// back from SQS instead (SLUICE_CONSUMER_DEADLINE_MARGIN). Negative disables the check.
@@ -193,6 +197,9 @@ type Consumer interface {
 	// Rule is the EventBridge rule sending a bus's events to Queue; nil without an EventBridge
 	// source.
 	Rule() awsevents.CfnRule
+	// ProcessorSchedule is the rule invoking Function every minute to apply the stored rows of
+	// an async consumer (CommitAsync); nil in the other commit modes.
+	ProcessorSchedule() awsevents.Rule
 }
 
 type consumer struct {
@@ -207,6 +214,7 @@ type consumer struct {
 	queueKey awskms.IKey
 	source   Destination
 	rule     awsevents.CfnRule
+	process  awsevents.Rule
 }
 
 func (c *consumer) Name() string                               { return c.name }
@@ -218,6 +226,7 @@ func (c *consumer) Function() awslambda.IFunction              { return c.fn }
 func (c *consumer) QueueKey() awskms.IKey                      { return c.queueKey }
 func (c *consumer) Source() Destination                        { return c.source }
 func (c *consumer) Rule() awsevents.CfnRule                    { return c.rule }
+func (c *consumer) ProcessorSchedule() awsevents.Rule          { return c.process }
 
 // maxLambdaMemoryMB is the most memory a Lambda function may have.
 const maxLambdaMemoryMB = 10_240
@@ -291,11 +300,8 @@ func (p *ConsumerProps) validate() error {
 	if p.MemoryMB < 128 {
 		errs = append(errs, fmt.Errorf("MemoryMB must be at least 128, got %d", p.MemoryMB))
 	}
-	if p.CommitMode == CommitAsync {
-		errs = append(errs, errors.New("CommitMode async needs the inbox processor, which these constructs do not deploy yet: "+
-			"the Lambda would acknowledge messages that nothing ever applies. Use per-record or batched"))
-	} else if p.CommitMode != "" && p.CommitMode != CommitPerRecord && p.CommitMode != CommitBatched {
-		errs = append(errs, fmt.Errorf("CommitMode must be %q or %q, got %q", CommitPerRecord, CommitBatched, p.CommitMode))
+	if p.CommitMode != "" && p.CommitMode != CommitPerRecord && p.CommitMode != CommitBatched && p.CommitMode != CommitAsync {
+		errs = append(errs, fmt.Errorf("CommitMode must be %q, %q or %q, got %q", CommitPerRecord, CommitBatched, CommitAsync, p.CommitMode))
 	}
 	if p.DeadlineMargin >= p.Timeout {
 		errs = append(errs, fmt.Errorf("DeadlineMargin %s must be shorter than Timeout %s: no record would ever start", p.DeadlineMargin, p.Timeout))
@@ -446,6 +452,11 @@ func NewConsumer(scope constructs.Construct, id string, props *ConsumerProps) Co
 	case p.Migrations != nil:
 		p.Migrations.UseConnections(fmt.Sprintf("consumer %s %d (maximum concurrency) × %d (pool)", p.Name, p.MaxConcurrency, p.Database.maxConns()),
 			p.MaxConcurrency*p.Database.maxConns())
+		if p.CommitMode == CommitAsync {
+			overlap := minutesCeil(p.Timeout)
+			p.Migrations.UseConnections(fmt.Sprintf("consumer %s processor %d (overlapping scheduled invocations) × %d (pool)", p.Name, overlap, p.Database.maxConns()),
+				overlap*p.Database.maxConns())
+		}
 	default:
 		awscdk.Annotations_Of(this).AddWarningV2(jsii.String("sluice:consumerUsesDatabaseSecret"), jsii.String(
 			"UseDatabaseSecret: the consumer's handler code logs in with Database.Secret, not a role of its own; set Migrations to give it one"), nil)
@@ -479,6 +490,19 @@ func NewConsumer(scope constructs.Construct, id string, props *ConsumerProps) Co
 	}
 	if p.Migrations != nil {
 		c.fn.Node().AddDependency(p.Migrations.Resource())
+	}
+	if p.CommitMode == CommitAsync {
+		// The same function is the inbox Processor: each scheduled invocation applies stored
+		// rows until shortly before its deadline (lambdas/consumer). Invocations overlap, as the
+		// relay's do; rows are claimed with SKIP LOCKED, so they share the work.
+		c.process = awsevents.NewRule(this, jsii.String("ProcessorSchedule"), &awsevents.RuleProps{
+			Description: jsii.String("Starts the inbox processor of async consumer " + p.Name + " every minute; invocations overlap."),
+			Schedule:    awsevents.Schedule_Rate(awscdk.Duration_Minutes(jsii.Number(1))),
+			Targets: &[]awsevents.IRuleTarget{awseventstargets.NewLambdaFunction(c.fn, &awseventstargets.LambdaFunctionProps{
+				RetryAttempts: jsii.Number(0),
+				MaxEventAge:   awscdk.Duration_Minutes(jsii.Number(1)),
+			})},
+		})
 	}
 	suppressLambdaFindings(c.fn)
 	c.guardDeadLetterQueues(&p)

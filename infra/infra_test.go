@@ -874,8 +874,6 @@ func TestValidation(t *testing.T) {
 		}, "OutboxPartitionInterval 30m0s is shorter than the migrations' MaintenanceSchedule 1h0m0s"},
 		{"a redriver that is no ARN", consumer(func(p *infra.ConsumerProps) { p.Redrivers = []string{"operator"} }),
 			`Redrivers[0] "operator" is not an ARN`},
-		{"async commit mode without a processor", consumer(func(p *infra.ConsumerProps) { p.CommitMode = infra.CommitAsync }),
-			"CommitMode async needs the inbox processor, which these constructs do not deploy yet"},
 		{"a deadline margin the timeout cannot hold", consumer(func(p *infra.ConsumerProps) { p.Timeout, p.DeadlineMargin = 10*time.Second, 10*time.Second }),
 			"DeadlineMargin 10s must be shorter than Timeout 10s"},
 		{"a consumer name the Lambda would refuse", consumer(func(p *infra.ConsumerProps) { p.Name = "   " }),

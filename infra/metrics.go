@@ -22,6 +22,13 @@ func ConsumerMetric(consumer string, m metrics.Metric, statistic string) awsclou
 	return cloudWatchMetric(m, metrics.ServiceConsumer, consumer, statistic)
 }
 
+// ProcessorMetric returns an inbox metric as the async inbox processor of the named consumer
+// emits it (dimensions Service=inbox-processor, Consumer=consumer), with the given statistic
+// over one minute.
+func ProcessorMetric(consumer string, m metrics.Metric, statistic string) awscloudwatch.Metric {
+	return cloudWatchMetric(m, metrics.ServiceInboxProcessor, consumer, statistic)
+}
+
 // cloudWatchMetric is m as service emits it, with the dimensions m.Dimensions names.
 func cloudWatchMetric(m metrics.Metric, service, consumer, statistic string) awscloudwatch.Metric {
 	dims := map[string]*string{}

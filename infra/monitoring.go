@@ -304,6 +304,15 @@ func NewMonitoring(scope constructs.Construct, id string, props *MonitoringProps
 			depths = append(depths, subDLQ)
 		}
 		lambdaAlarms(n+"/Consumer", "Consumer "+n, c.Function())
+		if c.ProcessorSchedule() != nil {
+			// The async consumer's processor (the same function, on its schedule): its errors are
+			// the function's; a parked row is one its handlers gave up on.
+			alarm(n+"/InboxParked", fmt.Sprintf("Consumer %s: the async processor parked stored messages after their attempts (sluice dead list --consumer %s).", n, n),
+				ProcessorMetric(n, metrics.InboxParked, "Sum"), gt, 0, 1, notBreaching)
+			dash.AddWidgets(graph("Consumer "+n+": async processor applied, failures, parked", []awscloudwatch.IMetric{
+				ProcessorMetric(n, metrics.InboxProcessed, "Sum"), ProcessorMetric(n, metrics.InboxFailures, "Sum"), ProcessorMetric(n, metrics.InboxParked, "Sum"),
+			}, nil))
+		}
 
 		latency := func(stat string) awscloudwatch.IMetric { return ConsumerMetric(n, metrics.CommitToApplyLatency, stat) }
 		dash.AddWidgets(

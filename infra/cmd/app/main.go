@@ -28,6 +28,9 @@
 //	                         maxConnections). Defaults to t4g.small.
 //	maxAllocatedStorage      GB up to which RDS grows the new database's storage. Defaults to 200.
 //	consumerMaxConcurrency   The example consumer's maximum concurrency (2..1000). Defaults to 5.
+//	consumerCommitMode       per-record (the default), batched, or async: the consumer only stores
+//	                         each message, and a one-minute schedule invokes the same function to
+//	                         apply the stored rows (the inbox processor).
 //	natGateways              NAT gateways (0, 1 or 2). Defaults to 0: VPC endpoints only.
 //	consumerProxy            "true" puts an RDS Proxy between the consumer and the database.
 //	publisherRoleArns        Comma-separated role ARNs that may publish to the topic besides the relay.
@@ -176,6 +179,7 @@ func stackProps(ctx func(string) string, getenv func(string) string) (*infra.Slu
 
 		MaxAllocatedStorageGB:  number("maxAllocatedStorage", 0),
 		ConsumerMaxConcurrency: number("consumerMaxConcurrency", 0),
+		ConsumerCommitMode:     ctx("consumerCommitMode"),
 		OutboxRetention:        duration("outboxRetention"),
 		InboxRetention:         duration("inboxRetention"),
 

@@ -1,0 +1,71 @@
+package infra_test
+
+import (
+	"testing"
+
+	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/assertions"
+	"github.com/aws/jsii-runtime-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/infra"
+	"github.com/sluicehq/sluice/pkg/lambdaenv"
+	"github.com/sluicehq/sluice/pkg/metrics"
+)
+
+// An async consumer deploys with its processor: the consumer function in async mode, a schedule
+// invoking that same function every minute (it runs the inbox Processor on scheduled events),
+// the processor's invocations booked in the connection budget, and an alarm on parked rows;
+// cdk-nag finds nothing unsuppressed (cfn-lint runs over the same stack in TestTemplatesPassCfnLint).
+func TestAsyncConsumerDeploysWithItsProcessor(t *testing.T) {
+	app := awscdk.NewApp(nil)
+	st := infra.NewSluiceStack(app, "SluiceAsync", &infra.SluiceStackProps{NoAlarmDestination: true, ConsumerCommitMode: infra.CommitAsync,
+		RelayCodeDir: assetDir(t, "relay"), ConsumerCodeDir: assetDir(t, "consumer"), MigrateCodeDir: assetDir(t, "migrate"), CABundle: caBundle(t)})
+	stack := awscdk.Stack_Of(st)
+	require.NotNil(t, st.Consumer().ProcessorSchedule())
+	require.Contains(t, st.Monitoring().Alarms(), st.Consumer().Name()+"/InboxParked")
+	withNag(stack)
+	tmpl := assertions.Template_FromStack(stack, nil)
+
+	t.Run("cdk-nag AwsSolutions: no unsuppressed errors", func(t *testing.T) {
+		requireNoNagErrors(t, stack)
+	})
+	var consumerFn string
+	for id, fn := range resources(tmpl, "AWS::Lambda::Function") {
+		env, _ := props(fn)["Environment"].(map[string]any)
+		vars, _ := env["Variables"].(map[string]any)
+		if vars[lambdaenv.ConsumerCommitMode] == "async" {
+			consumerFn = id
+		}
+	}
+	require.NotEmpty(t, consumerFn, "the consumer function runs in async mode")
+
+	t.Run("a schedule invokes the consumer function every minute", func(t *testing.T) {
+		found := false
+		for _, r := range resources(tmpl, "AWS::Events::Rule") {
+			p := props(r)
+			if p["ScheduleExpression"] != "rate(1 minute)" {
+				continue
+			}
+			for _, target := range p["Targets"].([]any) {
+				arn := target.(map[string]any)["Arn"].(map[string]any)["Fn::GetAtt"].([]any)
+				if arn[0] == consumerFn {
+					found = true
+				}
+			}
+		}
+		require.True(t, found, "no rate(1 minute) rule targets %s", consumerFn)
+		tmpl.HasResourceProperties(jsii.String("AWS::Lambda::Permission"), map[string]any{
+			"Action": "lambda:InvokeFunction", "Principal": "events.amazonaws.com",
+			"FunctionName": map[string]any{"Fn::GetAtt": []any{consumerFn, "Arn"}},
+		})
+	})
+	t.Run("an alarm on rows the processor parked", func(t *testing.T) {
+		tmpl.HasResourceProperties(jsii.String("AWS::CloudWatch::Alarm"), map[string]any{
+			"MetricName": metrics.InboxParked.Name,
+			"Namespace":  metrics.Namespace,
+			"Dimensions": assertions.Match_ArrayWith(&[]any{map[string]any{"Name": metrics.DimensionService, "Value": metrics.ServiceInboxProcessor}}),
+			"Threshold":  0.0,
+		})
+	})
+}
