@@ -107,4 +107,3 @@ func withPoolSize(getenv lambdaenv.Getenv, pipelines int) lambdaenv.Getenv {
 		return getenv(k)
 	}
 }
-
