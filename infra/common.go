@@ -178,14 +178,7 @@ func newGoFunction(scope constructs.Construct, id string, p goFunctionProps) aws
 	if secret == nil {
 		secret = p.database.Secret
 	}
-	env := map[string]*string{
-		lambdaenv.DatabaseSecretARN: secret.SecretArn(),
-		lambdaenv.DatabaseSSLMode:   jsii.String(p.database.sslMode()),
-		"GOMEMLIMIT":                jsii.String(GoMemLimit(p.memoryMB)),
-	}
-	if p.database.MaxConns > 0 {
-		env[lambdaenv.DatabaseMaxConns] = jsii.String(fmt.Sprint(p.database.MaxConns))
-	}
+	env := processEnvironment(secret, p.database, p.memoryMB)
 	var layers []awslambda.ILayerVersion
 	if p.database.CABundle != "" {
 		layers = append(layers, caBundleLayer(scope, p.database.CABundle))
@@ -198,19 +191,7 @@ func newGoFunction(scope constructs.Construct, id string, p goFunctionProps) aws
 		Retention:     p.logRetention,
 		RemovalPolicy: awscdk.RemovalPolicy_RETAIN,
 	})
-	subnets := p.network.Subnets
-	if subnets == nil {
-		subnets = &awsec2.SubnetSelection{SubnetType: awsec2.SubnetType_PRIVATE_WITH_EGRESS}
-	}
-	sgs := p.network.SecurityGroups
-	ownSG := len(sgs) == 0
-	if ownSG {
-		sgs = []awsec2.ISecurityGroup{awsec2.NewSecurityGroup(scope, jsii.String(id+"SecurityGroup"), &awsec2.SecurityGroupProps{
-			Vpc:              p.network.Vpc,
-			Description:      jsii.String("sluice " + p.description + ": no inbound; outbound to the database and the AWS APIs it calls"),
-			AllowAllOutbound: jsii.Bool(false),
-		})}
-	}
+	subnets, sgs, ownSG := placement(scope, id, p.network, p.description)
 	props := &awslambda.FunctionProps{
 		Description:    jsii.String("sluice " + p.description),
 		Runtime:        awslambda.Runtime_PROVIDED_AL2023(),
@@ -233,32 +214,76 @@ func newGoFunction(scope constructs.Construct, id string, p goFunctionProps) aws
 	}
 	fn := awslambda.NewFunction(scope, jsii.String(id), props)
 	secret.GrantRead(fn, nil)
-	desc := jsii.String("sluice " + p.description + " to PostgreSQL")
-	switch {
-	case p.via != nil:
-		// RDS Proxy listens on PostgreSQL's port and has no default port of its own in CDK.
-		p.via.Connections().AllowFrom(fn, awsec2.Port_Tcp(jsii.Number(5432)), desc)
-	case p.database.Connections != nil:
-		p.database.Connections.Connections().AllowDefaultPortFrom(fn, desc)
-	}
-	if ownSG {
-		https := awsec2.Port_Tcp(jsii.Number(443))
-		if p.network.ApiEndpoints != nil {
-			fn.Connections().AllowTo(p.network.ApiEndpoints, https, jsii.String("sluice "+p.description+" to the AWS API endpoints"))
-		}
-		switch {
-		case p.httpsAnywhere:
-			fn.Connections().AllowToAnyIpv4(https, jsii.String("sluice "+p.description+": handler code calling other services over HTTPS"))
-		case p.network.ApiEndpoints == nil:
-			fn.Connections().AllowToAnyIpv4(https, jsii.String("sluice "+p.description+" to AWS APIs over HTTPS"))
-		case p.s3 != "" && p.network.S3PrefixList != nil:
-			fn.Connections().AllowTo(awsec2.Peer_PrefixList(p.network.S3PrefixList), https,
-				jsii.String("sluice "+p.description+" to S3 through the gateway endpoint ("+p.s3+")"))
-		case p.s3 != "":
-			fn.Connections().AllowToAnyIpv4(https, jsii.String("sluice "+p.description+" to S3 over HTTPS ("+p.s3+"; no Network.S3PrefixList)"))
-		}
-	}
+	allowDatabaseAndAPIs(fn, p.database, p.via, ownSG, p.network, p.description, p.s3, p.httpsAnywhere)
 	return fn
+}
+
+// processEnvironment is what every sluice process reads to reach its database: the secret it
+// logs in with, the TLS mode, the pool's size when set, and GOMEMLIMIT for memoryMB.
+func processEnvironment(secret awssecretsmanager.ISecret, database Database, memoryMB int) map[string]*string {
+	env := map[string]*string{
+		lambdaenv.DatabaseSecretARN: secret.SecretArn(),
+		lambdaenv.DatabaseSSLMode:   jsii.String(database.sslMode()),
+		"GOMEMLIMIT":                jsii.String(GoMemLimit(memoryMB)),
+	}
+	if database.MaxConns > 0 {
+		env[lambdaenv.DatabaseMaxConns] = jsii.String(fmt.Sprint(database.MaxConns))
+	}
+	return env
+}
+
+// placement returns the subnets and security groups of a sluice process in network: the
+// network's, or a security group of its own with no inbound rule and no outbound rule yet
+// (ownSG; allowDatabaseAndAPIs adds them).
+func placement(scope constructs.Construct, id string, network Network, description string) (subnets *awsec2.SubnetSelection, sgs []awsec2.ISecurityGroup, ownSG bool) {
+	subnets = network.Subnets
+	if subnets == nil {
+		subnets = &awsec2.SubnetSelection{SubnetType: awsec2.SubnetType_PRIVATE_WITH_EGRESS}
+	}
+	sgs = network.SecurityGroups
+	ownSG = len(sgs) == 0
+	if ownSG {
+		sgs = []awsec2.ISecurityGroup{awsec2.NewSecurityGroup(scope, jsii.String(id+"SecurityGroup"), &awsec2.SecurityGroupProps{
+			Vpc:              network.Vpc,
+			Description:      jsii.String("sluice " + description + ": no inbound; outbound to the database and the AWS APIs it calls"),
+			AllowAllOutbound: jsii.Bool(false),
+		})}
+	}
+	return subnets, sgs, ownSG
+}
+
+// allowDatabaseAndAPIs opens the network paths a sluice process needs: to the database (or
+// via, an RDS Proxy) and, when its security group is its own (ownSG), HTTPS egress to the AWS
+// API endpoints (Network.ApiEndpoints), to S3 when it calls S3 (why: s3), or to any address
+// (httpsAnywhere, or no endpoints to name).
+func allowDatabaseAndAPIs(c awsec2.IConnectable, database Database, via awsec2.IConnectable, ownSG bool, network Network, description, s3 string, httpsAnywhere bool) {
+	desc := jsii.String("sluice " + description + " to PostgreSQL")
+	switch {
+	case via != nil:
+		// RDS Proxy listens on PostgreSQL's port and has no default port of its own in CDK.
+		via.Connections().AllowFrom(c, awsec2.Port_Tcp(jsii.Number(5432)), desc)
+	case database.Connections != nil:
+		database.Connections.Connections().AllowDefaultPortFrom(c, desc)
+	}
+	if !ownSG {
+		return
+	}
+	conns := c.Connections()
+	https := awsec2.Port_Tcp(jsii.Number(443))
+	if network.ApiEndpoints != nil {
+		conns.AllowTo(network.ApiEndpoints, https, jsii.String("sluice "+description+" to the AWS API endpoints"))
+	}
+	switch {
+	case httpsAnywhere:
+		conns.AllowToAnyIpv4(https, jsii.String("sluice "+description+": handler code calling other services over HTTPS"))
+	case network.ApiEndpoints == nil:
+		conns.AllowToAnyIpv4(https, jsii.String("sluice "+description+" to AWS APIs over HTTPS"))
+	case s3 != "" && network.S3PrefixList != nil:
+		conns.AllowTo(awsec2.Peer_PrefixList(network.S3PrefixList), https,
+			jsii.String("sluice "+description+" to S3 through the gateway endpoint ("+s3+")"))
+	case s3 != "":
+		conns.AllowToAnyIpv4(https, jsii.String("sluice "+description+" to S3 over HTTPS ("+s3+"; no Network.S3PrefixList)"))
+	}
 }
 
 // caBundleLayer returns the stack's layer carrying the CA bundle at CABundleLambdaPath.

@@ -13,7 +13,6 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsevents"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awskinesis"
-	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsmsk"
 	"github.com/aws/aws-cdk-go/awscdk/v2/customresources"
 	"github.com/aws/constructs-go/constructs/v10"
@@ -36,7 +35,7 @@ type Destination interface {
 	// stream ARN, or kafka://TOPIC.
 	Address() *string
 	// bindRelay gives relay what publishing here needs: IAM, environment, network.
-	bindRelay(relay awslambda.Function)
+	bindRelay(relay relayHost)
 }
 
 // EventBridgeDestinationProps configure an EventBridge bus as a relay destination.
@@ -113,15 +112,15 @@ func NewEventBridgeDestination(scope constructs.Construct, id string, props *Eve
 	return d
 }
 
-func (d *eventBridgeDestination) bindRelay(relay awslambda.Function) {
-	d.bus.GrantPutEventsTo(relay, nil)
-	relay.AddEnvironment(jsii.String(lambdaenv.EventBridgeSource), jsii.String(d.source), nil)
+func (d *eventBridgeDestination) bindRelay(relay relayHost) {
+	d.bus.GrantPutEventsTo(relay.Grantee(), nil)
+	relay.AddEnvironment(jsii.String(lambdaenv.EventBridgeSource), jsii.String(d.source))
 	if d.ownBus == nil {
 		return
 	}
 	// Only the relay (and the listed publishers) may put events: a Deny wins over any identity
 	// policy in the account, as on the SNS topic.
-	publishers := []any{relay.Role().RoleArn()}
+	publishers := []any{relay.RoleArn()}
 	for _, a := range d.publishers {
 		publishers = append(publishers, a)
 	}
@@ -218,11 +217,11 @@ func NewKinesisDestination(scope constructs.Construct, id string, props *Kinesis
 	return d
 }
 
-func (d *kinesisDestination) bindRelay(relay awslambda.Function) {
+func (d *kinesisDestination) bindRelay(relay relayHost) {
 	// PutRecords only: the relay names the stream by its ARN and never reads or describes it.
-	d.stream.Grant(relay, jsii.String("kinesis:PutRecords"))
+	d.stream.Grant(relay.Grantee(), jsii.String("kinesis:PutRecords"))
 	if key := d.stream.EncryptionKey(); key != nil {
-		key.Grant(relay, jsii.String("kms:GenerateDataKey"))
+		key.Grant(relay.Grantee(), jsii.String("kms:GenerateDataKey"))
 	}
 	if !d.own {
 		return
@@ -230,7 +229,7 @@ func (d *kinesisDestination) bindRelay(relay awslambda.Function) {
 	// Only the relay (and the listed publishers) may put records: a Deny in the stream's
 	// resource policy wins over any identity policy in the account, as on the SNS topic and the
 	// EventBridge bus. Reading, and changing the policy itself, stay with IAM.
-	publishers := []any{relay.Role().RoleArn()}
+	publishers := []any{relay.RoleArn()}
 	for _, a := range d.publishers {
 		publishers = append(publishers, a)
 	}
@@ -444,7 +443,7 @@ func kafkaResourceArn(cluster *string, kind, resource string) *string {
 	})
 }
 
-func (d *mskDestination) bindRelay(relay awslambda.Function) {
+func (d *mskDestination) bindRelay(relay relayHost) {
 	// Connect, and the idempotent producer's InitProducerId, on the cluster; metadata and
 	// produce on the topic.
 	relay.AddToRolePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
@@ -455,10 +454,10 @@ func (d *mskDestination) bindRelay(relay awslambda.Function) {
 		Actions:   jsii.Strings("kafka-cluster:DescribeTopic", "kafka-cluster:WriteData"),
 		Resources: &[]*string{kafkaResourceArn(d.clusterArn, "topic", d.topic)},
 	}))
-	relay.AddEnvironment(jsii.String(lambdaenv.KafkaBrokers), d.brokers, nil)
-	relay.AddEnvironment(jsii.String(lambdaenv.KafkaAuth), jsii.String("iam"), nil)
+	relay.AddEnvironment(jsii.String(lambdaenv.KafkaBrokers), d.brokers)
+	relay.AddEnvironment(jsii.String(lambdaenv.KafkaAuth), jsii.String("iam"))
 	if d.maxBytes > 0 {
-		relay.AddEnvironment(jsii.String(sluiceoutbox.RelaySetting("MessageLimits.Kafka").Env), jsii.String(strconv.Itoa(d.maxBytes)), nil)
+		relay.AddEnvironment(jsii.String(sluiceoutbox.RelaySetting("MessageLimits.Kafka").Env), jsii.String(strconv.Itoa(d.maxBytes)))
 	}
 	if d.connections != nil {
 		relay.Connections().AllowTo(d.connections, awsec2.Port_Tcp(jsii.Number(MskBrokerPort)), jsii.String("sluice outbox relay to the MSK brokers"))
@@ -513,7 +512,7 @@ func checkDestinations(p *OutboxProps) []error {
 }
 
 // bindDestinations gives the relay what each of its destinations needs, once per destination.
-func bindDestinations(relay awslambda.Function, p *OutboxProps) {
+func bindDestinations(relay relayHost, p *OutboxProps) {
 	seen := map[Destination]bool{}
 	bind := func(d Destination) {
 		if d != nil && !seen[d] {

@@ -9,6 +9,7 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatch"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatchactions"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsecs"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsrds"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssns"
@@ -261,18 +262,37 @@ func NewMonitoring(scope constructs.Construct, id string, props *MonitoringProps
 			RelayMetric(metrics.DestinationsDown, "Maximum"), gt, 0, 5, notBreaching)
 		alarm("OldestTransactionAge", "A transaction has held a snapshot for over 10 minutes: VACUUM cannot clean up behind it and the outbox's index fills with dead entries (sluice status names it).",
 			RelayMetric(metrics.OldestTransactionAge, "Maximum"), gt, 600, 2, notBreaching)
-		lambdaAlarms("Relay", "Relay", o.Relay())
+		if fn := o.Relay(); fn != nil {
+			lambdaAlarms("Relay", "Relay", fn)
+		} else if svc := o.RelayService(); svc != nil {
+			// The service's tasks restart on their own; fewer running than desired for 5 minutes
+			// means they cannot start (image, role, network) or keep crashing.
+			alarm("RelayServiceTasksMissing", "The relay's Fargate service runs fewer tasks than desired for 5 minutes (tasks cannot start or keep stopping).",
+				awscloudwatch.NewMathExpression(&awscloudwatch.MathExpressionProps{
+					Expression:   jsii.String("desired - running"),
+					UsingMetrics: &map[string]awscloudwatch.IMetric{"desired": serviceMetric(svc, "DesiredTaskCount"), "running": serviceMetric(svc, "RunningTaskCount")},
+					Period:       awscdk.Duration_Minutes(jsii.Number(1)),
+				}), gt, 0, 5, awscloudwatch.TreatMissingData_BREACHING)
+		}
 
 		dash.AddWidgets(
 			graph("Outbox oldest pending age (s)", []awscloudwatch.IMetric{age}, jsii.Number(p.OldestPendingAge.Seconds())),
 			graph("Outbox pending and quarantined rows", []awscloudwatch.IMetric{RelayMetric(metrics.OutboxPending, "Maximum"), RelayMetric(metrics.OutboxQuarantined, "Maximum")}, nil),
 			graph("Relay heartbeat", []awscloudwatch.IMetric{RelayMetric(metrics.RelayHeartbeat, "Sum")}, nil),
 		)
-		dash.AddWidgets(
+		relayHealth := []awscloudwatch.IWidget{
 			graph("Published and publish failures", []awscloudwatch.IMetric{RelayMetric(metrics.Published, "Sum"), RelayMetric(metrics.PublishFailures, "Sum")}, nil),
-			graph("Relay errors and throttles", []awscloudwatch.IMetric{o.Relay().MetricErrors(fiveMin), o.Relay().MetricThrottles(fiveMin)}, nil),
-			graph("Relay concurrent executions", []awscloudwatch.IMetric{o.Relay().Metric(jsii.String("ConcurrentExecutions"), &awscloudwatch.MetricOptions{Statistic: jsii.String("Maximum")})}, nil),
-		)
+		}
+		if fn := o.Relay(); fn != nil {
+			relayHealth = append(relayHealth,
+				graph("Relay errors and throttles", []awscloudwatch.IMetric{fn.MetricErrors(fiveMin), fn.MetricThrottles(fiveMin)}, nil),
+				graph("Relay concurrent executions", []awscloudwatch.IMetric{fn.Metric(jsii.String("ConcurrentExecutions"), &awscloudwatch.MetricOptions{Statistic: jsii.String("Maximum")})}, nil))
+		} else if svc := o.RelayService(); svc != nil {
+			relayHealth = append(relayHealth,
+				graph("Relay service tasks (desired, running)", []awscloudwatch.IMetric{serviceMetric(svc, "DesiredTaskCount"), serviceMetric(svc, "RunningTaskCount")}, nil),
+				graph("Relay service CPU and memory (%)", []awscloudwatch.IMetric{svc.MetricCpuUtilization(nil), svc.MetricMemoryUtilization(nil)}, nil))
+		}
+		dash.AddWidgets(relayHealth...)
 	}
 
 	for _, c := range p.Consumers {
@@ -377,4 +397,19 @@ func jsiiOrNil(s string) *string {
 		return nil
 	}
 	return jsii.String(s)
+}
+
+// serviceMetric is one of Container Insights' ECS service metrics (ECS/ContainerInsights), the
+// maximum over a minute.
+func serviceMetric(svc awsecs.FargateService, name string) awscloudwatch.Metric {
+	return awscloudwatch.NewMetric(&awscloudwatch.MetricProps{
+		Namespace:  jsii.String("ECS/ContainerInsights"),
+		MetricName: jsii.String(name),
+		DimensionsMap: &map[string]*string{
+			"ClusterName": svc.Cluster().ClusterName(),
+			"ServiceName": svc.ServiceName(),
+		},
+		Statistic: jsii.String("Maximum"),
+		Period:    awscdk.Duration_Minutes(jsii.Number(1)),
+	})
 }

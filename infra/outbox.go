@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsecs"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsevents"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awseventstargets"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
@@ -124,6 +125,10 @@ type OutboxProps struct {
 	OutboxPartitionInterval time.Duration
 	// LogRetention is the relay log group's retention. Defaults to one month.
 	LogRetention awslogs.RetentionDays
+	// RelayService runs the relay as an ECS Fargate service (examples/relay) instead of the
+	// scheduled Lambda: no function, no schedule; RelayCodeDir, RelayTimeout, RelayStopBefore,
+	// RelayReservedConcurrency and RelayMemoryMB do not apply. Defaults to nil: the Lambda.
+	RelayService *RelayServiceProps
 	// ClaimCheck is the bucket (NewClaimCheck) where the relay stores payloads too large for
 	// their message, publishing a pointer instead: the relay gets SLUICE_CLAIM_CHECK_*, may put
 	// objects there, and HTTPS to S3 (Network.S3PrefixList, the gateway endpoint's prefix list;
@@ -139,10 +144,13 @@ type Outbox interface {
 	Topic() awssns.ITopic
 	// TopicKey is the KMS key encrypting Topic (nil without Topic).
 	TopicKey() awskms.IKey
-	// Relay is the relay Lambda.
+	// Relay is the relay Lambda; nil with OutboxProps.RelayService.
 	Relay() awslambda.IFunction
-	// Schedule is the EventBridge rule starting the relay every minute.
+	// Schedule is the EventBridge rule starting the relay every minute; nil with
+	// OutboxProps.RelayService.
 	Schedule() awsevents.Rule
+	// RelayService is the relay's Fargate service with OutboxProps.RelayService; nil otherwise.
+	RelayService() awsecs.FargateService
 	// Fifo reports whether Topic is a FIFO topic.
 	Fifo() bool
 }
@@ -153,6 +161,7 @@ type outbox struct {
 	key      awskms.IKey
 	relay    awslambda.Function
 	schedule awsevents.Rule
+	service  awsecs.FargateService
 	fifo     bool
 }
 
@@ -162,10 +171,16 @@ func (o *outbox) Topic() awssns.ITopic {
 	}
 	return o.topic
 }
-func (o *outbox) TopicKey() awskms.IKey      { return o.key }
-func (o *outbox) Relay() awslambda.IFunction { return o.relay }
-func (o *outbox) Schedule() awsevents.Rule   { return o.schedule }
-func (o *outbox) Fifo() bool                 { return o.fifo }
+func (o *outbox) TopicKey() awskms.IKey { return o.key }
+func (o *outbox) Relay() awslambda.IFunction {
+	if o.relay == nil {
+		return nil // no typed nil inside the interface
+	}
+	return o.relay
+}
+func (o *outbox) Schedule() awsevents.Rule            { return o.schedule }
+func (o *outbox) RelayService() awsecs.FargateService { return o.service }
+func (o *outbox) Fifo() bool                          { return o.fifo }
 
 func (p *OutboxProps) withDefaults() OutboxProps {
 	out := *p
@@ -181,7 +196,13 @@ func (p *OutboxProps) withDefaults() OutboxProps {
 
 func (p *OutboxProps) validate() error {
 	var errs []error
-	errs = append(errs, checkAssetDir("RelayCodeDir", p.RelayCodeDir), p.Network.validate(), p.Database.validate())
+	errs = append(errs, p.Network.validate(), p.Database.validate())
+	if p.RelayService == nil {
+		errs = append(errs, checkAssetDir("RelayCodeDir", p.RelayCodeDir))
+	} else {
+		s := p.RelayService.withDefaults()
+		errs = append(errs, s.validate())
+	}
 	if p.RelayTimeout < 10*time.Second || p.RelayTimeout > 15*time.Minute {
 		errs = append(errs, fmt.Errorf("RelayTimeout must be between 10s and 15m, got %s", p.RelayTimeout))
 	}
@@ -306,7 +327,11 @@ func NewOutbox(scope constructs.Construct, id string, props *OutboxProps) Outbox
 	if p.RelayStopBefore > 0 {
 		env[lambdaenv.RelayStopBefore] = jsii.String(p.RelayStopBefore.String())
 	}
-	settings, _ := relayEnvironment(p.Relay, p.RelayMemoryMB) // validated above
+	memoryMB := p.RelayMemoryMB
+	if p.RelayService != nil {
+		memoryMB = p.RelayService.withDefaults().MemoryMiB
+	}
+	settings, _ := relayEnvironment(p.Relay, memoryMB) // validated above
 	for _, k := range sortedKeys(settings) {
 		env[k] = jsii.String(settings[k])
 	}
@@ -330,39 +355,28 @@ func NewOutbox(scope constructs.Construct, id string, props *OutboxProps) Outbox
 			Migrations: p.Migrations, Name: p.DatabaseRole, Kind: RoleRelay, Network: p.Network, Database: p.Database,
 		})
 		roleSecret = role.Secret()
-		p.Migrations.UseConnections(fmt.Sprintf("relay %d (reserved concurrency) × %d (pool)", p.RelayReservedConcurrency, p.Database.maxConns()),
-			p.RelayReservedConcurrency*p.Database.maxConns())
 	}
-	o.relay = newGoFunction(this, "Relay", goFunctionProps{
-		secret:              roleSecret,
-		description:         "outbox relay",
-		codeDir:             p.RelayCodeDir,
-		timeout:             p.RelayTimeout,
-		memoryMB:            p.RelayMemoryMB,
-		reservedConcurrency: p.RelayReservedConcurrency,
-		s3:                  claimCheckS3(p.ClaimCheck != nil, "the claim check's payloads"),
-		network:             p.Network,
-		database:            p.Database,
-		environment:         env,
-		logRetention:        p.LogRetention,
-	})
+	var host relayHost
+	if p.RelayService != nil {
+		rs := newRelayService(this, &p, env, roleSecret)
+		o.service, host = rs.service, rs
+		if p.Migrations != nil {
+			n := p.RelayService.withDefaults().DesiredCount
+			p.Migrations.UseConnections(fmt.Sprintf("relay service %d (tasks) × %d (pool)", n, p.Database.maxConns()), n*p.Database.maxConns())
+			rs.service.Node().AddDependency(p.Migrations.Resource())
+		}
+	} else {
+		o.relay = o.newRelayFunction(&p, env, roleSecret)
+		host = lambdaRelay{o.relay}
+	}
 	if p.ClaimCheck != nil {
-		p.ClaimCheck.attachRelay(o.relay)
-	}
-	// The schedule starts a fresh invocation every minute; retrying a failed one would only add
-	// a duplicate poller.
-	o.relay.ConfigureAsyncInvoke(&awslambda.EventInvokeConfigOptions{
-		RetryAttempts: jsii.Number(0),
-		MaxEventAge:   awscdk.Duration_Minutes(jsii.Number(1)),
-	})
-	if p.Migrations != nil {
-		o.relay.Node().AddDependency(p.Migrations.Resource())
+		p.ClaimCheck.attachRelay(host)
 	}
 	if o.topic != nil {
-		o.topic.GrantPublish(o.relay)
+		o.topic.GrantPublish(host.Grantee())
 		// Only the relay (and the listed publishers) may publish: a Deny wins over any identity
 		// policy in the account.
-		publishers := []any{o.relay.Role().RoleArn()}
+		publishers := []any{host.RoleArn()}
 		for _, a := range p.Publishers {
 			publishers = append(publishers, a)
 		}
@@ -390,24 +404,57 @@ func NewOutbox(scope constructs.Construct, id string, props *OutboxProps) Outbox
 		}))
 	}
 	for _, name := range extra {
-		p.ExtraTopics[name].GrantPublish(o.relay)
+		p.ExtraTopics[name].GrantPublish(host.Grantee())
 	}
-	bindDestinations(o.relay, &p)
+	bindDestinations(host, &p)
+	if o.relay != nil {
+		suppress(o.relay, "AwsSolutions-IAM5",
+			"Publishing to a KMS-encrypted SNS topic needs kms:GenerateDataKey* (GenerateDataKey and its variants); "+
+				"the statement is limited to the topic keys' ARNs, as Topic.GrantPublish writes it.",
+			"Action::kms:GenerateDataKey*")
+	}
+	return o
+}
 
-	o.schedule = awsevents.NewRule(this, jsii.String("RelaySchedule"), &awsevents.RuleProps{
+// newRelayFunction creates the relay Lambda, its booking in the connection budget and the
+// one-minute schedule that starts it.
+func (o *outbox) newRelayFunction(p *OutboxProps, env map[string]*string, roleSecret awssecretsmanager.ISecret) awslambda.Function {
+	if p.Migrations != nil {
+		p.Migrations.UseConnections(fmt.Sprintf("relay %d (reserved concurrency) × %d (pool)", p.RelayReservedConcurrency, p.Database.maxConns()),
+			p.RelayReservedConcurrency*p.Database.maxConns())
+	}
+	fn := newGoFunction(o, "Relay", goFunctionProps{
+		secret:              roleSecret,
+		description:         "outbox relay",
+		codeDir:             p.RelayCodeDir,
+		timeout:             p.RelayTimeout,
+		memoryMB:            p.RelayMemoryMB,
+		reservedConcurrency: p.RelayReservedConcurrency,
+		s3:                  claimCheckS3(p.ClaimCheck != nil, "the claim check's payloads"),
+		network:             p.Network,
+		database:            p.Database,
+		environment:         env,
+		logRetention:        p.LogRetention,
+	})
+	// The schedule starts a fresh invocation every minute; retrying a failed one would only add
+	// a duplicate poller.
+	fn.ConfigureAsyncInvoke(&awslambda.EventInvokeConfigOptions{
+		RetryAttempts: jsii.Number(0),
+		MaxEventAge:   awscdk.Duration_Minutes(jsii.Number(1)),
+	})
+	if p.Migrations != nil {
+		fn.Node().AddDependency(p.Migrations.Resource())
+	}
+	o.schedule = awsevents.NewRule(o, jsii.String("RelaySchedule"), &awsevents.RuleProps{
 		Description: jsii.String("Starts a sluice relay invocation every minute; invocations overlap."),
 		Schedule:    awsevents.Schedule_Rate(awscdk.Duration_Minutes(jsii.Number(RelaySchedule.Minutes()))),
-		Targets: &[]awsevents.IRuleTarget{awseventstargets.NewLambdaFunction(o.relay, &awseventstargets.LambdaFunctionProps{
+		Targets: &[]awsevents.IRuleTarget{awseventstargets.NewLambdaFunction(fn, &awseventstargets.LambdaFunctionProps{
 			RetryAttempts: jsii.Number(2),
 			MaxEventAge:   awscdk.Duration_Minutes(jsii.Number(1)),
 		})},
 	})
-	suppressLambdaFindings(o.relay)
-	suppress(o.relay, "AwsSolutions-IAM5",
-		"Publishing to a KMS-encrypted SNS topic needs kms:GenerateDataKey* (GenerateDataKey and its variants); "+
-			"the statement is limited to the topic keys' ARNs, as Topic.GrantPublish writes it.",
-		"Action::kms:GenerateDataKey*")
-	return o
+	suppressLambdaFindings(fn)
+	return fn
 }
 
 // topicSubscribers produces the endpoints allowed to subscribe to an outbox topic: those of the

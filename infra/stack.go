@@ -8,6 +8,8 @@ import (
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsec2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsecrassets"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsecs"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsrds"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awss3"
@@ -43,6 +45,11 @@ type SluiceStackProps struct {
 	// RelayCodeDir, ConsumerCodeDir and MigrateCodeDir are directories holding the Lambdas'
 	// `bootstrap` files (bin/relay, bin/consumer, bin/migrate after `make build`). Required.
 	RelayCodeDir, ConsumerCodeDir, MigrateCodeDir string
+	// RelayImageDir, when set, runs the relay as a Fargate service (OutboxProps.RelayService)
+	// from the container image built in this directory (bin/relay-service after `make build`:
+	// examples/relay with its Dockerfile) instead of the scheduled Lambda. Defaults to "": the
+	// Lambda.
+	RelayImageDir string
 
 	// VpcID imports an existing VPC (looked up at synth time; needs an account and region in
 	// StackProps.Env). It must have private subnets with egress. Defaults to a new VPC.
@@ -279,6 +286,7 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 		// The example's destination, unless SNS, receives every row.
 		DefaultDestination: dest,
 		ClaimCheck:         claim,
+		RelayService:       relayService(p.RelayImageDir),
 	})
 	consumerProps := &ConsumerProps{
 		Name:       p.ConsumerName,
@@ -353,7 +361,11 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 	if dest != nil {
 		exampleDestinationOutputs(out, dest)
 	}
-	out("RelayFunctionName", "Relay Lambda", s.outbox.Relay().FunctionName())
+	if fn := s.outbox.Relay(); fn != nil {
+		out("RelayFunctionName", "Relay Lambda", fn.FunctionName())
+	} else {
+		out("RelayServiceName", "Relay Fargate service", s.outbox.RelayService().ServiceName())
+	}
 	if q := s.consumer.Queue(); q != nil {
 		out("ConsumerQueueUrl", "Consumer queue", q.QueueUrl())
 	}
@@ -605,4 +617,14 @@ func newDatabase(stack awscdk.Stack, network Network, p SluiceStackProps) (awsrd
 	generated.Node().DefaultChild().(awscdk.CfnResource).ApplyRemovalPolicy(awscdk.RemovalPolicy_RETAIN, nil)
 	rotateSecret(stack, secret, network, Database{Connections: db}, 30, nil)
 	return db, sg
+}
+
+// relayService is the example stack's Fargate relay from the image built in dir; nil for "".
+func relayService(dir string) *RelayServiceProps {
+	if dir == "" {
+		return nil
+	}
+	return &RelayServiceProps{Image: awsecs.ContainerImage_FromAsset(jsii.String(dir), &awsecs.AssetImageProps{
+		Platform: awsecrassets.Platform_LINUX_ARM64(),
+	})}
 }

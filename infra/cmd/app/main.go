@@ -28,6 +28,8 @@
 //	                         maxConnections). Defaults to t4g.small.
 //	maxAllocatedStorage      GB up to which RDS grows the new database's storage. Defaults to 200.
 //	consumerMaxConcurrency   The example consumer's maximum concurrency (2..1000). Defaults to 5.
+//	relayRuntime             lambda (the default) or fargate: the relay as an ECS Fargate service
+//	                         from the image `make build` writes to <assetDir>/relay-service.
 //	consumerCommitMode       per-record (the default), batched, or async: the consumer only stores
 //	                         each message, and a one-minute schedule invokes the same function to
 //	                         apply the stored rows (the inbox processor).
@@ -87,6 +89,16 @@ func main() {
 	props.RelayCodeDir = assetDir(assets, "relay")
 	props.ConsumerCodeDir = assetDir(assets, "consumer")
 	props.MigrateCodeDir = assetDir(assets, "migrate")
+	switch rt := ctx("relayRuntime"); rt {
+	case "", "lambda":
+	case "fargate":
+		props.RelayImageDir = filepath.Join(assets, "relay-service")
+		if _, err := os.Stat(filepath.Join(props.RelayImageDir, "Dockerfile")); err != nil {
+			fail("relayRuntime=fargate needs the relay's image directory %s: run make build", props.RelayImageDir)
+		}
+	default:
+		fail("context relayRuntime: want lambda or fargate, got %q", rt)
+	}
 
 	infra.NewSluiceStack(app, orDefault(ctx("stackName"), "Sluice"), props)
 	nag, err := boolContext(ctx, "nag", true)
