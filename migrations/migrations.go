@@ -18,9 +18,11 @@ import (
 	"github.com/jackc/tern/v2/migrate"
 )
 
-// FS holds the embedded migration files.
+// FS holds the embedded migration files, and in grants/ the privileges of the relay's and the
+// consumers' database roles as plain SQL with psql variables (the migrations custom resource
+// applies them; teams running their own migrations copy them).
 //
-//go:embed *.sql
+//go:embed *.sql grants/*.sql
 var FS embed.FS
 
 // VersionTable is the table in which tern records the applied version.
