@@ -18,7 +18,8 @@ import (
 // (pkg/outbox, pkg/inbox) and the CDK constructs (infra), and the module builds; `go install
 // .../cmd/sluice@latest` installs the CLI (go install refuses a module with replace directives). The modules come from a file-system proxy built from the working tree,
 // in front of the machine's module cache (third-party modules); GOWORK=off, so go.work plays no
-// part, and a fresh module cache, so nothing from an earlier run is reused.
+// part, and a module cache of the test's own from which sluice's modules are removed first, so
+// nothing of ours from an earlier run is reused.
 func TestOutsideModuleBuildsAndInstalls(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the CDK constructs outside the repository (about a minute)")
@@ -48,13 +49,21 @@ func TestOutsideModuleBuildsAndInstalls(t *testing.T) {
 	}
 	outside := t.TempDir()
 	gobin := filepath.Join(outside, "bin")
+	// The module cache outlives the test (in the repository's ignored .cache/): the third-party
+	// modules it holds never change, and unpacking the CDK and the AWS SDK again (some 800 MB)
+	// would be most of the test's time. Ours are removed, since every run serves new contents
+	// under the same version.
+	modcache := filepath.Join(root, ".cache", "outside-module", "gomodcache")
+	for _, dir := range []string{filepath.Join(modcache, "github.com", "sluicehq"), filepath.Join(modcache, "cache", "download", "github.com", "sluicehq")} {
+		require.NoError(t, os.RemoveAll(dir))
+	}
 	env := append(os.Environ(),
 		"GOWORK=off", "GOTOOLCHAIN=local", "GOPROXY="+goproxy, "GOSUMDB=off",
 		"GONOSUMDB=github.com/sluicehq/sluice", "GOPRIVATE=", "GONOPROXY=",
-		"GOMODCACHE="+filepath.Join(outside, "modcache"), "GOBIN="+gobin,
-		// -trimpath keeps the build cache's keys free of the fresh module cache's path, so the
-		// CDK's packages compiled by an earlier run are reused; -modcacherw lets t.TempDir
-		// remove the module cache.
+		"GOMODCACHE="+modcache, "GOBIN="+gobin,
+		// -trimpath keeps the build cache's keys free of the module cache's path, so what the
+		// CDK's packages compiled to is shared with other checkouts; -modcacherw lets the next
+		// run remove our modules from the module cache.
 		"GOFLAGS=-modcacherw -trimpath",
 	)
 	run := func(dir string, args ...string) string {
