@@ -122,3 +122,14 @@ func privileges(t *testing.T, conn *pgx.Conn, role string) []string {
 	require.NoError(t, err)
 	return out
 }
+
+// A grant file rendered without one of its variables is refused before anything runs, naming it.
+func TestRenderGrantsNamesMissingVariables(t *testing.T) {
+	t.Parallel()
+	_, err := renderGrants("consumer.sql", map[string]string{"role": "sluice_consumer_billing"})
+	require.ErrorContains(t, err, "consumer.sql use variables without a value: consumer, policy")
+	sql, err := renderGrants("relay.sql", map[string]string{"role": `odd"name`})
+	require.NoError(t, err)
+	require.Contains(t, sql, `GRANT SELECT, UPDATE ON TABLE outbox_event TO "odd""name";`)
+	require.NotContains(t, sql, `:"role"`)
+}

@@ -331,11 +331,9 @@ func applyRole(ctx context.Context, tx pgx.Tx, r Role, password string) error {
 	var sqls []string
 	switch r.Kind {
 	case KindRelay:
-		grants, err := renderGrants("relay.sql", map[string]string{"role": r.Name})
-		if err != nil {
+		if err := applyGrants(ctx, tx, "relay.sql", map[string]string{"role": r.Name}); err != nil {
 			return err
 		}
-		sqls = append(sqls, grants)
 		// Earlier versions granted pg_read_all_stats, which shows the relay every session's
 		// query with its literals; the horizon metric reads sluice_horizon() instead.
 		var stats bool
@@ -347,11 +345,9 @@ func applyRole(ctx context.Context, tx pgx.Tx, r Role, password string) error {
 			sqls = append(sqls, "REVOKE pg_read_all_stats FROM "+ident)
 		}
 	case KindConsumer:
-		grants, err := renderGrants("consumer.sql", map[string]string{"role": r.Name, "consumer": r.Consumer, "policy": "sluice_inbox_" + r.Name})
-		if err != nil {
+		if err := applyGrants(ctx, tx, "consumer.sql", map[string]string{"role": r.Name, "consumer": r.Consumer, "policy": "sluice_inbox_" + r.Name}); err != nil {
 			return err
 		}
-		sqls = append(sqls, grants)
 	}
 	for _, g := range r.Grants {
 		sqls = append(sqls, "GRANT "+strings.Join(g.Privileges, ", ")+" ON "+g.object()+" TO "+ident)
@@ -360,6 +356,19 @@ func applyRole(ctx context.Context, tx pgx.Tx, r Role, password string) error {
 		if _, err := tx.Exec(ctx, s); err != nil {
 			return fmt.Errorf("%s: %w", s, err)
 		}
+	}
+	return nil
+}
+
+// applyGrants runs the grant file migrations/grants/<name> with vars as its psql variables.
+func applyGrants(ctx context.Context, tx pgx.Tx, name string, vars map[string]string) error {
+	sql, err := renderGrants(name, vars)
+	if err != nil {
+		return err
+	}
+	// Without arguments, Exec sends the file as one simple-protocol query: every statement runs.
+	if _, err := tx.Exec(ctx, sql); err != nil {
+		return fmt.Errorf("apply migrations/grants/%s: %w", name, err)
 	}
 	return nil
 }
@@ -392,13 +401,14 @@ func renderGrants(name string, vars map[string]string) (string, error) {
 		return quoteLiteral(v)
 	})
 	if len(missing) > 0 {
-		return "", fmt.Errorf("the grants %s use variables without a value: %s", name, strings.Join(missing, ", "))
+		slices.Sort(missing)
+		return "", fmt.Errorf("the grants %s use variables without a value: %s", name, strings.Join(slices.Compact(missing), ", "))
 	}
 	return out, nil
 }
 
 // quoteLiteral quotes s as a string literal as libpq's PQescapeLiteral (psql's :'name') does:
-// quotes doubled, and, when s holds a backslash, an E” literal with backslashes doubled, which
+// quotes doubled, and, when s holds a backslash, an E'...' literal with backslashes doubled, which
 // reads the same whatever standard_conforming_strings is.
 func quoteLiteral(s string) string {
 	q := "'" + strings.ReplaceAll(s, "'", "''") + "'"
