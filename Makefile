@@ -47,7 +47,7 @@ $(NODE_STAMP): $(NODE_TOOLS)/package-lock.json
 lint: ## gofmt check, go vet and staticcheck (root module, cmd/sluice, infra/ and bench/; checks in staticcheck.conf).
 	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './tools/*'))"; \
 	  if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
-	for m in . $(SUBMODULES); do (cd $$m && $(call TIDY,-diff) >/dev/null) || { echo "go.mod of $$m is not tidy: run make tidy"; exit 1; }; done
+	for m in . $(SUBMODULES); do (cd $$m && $(call TIDY,-diff)) || { echo "go.mod of $$m is not tidy: run make tidy"; exit 1; }; done
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
 	for m in $(SUBMODULES); do (cd $$m && $(GO) vet ./... && $(STATICCHECK) ./...) || exit 1; done
