@@ -3,6 +3,10 @@
 //
 // Files are named NNNN_name.up.sql and NNNN_name.down.sql. Migrating takes a PostgreSQL
 // advisory lock, so several processes (Lambdas, the CLI, a deploy hook) may migrate at once.
+//
+// The files are plain SQL in golang-migrate's layout, and grants/ holds the database roles'
+// privileges with psql variables, so a team that runs goose, golang-migrate or Atlas applies
+// them with its own tool instead (README, "Tables in your own migrations").
 package migrations
 
 import (
