@@ -2,6 +2,8 @@ package modproxy_test
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -49,11 +51,11 @@ func TestOutsideModuleBuildsAndInstalls(t *testing.T) {
 	}
 	outside := t.TempDir()
 	gobin := filepath.Join(outside, "bin")
-	// The module cache outlives the test (in the repository's ignored .cache/): the third-party
-	// modules it holds never change, and unpacking the CDK and the AWS SDK again (some 800 MB)
-	// would be most of the test's time. Ours are removed, since every run serves new contents
-	// under the same version.
-	modcache := filepath.Join(root, ".cache", "outside-module", "gomodcache")
+	// The module cache outlives the test: the third-party modules it holds never change, and
+	// unpacking the CDK and the AWS SDK again (some 800 MB) would be most of the test's time.
+	// Ours are removed, since every run serves new contents under the same version. It is kept
+	// outside the repository (grep -r stays fast) and per checkout (worktrees run it at once).
+	modcache := outsideModCache(t, root)
 	for _, dir := range []string{filepath.Join(modcache, "github.com", "sluicehq"), filepath.Join(modcache, "cache", "download", "github.com", "sluicehq")} {
 		require.NoError(t, os.RemoveAll(dir))
 	}
@@ -123,6 +125,16 @@ var (
 
 func main() { fmt.Println("outbox, inbox and infra linked") }
 `
+
+// outsideModCache is the test's module cache for the checkout at root:
+// <user cache dir>/sluice-outside-module/<hash of root>.
+func outsideModCache(t *testing.T, root string) string {
+	t.Helper()
+	base, err := os.UserCacheDir()
+	require.NoError(t, err)
+	sum := sha256.Sum256([]byte(root))
+	return filepath.Join(base, "sluice-outside-module", hex.EncodeToString(sum[:6]))
+}
 
 func repoRoot(t *testing.T) string {
 	t.Helper()
