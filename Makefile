@@ -16,8 +16,19 @@ STATICCHECK := $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # The second AWS emulator: moto_server (pip install 'moto[server]'), when it is on PATH.
 MOTO_PACKAGES := ./e2e/ ./lambdas/relay/
 # The Go modules besides the root one: the CLI (cobra stays out of the library's module graph),
-# the CDK app, and the benchmark harness (linted here, run by `make bench`).
+# the CDK app, and the benchmark harness (linted here, run by `make bench`). go.work joins them
+# for development; each requires the root module at the coming release (docs/local.md, "Modules").
 SUBMODULES := cmd/sluice infra bench
+ROOT_MODULE := github.com/sluicehq/sluice
+# TIDY runs `go mod tidy $(1)` in the module of the current directory. go mod tidy ignores go.work,
+# and no proxy serves the root module's coming release yet, so a sub-module is tidied through a
+# throwaway copy of its go.mod whose replace points that version at this working tree (its go.sum
+# needs no line for the root module); nothing is fetched for the root module.
+TIDY = v=$$(GOWORK=off $(GO) mod edit -print | awk '$$1=="$(ROOT_MODULE)"{print $$2}'); \
+  if [ -z "$$v" ]; then $(GO) mod tidy $(1); exit; fi; \
+  t=$$(mktemp -d) && trap 'rm -rf "$$t"' EXIT && cp go.mod go.sum "$$t"/ && \
+  $(GO) mod edit -modfile="$$t/go.mod" -replace=$(ROOT_MODULE)@$$v=$(CURDIR) && \
+  GOWORK=off $(GO) mod tidy -modfile="$$t/go.mod" $(1)
 
 .PHONY: help
 help: ## Show this help.
@@ -36,10 +47,15 @@ $(NODE_STAMP): $(NODE_TOOLS)/package-lock.json
 lint: ## gofmt check, go vet and staticcheck (root module, cmd/sluice, infra/ and bench/; checks in staticcheck.conf).
 	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './tools/*'))"; \
 	  if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
-	for m in . $(SUBMODULES); do (cd $$m && $(GO) mod tidy -diff >/dev/null) || { echo "go.mod of $$m is not tidy: run go mod tidy there"; exit 1; }; done
+	for m in . $(SUBMODULES); do (cd $$m && $(call TIDY,-diff)) || { echo "go.mod of $$m is not tidy: run make tidy"; exit 1; }; done
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
 	for m in $(SUBMODULES); do (cd $$m && $(GO) vet ./... && $(STATICCHECK) ./...) || exit 1; done
+
+.PHONY: tidy
+tidy: ## go mod tidy in every module (the sub-modules against this working tree's root module).
+	for m in . $(SUBMODULES); do (cd $$m && $(call TIDY,) && if [ -n "$$t" ]; then \
+	  $(GO) mod edit -modfile="$$t/go.mod" -dropreplace=$(ROOT_MODULE)@$$v && cp "$$t/go.mod" "$$t/go.sum" .; fi) || exit 1; done
 
 .PHONY: test
 test: deps lint ## Run every test (real PostgreSQL, fauxqs, then moto), infra/'s template tests and the fuzzer.

@@ -13,7 +13,7 @@ require (
 	github.com/aws/aws-sdk-go-v2/service/sqs v1.53.0
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/sluicehq/sluice v0.0.0
+	github.com/sluicehq/sluice v0.1.0
 	github.com/twmb/franz-go v1.22.3
 	go.opentelemetry.io/otel/sdk v1.47.0
 	go.opentelemetry.io/otel/trace v1.47.0
@@ -83,4 +83,5 @@ require (
 	golang.org/x/text v0.41.0 // indirect
 )
 
-replace github.com/sluicehq/sluice => ../
+// github.com/sluicehq/sluice is required at the release that tags every module of the repository
+// at one commit; go.work builds against the working tree (docs/local.md, "Modules").

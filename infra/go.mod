@@ -8,7 +8,7 @@ require (
 	github.com/aws/constructs-go/constructs/v10 v10.8.1
 	github.com/aws/jsii-runtime-go v1.142.0
 	github.com/cdklabs/cdk-nag-go/cdknag/v2 v2.38.2
-	github.com/sluicehq/sluice v0.0.0
+	github.com/sluicehq/sluice v0.1.0
 	github.com/stretchr/testify v1.12.1
 )
 
@@ -68,6 +68,7 @@ require (
 	golang.org/x/tools/godoc v0.1.0-deprecated // indirect
 )
 
-// The constructs import the root module's internal/lambdaenv and internal/emf (the names the
-// Lambdas read), so infra always builds against the checked-out root module.
-replace github.com/sluicehq/sluice => ../
+// github.com/sluicehq/sluice is required at the release that tags every module of the repository
+// at one commit; go.work builds against the working tree (docs/local.md, "Modules").
+// The constructs import the root module's internal/emf (metric names the Lambdas emit): infra
+// works with the root module of its own release.

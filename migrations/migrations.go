@@ -3,6 +3,10 @@
 //
 // Files are named NNNN_name.up.sql and NNNN_name.down.sql. Migrating takes a PostgreSQL
 // advisory lock, so several processes (Lambdas, the CLI, a deploy hook) may migrate at once.
+//
+// The files are plain SQL in golang-migrate's layout, and grants/ holds the database roles'
+// privileges with psql variables, so a team that runs goose, golang-migrate or Atlas applies
+// them with its own tool instead (README, "Tables in your own migrations").
 package migrations
 
 import (
@@ -18,9 +22,11 @@ import (
 	"github.com/jackc/tern/v2/migrate"
 )
 
-// FS holds the embedded migration files.
+// FS holds the embedded migration files, and in grants/ the privileges of the relay's and the
+// consumers' database roles as plain SQL with psql variables (the migrations custom resource
+// applies them; teams running their own migrations copy them).
 //
-//go:embed *.sql
+//go:embed *.sql grants/*.sql
 var FS embed.FS
 
 // VersionTable is the table in which tern records the applied version.

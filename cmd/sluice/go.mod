@@ -14,7 +14,7 @@ require (
 	github.com/aws/smithy-go v1.28.9
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/sluicehq/sluice v0.0.0
+	github.com/sluicehq/sluice v0.1.0
 	github.com/spf13/cobra v1.10.2
 	github.com/stretchr/testify v1.12.1
 	golang.org/x/term v0.48.0
@@ -67,5 +67,5 @@ require (
 	golang.org/x/text v0.41.0 // indirect
 )
 
-// The CLI is built from this repository: the root module is the one next to it.
-replace github.com/sluicehq/sluice => ../..
+// github.com/sluicehq/sluice is required at the release that tags every module of the repository
+// at one commit; go.work builds against the working tree (docs/local.md, "Modules").

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"regexp"
 	"slices"
 	"sort"
@@ -19,6 +20,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/sluicehq/sluice/migrations"
 )
 
 // Role kinds (Role.Kind): what a function's database role may do.
@@ -323,48 +326,28 @@ func applyRole(ctx context.Context, tx pgx.Tx, r Role, password string) error {
 	if _, err := tx.Exec(ctx, stmt+" LOGIN PASSWORD '"+verifier+"'"); err != nil {
 		return fmt.Errorf("create or alter the role: %w", err)
 	}
+	// The privileges of the role's kind are the published plain SQL (migrations/grants), the
+	// same file a team that runs its own migrations applies with psql.
 	var sqls []string
 	switch r.Kind {
 	case KindRelay:
-		sqls = append(sqls, "GRANT SELECT, UPDATE ON TABLE outbox_event TO "+ident)
-		var control bool
-		if err := tx.QueryRow(ctx, "SELECT to_regclass('outbox_control') IS NOT NULL").Scan(&control); err != nil {
+		if err := applyGrants(ctx, tx, "relay.sql", map[string]string{"role": r.Name}); err != nil {
 			return err
 		}
-		if control {
-			sqls = append(sqls, "GRANT SELECT ON TABLE outbox_control TO "+ident)
-		}
-		// The OldestTransactionAgeSeconds metric (outbox.HorizonOf) reads other roles'
-		// transactions through sluice_horizon() (migration 0006), which returns their age and
-		// holder and no query text. pg_read_all_stats, which earlier versions granted, would show
-		// the relay every session's query with its literals: it is revoked.
-		var horizon, stats bool
-		if err := tx.QueryRow(ctx, `SELECT to_regprocedure('sluice_horizon()') IS NOT NULL,
-			EXISTS (SELECT 1 FROM pg_auth_members m WHERE m.member = $1::regrole AND m.roleid = 'pg_read_all_stats'::regrole)`,
-			r.Name).Scan(&horizon, &stats); err != nil {
+		// Earlier versions granted pg_read_all_stats, which shows the relay every session's
+		// query with its literals; the horizon metric reads sluice_horizon() instead.
+		var stats bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_auth_members m
+			WHERE m.member = $1::regrole AND m.roleid = 'pg_read_all_stats'::regrole)`, r.Name).Scan(&stats); err != nil {
 			return err
-		}
-		if horizon {
-			sqls = append(sqls, "GRANT EXECUTE ON FUNCTION sluice_horizon() TO "+ident)
 		}
 		if stats {
 			sqls = append(sqls, "REVOKE pg_read_all_stats FROM "+ident)
 		}
 	case KindConsumer:
-		policy := pgx.Identifier{"sluice_inbox_" + r.Name}.Sanitize()
-		var lit string
-		if err := tx.QueryRow(ctx, "SELECT quote_literal($1::text)", r.Consumer).Scan(&lit); err != nil {
+		if err := applyGrants(ctx, tx, "consumer.sql", map[string]string{"role": r.Name, "consumer": r.Consumer, "policy": "sluice_inbox_" + r.Name}); err != nil {
 			return err
 		}
-		sqls = append(sqls,
-			// DELETE: the batched mode removes the inbox rows of a batch's failed records before
-			// its commit (pkg/inbox, deleteFree); row level security keeps it to its own rows.
-			"GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE inbox_event TO "+ident,
-			// The owner (the migrations' role) is exempt; every other role sees only what a
-			// policy gives it.
-			"ALTER TABLE inbox_event ENABLE ROW LEVEL SECURITY",
-			"DROP POLICY IF EXISTS "+policy+" ON inbox_event",
-			"CREATE POLICY "+policy+" ON inbox_event TO "+ident+" USING (consumer = "+lit+") WITH CHECK (consumer = "+lit+")")
 	}
 	for _, g := range r.Grants {
 		sqls = append(sqls, "GRANT "+strings.Join(g.Privileges, ", ")+" ON "+g.object()+" TO "+ident)
@@ -375,6 +358,64 @@ func applyRole(ctx context.Context, tx pgx.Tx, r Role, password string) error {
 		}
 	}
 	return nil
+}
+
+// applyGrants runs the grant file migrations/grants/<name> with vars as its psql variables.
+func applyGrants(ctx context.Context, tx pgx.Tx, name string, vars map[string]string) error {
+	sql, err := renderGrants(name, vars)
+	if err != nil {
+		return err
+	}
+	// Without arguments, Exec sends the file as one simple-protocol query: every statement runs.
+	if _, err := tx.Exec(ctx, sql); err != nil {
+		return fmt.Errorf("apply migrations/grants/%s: %w", name, err)
+	}
+	return nil
+}
+
+// psqlVariable is a psql variable interpolation as the grant files use them: :"name" (an
+// identifier) or :'name' (a string literal).
+var psqlVariable = regexp.MustCompile(`:"([a-z_]+)"|:'([a-z_]+)'`)
+
+// renderGrants returns the grant file migrations/grants/<name> with its psql variables replaced
+// by vars' values, quoted as psql quotes them, so the file runs as one multi-statement string.
+func renderGrants(name string, vars map[string]string) (string, error) {
+	body, err := fs.ReadFile(migrations.FS, "grants/"+name)
+	if err != nil {
+		return "", fmt.Errorf("read the grants %s: %w", name, err)
+	}
+	var missing []string
+	out := psqlVariable.ReplaceAllStringFunc(string(body), func(m string) string {
+		sub := psqlVariable.FindStringSubmatch(m)
+		if sub[1] != "" {
+			v, ok := vars[sub[1]]
+			if !ok {
+				missing = append(missing, sub[1])
+			}
+			return pgx.Identifier{v}.Sanitize()
+		}
+		v, ok := vars[sub[2]]
+		if !ok {
+			missing = append(missing, sub[2])
+		}
+		return quoteLiteral(v)
+	})
+	if len(missing) > 0 {
+		slices.Sort(missing)
+		return "", fmt.Errorf("the grants %s use variables without a value: %s", name, strings.Join(slices.Compact(missing), ", "))
+	}
+	return out, nil
+}
+
+// quoteLiteral quotes s as a string literal as libpq's PQescapeLiteral (psql's :'name') does:
+// quotes doubled, and, when s holds a backslash, an E'...' literal with backslashes doubled, which
+// reads the same whatever standard_conforming_strings is.
+func quoteLiteral(s string) string {
+	q := "'" + strings.ReplaceAll(s, "'", "''") + "'"
+	if strings.Contains(s, `\`) {
+		q = "E'" + strings.ReplaceAll(strings.ReplaceAll(s, `\`, `\\`), "'", "''") + "'"
+	}
+	return q
 }
 
 func isUndefinedObject(err error) bool {
