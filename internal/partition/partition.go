@@ -2,8 +2,8 @@
 // range-partitioned table, so that retention drops whole partitions instead of deleting rows,
 // and maintains its partitions: it creates them ahead of the rows that will fill them and drops
 // those whose rows all finished (were published, were processed) longer ago than a retention.
-// pkg/outbox and pkg/inbox expose it for their own tables; see docs/schema.md, "Partitioned
-// tables".
+// pkg/partition is its public API, over the two tables described here (Outbox, Inbox); see
+// docs/schema.md, "Partitioned tables".
 //
 // Every change is its own short transaction that first takes a transaction-scoped advisory lock
 // per table, so concurrent maintainers (overlapping relay Lambdas, the CLI) take turns and each
@@ -82,6 +82,11 @@ type Spec struct {
 	// conversion builds them CONCURRENTLY on the plain table first, so that attaching it as a
 	// partition adopts them instead of building them under a lock.
 	ExtraIndexes []Index
+	// PurgeRows deletes the rows of table (the default partition) that finished longer than
+	// retention ago, batch rows per statement, and returns how many it deleted.
+	PurgeRows func(ctx context.Context, q Querier, table string, retention time.Duration, batch int) (int64, error)
+	// PurgeBatch is PurgeRows' batch during maintenance.
+	PurgeBatch int
 }
 
 // Index is an index definition: CREATE INDEX Name ON <table> Using.
@@ -304,8 +309,8 @@ func (s Spec) keyOf(text string) string {
 	return "(" + text + ")::bigint"
 }
 
-// Options tune maintenance and conversion. Zero fields take the defaults documented on the
-// public wrappers (outbox.PartitionOptions, inbox.PartitionOptions).
+// Options tune maintenance and conversion. Zero fields take the defaults documented on
+// pkg/partition's Options.
 type Options struct {
 	Interval    time.Duration
 	Ahead       int
@@ -387,13 +392,16 @@ type Report struct {
 	Dropped     []Part
 	// Kept are partitions old enough by their bounds that were not dropped.
 	Kept []Kept
+	// Purged counts the rows deleted from the default partition.
+	Purged int64
 	// Warnings need an operator: a conversion left half done, rows in the default partition.
 	Warnings []string
 }
 
-// Maintain creates partitions ahead (create) and drops expired ones (drop, when
-// opts.Retention is positive). On a plain table it does nothing and says so.
-func Maintain(ctx context.Context, db DB, spec Spec, opts Options, create, drop bool) (Report, error) {
+// Maintain creates partitions ahead (when create is true) and, when opts.Retention is
+// positive, drops expired ones and deletes the expired rows of the default partition, batch
+// rows per statement (0: spec.PurgeBatch). On a plain table it does nothing and says so.
+func Maintain(ctx context.Context, db DB, spec Spec, opts Options, create bool, batch int) (Report, error) {
 	var rep Report
 	info, err := Read(ctx, db, spec)
 	if err != nil {
@@ -428,13 +436,25 @@ func Maintain(ctx context.Context, db DB, spec Spec, opts Options, create, drop 
 			rep.Created = append(rep.Created, p)
 		}
 	}
-	if drop && opts.Retention > 0 {
+	if opts.Retention > 0 {
 		if err := dropExpired(ctx, db, spec, opts, &rep); err != nil {
 			return rep, err
 		}
 	}
 	if info, err = Read(ctx, db, spec); err != nil {
 		return rep, err
+	}
+	if d, ok := info.Default(); ok && opts.Retention > 0 && !opts.DryRun {
+		if batch <= 0 {
+			batch = spec.PurgeBatch
+		}
+		rep.Purged, err = spec.PurgeRows(ctx, db, info.qualified(d.Name), opts.Retention, batch)
+		if err != nil {
+			return rep, fmt.Errorf("purge the default partition %s: %w", d.Name, err)
+		}
+		if info, err = Read(ctx, db, spec); err != nil {
+			return rep, err
+		}
 	}
 	if d, ok := info.Default(); ok && d.Rows > 0 {
 		rep.Warnings = append(rep.Warnings, fmt.Sprintf("the default partition %s holds about %d rows: partitions were not created "+

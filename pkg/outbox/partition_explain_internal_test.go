@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/internal/testdb"
+	"github.com/sluicehq/sluice/pkg/partition"
 )
 
 // relayCosts are the buffers each relay statement touched, for one layout of the same rows.
@@ -35,7 +36,7 @@ func measureRelay(t *testing.T, size int64) relayCosts {
 		require.NoError(t, err)
 	}
 	if size > 0 {
-		_, err := ConvertToPartitioned(ctx, pool, &PartitionOptions{Size: size, Ahead: 10}, nil)
+		_, err := partition.Convert(ctx, pool, partition.Outbox, &partition.Options{Size: size, Ahead: 10}, nil)
 		require.NoError(t, err)
 	}
 	exec(`INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload, published_at)
