@@ -208,4 +208,3 @@ func Purge(ctx context.Context, db Querier, olderThan time.Duration, opts *Purge
 	}
 	return admin.PurgeInboxRows(ctx, db, "inbox_event", olderThan, o.Consumer, o.BatchSize, o.Progress)
 }
-

@@ -12,7 +12,7 @@ import (
 func TestPartitionSettingsNameTheVariableOfEachProblem(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		table              *partition.Table
+		table               *partition.Table
 		retention, interval string
 	}{
 		{partition.Outbox, OutboxRetention, OutboxPartitionInterval},
