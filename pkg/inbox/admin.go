@@ -106,7 +106,7 @@ LIMIT $2`, consumer, limit)
 }
 
 // ErrNothingSelected is returned by RetryParked for an empty selection; it is the same error
-// as outbox.ErrNothingSelected.
+// as outbox.RetryQuarantined's.
 var ErrNothingSelected = admin.ErrNothingSelected
 
 // RetryParked un-parks the parked rows of consumer among messageIDs so the Processor tries them
@@ -168,7 +168,7 @@ type PurgeOptions struct {
 const DefaultPurgeBatchSize = admin.DefaultPurgeBatchSize
 
 // ErrInvalidBatchSize is returned, wrapped, for a negative PurgeOptions.BatchSize; it is the
-// same error as outbox.ErrInvalidBatchSize.
+// same error as outbox.Purge's.
 var ErrInvalidBatchSize = admin.ErrInvalidBatchSize
 
 // Purge deletes processed inbox rows whose processed_at is older than olderThan, in batches

@@ -62,15 +62,11 @@ func LagOf(ctx context.Context, db Querier) (Lag, error) {
 // (inbox.DefaultPurgeBatchSize).
 const DefaultPurgeBatchSize = admin.DefaultPurgeBatchSize
 
-// ErrInvalidBatchSize is returned, wrapped, for a negative PurgeOptions.BatchSize; it is the
-// same error as inbox.ErrInvalidBatchSize.
-var ErrInvalidBatchSize = admin.ErrInvalidBatchSize
-
 // PurgeOptions tune Purge. A nil *PurgeOptions takes the defaults.
 type PurgeOptions struct {
 	// BatchSize is the most rows one DELETE statement removes (each statement examines as many
 	// rows in primary-key order). Defaults to DefaultPurgeBatchSize; a negative value is refused
-	// with ErrInvalidBatchSize.
+	// with an error.
 	BatchSize int
 	// Progress, when set, is called after each DELETE statement with the rows deleted so far.
 	// The context is checked right after it returns, so a caller that cancels the context from
@@ -157,18 +153,14 @@ func ListQuarantined(ctx context.Context, db Querier, limit int) ([]QuarantinedR
 	return out, nil
 }
 
-// ErrNothingSelected is returned by RetryQuarantined for an empty selection; it is the same
-// error as inbox.ErrNothingSelected.
-var ErrNothingSelected = admin.ErrNothingSelected
-
 // RetryQuarantined releases the quarantined rows among ids for the relay to publish again with a
 // fresh attempt count, and returns how many it released (ids that are not quarantined are
-// ignored). An empty ids, nil or not, changes nothing and returns ErrNothingSelected: to
+// ignored). An empty ids, nil or not, changes nothing and returns an error: to
 // release every quarantined row, call RetryAllQuarantined. The last error is kept for the
 // record until the row is published. inbox.RetryParked is its counterpart.
 func RetryQuarantined(ctx context.Context, db Querier, ids []int64) (int64, error) {
 	if len(ids) == 0 {
-		return 0, fmt.Errorf("retry quarantined outbox rows: %w (RetryAllQuarantined releases every one)", ErrNothingSelected)
+		return 0, fmt.Errorf("retry quarantined outbox rows: %w (RetryAllQuarantined releases every one)", admin.ErrNothingSelected)
 	}
 	return retryQuarantined(ctx, db, ids)
 }

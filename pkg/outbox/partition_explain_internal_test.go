@@ -63,7 +63,7 @@ func measureRelay(t *testing.T, size int64) relayCosts {
 	for i := range 500 {
 		names = append(names, "b"+strconv.Itoa(i))
 	}
-	c.read, c.readRows = explainBuffers(t, tx, readSQL, names, 10, 16<<20, MaxMessageBytes)
+	c.read, c.readRows = explainBuffers(t, tx, readSQL, names, 10, 16<<20, DefaultSNSMaxMessageBytes)
 
 	// Settle 500 of the burst's rows (custom plan: the ids are known when planning), and
 	// 500 others with a generic plan (PostgreSQL may switch a prepared statement to one).
@@ -92,7 +92,7 @@ func measureRelay(t *testing.T, size int64) relayCosts {
 		}{
 			{"settle (generic)", "EXECUTE settle_generic('{" + strings.Join(lit, ",") + "}')", nil},
 			{"settle (custom)", settlePublishedSQL, []any{other}},
-			{"read", readSQL, []any{names[:3], 10, 16 << 20, MaxMessageBytes}},
+			{"read", readSQL, []any{names[:3], 10, 16 << 20, DefaultSNSMaxMessageBytes}},
 			{"poll", pollSQL, []any{maxID - 50, pollRows, gaps}},
 			{"sweep", sweepSQL, []any{"", true, sweepKeys}},
 		} {

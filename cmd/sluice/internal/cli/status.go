@@ -49,7 +49,7 @@ type OutboxStatus struct {
 // OffloadStatus counts the pending rows whose payload is above the claim check's threshold
 // (outbox.OffloadBacklogOf): a relay with a claim check stores them in S3, one without
 // quarantines them as too large. The count covers a bounded sample of the pending rows
-// (outbox.OffloadSampleRows); Complete says whether that was all of them. What the relays
+// (at most 1,000); Complete says whether that was all of them. What the relays
 // offloaded is in their metrics (Offloaded, OffloadedBytes).
 type OffloadStatus struct {
 	ThresholdBytes             int   `json:"threshold_bytes"`
@@ -185,7 +185,7 @@ scripts and checks.`,
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
 	cmd.Flags().StringArrayVar(&queues, "queue", nil, "SQS queue URL to report on (repeatable)")
 	cmd.Flags().IntVar(&offloadThreshold, "offload-threshold", 0,
-		fmt.Sprintf("payload size in bytes above which the claim check stores a payload in S3 (default $%s, else %d)", lambdaenv.ClaimCheckThreshold, outbox.MaxMessageBytes))
+		fmt.Sprintf("payload size in bytes above which the claim check stores a payload in S3 (default $%s, else %d)", lambdaenv.ClaimCheckThreshold, outbox.DefaultSNSMaxMessageBytes))
 	return cmd
 }
 
@@ -197,7 +197,7 @@ type StatusOptions struct {
 	SQS        SQSAPI
 	CloudWatch CloudWatchAPI
 	// OffloadThreshold is the claim check's threshold in bytes for Outbox.Offload. Defaults
-	// to outbox.MaxMessageBytes (SNS's limit, the relay's default threshold).
+	// to outbox.DefaultSNSMaxMessageBytes (SNS's limit, the relay's default threshold).
 	OffloadThreshold int
 }
 
@@ -230,7 +230,7 @@ func ReadStatus(ctx context.Context, db Querier, opts StatusOptions) (*Status, e
 	}
 	threshold := opts.OffloadThreshold
 	if threshold <= 0 {
-		threshold = outbox.MaxMessageBytes
+		threshold = outbox.DefaultSNSMaxMessageBytes
 	}
 	offload, err := outbox.OffloadBacklogOf(ctx, db, threshold)
 	if err != nil {
