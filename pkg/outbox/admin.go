@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sluicehq/sluice/internal/admin"
-	"github.com/sluicehq/sluice/internal/partition"
+	"github.com/sluicehq/sluice/pkg/partition"
 )
 
 // Querier is what the operational functions need: a *pgxpool.Pool, *pgx.Conn or pgx.Tx.

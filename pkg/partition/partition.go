@@ -31,8 +31,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-
-	engine "github.com/sluicehq/sluice/internal/partition"
 )
 
 // Querier runs single statements: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
@@ -51,16 +49,16 @@ type DB interface {
 
 // Table is a sluice table that can be partitioned: Outbox or Inbox.
 type Table struct {
-	spec engine.Spec
+	spec tableSpec
 }
 
 var (
 	// Outbox is outbox_event, partitioned by RANGE (id). Retention waits until every row of a
 	// partition was published; a quarantined row keeps its partition.
-	Outbox = &Table{spec: engine.Outbox}
+	Outbox = &Table{spec: outboxSpec}
 	// Inbox is inbox_event, partitioned by RANGE (received_at). Retention waits until every
 	// row of a partition was processed; a parked row keeps its partition.
-	Inbox = &Table{spec: engine.Inbox}
+	Inbox = &Table{spec: inboxSpec}
 )
 
 // Tables returns every table that can be partitioned, the outbox first.
@@ -109,43 +107,25 @@ type Options struct {
 	DryRun bool
 }
 
-// Defaults of Options.
-const (
-	DefaultInterval = engine.DefaultInterval
-	DefaultAhead    = engine.DefaultAhead
-	DefaultMinSize  = engine.DefaultMinSize
-	// DefaultLockTimeout is short because writers queue behind a waiting ACCESS EXCLUSIVE
-	// request: a drop that cannot get its lock at once gives up after stalling writers for at
-	// most this long, and the next run tries again.
-	DefaultLockTimeout = engine.DefaultLockTimeout
-)
-
 // Check reports every out-of-range option at once (as Maintain would), so that a process can
 // refuse bad settings when it starts.
 func (o *Options) Check() error {
-	_, err := o.engine()
+	_, err := o.resolved()
 	return err
 }
 
-func (o *Options) engine() (engine.Options, error) {
-	var p engine.Options
+// resolved returns the options with their defaults, checked.
+func (o *Options) resolved() (Options, error) {
+	var p Options
 	if o != nil {
-		p = engine.Options{Interval: o.Interval, Ahead: o.Ahead, MinSize: o.MinSize, Size: o.Size, Retention: o.Retention, LockTimeout: o.LockTimeout, DryRun: o.DryRun}
+		p = *o
 	}
-	p = p.WithDefaults()
-	if err := p.Validate(); err != nil {
+	p = p.withDefaults()
+	if err := p.validate(); err != nil {
 		return p, fmt.Errorf("partition options: %w", err)
 	}
 	return p, nil
 }
-
-// Errors that callers may branch on, matched with errors.Is.
-var (
-	// ErrNotMigrated: the table does not exist (run `sluice migrate`).
-	ErrNotMigrated = engine.ErrNotMigrated
-	// ErrPartitioned: PlanConversion or Convert on a table that is already partitioned.
-	ErrPartitioned = engine.ErrPartitioned
-)
 
 // Partition is one partition of a table.
 type Partition struct {
@@ -169,33 +149,32 @@ func (p Partition) String() string {
 	if p.table == nil {
 		return p.Name
 	}
-	q := engine.Part{Name: p.Name, From: p.From, To: p.To, Default: p.Default}
-	return p.table.spec.Describe(q)
+	return p.table.spec.describe(p)
 }
 
 // Time returns the time a key of an inbox partition's range stands for, and false for the
 // outbox's ids and for math.MinInt64 (MINVALUE).
 func (t *Table) Time(key int64) (time.Time, bool) {
-	if t.spec.Kind != engine.Time || key == engine.MinBound || key == engine.MaxBound {
+	if t.spec.Kind != timeKey || key == minBound || key == maxBound {
 		return time.Time{}, false
 	}
 	return time.UnixMicro(key).UTC(), true
 }
 
-func (t *Table) partition(p engine.Part) Partition {
-	out := Partition{Name: p.Name, From: p.From, To: p.To, Default: p.Default, Rows: p.Rows, table: t}
-	if p.Default {
-		out.From, out.To = 0, 0
+// stamp makes the engine's partitions of t the API's: each knows its table (String), and the
+// default partition has no bounds.
+func (t *Table) stamp(ps []Partition) []Partition {
+	for i := range ps {
+		t.stampOne(&ps[i])
 	}
-	return out
+	return ps
 }
 
-func (t *Table) partitions(ps []engine.Part) []Partition {
-	out := make([]Partition, 0, len(ps))
-	for _, p := range ps {
-		out = append(out, t.partition(p))
+func (t *Table) stampOne(p *Partition) {
+	p.table = t
+	if p.Default {
+		p.From, p.To = 0, 0
 	}
-	return out
 }
 
 // Layout is how a table is stored.
@@ -213,14 +192,14 @@ type Layout struct {
 
 // Read returns how table t is stored, from the catalog alone.
 func Read(ctx context.Context, q Querier, t *Table) (Layout, error) {
-	info, err := engine.Read(ctx, q, t.spec)
+	info, err := readInfo(ctx, q, t.spec)
 	if err != nil {
 		return Layout{}, fmt.Errorf("%s partitions: %w", t, err)
 	}
 	if !info.Exists {
 		return Layout{}, fmt.Errorf("%s partitions: %w", t, ErrNotMigrated)
 	}
-	return Layout{Table: t.Name(), Partitioned: info.Partitioned, Partitions: t.partitions(info.Parts), ConversionBound: info.Bound}, nil
+	return Layout{Table: t.Name(), Partitioned: info.Partitioned, Partitions: t.stamp(info.Parts), ConversionBound: info.Bound}, nil
 }
 
 // Kept is a partition Maintain could have dropped by its range but kept.
@@ -260,19 +239,20 @@ type Report struct {
 // tables on a schedule; `sluice partition maintain` and `sluice purge` run it too. Run it at
 // least every Interval.
 func Maintain(ctx context.Context, db DB, t *Table, opts *Options) (Report, error) {
-	o, err := opts.engine()
+	o, err := opts.resolved()
 	if err != nil {
 		return Report{Table: t.Name()}, err
 	}
 	return maintain(ctx, db, t, o, true, 0)
 }
 
-func maintain(ctx context.Context, db DB, t *Table, o engine.Options, create bool, batch int) (Report, error) {
-	r, err := engine.Maintain(ctx, db, t.spec, o, create, batch)
-	rep := Report{Table: t.Name(), Partitioned: r.Partitioned, Created: t.partitions(r.Created), Dropped: t.partitions(r.Dropped),
-		Purged: r.Purged, Warnings: r.Warnings}
-	for _, k := range r.Kept {
-		rep.Kept = append(rep.Kept, Kept{Partition: t.partition(k.Part), Reason: k.Reason})
+func maintain(ctx context.Context, db DB, t *Table, o Options, create bool, batch int) (Report, error) {
+	rep, err := maintainSpec(ctx, db, t.spec, o, create, batch)
+	rep.Table = t.Name()
+	t.stamp(rep.Created)
+	t.stamp(rep.Dropped)
+	for i := range rep.Kept {
+		t.stampOne(&rep.Kept[i].Partition)
 	}
 	if err != nil {
 		return rep, fmt.Errorf("maintain %s partitions: %w", t, err)
@@ -280,44 +260,21 @@ func maintain(ctx context.Context, db DB, t *Table, o engine.Options, create boo
 	return rep, nil
 }
 
-// Plan is what Convert does, for an operator to read first.
-type Plan struct {
-	// Table is the table's name.
-	Table string
-	// Rows is PostgreSQL's estimate of the table's rows: none is copied or moved.
-	Rows int64
-	// Bound: the plain table becomes the partition of keys below it (ids, or Unix
-	// microseconds of received_at: see Table.Time).
-	Bound int64
-	// Size is how many keys each new partition spans: ids from Rate and Interval (at least
-	// MinSize) for the outbox, Interval in microseconds for the inbox.
-	Size int64
-	// Rate is the observed rate of new ids per second (outbox; 0: unknown).
-	Rate float64
-	// Resume: an earlier run started the conversion; this one finishes it.
-	Resume bool
-	// Steps say what the conversion does, in order; Notes what changes for users.
-	Steps, Notes []string
-}
-
-func (t *Table) plan(p engine.Plan) Plan {
-	return Plan{Table: t.Name(), Rows: p.Rows, Bound: p.Bound, Size: p.Size, Rate: p.Rate, Resume: p.Resume, Steps: p.Steps, Notes: p.Notes}
-}
-
 // PlanConversion checks that table t can be converted to a partitioned table and returns what
 // Convert would do, changing nothing. A table it cannot convert safely (triggers, views or
 // foreign keys on it, another unique index without the partition key, ...) is refused with
 // every problem named.
 func PlanConversion(ctx context.Context, db DB, t *Table, opts *Options) (Plan, error) {
-	o, err := opts.engine()
+	o, err := opts.resolved()
 	if err != nil {
 		return Plan{Table: t.Name()}, err
 	}
-	p, err := engine.PlanConversion(ctx, db, t.spec, o)
+	p, _, err := planConversion(ctx, db, t.spec, o)
+	p.Table = t.Name()
 	if err != nil {
 		return Plan{Table: t.Name()}, err
 	}
-	return t.plan(p), nil
+	return p, nil
 }
 
 // Convert converts plain table t into a partitioned one without copying, moving or deleting a
@@ -335,10 +292,11 @@ func PlanConversion(ctx context.Context, db DB, t *Table, opts *Options) (Plan, 
 // of this version notice the conversion (one insert fails, that record comes back) and
 // deduplicate across partitions from then on.
 func Convert(ctx context.Context, db DB, t *Table, opts *Options, progress func(step string)) (Plan, error) {
-	o, err := opts.engine()
+	o, err := opts.resolved()
 	if err != nil {
 		return Plan{Table: t.Name()}, err
 	}
-	p, err := engine.Convert(ctx, db, t.spec, o, progress)
-	return t.plan(p), err
+	p, err := convert(ctx, db, t.spec, o, progress)
+	p.Table = t.Name()
+	return p, err
 }

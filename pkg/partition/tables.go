@@ -19,10 +19,10 @@ import (
 // database any more: its uniqueness comes from how it is made (a UUIDv7 from Write,
 // gen_random_uuid() in plain SQL), and consumers deduplicate on it as before.
 
-// Outbox describes outbox_event.
-var Outbox = Spec{
+// outboxSpec describes outbox_event.
+var outboxSpec = tableSpec{
 	Table:      "outbox_event",
-	Kind:       Identity,
+	Kind:       identityKey,
 	Column:     "id",
 	TimeColumn: "created_at",
 	Finished:   "published",
@@ -36,7 +36,7 @@ var Outbox = Spec{
 		"outbox_event_event_id_key": "PostgreSQL cannot enforce event_id's uniqueness across partitions; it stays unique among the rows " +
 			"written before the conversion, and later rows rely on how event_id is made (UUIDv7, gen_random_uuid())",
 	},
-	ExtraIndexes: []Index{{Name: "outbox_event_published_brin", Using: "USING brin (published_at)"}},
+	ExtraIndexes: []extraIndex{{Name: "outbox_event_published_brin", Using: "USING brin (published_at)"}},
 	PurgeBatch:   admin.DefaultPurgeBatchSize,
 	PurgeRows: func(ctx context.Context, q Querier, table string, retention time.Duration, batch int) (int64, error) {
 		var cutoff time.Time
@@ -57,10 +57,10 @@ var Outbox = Spec{
 // (pkg/inbox/partition_insert.go). Each partition keeps a unique index on (consumer,
 // message_id), which also serves that lookup.
 
-// Inbox describes inbox_event.
-var Inbox = Spec{
+// inboxSpec describes inbox_event.
+var inboxSpec = tableSpec{
 	Table:    "inbox_event",
-	Kind:     Time,
+	Kind:     timeKey,
 	Column:   "received_at",
 	Finished: "processed",
 	// An unprocessed row is in one of the three partial indexes: FIFO rows in
@@ -84,17 +84,22 @@ var Inbox = Spec{
 	},
 }
 
-// Purge is the retention of outbox.Purge and inbox.Purge on a partitioned table: it drops the
-// partitions whose rows all finished before now - olderThan and deletes such rows from the
-// default partition, batch rows per statement, creating no partition, and returns the rows
-// removed (a dropped partition's counted from PostgreSQL's estimate). db must be able to begin
-// transactions (a *pgxpool.Pool or a *pgx.Conn).
-func Purge(ctx context.Context, db Querier, spec Spec, olderThan time.Duration, batch int) (int64, error) {
+// Purge is retention alone on partitioned table t, what outbox.Purge and inbox.Purge do on a
+// partitioned table: it drops the partitions whose rows all finished (were published, were
+// processed) before now - olderThan and deletes such rows from the default partition,
+// batchSize rows per statement (0: the table's default), creating no partition. It returns
+// the rows removed, a dropped partition's counted from PostgreSQL's estimate
+// (pg_class.reltuples). db must be able to begin transactions: a *pgxpool.Pool or a *pgx.Conn.
+func Purge(ctx context.Context, db Querier, t *Table, olderThan time.Duration, batchSize int) (int64, error) {
+	spec := t.spec
 	d, ok := db.(DB)
 	if !ok {
 		return 0, fmt.Errorf("purge %s: the table is partitioned: pass a *pgxpool.Pool or *pgx.Conn, which can drop partitions", spec.Table)
 	}
-	rep, err := Maintain(ctx, d, spec, Options{Retention: olderThan}.WithDefaults(), false, batch)
+	if olderThan <= 0 {
+		return 0, fmt.Errorf("purge %s: olderThan must be positive, got %s", spec.Table, olderThan)
+	}
+	rep, err := maintainSpec(ctx, d, spec, Options{Retention: olderThan}.withDefaults(), false, batchSize)
 	n := rep.Purged
 	for _, p := range rep.Dropped {
 		n += max(p.Rows, 0)
