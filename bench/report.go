@@ -961,8 +961,8 @@ func (r *Report) sustainedMarkdown(w func(string, ...any)) {
 	w("A producer commits %s events/s without a pause, each event its own transaction (`outbox.Write`), over %s keys, while one relay runs "+
 		"(`outbox.NewRelay` with its defaults, `Run`, a stub broker that acknowledges at once, so the relay's database work is what is measured) "+
 		"and retention with %s runs every %s (autovacuum at the server's defaults): on the plain table `outbox.Purge(ctx, pool, %s, nil)`; "+
-		"on the partitioned table, converted while empty by `outbox.ConvertToPartitioned` with partitions of %s ids (%s at the offered rate), "+
-		"`outbox.MaintainPartitions` with that size and the same retention, which creates partitions ahead and drops those whose rows were all "+
+		"on the partitioned table, converted while empty by `partition.Convert` with partitions of %s ids (%s at the offered rate), "+
+		"`partition.Maintain` with that size and the same retention, which creates partitions ahead and drops those whose rows were all "+
 		"published before the cutoff (what the relay Lambda runs at each invocation). Every %s the harness records the table's and its "+
 		"indexes' sizes (summed over partitions) and the dead and live tuples the statistics report. Each run has a fresh database. "+
 		"The *VACUUM held back* runs add a session that holds a snapshot: `BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1 FROM outbox_event LIMIT 1;` "+

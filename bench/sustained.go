@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sluicehq/sluice/pkg/outbox"
+	"github.com/sluicehq/sluice/pkg/partition"
 )
 
 // SustainedResult is the sustained suite's outcome (issue 11, section 3): the outbox at a steady
@@ -35,7 +36,7 @@ type SustainedResult struct {
 	// held-back VACUUM.
 	Warmup, HeldWarmup, Measure time.Duration
 	// Retention runs every PurgeEvery with a retention of Retention (outbox.Purge on the plain
-	// table, outbox.MaintainPartitions on the partitioned one); sizes are sampled every SampleEvery.
+	// table, partition.Maintain on the partitioned one); sizes are sampled every SampleEvery.
 	PurgeEvery, Retention, SampleEvery time.Duration
 	// PartitionSize is the ids each partition of the partitioned runs spans (Rate × PurgeEvery).
 	PartitionSize int64
@@ -109,7 +110,7 @@ func (r SustainedRun) layout() string {
 }
 
 // PurgeSample is one retention call of a sustained run (outbox.Purge, or
-// outbox.MaintainPartitions on the partitioned table).
+// partition.Maintain on the partitioned table).
 type PurgeSample struct {
 	At, Took time.Duration
 	// Deleted rows (a dropped partition's counted from PostgreSQL's estimate).
@@ -235,11 +236,11 @@ func runSustained(ctx context.Context, log *slog.Logger, env *Env, res *Sustaine
 		return run, err
 	}
 	defer pool.Close()
-	partOpts := &outbox.PartitionOptions{Size: res.PartitionSize, Retention: res.Retention}
+	partOpts := &partition.Options{Size: res.PartitionSize, Retention: res.Retention}
 	if layout == layoutPartitioned {
 		// The empty plain table becomes the first partition; partitions of PartitionSize ids are
 		// created ahead of the newest id.
-		if _, err := outbox.ConvertToPartitioned(ctx, pool, partOpts, nil); err != nil {
+		if _, err := partition.Convert(ctx, pool, partition.Outbox, partOpts, nil); err != nil {
 			return run, err
 		}
 	}
@@ -330,7 +331,7 @@ func runSustained(ctx context.Context, log *slog.Logger, env *Env, res *Sustaine
 		if layout == layoutPartitioned {
 			// What the relay Lambda runs at each invocation: partitions created ahead, expired
 			// ones dropped.
-			r, err := outbox.MaintainPartitions(bctx, pool, partOpts)
+			r, err := partition.Maintain(bctx, pool, partition.Outbox, partOpts)
 			if err != nil {
 				return fmt.Errorf("maintain partitions: %w", err)
 			}

@@ -64,7 +64,7 @@ type MigrationsProps struct {
 	// Defaults to 0: nothing is dropped.
 	OutboxRetention time.Duration
 	// OutboxPartitionInterval is how long a new outbox partition should take to fill
-	// (SLUICE_OUTBOX_PARTITION_INTERVAL). Defaults to outbox.DefaultPartitionInterval (24h).
+	// (SLUICE_OUTBOX_PARTITION_INTERVAL). Defaults to partition.DefaultInterval (24h).
 	OutboxPartitionInterval time.Duration
 	// InboxRetention drops the partitions of a partitioned inbox_event whose rows were all
 	// processed longer ago (SLUICE_INBOX_RETENTION). A dropped message is no longer recognised
@@ -72,7 +72,7 @@ type MigrationsProps struct {
 	// (NewConsumer checks). Defaults to 0: nothing is dropped.
 	InboxRetention time.Duration
 	// InboxPartitionInterval is the time one new inbox partition covers
-	// (SLUICE_INBOX_PARTITION_INTERVAL). Defaults to inbox.DefaultPartitionInterval (24h).
+	// (SLUICE_INBOX_PARTITION_INTERVAL). Defaults to partition.DefaultInterval (24h).
 	InboxPartitionInterval time.Duration
 }
 

@@ -21,7 +21,7 @@ import (
 	"github.com/aws/constructs-go/constructs/v10"
 	"github.com/aws/jsii-runtime-go"
 	"github.com/sluicehq/sluice/pkg/lambdaenv"
-	sluiceoutbox "github.com/sluicehq/sluice/pkg/outbox"
+	"github.com/sluicehq/sluice/pkg/partition"
 )
 
 // RelaySchedule is how often EventBridge starts a relay invocation (EventBridge's floor). Each
@@ -121,7 +121,7 @@ type OutboxProps struct {
 	OutboxRetention time.Duration
 	// OutboxPartitionInterval is how long a new partition of a partitioned outbox_event should
 	// take to fill (SLUICE_OUTBOX_PARTITION_INTERVAL), for the same maintenance. Defaults to
-	// outbox.DefaultPartitionInterval (24h).
+	// partition.DefaultInterval (24h).
 	OutboxPartitionInterval time.Duration
 	// LogRetention is the relay log group's retention. Defaults to one month.
 	LogRetention awslogs.RetentionDays
@@ -228,7 +228,7 @@ func (p *OutboxProps) validate() error {
 		errs = append(errs, fmt.Errorf("OutboxRetention must not be negative, got %s", p.OutboxRetention))
 	}
 	if p.OutboxPartitionInterval != 0 {
-		if err := (&sluiceoutbox.PartitionOptions{Interval: p.OutboxPartitionInterval}).Check(); err != nil {
+		if err := (&partition.Options{Interval: p.OutboxPartitionInterval}).Check(); err != nil {
 			errs = append(errs, fmt.Errorf("OutboxPartitionInterval: %w", err))
 		}
 	}
@@ -341,7 +341,7 @@ func NewOutbox(scope constructs.Construct, id string, props *OutboxProps) Outbox
 		if p.OutboxRetention > 0 {
 			env[lambdaenv.OutboxRetention] = jsii.String(p.OutboxRetention.String())
 		}
-		env[lambdaenv.OutboxPartitionInterval] = jsii.String(orDefault(p.OutboxPartitionInterval, sluiceoutbox.DefaultPartitionInterval).String())
+		env[lambdaenv.OutboxPartitionInterval] = jsii.String(orDefault(p.OutboxPartitionInterval, partition.DefaultInterval).String())
 		awscdk.Annotations_Of(this).AddWarningV2(jsii.String("sluice:relayUsesDatabaseSecret"), jsii.String(
 			"UseDatabaseSecret: the relay logs in with Database.Secret, not a role of its own; set Migrations to give it one"), nil)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice/pkg/lambdaenv"
 	sluiceoutbox "github.com/sluicehq/sluice/pkg/outbox"
+	"github.com/sluicehq/sluice/pkg/partition"
 )
 
 // RelaySettings tune the relay Lambda. Each field is the outbox.RelayConfig field of the same
@@ -97,7 +98,7 @@ func consumerEnvironment(p *ConsumerProps) (map[string]string, error) {
 
 // maintenanceEnvironment returns the migrations function's partition maintenance variables
 // (zero durations are left unset), checked by the function's own readers
-// (lambdaenv.OutboxPartitions, InboxPartitions): an error is what its cold start would refuse.
+// (lambdaenv.Partitions, for each table): an error is what its cold start would refuse.
 func maintenanceEnvironment(outboxRetention, outboxInterval, inboxRetention, inboxInterval time.Duration) (map[string]string, error) {
 	env := map[string]string{}
 	for k, d := range map[string]time.Duration{
@@ -109,9 +110,12 @@ func maintenanceEnvironment(outboxRetention, outboxInterval, inboxRetention, inb
 		}
 	}
 	get := func(k string) string { return env[k] }
-	_, oerr := lambdaenv.OutboxPartitions(get)
-	_, ierr := lambdaenv.InboxPartitions(get)
-	if err := errors.Join(oerr, ierr); err != nil {
+	var errs []error
+	for _, t := range partition.Tables() {
+		_, err := lambdaenv.Partitions(get, t)
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("partition maintenance: %w", err)
 	}
 	return env, nil

@@ -11,8 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/testdb"
 	"github.com/sluicehq/sluice/migrations"
-	"github.com/sluicehq/sluice/pkg/inbox"
-	"github.com/sluicehq/sluice/pkg/outbox"
+	"github.com/sluicehq/sluice/pkg/partition"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
@@ -145,18 +144,18 @@ func TestPayloadJSONMigrationReachesEveryPartition(t *testing.T) {
 	_, err = conn.Exec(ctx, `INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload)
 		SELECT gen_random_uuid(), 't', '', 'a', 'E', 'k', jsonb_build_object('i', i) FROM generate_series(1, 50) i`)
 	require.NoError(t, err)
-	_, err = outbox.ConvertToPartitioned(ctx, pool, &outbox.PartitionOptions{Size: 100, Ahead: 2}, nil)
+	_, err = partition.Convert(ctx, pool, partition.Outbox, &partition.Options{Size: 100, Ahead: 2}, nil)
 	require.NoError(t, err)
-	_, err = inbox.ConvertToPartitioned(ctx, pool, &inbox.PartitionOptions{}, nil)
+	_, err = partition.Convert(ctx, pool, partition.Inbox, &partition.Options{}, nil)
 	require.NoError(t, err)
 
 	require.NoError(t, migrations.To(ctx, conn, 5))
 	_, err = conn.Exec(ctx, `INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload)
 		SELECT gen_random_uuid(), 't', '', 'a', 'E', 'k', ' [ 1 ] ' FROM generate_series(1, 350) i`)
 	require.NoError(t, err)
-	_, err = outbox.MaintainPartitions(ctx, pool, &outbox.PartitionOptions{Size: 100, Ahead: 4})
+	_, err = partition.Maintain(ctx, pool, partition.Outbox, &partition.Options{Size: 100, Ahead: 4})
 	require.NoError(t, err)
-	_, err = inbox.MaintainPartitions(ctx, pool, &inbox.PartitionOptions{Ahead: 4})
+	_, err = partition.Maintain(ctx, pool, partition.Inbox, &partition.Options{Ahead: 4})
 	require.NoError(t, err)
 
 	rows, err := conn.Query(ctx, `SELECT c.relname, format_type(a.atttypid, a.atttypmod)

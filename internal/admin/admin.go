@@ -1,7 +1,7 @@
 // Package admin is what the operator functions of pkg/outbox and pkg/inbox share, so that the
 // same idea has the same value and meaning in both: the purge batch default, the refusal of a
-// negative batch size, and the error of an empty selection. Both packages re-export these
-// names; errors.Is matches either package's name.
+// negative batch size, the error of an empty selection, and the batched row purges that
+// Purge and partition maintenance (pkg/partition, for a default partition) both run.
 package admin
 
 import (

@@ -19,7 +19,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"sort"
 	"strings"
 )
 
@@ -92,27 +91,22 @@ func Dir(dir string) ([]Finding, error) {
 		dests = outboxDestinations
 	}
 	fset := token.NewFileSet()
-	pkgs, err := parser.ParseDir(fset, dir, func(fi os.FileInfo) bool {
-		return !strings.HasSuffix(fi.Name(), "_test.go")
-	}, parser.ParseComments)
+	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, err
 	}
 	l := linter{fset: fset, dests: dests}
-	names := make([]string, 0, len(pkgs))
-	for name := range pkgs {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
-		files := make([]string, 0, len(pkgs[name].Files))
-		for fn := range pkgs[name].Files {
-			files = append(files, fn)
+	for _, e := range entries { // ReadDir sorts by name: findings come in file order
+		name := e.Name()
+		if e.IsDir() || !strings.HasSuffix(name, ".go") || strings.HasSuffix(name, "_test.go") {
+			continue
 		}
-		sort.Strings(files)
-		for _, fn := range files {
-			l.file(fn, pkgs[name].Files[fn])
+		path := filepath.Join(dir, name)
+		f, err := parser.ParseFile(fset, path, nil, parser.ParseComments)
+		if err != nil {
+			return nil, err
 		}
+		l.file(path, f)
 	}
 	return l.found, nil
 }

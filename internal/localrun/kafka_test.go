@@ -1,7 +1,9 @@
 package localrun
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"testing"
 	"time"
 
@@ -21,7 +23,9 @@ func TestKafkaEventHasTheLambdaShape(t *testing.T) {
 	e := &outbox.Event{EventID: uuid.New(), EventType: "OrderCreated", AggregateType: "order", AggregateID: "o-1", PartitionKey: "c-1",
 		Payload: []byte(`{"orderId":"o-1"}`), Headers: map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
 		CreatedAt: time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)}
-	r := outbox.KafkaRecord("orders", e)
+	var rec recordOf
+	require.NoError(t, errors.Join(outbox.NewKafkaPublisher(&rec, 0).PublishBatch(context.Background(), "kafka://orders", []*outbox.Event{e})...))
+	r := rec.r
 	r.Partition, r.Offset = 3, 42
 	ev := KafkaEvent(map[string][]*kgo.Record{"orders-3": {r}}, DefaultKafkaClusterARN, "127.0.0.1:9092")
 
@@ -41,4 +45,12 @@ func TestKafkaEventHasTheLambdaShape(t *testing.T) {
 	require.Equal(t, `{"orderId":"o-1"}`, string(msg.Payload))
 	require.Equal(t, e.Headers["traceparent"], msg.Traceparent())
 	require.Equal(t, "orders-3@42", msg.ItemID)
+}
+
+// recordOf keeps the record the relay's publisher produces, and acknowledges it.
+type recordOf struct{ r *kgo.Record }
+
+func (o *recordOf) ProduceSync(_ context.Context, rs ...*kgo.Record) kgo.ProduceResults {
+	o.r = rs[0]
+	return kgo.ProduceResults{{Record: rs[0]}}
 }

@@ -65,3 +65,17 @@ const (
 	MessagingSystemKinesis     = "aws.kinesis"
 	MessagingSystemEventBridge = "aws.eventbridge"
 )
+
+// Attributes the relay adds to its publish spans beside the messaging semantic conventions
+// (docs/tracing.md).
+const (
+	// SpanOutboxWaitMillis is how long a row waited in the outbox before this publish call: the
+	// call's start minus created_at (which PostgreSQL sets at the writing transaction's start).
+	// On each link of a publish span; the span carries the largest as SpanOutboxMaxWaitMillis.
+	SpanOutboxWaitMillis    = "sluice.outbox.wait_ms"
+	SpanOutboxMaxWaitMillis = "sluice.outbox.max_wait_ms"
+	// SpanMessageIDs lists the event ids of a publish call.
+	SpanMessageIDs = "sluice.message_ids"
+	// SpanPublishFailed counts the entries of a publish call the broker did not acknowledge.
+	SpanPublishFailed = "sluice.publish.failed"
+)

@@ -9,9 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sluicehq/sluice/migrations"
-	"github.com/sluicehq/sluice/pkg/inbox"
 	"github.com/sluicehq/sluice/pkg/lambdaenv"
-	"github.com/sluicehq/sluice/pkg/outbox"
+	"github.com/sluicehq/sluice/pkg/partition"
 )
 
 // PhysicalResourceID names the migrations resource. It never changes, so an Update never makes
@@ -24,10 +23,9 @@ type handler struct {
 	getenv  lambdaenv.Getenv
 	secrets secretStore
 	log     *slog.Logger
-	// outboxPartitions and inboxPartitions tune the scheduled partition maintenance (nil: the
-	// libraries' defaults, which create partitions ahead and drop nothing).
-	outboxPartitions *outbox.PartitionOptions
-	inboxPartitions  *inbox.PartitionOptions
+	// partitions tune the scheduled partition maintenance of each table (nil: the defaults,
+	// which create partitions ahead and drop nothing).
+	partitions map[*partition.Table]*partition.Options
 }
 
 // Handle applies the migrations, then creates or updates the roles of the Roles property, on

@@ -27,6 +27,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 
 	"github.com/sluicehq/sluice/pkg/lambdaenv"
+	"github.com/sluicehq/sluice/pkg/partition"
 )
 
 func main() {
@@ -46,9 +47,14 @@ func wire(ctx context.Context, getenv lambdaenv.Getenv, log *slog.Logger) (*hand
 	if getenv(lambdaenv.DatabaseURL) == "" && getenv(lambdaenv.DatabaseSecretARN) == "" {
 		return nil, fmt.Errorf("no database configured: set %s, or %s to an RDS Secrets Manager secret", lambdaenv.DatabaseURL, lambdaenv.DatabaseSecretARN)
 	}
-	outboxParts, oerr := lambdaenv.OutboxPartitions(getenv)
-	inboxParts, ierr := lambdaenv.InboxPartitions(getenv)
-	if err := errors.Join(oerr, ierr); err != nil {
+	parts := map[*partition.Table]*partition.Options{}
+	var errs []error
+	for _, t := range partition.Tables() {
+		o, err := lambdaenv.Partitions(getenv, t)
+		parts[t] = o
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
 	awsCfg, err := config.LoadDefaultConfig(ctx)
@@ -56,5 +62,5 @@ func wire(ctx context.Context, getenv lambdaenv.Getenv, log *slog.Logger) (*hand
 		return nil, fmt.Errorf("load AWS config: %w", err)
 	}
 	return &handler{getenv: getenv, secrets: secretsmanager.NewFromConfig(awsCfg), log: log,
-		outboxPartitions: outboxParts, inboxPartitions: inboxParts}, nil
+		partitions: parts}, nil
 }

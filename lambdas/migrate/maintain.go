@@ -10,15 +10,14 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/sluicehq/sluice/pkg/inbox"
 	"github.com/sluicehq/sluice/pkg/lambdaenv"
-	"github.com/sluicehq/sluice/pkg/outbox"
+	"github.com/sluicehq/sluice/pkg/partition"
 )
 
 // The migrate function is the stack's one function that logs in as the tables' owner, so it is
 // also the one that may create and drop their partitions: an EventBridge schedule (hourly in
-// the CDK constructs) invokes it with a scheduled event, and it runs outbox.MaintainPartitions
-// and inbox.MaintainPartitions. On plain tables each costs one catalog read.
+// the CDK constructs) invokes it with a scheduled event, and it runs partition.Maintain on each
+// table. On plain tables each costs one catalog read.
 
 // Invoke answers both kinds of event the function receives: a CloudFormation custom resource
 // request (Handle, its response PUT to the event's ResponseURL) and an EventBridge scheduled
@@ -59,6 +58,14 @@ type MaintenanceResult struct {
 	Inbox  TableMaintenance `json:"inbox"`
 }
 
+// of returns the result of table t.
+func (r *MaintenanceResult) of(t *partition.Table) *TableMaintenance {
+	if t == partition.Inbox {
+		return &r.Inbox
+	}
+	return &r.Outbox
+}
+
 // TableMaintenance is what the maintenance did to one table.
 type TableMaintenance struct {
 	// Partitioned is false for a plain table, which is left alone.
@@ -90,47 +97,31 @@ func (h *handler) Maintain(ctx context.Context, ev events.EventBridgeEvent) (Mai
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 
-	orep, oerr := outbox.MaintainPartitions(ctx, conn, h.outboxPartitions)
-	res.Outbox = TableMaintenance{Partitioned: orep.Partitioned, Purged: orep.Purged}
-	for _, p := range orep.Created {
-		res.Outbox.Created = append(res.Outbox.Created, p.Name)
-		h.log.InfoContext(ctx, "outbox partition created", "partition", outbox.DescribePartition(p))
+	var errs []error
+	for _, t := range partition.Tables() {
+		rep, err := partition.Maintain(ctx, conn, t, h.partitions[t])
+		m := res.of(t)
+		*m = TableMaintenance{Partitioned: rep.Partitioned, Purged: rep.Purged}
+		for _, p := range rep.Created {
+			m.Created = append(m.Created, p.Name)
+			h.log.InfoContext(ctx, "partition created", "table", t.Name(), "partition", p.String())
+		}
+		for _, p := range rep.Dropped {
+			m.Dropped = append(m.Dropped, p.Name)
+			h.log.InfoContext(ctx, "partition dropped", "table", t.Name(), "partition", p.String(), "rows_estimate", p.Rows)
+		}
+		for _, k := range rep.Kept {
+			h.log.DebugContext(ctx, "partition kept", "table", t.Name(), "partition", k.String(), "reason", k.Reason)
+		}
+		for _, w := range rep.Warnings {
+			h.log.WarnContext(ctx, t.Name()+" partitions: "+w)
+		}
+		if err != nil {
+			m.Error = err.Error()
+			errs = append(errs, err)
+		}
 	}
-	for _, p := range orep.Dropped {
-		res.Outbox.Dropped = append(res.Outbox.Dropped, p.Name)
-		h.log.InfoContext(ctx, "outbox partition dropped", "partition", outbox.DescribePartition(p), "rows_estimate", p.Rows)
-	}
-	for _, k := range orep.Kept {
-		h.log.DebugContext(ctx, "outbox partition kept", "partition", outbox.DescribePartition(k.Partition), "reason", k.Reason)
-	}
-	for _, w := range orep.Warnings {
-		h.log.WarnContext(ctx, "outbox partitions: "+w)
-	}
-
-	irep, ierr := inbox.MaintainPartitions(ctx, conn, h.inboxPartitions)
-	res.Inbox = TableMaintenance{Partitioned: irep.Partitioned, Purged: irep.Purged}
-	for _, p := range irep.Created {
-		res.Inbox.Created = append(res.Inbox.Created, p.Name)
-		h.log.InfoContext(ctx, "inbox partition created", "partition", inbox.DescribePartition(p))
-	}
-	for _, p := range irep.Dropped {
-		res.Inbox.Dropped = append(res.Inbox.Dropped, p.Name)
-		h.log.InfoContext(ctx, "inbox partition dropped", "partition", inbox.DescribePartition(p), "rows_estimate", p.Rows)
-	}
-	for _, k := range irep.Kept {
-		h.log.DebugContext(ctx, "inbox partition kept", "partition", inbox.DescribePartition(k.Partition), "reason", k.Reason)
-	}
-	for _, w := range irep.Warnings {
-		h.log.WarnContext(ctx, "inbox partitions: "+w)
-	}
-
-	if oerr != nil {
-		res.Outbox.Error = oerr.Error()
-	}
-	if ierr != nil {
-		res.Inbox.Error = ierr.Error()
-	}
-	if err := errors.Join(oerr, ierr); err != nil {
+	if err := errors.Join(errs...); err != nil {
 		h.log.ErrorContext(ctx, "partition maintenance failed; the next scheduled run tries again", "error", err)
 		return res, err
 	}

@@ -19,9 +19,8 @@ import (
 
 	"github.com/sluicehq/sluice/internal/fixture"
 	"github.com/sluicehq/sluice/internal/testdb"
-	"github.com/sluicehq/sluice/pkg/inbox"
 	"github.com/sluicehq/sluice/pkg/lambdaenv"
-	"github.com/sluicehq/sluice/pkg/outbox"
+	"github.com/sluicehq/sluice/pkg/partition"
 )
 
 func scheduledEvent(t *testing.T) []byte {
@@ -55,18 +54,18 @@ func TestScheduledEventMaintainsPartitions(t *testing.T) {
 		return map[string]string{lambdaenv.DatabaseURL: dbURL, lambdaenv.OutboxRetention: "720h", lambdaenv.InboxRetention: "1000h"}[k]
 	}, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
-	require.Equal(t, 720*time.Hour, h.outboxPartitions.Retention)
-	require.Equal(t, 1000*time.Hour, h.inboxPartitions.Retention)
+	require.Equal(t, 720*time.Hour, h.partitions[partition.Outbox].Retention)
+	require.Equal(t, 1000*time.Hour, h.partitions[partition.Inbox].Retention)
 
 	out, err := h.Invoke(ctx, scheduledEvent(t))
 	require.NoError(t, err)
 	require.Equal(t, MaintenanceResult{}, out, "plain tables are left alone")
 
 	// [MINVALUE, 100), [100, 200), [200, 300), default.
-	h.outboxPartitions.Size, h.outboxPartitions.Ahead = 100, 2
-	_, err = outbox.ConvertToPartitioned(ctx, pool, &outbox.PartitionOptions{Size: 100, Ahead: 2}, nil)
+	h.partitions[partition.Outbox].Size, h.partitions[partition.Outbox].Ahead = 100, 2
+	_, err = partition.Convert(ctx, pool, partition.Outbox, &partition.Options{Size: 100, Ahead: 2}, nil)
 	require.NoError(t, err)
-	_, err = inbox.ConvertToPartitioned(ctx, pool, nil, nil)
+	_, err = partition.Convert(ctx, pool, partition.Inbox, nil, nil)
 	require.NoError(t, err)
 	insert := func(n int, created, published string) {
 		_, err := pool.Exec(ctx, `INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload, created_at, published_at)
@@ -76,7 +75,7 @@ func TestScheduledEventMaintainsPartitions(t *testing.T) {
 	insert(199, "now() - interval '41 days'", "now() - interval '40 days'") // ids 1-199: expired
 	insert(30, "now()", "now()")                                            // 200-229
 	// An inbox partition ahead went missing (e.g. maintenance stopped for a while).
-	before, err := inbox.Partitions(ctx, pool)
+	before, err := partition.Read(ctx, pool, partition.Inbox)
 	require.NoError(t, err)
 	var last string
 	for _, p := range before.Partitions {
@@ -97,7 +96,7 @@ func TestScheduledEventMaintainsPartitions(t *testing.T) {
 	require.Equal(t, []string{last}, res.Inbox.Created, "the missing inbox partition is created again")
 	require.Empty(t, res.Inbox.Dropped, "no inbox partition is past its retention")
 
-	layout, err := outbox.Partitions(ctx, pool)
+	layout, err := partition.Read(ctx, pool, partition.Outbox)
 	require.NoError(t, err)
 	ahead := 0
 	for _, p := range layout.Partitions {

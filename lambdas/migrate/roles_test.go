@@ -29,6 +29,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/lambdaenv"
 	sluicemetrics "github.com/sluicehq/sluice/pkg/metrics"
 	"github.com/sluicehq/sluice/pkg/outbox"
+	"github.com/sluicehq/sluice/pkg/partition"
 )
 
 // secretBook holds secrets in Secrets Manager's request and response shapes.
@@ -476,9 +477,9 @@ func TestRolesRunTheRealConsumerAndRelay(t *testing.T) {
 
 	// The conversion keeps the grants and policies (the partitions inherit nothing: the
 	// functions reach them only through the partitioned table).
-	_, err = outbox.ConvertToPartitioned(ctx, admin, &outbox.PartitionOptions{Size: 1000}, nil)
+	_, err = partition.Convert(ctx, admin, partition.Outbox, &partition.Options{Size: 1000}, nil)
 	require.NoError(t, err)
-	_, err = inbox.ConvertToPartitioned(ctx, admin, nil, nil)
+	_, err = partition.Convert(ctx, admin, partition.Inbox, nil, nil)
 	require.NoError(t, err)
 	for _, table := range []string{"outbox_event", "inbox_event"} {
 		var kind string

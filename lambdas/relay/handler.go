@@ -9,6 +9,7 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 
 	"github.com/sluicehq/sluice/pkg/outbox"
+	"github.com/sluicehq/sluice/pkg/partition"
 )
 
 // noDeadlineRun bounds an invocation whose context has no deadline (never the case in Lambda).
@@ -31,8 +32,8 @@ type handler struct {
 	// db and partitions maintain a partitioned outbox_event at each invocation (nil: never, the
 	// default: only a relay explicitly given SLUICE_OUTBOX_RETENTION or
 	// SLUICE_OUTBOX_PARTITION_INTERVAL, which then needs the table owner's privileges).
-	db         outbox.DB
-	partitions *outbox.PartitionOptions
+	db         partition.DB
+	partitions *partition.Options
 }
 
 // maintainBudget bounds an invocation's partition maintenance.
@@ -103,15 +104,15 @@ func (h *handler) maintain(ctx context.Context) {
 	}
 	mctx, cancel := context.WithTimeout(ctx, maintainBudget)
 	defer cancel()
-	rep, err := outbox.MaintainPartitions(mctx, h.db, h.partitions)
+	rep, err := partition.Maintain(mctx, h.db, partition.Outbox, h.partitions)
 	for _, p := range rep.Created {
-		h.log.InfoContext(ctx, "outbox partition created", "partition", outbox.DescribePartition(p))
+		h.log.InfoContext(ctx, "outbox partition created", "partition", p.String())
 	}
 	for _, p := range rep.Dropped {
-		h.log.InfoContext(ctx, "outbox partition dropped", "partition", outbox.DescribePartition(p), "rows_estimate", p.Rows)
+		h.log.InfoContext(ctx, "outbox partition dropped", "partition", p.String(), "rows_estimate", p.Rows)
 	}
 	for _, k := range rep.Kept {
-		h.log.DebugContext(ctx, "outbox partition kept", "partition", outbox.DescribePartition(k.Partition), "reason", k.Reason)
+		h.log.DebugContext(ctx, "outbox partition kept", "partition", k.String(), "reason", k.Reason)
 	}
 	if rep.Purged > 0 {
 		h.log.InfoContext(ctx, "expired rows deleted from the outbox's default partition", "rows", rep.Purged)

@@ -34,6 +34,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/lambdaenv"
 	"github.com/sluicehq/sluice/pkg/lambdatrace"
 	"github.com/sluicehq/sluice/pkg/outbox"
+	"github.com/sluicehq/sluice/pkg/partition"
 )
 
 func main() {
@@ -96,13 +97,13 @@ func wire(ctx context.Context, getenv lambdaenv.Getenv, log *slog.Logger) (h *ha
 }
 
 // partitionOptions reads the maintenance of a partitioned outbox_event
-// (lambdaenv.OutboxPartitions): nil, no maintenance, unless SLUICE_OUTBOX_RETENTION or
+// (lambdaenv.Partitions): nil, no maintenance, unless SLUICE_OUTBOX_RETENTION or
 // SLUICE_OUTBOX_PARTITION_INTERVAL is set. Creating and dropping partitions needs the table
 // owner's privileges, which the relay's own role does not have: the CDK constructs maintain
 // partitions from the migrate function instead and set these only on a relay that logs in as
 // the owner.
-func partitionOptions(getenv lambdaenv.Getenv) (*outbox.PartitionOptions, error) {
-	return lambdaenv.OutboxPartitions(getenv)
+func partitionOptions(getenv lambdaenv.Getenv) (*partition.Options, error) {
+	return lambdaenv.Partitions(getenv, partition.Outbox)
 }
 
 // relayConfig reads the relay's settings from the environment (lambdaenv.RelayConfig, without

@@ -11,6 +11,7 @@ import (
 	"github.com/sluicehq/sluice/internal/testdb"
 	"github.com/sluicehq/sluice/pkg/lambdaenv"
 	"github.com/sluicehq/sluice/pkg/outbox"
+	"github.com/sluicehq/sluice/pkg/partition"
 )
 
 // idle stands in for the relay: it waits for the invocation's end.
@@ -26,7 +27,7 @@ func TestHandleMaintainsAPartitionedOutbox(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t)
-	_, err := outbox.ConvertToPartitioned(ctx, pool, &outbox.PartitionOptions{Size: 100, Ahead: 2}, nil) // [MINVALUE, 100), [100, 200), [200, 300), default
+	_, err := partition.Convert(ctx, pool, partition.Outbox, &partition.Options{Size: 100, Ahead: 2}, nil) // [MINVALUE, 100), [100, 200), [200, 300), default
 	require.NoError(t, err)
 	insert := func(n int, created, published string) {
 		_, err := pool.Exec(ctx, `INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload, created_at, published_at)
@@ -37,13 +38,13 @@ func TestHandleMaintainsAPartitionedOutbox(t *testing.T) {
 	insert(30, "now()", "now()")                                            // 200-229
 
 	h := &handler{relay: idle{}, lag: pool, stopBefore: time.Second, log: slog.New(slog.DiscardHandler), db: pool,
-		partitions: &outbox.PartitionOptions{Size: 100, Ahead: 2, Retention: 30 * 24 * time.Hour}}
+		partitions: &partition.Options{Size: 100, Ahead: 2, Retention: 30 * 24 * time.Hour}}
 	ictx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	_, err = h.Handle(ictx, scheduledEvent(t))
 	require.NoError(t, err)
 
-	layout, err := outbox.Partitions(ctx, pool)
+	layout, err := partition.Read(ctx, pool, partition.Outbox)
 	require.NoError(t, err)
 	var names []string
 	ahead := 0
@@ -78,10 +79,10 @@ func TestPartitionOptionsFromTheEnvironment(t *testing.T) {
 	require.Nil(t, opts, "not asked: the relay does no DDL (its role may not)")
 	opts, err = partitionOptions(env(lambdaenv.OutboxPartitionInterval, "24h"))
 	require.NoError(t, err)
-	require.Equal(t, outbox.PartitionOptions{Interval: outbox.DefaultPartitionInterval}, *opts, "no retention: nothing is dropped")
+	require.Equal(t, partition.Options{Interval: partition.DefaultInterval}, *opts, "no retention: nothing is dropped")
 	opts, err = partitionOptions(env(lambdaenv.OutboxRetention, "720h", lambdaenv.OutboxPartitionInterval, "6h"))
 	require.NoError(t, err)
-	require.Equal(t, outbox.PartitionOptions{Interval: 6 * time.Hour, Retention: 720 * time.Hour}, *opts)
+	require.Equal(t, partition.Options{Interval: 6 * time.Hour, Retention: 720 * time.Hour}, *opts)
 	for _, bad := range [][]string{
 		{lambdaenv.OutboxRetention, "30 days"},
 		{lambdaenv.OutboxPartitionInterval, "500ms"},

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sluicehq/sluice/internal/admin"
-	"github.com/sluicehq/sluice/internal/partition"
+	"github.com/sluicehq/sluice/pkg/partition"
 )
 
 // Querier runs statements: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
@@ -106,7 +106,7 @@ LIMIT $2`, consumer, limit)
 }
 
 // ErrNothingSelected is returned by RetryParked for an empty selection; it is the same error
-// as outbox.ErrNothingSelected.
+// as outbox.RetryQuarantined's.
 var ErrNothingSelected = admin.ErrNothingSelected
 
 // RetryParked un-parks the parked rows of consumer among messageIDs so the Processor tries them
@@ -168,15 +168,15 @@ type PurgeOptions struct {
 const DefaultPurgeBatchSize = admin.DefaultPurgeBatchSize
 
 // ErrInvalidBatchSize is returned, wrapped, for a negative PurgeOptions.BatchSize; it is the
-// same error as outbox.ErrInvalidBatchSize.
+// same error as outbox.Purge's.
 var ErrInvalidBatchSize = admin.ErrInvalidBatchSize
 
 // Purge deletes processed inbox rows whose processed_at is older than olderThan, in batches
 // (each its own statement, so each commits on its own when db is a pool), and returns how many
 // it deleted. Unprocessed and parked rows are never deleted.
 //
-// On a partitioned inbox_event (see ConvertToPartitioned), purging every consumer drops whole
-// partitions instead, as MaintainPartitions with Retention olderThan does (db must then be a
+// On a partitioned inbox_event (see pkg/partition), purging every consumer drops whole
+// partitions instead, as partition.Maintain with Retention olderThan does (db must then be a
 // *pgxpool.Pool or a *pgx.Conn), deletes expired rows of the default partition in batches, and
 // counts a dropped partition's rows from PostgreSQL's estimate (pg_class.reltuples). A
 // partition is dropped only once every row in it was processed before the cutoff. Purging one
@@ -198,44 +198,13 @@ func Purge(ctx context.Context, db Querier, olderThan time.Duration, opts *Purge
 		return 0, fmt.Errorf("%w: purge inbox: %w", ErrInvalidArgument, err)
 	}
 	if o.Consumer == "" {
-		layout, err := partition.Read(ctx, db, inboxPartitions)
+		layout, err := partition.Read(ctx, db, partition.Inbox)
 		if err != nil {
 			return 0, fmt.Errorf("purge inbox: %w", err)
 		}
 		if layout.Partitioned {
-			return purgePartitioned(ctx, db, olderThan, o.BatchSize)
+			return partition.Purge(ctx, db, partition.Inbox, olderThan, o.BatchSize)
 		}
 	}
-	return purgeRows(ctx, db, "inbox_event", olderThan, o.Consumer, o.BatchSize, o.Progress)
-}
-
-// purgeRows deletes the rows of table (inbox_event, or the default partition of a partitioned
-// one) processed longer than olderThan ago, of consumer ("" for all), batch rows per statement.
-func purgeRows(ctx context.Context, db Querier, table string, olderThan time.Duration, consumer string, batch int, progress func(int64)) (int64, error) {
-	var total int64
-	for {
-		tag, err := db.Exec(ctx, `
-DELETE FROM `+table+`
-WHERE (consumer, message_id) IN (
-    SELECT consumer, message_id FROM `+table+`
-    WHERE processed_at IS NOT NULL
-      AND processed_at < now() - make_interval(secs => $1::float8)
-      AND ($2 = '' OR consumer = $2)
-    ORDER BY processed_at
-    LIMIT $3
-    FOR UPDATE SKIP LOCKED)`, olderThan.Seconds(), consumer, batch)
-		if err != nil {
-			return total, fmt.Errorf("purge inbox: %w", err)
-		}
-		total += tag.RowsAffected()
-		if progress != nil {
-			progress(total)
-		}
-		if tag.RowsAffected() < int64(batch) {
-			return total, nil
-		}
-		if ctx.Err() != nil {
-			return total, ctx.Err()
-		}
-	}
+	return admin.PurgeInboxRows(ctx, db, "inbox_event", olderThan, o.Consumer, o.BatchSize, o.Progress)
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/admin"
 	"github.com/sluicehq/sluice/pkg/inbox"
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
@@ -47,7 +48,7 @@ func TestPurgeDeletesOnlyOldProcessedRowsInBatches(t *testing.T) {
 	_, err = inbox.Purge(ctx, b.pool, time.Hour, &inbox.PurgeOptions{BatchSize: -1})
 	require.ErrorIs(t, err, inbox.ErrInvalidArgument)
 	require.ErrorIs(t, err, inbox.ErrInvalidBatchSize)
-	require.ErrorIs(t, err, outbox.ErrInvalidBatchSize, "the same error as the outbox's")
+	require.ErrorIs(t, err, admin.ErrInvalidBatchSize, "the same error as the outbox's")
 	require.Equal(t, outbox.DefaultPurgeBatchSize, inbox.DefaultPurgeBatchSize)
 }
 
@@ -63,7 +64,7 @@ func TestRetryParkedWithEmptySelectionChangesNothing(t *testing.T) {
 	for _, ids := range [][]string{nil, {}} {
 		_, err := inbox.RetryParked(ctx, b.pool, "a", ids)
 		require.ErrorIs(t, err, inbox.ErrNothingSelected)
-		require.ErrorIs(t, err, outbox.ErrNothingSelected, "the same error as the outbox's")
+		require.ErrorIs(t, err, admin.ErrNothingSelected, "the same error as the outbox's")
 	}
 	lag, err := inbox.LagOf(ctx, b.pool)
 	require.NoError(t, err)

@@ -116,7 +116,7 @@ func (r kafkaRecord) delivery() delivery {
 
 // ParseKafka turns a record of Lambda's Kafka event into a Message: the value (base64 in the
 // event) is the payload, and the headers carry the contract's attributes as the relay writes
-// them (outbox.KafkaRecord). Every error wraps [ErrBadMessage].
+// them (outbox.KafkaPublisher). Every error wraps [ErrBadMessage].
 func ParseKafka(r events.KafkaRecord) (Message, error) {
 	kr, err := fromLambdaKafka(r)
 	if err != nil {

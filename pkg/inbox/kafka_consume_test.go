@@ -30,7 +30,7 @@ const (
 )
 
 // kafkaBundle is one test's in-process Kafka (kfake speaks the real protocol), a producer that
-// writes records as the relay does (outbox.KafkaRecord) to chosen partitions, and a database
+// writes records as the relay does (outbox.KafkaPublisher) to chosen partitions, and a database
 // whose ledger table records the order in which a consumer applied them.
 type kafkaBundle struct {
 	*testBundle
@@ -59,9 +59,7 @@ func (k *kafkaBundle) produce(t *testing.T, partition int32, key string, n int) 
 	payload, _ := json.Marshal(map[string]any{"key": key, "n": n})
 	e := &outbox.Event{EventID: uuid.New(), EventType: "Ledger", AggregateType: "test", AggregateID: key, PartitionKey: key,
 		Payload: payload, CreatedAt: time.Now()}
-	rec := outbox.KafkaRecord(kafkaTopic, e)
-	rec.Partition = partition
-	require.NoError(t, k.producer.ProduceSync(context.Background(), rec).FirstErr())
+	k.publish(t, partition, e)
 	return e.EventID.String()
 }
 
@@ -70,9 +68,27 @@ func (k *kafkaBundle) produceAgain(t *testing.T, partition int32, key string, n 
 	t.Helper()
 	payload, _ := json.Marshal(map[string]any{"key": key, "n": n})
 	e := &outbox.Event{EventID: uuid.MustParse(id), EventType: "Ledger", PartitionKey: key, Payload: payload, CreatedAt: time.Now()}
-	rec := outbox.KafkaRecord(kafkaTopic, e)
-	rec.Partition = partition
-	require.NoError(t, k.producer.ProduceSync(context.Background(), rec).FirstErr())
+	k.publish(t, partition, e)
+}
+
+// publish produces e with the relay's publisher, to partition.
+func (k *kafkaBundle) publish(t *testing.T, partition int32, e *outbox.Event) {
+	t.Helper()
+	errs := outbox.NewKafkaPublisher(toPartition{k.producer, partition}, 0).PublishBatch(context.Background(), "kafka://"+kafkaTopic, []*outbox.Event{e})
+	require.NoError(t, errors.Join(errs...))
+}
+
+// toPartition produces every record to one partition (the producer's partitioner is manual).
+type toPartition struct {
+	c         *kgo.Client
+	partition int32
+}
+
+func (p toPartition) ProduceSync(ctx context.Context, rs ...*kgo.Record) kgo.ProduceResults {
+	for _, r := range rs {
+		r.Partition = p.partition
+	}
+	return p.c.ProduceSync(ctx, rs...)
 }
 
 // ledgerApp is the handler: it appends the message to the ledger, after failing when poison says so.

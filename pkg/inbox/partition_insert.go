@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// How a Consumer deduplicates on a partitioned inbox_event (see partition.go).
+// How a Consumer deduplicates on a partitioned inbox_event (see pkg/partition).
 //
 // On a plain table the primary key (consumer, message_id) finds a duplicate: INSERT ... ON
 // CONFLICT DO NOTHING. A partitioned table has no index across partitions on that key (it lacks

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/internal/testdb"
+	"github.com/sluicehq/sluice/pkg/partition"
 )
 
 // dedupCosts are the buffers the inbox insert touched for one new message, one duplicate, and a
@@ -43,7 +44,7 @@ func measureDedup(t *testing.T, parts int) dedupCosts {
 	c := dedupCosts{partitions: parts}
 	spread := "now()"
 	if parts > 0 {
-		_, err := ConvertToPartitioned(ctx, pool, &PartitionOptions{Interval: time.Hour, Ahead: parts}, nil)
+		_, err := partition.Convert(ctx, pool, partition.Inbox, &partition.Options{Interval: time.Hour, Ahead: parts}, nil)
 		require.NoError(t, err)
 		// Into the partitions created ahead: hours 2 .. parts+1 from now.
 		spread = fmt.Sprintf("date_trunc('hour', now()) + interval '2 hours' + (i %% %d) * interval '1 hour'", parts)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,14 +14,18 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/pkg/inbox"
+	"github.com/sluicehq/sluice/pkg/partition"
 )
 
 // convert makes the bundle's inbox a partitioned one with partitions of interval.
-func (b *testBundle) convert(t *testing.T, interval time.Duration, ahead int) inbox.PartitionPlan {
+// It returns when new rows go to the partitions of interval (the former table's bound).
+func (b *testBundle) convert(t *testing.T, interval time.Duration, ahead int) time.Time {
 	t.Helper()
-	plan, err := inbox.ConvertToPartitioned(context.Background(), b.pool, &inbox.PartitionOptions{Interval: interval, Ahead: ahead}, nil)
+	plan, err := partition.Convert(context.Background(), b.pool, partition.Inbox, &partition.Options{Interval: interval, Ahead: ahead}, nil)
 	require.NoError(t, err)
-	return plan
+	bound, ok := partition.Inbox.Time(plan.Bound)
+	require.True(t, ok)
+	return bound
 }
 
 func recs(ids []string) []events.SQSMessage {
@@ -60,8 +63,8 @@ func TestPartitionedInboxAppliesEachMessageOnceWithConcurrentDuplicatesAcrossPar
 	old := ids(10, "old")
 	rep := newConsumer(t, b.pool, "billing", inbox.PerRecord).Process(ctx, batchOf(recs(old)...))
 	require.Equal(t, 10, rep.Count(inbox.Applied))
-	plan := b.convert(t, time.Second, 30)
-	time.Sleep(time.Until(plan.Bound)) // new rows go to the 1-second partitions from here on
+	bound := b.convert(t, time.Second, 30)
+	time.Sleep(time.Until(bound)) // new rows go to the 1-second partitions from here on
 
 	fresh := ids(150, "new")
 	all := append(append([]string{}, fresh...), old...)
@@ -132,8 +135,8 @@ func TestDuplicateArrivingInTheNextPartitionWhileTheFirstIsInFlightIsNotApplied(
 	forModes(t, func(t *testing.T, mode inbox.Mode) {
 		ctx := context.Background()
 		b := setup(t)
-		plan := b.convert(t, time.Second, 30)
-		time.Sleep(time.Until(plan.Bound))
+		bound := b.convert(t, time.Second, 30)
+		time.Sleep(time.Until(bound))
 
 		entered, gate := make(chan struct{}), make(chan struct{})
 		slow := inbox.NewRouter(inbox.FailUnknown)
@@ -156,11 +159,11 @@ func TestDuplicateArrivingInTheNextPartitionWhileTheFirstIsInFlightIsNotApplied(
 		}()
 		<-entered
 		var next time.Time
-		layout, err := inbox.Partitions(ctx, b.pool)
+		layout, err := partition.Read(ctx, b.pool, partition.Inbox)
 		require.NoError(t, err)
 		for _, p := range layout.Partitions {
-			if p.From.After(time.Now()) {
-				next = p.From
+			if from, ok := partition.Inbox.Time(p.From); ok && from.After(time.Now()) {
+				next = from
 				break
 			}
 		}
@@ -288,104 +291,4 @@ func TestProcessorDrainsAPartitionedInbox(t *testing.T) {
 			require.Greater(t, ns[i], ns[i-1], "group g%d applied in arrival order", ns[i]%3)
 		}
 	}
-}
-
-// Retention drops an inbox partition only when every row in it was processed before the
-// cutoff: never one with an unprocessed or a parked row, one with a row processed after the
-// cutoff, or the default partition (whose expired rows are deleted instead).
-func TestInboxMaintainPartitionsDropsOnlyPartitionsWhoseRowsWereAllProcessedBeforeTheRetention(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	b := setup(t)
-	insert := func(id, receivedAt, processedAt, parkedAt string) {
-		t.Helper()
-		_, err := b.pool.Exec(ctx, `INSERT INTO inbox_event (consumer, message_id, event_type, received_at, processed_at, parked_at)
-			VALUES ('billing', $1, 'Scripted', `+receivedAt+`, `+processedAt+`, `+parkedAt+`)`, id)
-		require.NoError(t, err)
-	}
-	const hourAgo = "now() - interval '1 hour'"
-	insert("p0-a", "now() - interval '2 hours'", hourAgo, "NULL") // the former table
-	b.convert(t, time.Second, 4)
-	parts := map[int]inbox.Partition{}
-	layout, err := inbox.Partitions(ctx, b.pool)
-	require.NoError(t, err)
-	for i, p := range layout.Partitions {
-		parts[i] = p
-	}
-	require.Len(t, parts, 6, "the former table, 4 partitions ahead, the default one")
-	at := func(i int) string { return fmt.Sprintf("'%s'::timestamptz", parts[i].From.Format(time.RFC3339Nano)) }
-	insert("a-done", at(1), hourAgo, "NULL")
-	insert("a-waiting", at(1), "NULL", "NULL") // unprocessed
-	insert("b-done", at(2), hourAgo, "NULL")
-	insert("b-parked", at(2), "NULL", "now()") // parked
-	insert("c-done", at(3), hourAgo, "NULL")
-	insert("c-late", at(3), "NULL", "NULL") // processed below, after the cutoff
-	insert("d-done", at(4), hourAgo, "NULL")
-	insert("x-done", "'2100-01-01'", hourAgo, "NULL") // beyond every partition: the default one
-	require.Equal(t, "inbox_event_default", partitionOf(t, b, "x-done"))
-
-	// Wait until the four partitions ended, then process c-late: after the cutoff.
-	time.Sleep(time.Until(parts[4].To) + 1500*time.Millisecond)
-	_, err = b.pool.Exec(ctx, `UPDATE inbox_event SET processed_at = now() WHERE message_id = 'c-late'`)
-	require.NoError(t, err)
-
-	rep, err := inbox.MaintainPartitions(ctx, b.pool, &inbox.PartitionOptions{Interval: time.Second, Ahead: 2, Retention: time.Second})
-	require.NoError(t, err)
-	require.True(t, rep.Partitioned)
-	var dropped []string
-	for _, p := range rep.Dropped {
-		dropped = append(dropped, p.Name)
-	}
-	require.ElementsMatch(t, []string{"inbox_event_p0", parts[4].Name}, dropped)
-	kept := map[string]string{}
-	for _, k := range rep.Kept {
-		kept[k.Name] = k.Reason
-	}
-	require.Contains(t, kept[parts[1].Name], "not processed")
-	require.Contains(t, kept[parts[2].Name], "not processed")
-	require.Contains(t, kept[parts[3].Name], "processed after the cutoff")
-	require.Equal(t, int64(1), rep.Purged, "the default partition's expired row is deleted")
-	require.NotEmpty(t, rep.Created, "partitions are kept ready ahead")
-
-	rows, err := b.pool.Query(ctx, `SELECT message_id FROM inbox_event ORDER BY 1`)
-	require.NoError(t, err)
-	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	require.Equal(t, []string{"a-done", "a-waiting", "b-done", "b-parked", "c-done", "c-late"}, left)
-
-	// Purging one consumer deletes its rows one by one, whatever the partitions.
-	n, err := inbox.Purge(ctx, b.pool, time.Minute, &inbox.PurgeOptions{Consumer: "billing"})
-	require.NoError(t, err)
-	require.Equal(t, int64(3), n)
-}
-
-func partitionOf(t *testing.T, b *testBundle, id string) string {
-	t.Helper()
-	var name string
-	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT tableoid::regclass::text FROM inbox_event WHERE message_id = $1`, id).Scan(&name))
-	return strings.TrimPrefix(name, "public.")
-}
-
-// A conversion interrupted after it added its bound (a time) is finished by running it again,
-// with the same bound, and every stored message stays a duplicate.
-func TestAnInterruptedInboxConversionIsFinishedByRunningItAgain(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	b := setup(t)
-	require.Equal(t, 3, newConsumer(t, b.pool, "billing", inbox.PerRecord).Process(ctx, batchOf(recs(ids(3, "m"))...)).Count(inbox.Applied))
-	_, err := b.pool.Exec(ctx, "ALTER TABLE inbox_event ADD CONSTRAINT inbox_event_partition_bound CHECK (received_at < '2100-01-01T00:00:00Z') NOT VALID")
-	require.NoError(t, err)
-	bound := time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC)
-	l, err := inbox.Partitions(ctx, b.pool)
-	require.NoError(t, err)
-	require.True(t, l.ConversionBound.Equal(bound), "%s", l.ConversionBound)
-
-	plan := b.convert(t, 24*time.Hour, 2)
-	require.True(t, plan.Resume)
-	require.True(t, plan.Bound.Equal(bound))
-	l, err = inbox.Partitions(ctx, b.pool)
-	require.NoError(t, err)
-	require.True(t, l.Partitioned)
-	require.True(t, l.Partitions[0].To.Equal(bound))
-	require.Equal(t, 3, newConsumer(t, b.pool, "billing", inbox.Batched).Process(ctx, batchOf(recs(ids(3, "m"))...)).Count(inbox.Duplicate))
 }

@@ -47,13 +47,13 @@ const (
 	DatabaseSecretRefresh = "DATABASE_SECRET_REFRESH"
 	// OutboxRetention is the retention of a partitioned outbox_event (Go duration, e.g. 720h):
 	// maintenance drops the partitions whose rows were all published longer ago
-	// (outbox.MaintainPartitions). Read by the migrate Lambda's scheduled maintenance, and by a
+	// (partition.Maintain). Read by the migrate Lambda's scheduled maintenance, and by a
 	// relay Lambda, which maintains partitions only when this or OutboxPartitionInterval is set
 	// (it needs the owner's privileges). Defaults to unset: nothing is dropped (partitions are
-	// still created ahead). A plain outbox_event is never changed. See OutboxPartitions.
+	// still created ahead). A plain outbox_event is never changed. See Partitions.
 	OutboxRetention = "SLUICE_OUTBOX_RETENTION"
 	// OutboxPartitionInterval is how long a new partition of a partitioned outbox_event should
 	// take to fill at the observed rate (Go duration). Defaults to
-	// outbox.DefaultPartitionInterval (24h).
+	// partition.DefaultInterval (24h).
 	OutboxPartitionInterval = "SLUICE_OUTBOX_PARTITION_INTERVAL"
 )

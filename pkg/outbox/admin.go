@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sluicehq/sluice/internal/admin"
-	"github.com/sluicehq/sluice/internal/partition"
+	"github.com/sluicehq/sluice/pkg/partition"
 )
 
 // Querier is what the operational functions need: a *pgxpool.Pool, *pgx.Conn or pgx.Tx.
@@ -62,15 +62,11 @@ func LagOf(ctx context.Context, db Querier) (Lag, error) {
 // (inbox.DefaultPurgeBatchSize).
 const DefaultPurgeBatchSize = admin.DefaultPurgeBatchSize
 
-// ErrInvalidBatchSize is returned, wrapped, for a negative PurgeOptions.BatchSize; it is the
-// same error as inbox.ErrInvalidBatchSize.
-var ErrInvalidBatchSize = admin.ErrInvalidBatchSize
-
 // PurgeOptions tune Purge. A nil *PurgeOptions takes the defaults.
 type PurgeOptions struct {
 	// BatchSize is the most rows one DELETE statement removes (each statement examines as many
 	// rows in primary-key order). Defaults to DefaultPurgeBatchSize; a negative value is refused
-	// with ErrInvalidBatchSize.
+	// with an error.
 	BatchSize int
 	// Progress, when set, is called after each DELETE statement with the rows deleted so far.
 	// The context is checked right after it returns, so a caller that cancels the context from
@@ -83,8 +79,8 @@ type PurgeOptions struct {
 // (short statements, no long lock), and returns how many it deleted. Unpublished and
 // quarantined rows are never deleted.
 //
-// On a partitioned outbox_event (see ConvertToPartitioned) it drops whole partitions instead,
-// as MaintainPartitions with Retention olderThan does (db must then be a *pgxpool.Pool or a
+// On a partitioned outbox_event (see pkg/partition) it drops whole partitions instead, as
+// partition.Maintain with Retention olderThan does (db must then be a *pgxpool.Pool or a
 // *pgx.Conn), deletes expired rows of the default partition in batches, and counts a dropped
 // partition's rows from PostgreSQL's estimate (pg_class.reltuples). A partition is dropped
 // only once every row in it was published before the cutoff.
@@ -100,64 +96,18 @@ func Purge(ctx context.Context, db Querier, olderThan time.Duration, opts *Purge
 	if err != nil {
 		return 0, fmt.Errorf("outbox: purge: %w", err)
 	}
-	layout, err := partition.Read(ctx, db, outboxPartitions)
+	layout, err := partition.Read(ctx, db, partition.Outbox)
 	if err != nil {
 		return 0, fmt.Errorf("purge outbox: %w", err)
 	}
 	if layout.Partitioned {
-		return purgePartitioned(ctx, db, olderThan, batch)
+		return partition.Purge(ctx, db, partition.Outbox, olderThan, batch)
 	}
 	var cutoff time.Time
 	if err := db.QueryRow(ctx, "SELECT now() - $1 * interval '1 millisecond'", olderThan.Milliseconds()).Scan(&cutoff); err != nil {
 		return 0, fmt.Errorf("purge outbox: %w", err)
 	}
-	return purgeRows(ctx, db, "outbox_event", cutoff, batch, o.Progress)
-}
-
-// purgeRows deletes the rows of table (outbox_event, or the default partition of a
-// partitioned one) published before cutoff, batch rows examined per statement.
-func purgeRows(ctx context.Context, db Querier, table string, cutoff time.Time, batch int, progress func(int64)) (int64, error) {
-	var (
-		total  int64
-		cursor int64
-	)
-	for {
-		// Walk the primary key from the oldest row: rows are created in roughly id order, so once
-		// a batch reaches rows created after the cutoff nothing further can be old enough.
-		var (
-			last    *int64
-			deleted int64
-			young   bool
-		)
-		err := db.QueryRow(ctx, `
-			WITH batch AS (
-			    SELECT id, created_at, published_at FROM `+table+` WHERE id > $1 ORDER BY id LIMIT $2
-			), del AS (
-			    -- The test is on o, the row as it is when the DELETE reaches it, not on the batch's
-			    -- snapshot: a row that Replay made unpublished meanwhile is rechecked and kept.
-			    -- o.id > $1 starts the join's index scan at the cursor, not across the index
-			    -- entries of the rows earlier batches deleted.
-			    DELETE FROM `+table+` o USING batch b
-			    WHERE o.id = b.id AND o.id > $1 AND b.published_at IS NOT NULL AND o.published_at IS NOT NULL AND o.published_at < $3
-			    RETURNING o.id
-			)
-			SELECT max(b.id), (SELECT count(*) FROM del), coalesce(bool_or(b.created_at >= $3), false) FROM batch b`,
-			cursor, batch, cutoff).Scan(&last, &deleted, &young)
-		if err != nil {
-			return total, fmt.Errorf("purge outbox after id %d: %w", cursor, err)
-		}
-		total += deleted
-		if progress != nil {
-			progress(total)
-		}
-		if last == nil || young {
-			return total, nil
-		}
-		cursor = *last
-		if ctx.Err() != nil {
-			return total, ctx.Err()
-		}
-	}
+	return admin.PurgeOutboxRows(ctx, db, "outbox_event", cutoff, batch, o.Progress)
 }
 
 // QuarantinedRow is a row that could not be published, for an operator to inspect.
@@ -203,18 +153,14 @@ func ListQuarantined(ctx context.Context, db Querier, limit int) ([]QuarantinedR
 	return out, nil
 }
 
-// ErrNothingSelected is returned by RetryQuarantined for an empty selection; it is the same
-// error as inbox.ErrNothingSelected.
-var ErrNothingSelected = admin.ErrNothingSelected
-
 // RetryQuarantined releases the quarantined rows among ids for the relay to publish again with a
 // fresh attempt count, and returns how many it released (ids that are not quarantined are
-// ignored). An empty ids, nil or not, changes nothing and returns ErrNothingSelected: to
+// ignored). An empty ids, nil or not, changes nothing and returns an error: to
 // release every quarantined row, call RetryAllQuarantined. The last error is kept for the
 // record until the row is published. inbox.RetryParked is its counterpart.
 func RetryQuarantined(ctx context.Context, db Querier, ids []int64) (int64, error) {
 	if len(ids) == 0 {
-		return 0, fmt.Errorf("retry quarantined outbox rows: %w (RetryAllQuarantined releases every one)", ErrNothingSelected)
+		return 0, fmt.Errorf("retry quarantined outbox rows: %w (RetryAllQuarantined releases every one)", admin.ErrNothingSelected)
 	}
 	return retryQuarantined(ctx, db, ids)
 }

@@ -83,7 +83,7 @@ func TestRoundStatementsAreBoundedWithStatisticsFromAnEmptyBacklog(t *testing.T)
 	require.Less(t, buffers, 100, "locking keys reads no table")
 
 	const perKey = 10
-	buffers, rows := explainBuffers(t, tx, readSQL, names, perKey, 16<<20, MaxMessageBytes)
+	buffers, rows := explainBuffers(t, tx, readSQL, names, perKey, 16<<20, settingDefault("MessageLimits.SNS"))
 	require.Equal(t, 501*perKey, rows)
 	require.Less(t, buffers, 10*rows+10*len(names)+100, "read: %d buffers for %d rows; the hot key's 3,000 rows are not scanned", buffers, rows)
 
@@ -125,7 +125,7 @@ func TestReadUsesThePendingKeyIndexWhateverTheStatistics(t *testing.T) {
 	for _, mode := range []string{"auto", "force_generic_plan"} {
 		_, err := tx.Exec(ctx, "SET LOCAL plan_cache_mode = "+mode)
 		require.NoError(t, err)
-		buffers, rows := explainBuffers(t, tx, readSQL, keys, 10, 16<<20, MaxMessageBytes)
+		buffers, rows := explainBuffers(t, tx, readSQL, keys, 10, 16<<20, settingDefault("MessageLimits.SNS"))
 		require.Equal(t, 20, rows)
 		require.Less(t, buffers, 10*len(keys)+50, "%s plan: %d buffers to read 20 rows of 20 keys", mode, buffers)
 	}

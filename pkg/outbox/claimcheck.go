@@ -85,11 +85,11 @@ func (c *ClaimCheck) key(e *Event) string { return c.KeyPrefix + e.EventID.Strin
 
 // pointer returns the body that replaces e's payload.
 func (c *ClaimCheck) pointer(e *Event) []byte {
-	return PayloadPointer(c.Bucket, c.key(e))
+	return payloadPointer(c.Bucket, c.key(e))
 }
 
-// PayloadPointer returns the extended clients' pointer body for an object.
-func PayloadPointer(bucket, key string) []byte {
+// payloadPointer returns the extended clients' pointer body for an object.
+func payloadPointer(bucket, key string) []byte {
 	ref, _ := json.Marshal(struct {
 		Bucket string `json:"s3BucketName"`
 		Key    string `json:"s3Key"`
@@ -125,18 +125,19 @@ type PayloadStore interface {
 	PutPayload(ctx context.Context, bucket, key string, body []byte) error
 }
 
-// s3Putter is the one S3 call a PayloadStore needs.
-type s3Putter interface {
+// S3API is the one S3 call an S3PayloadStore makes: *s3.Client has it, and a wrapping client
+// may stand in.
+type S3API interface {
 	PutObject(ctx context.Context, in *s3.PutObjectInput, opts ...func(*s3.Options)) (*s3.PutObjectOutput, error)
 }
 
-var _ s3Putter = (*s3.Client)(nil)
+var _ S3API = (*s3.Client)(nil)
 
 // S3PayloadStore is a PayloadStore on S3 (PutObject, content type application/json).
-type S3PayloadStore struct{ client s3Putter }
+type S3PayloadStore struct{ client S3API }
 
 // NewS3PayloadStore returns a PayloadStore over an S3 client.
-func NewS3PayloadStore(client s3Putter) *S3PayloadStore { return &S3PayloadStore{client: client} }
+func NewS3PayloadStore(client S3API) *S3PayloadStore { return &S3PayloadStore{client: client} }
 
 // PutPayload implements PayloadStore.
 func (s *S3PayloadStore) PutPayload(ctx context.Context, bucket, key string, body []byte) error {
@@ -181,10 +182,10 @@ const (
 )
 
 // OffloadBacklogOf counts the pending rows whose payload text is larger than threshold bytes
-// (attributes not counted). Its cost is bounded whatever the backlog: it reads at most
-// 1,000 pending rows in the pending key index's order, and measures them (reads the payload's
-// text) only while their stored sizes total at most 64 MiB; Complete says
-// whether that covered every pending row.
+// (attributes not counted). Its cost is bounded whatever the backlog: it reads at most 1,000
+// pending rows in the pending key index's order, and measures them (reads the payload's text)
+// only while their stored sizes total at most 64 MiB; Complete says whether that covered every
+// pending row.
 func OffloadBacklogOf(ctx context.Context, db Querier, threshold int) (OffloadBacklog, error) {
 	if threshold < 1 {
 		return OffloadBacklog{}, fmt.Errorf("outbox: offload backlog needs a positive threshold, got %d", threshold)

@@ -127,7 +127,7 @@ func TestClaimCheckThresholdIsInclusiveAndOffloadsThroughS3(t *testing.T) {
 	got := receiveAll(t, sqsClient, queueURL, 2)
 	byID := map[string]sqstypes.Message{}
 	for _, m := range got {
-		byID[aws.ToString(m.MessageAttributes[outbox.AttrMessageID].StringValue)] = m
+		byID[aws.ToString(m.MessageAttributes[wire.MessageID].StringValue)] = m
 	}
 	atMsg, overMsg := byID[at.String()], byID[over.String()]
 	require.NotContains(t, atMsg.MessageAttributes, wire.ExtendedPayloadSize)
@@ -141,7 +141,7 @@ func TestClaimCheckThresholdIsInclusiveAndOffloadsThroughS3(t *testing.T) {
 	size := overMsg.MessageAttributes[wire.ExtendedPayloadSize]
 	require.Equal(t, "Number", aws.ToString(size.DataType))
 	require.Equal(t, strconv.Itoa(len(overPayload)), aws.ToString(size.StringValue))
-	for _, a := range []string{outbox.AttrEventType, outbox.AttrAggregateType, outbox.AttrAggregateID, outbox.AttrCreatedAt} {
+	for _, a := range []string{wire.EventType, wire.AggregateType, wire.AggregateID, wire.CreatedAt} {
 		require.Contains(t, overMsg.MessageAttributes, a, "the attributes stay on the message")
 	}
 	require.Equal(t, overPayload, string(getObject(t, s3c, bucket, key)), "the object is the payload, byte for byte")
@@ -184,7 +184,7 @@ func TestClaimCheckKeepsFIFOGroupAndDedupIDs(t *testing.T) {
 	got := receiveAll(t, sqsClient, queueURL, 6)
 	for i, m := range got {
 		require.Equal(t, "d-1", m.Attributes[string(sqstypes.MessageSystemAttributeNameMessageGroupId)], "group id is the partition key")
-		id := aws.ToString(m.MessageAttributes[outbox.AttrMessageID].StringValue)
+		id := aws.ToString(m.MessageAttributes[wire.MessageID].StringValue)
 		require.Equal(t, written[i].EventID.String(), id, "message %d in write order", i)
 		require.Equal(t, id, m.Attributes[string(sqstypes.MessageSystemAttributeNameMessageDeduplicationId)], "dedup id is the event id")
 		body := aws.ToString(m.Body)
@@ -352,7 +352,7 @@ func TestClaimCheckOffloadedMessageKeepsEveryHeader(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, st.Offloaded)
 	attrs := outbox.Attributes(b.rec.received[0])
-	require.Len(t, attrs, outbox.MaxAttributes)
+	require.Len(t, attrs, outbox.SNSMaxAttributes)
 	for k, v := range headers {
 		require.Equal(t, v, aws.ToString(attrs[k].StringValue), "header %s", k)
 	}
@@ -446,13 +446,13 @@ func TestOffloadBacklogIsBoundedAndSaysSo(t *testing.T) {
 	ctx := context.Background()
 	b := setup(t)
 	insertSized(t, b, "a-big", 300<<10)
-	back, err := outbox.OffloadBacklogOf(ctx, b.pool, outbox.MaxMessageBytes)
+	back, err := outbox.OffloadBacklogOf(ctx, b.pool, int(outbox.RelaySetting("MessageLimits.SNS").Default))
 	require.NoError(t, err)
-	require.Equal(t, outbox.OffloadBacklog{Threshold: outbox.MaxMessageBytes, Examined: 1, Above: 1, AboveBytes: back.AboveBytes, Complete: true}, back)
-	require.Greater(t, back.AboveBytes, int64(outbox.MaxMessageBytes))
+	require.Equal(t, outbox.OffloadBacklog{Threshold: int(outbox.RelaySetting("MessageLimits.SNS").Default), Examined: 1, Above: 1, AboveBytes: back.AboveBytes, Complete: true}, back)
+	require.Greater(t, back.AboveBytes, outbox.RelaySetting("MessageLimits.SNS").Default)
 
-	b.write(t, 1000+5, 50)
-	back, err = outbox.OffloadBacklogOf(ctx, b.pool, outbox.MaxMessageBytes)
+	b.write(t, outbox.OffloadSampleRows+5, 50)
+	back, err = outbox.OffloadBacklogOf(ctx, b.pool, int(outbox.RelaySetting("MessageLimits.SNS").Default))
 	require.NoError(t, err)
 	require.EqualValues(t, 1000, back.Examined)
 	require.False(t, back.Complete)

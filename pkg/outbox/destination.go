@@ -77,20 +77,19 @@ type Limits struct {
 }
 
 // snsLimits are SNS's: PublishBatch takes 10 entries and 256 KiB in all.
-var snsLimits = Limits{MaxEntries: maxBatchEntries, MaxMessageBytes: MaxMessageBytes, MaxCallBytes: MaxMessageBytes}
+var snsLimits = Limits{MaxEntries: maxBatchEntries, MaxMessageBytes: settingDefault("MessageLimits.SNS"), MaxCallBytes: settingDefault("MessageLimits.SNS")}
 
-// LimitedPublisher is a Publisher that knows its destinations' limits. The relay asks it
-// for each destination; a Publisher that is not one gets SNS's limits.
+// LimitedPublisher is a Publisher that knows what its destinations accept: their limits, and a
+// message's size as the destination counts it (with the publisher's own settings, such as
+// EventBridge's Source). The relay asks it for each destination, and compares each message's
+// size with the destination's limit and the claim check's threshold. A Publisher that is not
+// one gets SNS's limits, and its messages are measured as the destination's kind counts them.
+// The built-in publishers are LimitedPublishers; a wrapping one can delegate to them.
 type LimitedPublisher interface {
 	Publisher
 	Limits(destination string) Limits
-}
-
-// MeasuringPublisher is a Publisher that counts a message's size as its destination does
-// (MessageSize with its own settings, such as EventBridge's Source). The relay compares that
-// size with the destination's limit and the claim check's threshold; for a Publisher that is
-// not one it uses MessageSize of the destination's kind.
-type MeasuringPublisher interface {
+	// MessageSize returns the size destination counts for e's message when its payload is
+	// payloadLen bytes (e.Payload is not read).
 	MessageSize(destination string, e *Event, payloadLen int) int
 }
 
@@ -109,7 +108,6 @@ type Publishers struct {
 var (
 	_ LimitedPublisher   = Publishers{}
 	_ DestinationChecker = Publishers{}
-	_ MeasuringPublisher = Publishers{}
 )
 
 func (p Publishers) of(dest string) (Publisher, error) {
@@ -152,26 +150,26 @@ func (p Publishers) Limits(dest string) Limits {
 	return limitsOf(pub, dest)
 }
 
-// MessageSize implements MeasuringPublisher: the measure of dest's publisher.
+// MessageSize implements LimitedPublisher: the measure of dest's publisher.
 func (p Publishers) MessageSize(dest string, e *Event, payloadLen int) int {
 	pub, err := p.of(dest)
 	if err != nil {
-		return MessageSize(SNS, e, payloadLen, "")
+		return messageSize(SNS, e, payloadLen, "")
 	}
 	return measure(pub, dest, e, payloadLen)
 }
 
 // measure returns the size dest counts for e: pub's own measure when it has one
-// (MeasuringPublisher), MessageSize of dest's kind otherwise.
+// (LimitedPublisher), messageSize of dest's kind otherwise.
 func measure(pub Publisher, dest string, e *Event, payloadLen int) int {
-	if m, ok := pub.(MeasuringPublisher); ok {
+	if m, ok := pub.(LimitedPublisher); ok {
 		return m.MessageSize(dest, e, payloadLen)
 	}
 	kind := SNS
 	if d, err := ParseDestination(dest); err == nil {
 		kind = d.Kind
 	}
-	return MessageSize(kind, e, payloadLen, "")
+	return messageSize(kind, e, payloadLen, "")
 }
 
 // CheckDestination implements DestinationChecker.

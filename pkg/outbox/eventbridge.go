@@ -12,12 +12,13 @@ import (
 	"github.com/aws/smithy-go"
 )
 
-// eventBridgePutter is the one EventBridge call the relay needs.
-type eventBridgePutter interface {
+// EventBridgeAPI is the one EventBridge call an EventBridgePublisher makes: *eventbridge.Client
+// has it, and a wrapping client may stand in.
+type EventBridgeAPI interface {
 	PutEvents(ctx context.Context, in *eventbridge.PutEventsInput, opts ...func(*eventbridge.Options)) (*eventbridge.PutEventsOutput, error)
 }
 
-var _ eventBridgePutter = (*eventbridge.Client)(nil)
+var _ EventBridgeAPI = (*eventbridge.Client)(nil)
 
 // DefaultEventSource is EventBridgePublisher's default Source.
 const DefaultEventSource = "sluice"
@@ -32,13 +33,13 @@ var eventBridgeLimits = Limits{MaxEntries: 10, MaxMessageBytes: int(RelaySetting
 // rules match the payload under detail.data. EventBridge neither orders nor deduplicates:
 // consumers deduplicate on detail.metadata.messageId (docs/destinations.md).
 type EventBridgePublisher struct {
-	client eventBridgePutter
+	client EventBridgeAPI
 	source string
 }
 
 // NewEventBridgePublisher returns a Publisher over an EventBridge client; source is the
 // events' Source ("" for DefaultEventSource).
-func NewEventBridgePublisher(client eventBridgePutter, source string) *EventBridgePublisher {
+func NewEventBridgePublisher(client EventBridgeAPI, source string) *EventBridgePublisher {
 	if source == "" {
 		source = DefaultEventSource
 	}
@@ -48,13 +49,12 @@ func NewEventBridgePublisher(client eventBridgePutter, source string) *EventBrid
 var (
 	_ LimitedPublisher   = (*EventBridgePublisher)(nil)
 	_ DestinationChecker = (*EventBridgePublisher)(nil)
-	_ MeasuringPublisher = (*EventBridgePublisher)(nil)
 )
 
-// MessageSize implements MeasuringPublisher: the PutEvents entry as EventBridge counts it
+// MessageSize implements LimitedPublisher: the PutEvents entry as EventBridge counts it
 // (Time's 14 bytes, Source, DetailType and the envelope as Detail).
 func (p *EventBridgePublisher) MessageSize(_ string, e *Event, payloadLen int) int {
-	return MessageSize(EventBridge, e, payloadLen, p.source)
+	return messageSize(EventBridge, e, payloadLen, p.source)
 }
 
 // Limits implements LimitedPublisher.

@@ -13,12 +13,13 @@ import (
 	"github.com/sluicehq/sluice/internal/wire"
 )
 
-// kafkaProducer is the one franz-go call the relay needs.
-type kafkaProducer interface {
+// KafkaProducer is the one franz-go call a KafkaPublisher makes: *kgo.Client has it, and a
+// wrapping client may stand in.
+type KafkaProducer interface {
 	ProduceSync(ctx context.Context, rs ...*kgo.Record) kgo.ProduceResults
 }
 
-var _ kafkaProducer = (*kgo.Client)(nil)
+var _ KafkaProducer = (*kgo.Client)(nil)
 
 // KafkaPublisher produces events to Kafka topics (Amazon MSK or any cluster) with franz-go: the
 // record key is the row's partition key, so a key stays on one partition, the value is the
@@ -28,13 +29,13 @@ var _ kafkaProducer = (*kgo.Client)(nil)
 // sends a key's next row only after its previous one was acknowledged, so a key's records are
 // in id order on its partition (docs/destinations.md).
 type KafkaPublisher struct {
-	client     kafkaProducer
+	client     KafkaProducer
 	maxMessage int
 }
 
 // NewKafkaPublisher returns a Publisher over a franz-go client; maxMessageBytes is the largest
 // record value and headers the brokers accept (0 for MessageLimits.Kafka's default).
-func NewKafkaPublisher(client kafkaProducer, maxMessageBytes int) *KafkaPublisher {
+func NewKafkaPublisher(client KafkaProducer, maxMessageBytes int) *KafkaPublisher {
 	if maxMessageBytes <= 0 {
 		maxMessageBytes = settingDefault("MessageLimits.Kafka")
 	}
@@ -44,14 +45,13 @@ func NewKafkaPublisher(client kafkaProducer, maxMessageBytes int) *KafkaPublishe
 var (
 	_ LimitedPublisher   = (*KafkaPublisher)(nil)
 	_ DestinationChecker = (*KafkaPublisher)(nil)
-	_ MeasuringPublisher = (*KafkaPublisher)(nil)
 )
 
-// MessageSize implements MeasuringPublisher: the batch of the one record (key, value, headers
+// MessageSize implements LimitedPublisher: the batch of the one record (key, value, headers
 // and their framing), as the brokers' message.max.bytes and franz-go's ProducerBatchMaxBytes
 // count it.
 func (p *KafkaPublisher) MessageSize(_ string, e *Event, payloadLen int) int {
-	return MessageSize(Kafka, e, payloadLen, "")
+	return messageSize(Kafka, e, payloadLen, "")
 }
 
 // Limits implements LimitedPublisher: up to 500 records a call.
@@ -67,8 +67,8 @@ func (p *KafkaPublisher) CheckDestination(dest string) error {
 	return nil
 }
 
-// KafkaRecord returns the record that carries e to topic.
-func KafkaRecord(topic string, e *Event) *kgo.Record {
+// kafkaRecord returns the record that carries e to topic.
+func kafkaRecord(topic string, e *Event) *kgo.Record {
 	return &kgo.Record{Topic: topic, Key: []byte(e.PartitionKey), Value: e.Payload, Headers: kafkaHeaders(e), Timestamp: e.CreatedAt}
 }
 
@@ -116,7 +116,7 @@ func (p *KafkaPublisher) PublishBatch(ctx context.Context, dest string, events [
 		index   []int
 	)
 	for i, e := range events {
-		rec := KafkaRecord(d.Name, e)
+		rec := kafkaRecord(d.Name, e)
 		if n := p.MessageSize(dest, e, len(e.Payload)); n > p.maxMessage {
 			errs[i] = Permanent(fmt.Errorf("kafka: event %s is %d bytes as a record, above the %d the brokers take", e.EventID, n, p.maxMessage))
 			continue

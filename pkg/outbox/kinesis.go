@@ -11,12 +11,13 @@ import (
 	"github.com/aws/smithy-go"
 )
 
-// kinesisPutter is the one Kinesis call the relay needs.
-type kinesisPutter interface {
+// KinesisAPI is the one Kinesis call a KinesisPublisher makes: *kinesis.Client has it, and a
+// wrapping client may stand in.
+type KinesisAPI interface {
 	PutRecords(ctx context.Context, in *kinesis.PutRecordsInput, opts ...func(*kinesis.Options)) (*kinesis.PutRecordsOutput, error)
 }
 
-var _ kinesisPutter = (*kinesis.Client)(nil)
+var _ KinesisAPI = (*kinesis.Client)(nil)
 
 // kinesisLimits are PutRecords': 500 records, each up to the stream's maximum record size (data
 // and partition key: 1 MiB by default, up to 10 MiB; the relay's limit is
@@ -29,23 +30,22 @@ var kinesisLimits = Limits{MaxEntries: 500, MaxMessageBytes: int(RelaySetting("M
 // (wire.Envelope). The relay sends a key's next row only after its previous one was
 // acknowledged, so a key's records are in id order on its shard (docs/destinations.md).
 type KinesisPublisher struct {
-	client kinesisPutter
+	client KinesisAPI
 }
 
 // NewKinesisPublisher returns a Publisher over a Kinesis client.
-func NewKinesisPublisher(client kinesisPutter) *KinesisPublisher {
+func NewKinesisPublisher(client KinesisAPI) *KinesisPublisher {
 	return &KinesisPublisher{client: client}
 }
 
 var (
 	_ LimitedPublisher   = (*KinesisPublisher)(nil)
 	_ DestinationChecker = (*KinesisPublisher)(nil)
-	_ MeasuringPublisher = (*KinesisPublisher)(nil)
 )
 
-// MessageSize implements MeasuringPublisher: the record's data (the envelope) and partition key.
+// MessageSize implements LimitedPublisher: the record's data (the envelope) and partition key.
 func (p *KinesisPublisher) MessageSize(_ string, e *Event, payloadLen int) int {
-	return MessageSize(Kinesis, e, payloadLen, "")
+	return messageSize(Kinesis, e, payloadLen, "")
 }
 
 // Limits implements LimitedPublisher.

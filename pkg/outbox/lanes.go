@@ -9,7 +9,7 @@ import (
 type outcome struct {
 	event *Event
 	row   *claimedRow
-	// dest is the destination (SNS topic ARN), or unpublishable says why the row cannot be sent
+	// dest is the destination (see ParseDestination), or unpublishable says why the row cannot be sent
 	// at all (unknown topic, too large, unreadable payload); size is the message's wire size.
 	dest          string
 	unpublishable error

@@ -30,7 +30,7 @@ import (
 )
 
 // The services, as far as size goes: each fake counts the request it receives the way its
-// service documents (from the request's own bytes, not with outbox.MessageSize), refuses what
+// service documents (from the request's own bytes, not with the publishers' MessageSize), refuses what
 // is above the limit, and remembers what it accepted.
 type sizedServices struct {
 	mu       sync.Mutex

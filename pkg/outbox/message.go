@@ -14,30 +14,17 @@ import (
 	"github.com/sluicehq/sluice/internal/wire"
 )
 
-// SNS limits that shape what the writer accepts.
+// snsMaxAttributes is SNS's limit of message attributes per message; maxWriteAttributes is the
+// most Write lets a message carry: SNS's limit less the one the claim check adds
+// (ExtendedPayloadSize) when it stores the payload in S3, as AWS's extended clients reserve it
+// (their MAX_ALLOWED_ATTRIBUTES = 10 - 1), so that an offloaded message never loses a header.
 const (
-	// MaxMessageBytes is SNS's limit for one message: body plus attributes.
-	MaxMessageBytes = 256 * 1024
-	// MaxAttributes is SNS's limit of message attributes per message.
-	MaxAttributes = 10
-	// MaxWriteAttributes is the most message attributes Write lets a message carry: SNS's
-	// limit less the one the claim check adds (ExtendedPayloadSize) when it stores the payload
-	// in S3, as AWS's extended clients reserve it (their MAX_ALLOWED_ATTRIBUTES = 10 - 1), so
-	// that an offloaded message never loses a header.
-	MaxWriteAttributes = MaxAttributes - 1
-)
-
-// Attribute names of the wire contract, carried on every published message.
-const (
-	AttrMessageID     = wire.MessageID
-	AttrEventType     = wire.EventType
-	AttrAggregateType = wire.AggregateType
-	AttrAggregateID   = wire.AggregateID
-	AttrCreatedAt     = wire.CreatedAt
+	snsMaxAttributes   = 10
+	maxWriteAttributes = snsMaxAttributes - 1
 )
 
 // reservedAttributes are the contract's attributes; headers may not reuse their names.
-var reservedAttributes = []string{AttrMessageID, AttrEventType, AttrAggregateType, AttrAggregateID, AttrCreatedAt}
+var reservedAttributes = []string{wire.MessageID, wire.EventType, wire.AggregateType, wire.AggregateID, wire.CreatedAt}
 
 // claimCheckAttributes mark a message whose payload is in S3 (the extended clients' names,
 // current and legacy); a header may not use them, or consumers would take its message for a
@@ -49,7 +36,8 @@ type Message struct {
 	// EventID is the message id on the wire and every consumer's dedup key.
 	// Defaults to a new time-ordered UUID (version 7).
 	EventID uuid.UUID
-	// Topic is the logical topic, mapped to an SNS topic ARN by the relay's configuration. Required.
+	// Topic is the logical topic, mapped to a destination (an SNS topic, an EventBridge bus, a
+	// Kinesis stream, a Kafka topic) by RelayConfig.Topics. Required.
 	Topic string
 	// AggregateType and AggregateID say what produced the event, e.g. "order" and "o-42".
 	AggregateType string
@@ -61,13 +49,14 @@ type Message struct {
 	PartitionKey string
 	// Payload is the event body, a JSON document. It is stored in the json column as given and
 	// published byte for byte: whitespace, key order, duplicate keys and the spelling of
-	// numbers are kept. Write refuses what PostgreSQL's json input refuses (see checkPayload)
+	// numbers are kept. Write refuses what PostgreSQL's json input refuses, and arrays and
+	// objects nested deeper than 1,000 levels (which some servers and consumers cannot parse),
 	// and counts these bytes in the message size, and returns the messages with Payload
 	// unchanged. Required.
 	Payload json.RawMessage
 	// Headers are carried as string message attributes (W3C traceparent, ...): at most as many
-	// as MaxWriteAttributes (9: SNS's limit of 10 less the one a claim-checked message needs)
-	// leaves after the contract's attributes (5, or 3 when AggregateType and AggregateID are
+	// as the 9 attributes Write allows (SNS's limit of 10 less the one a claim-checked message
+	// needs) leave after the contract's attributes (5, or 3 when AggregateType and AggregateID are
 	// empty), so at most 4 (or 6). Write refuses more rather than drop any.
 	Headers map[string]string
 }
@@ -181,9 +170,9 @@ func (m Message) prepare(i int, maxPayload int) (Message, error) {
 	if p := checkPayload(m.Payload); p != "" {
 		return fail("Payload", p)
 	}
-	if n := contractAttributes(m) + len(m.Headers); n > MaxWriteAttributes {
+	if n := contractAttributes(m) + len(m.Headers); n > maxWriteAttributes {
 		return fail("Headers", fmt.Sprintf("%d headers and %d contract attributes make %d message attributes, above the %d Write allows "+
-			"(SNS's %d less one kept for the claim check's %s)", len(m.Headers), contractAttributes(m), n, MaxWriteAttributes, MaxAttributes, wire.ExtendedPayloadSize))
+			"(SNS's %d less one kept for the claim check's %s)", len(m.Headers), contractAttributes(m), n, maxWriteAttributes, snsMaxAttributes, wire.ExtendedPayloadSize))
 	}
 	for _, k := range sortedKeys(m.Headers) {
 		if p := checkHeaderName(k); p != "" {

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/internal/testdb"
+	"github.com/sluicehq/sluice/pkg/partition"
 )
 
 // relayCosts are the buffers each relay statement touched, for one layout of the same rows.
@@ -35,7 +36,7 @@ func measureRelay(t *testing.T, size int64) relayCosts {
 		require.NoError(t, err)
 	}
 	if size > 0 {
-		_, err := ConvertToPartitioned(ctx, pool, &PartitionOptions{Size: size, Ahead: 10}, nil)
+		_, err := partition.Convert(ctx, pool, partition.Outbox, &partition.Options{Size: size, Ahead: 10}, nil)
 		require.NoError(t, err)
 	}
 	exec(`INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload, published_at)
@@ -62,7 +63,7 @@ func measureRelay(t *testing.T, size int64) relayCosts {
 	for i := range 500 {
 		names = append(names, "b"+strconv.Itoa(i))
 	}
-	c.read, c.readRows = explainBuffers(t, tx, readSQL, names, 10, 16<<20, MaxMessageBytes)
+	c.read, c.readRows = explainBuffers(t, tx, readSQL, names, 10, 16<<20, settingDefault("MessageLimits.SNS"))
 
 	// Settle 500 of the burst's rows (custom plan: the ids are known when planning), and
 	// 500 others with a generic plan (PostgreSQL may switch a prepared statement to one).
@@ -91,7 +92,7 @@ func measureRelay(t *testing.T, size int64) relayCosts {
 		}{
 			{"settle (generic)", "EXECUTE settle_generic('{" + strings.Join(lit, ",") + "}')", nil},
 			{"settle (custom)", settlePublishedSQL, []any{other}},
-			{"read", readSQL, []any{names[:3], 10, 16 << 20, MaxMessageBytes}},
+			{"read", readSQL, []any{names[:3], 10, 16 << 20, settingDefault("MessageLimits.SNS")}},
 			{"poll", pollSQL, []any{maxID - 50, pollRows, gaps}},
 			{"sweep", sweepSQL, []any{"", true, sweepKeys}},
 		} {

@@ -21,7 +21,9 @@ import (
 // RelayConfig configures a Relay. Zero fields take the defaults stated on each; the defaults
 // and bounds of its numbers are declared in RelaySettings.
 type RelayConfig struct {
-	// Publisher sends events to the broker. Required; NewSNSPublisher is the production one.
+	// Publisher sends events to the brokers. Required: a built-in publisher (NewSNSPublisher,
+	// NewEventBridgePublisher, NewKinesisPublisher, NewKafkaPublisher), or Publishers to route
+	// each destination to its kind's.
 	Publisher Publisher
 	// Topics maps logical topic names (outbox_event.topic) to destinations: SNS topic, EventBridge
 	// bus or Kinesis stream ARNs, or kafka://TOPIC (see ParseDestination).
@@ -277,7 +279,7 @@ func (r *Relay) limitOf(dest string) Limits {
 }
 
 // messageSize is the size dest counts for e's message with a payload of payloadLen bytes: the
-// publisher's measure when it has one (MeasuringPublisher), MessageSize of dest's kind
+// publisher's measure when it has one (LimitedPublisher), messageSize of dest's kind
 // otherwise.
 func (r *Relay) messageSize(dest string, e *Event, payloadLen int) int {
 	return measure(r.cfg.Publisher, dest, e, payloadLen)

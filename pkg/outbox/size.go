@@ -100,14 +100,14 @@ func (l MessageLimits) Smallest() int {
 	return n
 }
 
-// MessageSize returns the size a destination of kind k counts for e's message when its payload
+// messageSize returns the size a destination of kind k counts for e's message when its payload
 // is payloadLen bytes: SNS (and SQS) the body and each attribute's name, type and value;
 // EventBridge the entry (Time's 14 bytes, Source, DetailType and the envelope as Detail);
 // Kinesis the envelope and the partition key; Kafka the record batch of the one record (key,
 // value, headers and their framing). source is the EventBridge Source ("" for
 // DefaultEventSource). e.Payload is not read: the size of each is its payload's length plus
 // what surrounds it, which does not depend on the payload's bytes.
-func MessageSize(k Kind, e *Event, payloadLen int, source string) int {
+func messageSize(k Kind, e *Event, payloadLen int, source string) int {
 	switch k {
 	case EventBridge:
 		if source == "" {
@@ -137,7 +137,7 @@ func strictestSize(e *Event, payloadLen int) int {
 	source := string(bytes.Repeat([]byte("s"), eventBridgeMaxSource))
 	n := 0
 	for _, k := range []Kind{SNS, EventBridge, Kinesis, Kafka} {
-		n = max(n, MessageSize(k, &long, payloadLen, source))
+		n = max(n, messageSize(k, &long, payloadLen, source))
 	}
 	return n
 }

@@ -19,23 +19,24 @@ import (
 	"github.com/sluicehq/sluice/internal/wire"
 )
 
-// snsBatchPublisher is the one SNS call the relay needs.
-type snsBatchPublisher interface {
+// SNSAPI is the one SNS call an SNSPublisher makes: *sns.Client has it, and a wrapping client
+// (retries, metrics, a test double) may stand in.
+type SNSAPI interface {
 	PublishBatch(ctx context.Context, in *sns.PublishBatchInput, opts ...func(*sns.Options)) (*sns.PublishBatchOutput, error)
 }
 
-var _ snsBatchPublisher = (*sns.Client)(nil)
+var _ SNSAPI = (*sns.Client)(nil)
 
 // SNSPublisher publishes events with SNS PublishBatch, carrying the contract's attributes and,
 // on FIFO topics (ARN ending in .fifo), MessageGroupId = partition key and
 // MessageDeduplicationId = event id.
 type SNSPublisher struct {
-	client snsBatchPublisher
+	client SNSAPI
 }
 
 // NewSNSPublisher returns a Publisher over an SNS client (which honours AWS_ENDPOINT_URL when
 // built with config.LoadDefaultConfig).
-func NewSNSPublisher(client snsBatchPublisher) *SNSPublisher {
+func NewSNSPublisher(client SNSAPI) *SNSPublisher {
 	return &SNSPublisher{client: client}
 }
 
@@ -50,16 +51,15 @@ var permanentSNSCodes = map[string]bool{
 var (
 	_ LimitedPublisher   = (*SNSPublisher)(nil)
 	_ DestinationChecker = (*SNSPublisher)(nil)
-	_ MeasuringPublisher = (*SNSPublisher)(nil)
 )
 
 // Limits implements LimitedPublisher: 10 entries and 256 KiB a call.
 func (p *SNSPublisher) Limits(string) Limits { return snsLimits }
 
-// MessageSize implements MeasuringPublisher: the body and each attribute's name, type and
+// MessageSize implements LimitedPublisher: the body and each attribute's name, type and
 // value, as SNS (and SQS, for raw delivery) count them.
 func (p *SNSPublisher) MessageSize(_ string, e *Event, payloadLen int) int {
-	return MessageSize(SNS, e, payloadLen, "")
+	return messageSize(SNS, e, payloadLen, "")
 }
 
 // CheckDestination implements DestinationChecker: dest must be an SNS topic ARN.
@@ -81,10 +81,10 @@ func (p *SNSPublisher) PublishBatch(ctx context.Context, topicARN string, events
 		entries[i] = types.PublishBatchRequestEntry{
 			Id:                aws.String(strconv.Itoa(i)),
 			Message:           aws.String(string(e.Payload)),
-			MessageAttributes: Attributes(e),
+			MessageAttributes: attributes(e),
 		}
 		if fifo {
-			entries[i].MessageGroupId = aws.String(GroupID(e.PartitionKey))
+			entries[i].MessageGroupId = aws.String(groupID(e.PartitionKey))
 			entries[i].MessageDeduplicationId = aws.String(e.EventID.String())
 		}
 	}
@@ -123,22 +123,22 @@ func entryIndex(id *string, n int) (int, bool) {
 	return i, err == nil && i >= 0 && i < n
 }
 
-// Attributes returns the message attributes of the wire contract for e: the five contract
+// attributes returns the message attributes of the wire contract for e: the five contract
 // attributes (empty values omitted, as SNS refuses them), the claim check's Number attribute
 // ExtendedPayloadSize when the payload is in S3, and then headers, traceparent and tracestate
 // first and the rest by name, while SNS's limit of 10 attributes allows.
-func Attributes(e *Event) map[string]types.MessageAttributeValue {
-	attrs := make(map[string]types.MessageAttributeValue, MaxAttributes)
+func attributes(e *Event) map[string]types.MessageAttributeValue {
+	attrs := make(map[string]types.MessageAttributeValue, snsMaxAttributes)
 	put := func(k, v string) {
-		if v != "" && len(attrs) < MaxAttributes {
+		if v != "" && len(attrs) < snsMaxAttributes {
 			attrs[k] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}
 		}
 	}
-	put(AttrMessageID, e.EventID.String())
-	put(AttrEventType, e.EventType)
-	put(AttrAggregateType, e.AggregateType)
-	put(AttrAggregateID, e.AggregateID)
-	put(AttrCreatedAt, e.CreatedAt.UTC().Format(time.RFC3339Nano))
+	put(wire.MessageID, e.EventID.String())
+	put(wire.EventType, e.EventType)
+	put(wire.AggregateType, e.AggregateType)
+	put(wire.AggregateID, e.AggregateID)
+	put(wire.CreatedAt, e.CreatedAt.UTC().Format(time.RFC3339Nano))
 	if e.ExtendedPayloadSize > 0 {
 		attrs[wire.ExtendedPayloadSize] = types.MessageAttributeValue{DataType: aws.String("Number"), StringValue: aws.String(extendedSizeAttr(e.ExtendedPayloadSize))}
 	}
@@ -173,9 +173,9 @@ func headerOrder(h map[string]string) []string {
 	return keys
 }
 
-// GroupID turns a partition key into a valid FIFO MessageGroupId: the key itself when it fits
+// groupID turns a partition key into a valid FIFO MessageGroupId: the key itself when it fits
 // SNS's 128 characters of printable ASCII, otherwise a stable SHA-256 of it; "_" for an empty key.
-func GroupID(key string) string {
+func groupID(key string) string {
 	if key == "" {
 		return "_"
 	}
@@ -194,7 +194,7 @@ func GroupID(key string) string {
 // and values. The message's size is the payload's length plus this.
 func attributesSize(e *Event) int {
 	n := 0
-	for k, v := range Attributes(e) {
+	for k, v := range attributes(e) {
 		n += len(k) + len(aws.ToString(v.DataType)) + len(aws.ToString(v.StringValue))
 	}
 	return n
@@ -203,7 +203,7 @@ func attributesSize(e *Event) int {
 // droppedHeaders returns the valid headers of e that do not fit SNS's attribute limit after
 // the contract's attributes (rows written with plain SQL; Write refuses such messages).
 func droppedHeaders(e *Event) []string {
-	attrs := Attributes(e)
+	attrs := attributes(e)
 	var dropped []string
 	for _, k := range headerOrder(e.Headers) {
 		if _, ok := attrs[k]; !ok && checkHeaderName(k) == "" && checkAttrValue(e.Headers[k]) == "" {

@@ -190,7 +190,7 @@ func TestAttributesRespectSNSLimitAndPutTraceContextFirst(t *testing.T) {
 	}
 	e := &outbox.Event{EventID: uuid.New(), EventType: "E", AggregateType: "a", AggregateID: "1", CreatedAt: time.Now(), Headers: h}
 	attrs := outbox.Attributes(e)
-	require.Len(t, attrs, outbox.MaxAttributes)
+	require.Len(t, attrs, outbox.SNSMaxAttributes)
 	require.Contains(t, attrs, "traceparent")
 	require.Contains(t, attrs, "tracestate")
 	require.Contains(t, attrs, "h0")

@@ -17,25 +17,12 @@ import (
 	"github.com/sluicehq/sluice/pkg/metrics"
 )
 
-// ScopeName is the instrumentation scope of the relay's spans.
-const ScopeName = "github.com/sluicehq/sluice/pkg/outbox"
+// scopeName is the instrumentation scope of the relay's spans.
+const scopeName = "github.com/sluicehq/sluice/pkg/outbox"
 
-// Attributes sluice adds to its spans beside the messaging semantic conventions.
-const (
-	// SpanAttrOutboxWaitMillis is how long a row waited in the outbox before this publish call:
-	// the call's start minus created_at (which PostgreSQL sets at the writing transaction's
-	// start). On each link of a publish span; the span carries the largest as SpanAttrOutboxMaxWaitMillis.
-	SpanAttrOutboxWaitMillis    = "sluice.outbox.wait_ms"
-	SpanAttrOutboxMaxWaitMillis = "sluice.outbox.max_wait_ms"
-	// SpanAttrMessageIDs lists the event ids of a publish call.
-	SpanAttrMessageIDs = "sluice.message_ids"
-	// SpanAttrPublishFailed counts the entries of a publish call the broker did not acknowledge.
-	SpanAttrPublishFailed = "sluice.publish.failed"
-)
-
-// MaxLinksPerSpan is the most links a publish span carries: the OpenTelemetry SDK's default
+// maxLinksPerSpan is the most links a publish span carries: the OpenTelemetry SDK's default
 // SpanLimits.LinkCountLimit. A call with more events adds a child span per further 128.
-const MaxLinksPerSpan = 128
+const maxLinksPerSpan = 128
 
 // relayDimensions are the dimensions of every relay metric.
 var relayDimensions = metrics.Dimensions{metrics.DimensionService: metrics.ServiceRelay}
@@ -61,7 +48,7 @@ func tracePublisher(p Publisher, tp trace.TracerProvider, prop propagation.TextM
 	if prop == nil {
 		prop = defaultPropagator
 	}
-	return &tracingPublisher{next: p, tracer: tp.Tracer(ScopeName), prop: prop}
+	return &tracingPublisher{next: p, tracer: tp.Tracer(scopeName), prop: prop}
 }
 
 // tracingPublisher records a span per PublishBatch call, following the messaging semantic
@@ -97,7 +84,7 @@ func (p *tracingPublisher) PublishBatch(ctx context.Context, destination string,
 			SpanContext: trace.SpanContextFromContext(p.prop.Extract(context.Background(), propagation.MapCarrier(e.Headers))),
 			Attributes: []attribute.KeyValue{
 				semconv.MessagingMessageID(ids[i]),
-				attribute.Int64(SpanAttrOutboxWaitMillis, wait.Milliseconds()),
+				attribute.Int64(wire.SpanOutboxWaitMillis, wait.Milliseconds()),
 			},
 		}
 	}
@@ -108,13 +95,13 @@ func (p *tracingPublisher) PublishBatch(ctx context.Context, destination string,
 		semconv.MessagingOperationName("publish"),
 		semconv.MessagingDestinationName(name),
 		semconv.MessagingBatchMessageCount(len(events)),
-		attribute.StringSlice(SpanAttrMessageIDs, ids),
-		attribute.Int64(SpanAttrOutboxMaxWaitMillis, maxWait.Milliseconds()),
+		attribute.StringSlice(wire.SpanMessageIDs, ids),
+		attribute.Int64(wire.SpanOutboxMaxWaitMillis, maxWait.Milliseconds()),
 	}
 	if system == semconv.MessagingSystemAWSSNS {
 		attrs = append(attrs, semconv.AWSSNSTopicARN(destination))
 	}
-	first := links[:min(len(links), MaxLinksPerSpan)]
+	first := links[:min(len(links), maxLinksPerSpan)]
 	ctx, span := p.tracer.Start(ctx, "publish "+name,
 		trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithTimestamp(now),
@@ -124,15 +111,15 @@ func (p *tracingPublisher) PublishBatch(ctx context.Context, destination string,
 	// A Kinesis or Kafka call carries up to 500 events, and the SDK keeps 128 links a span by
 	// default (SpanLimits.LinkCountLimit, the provider's setting, not ours): the links beyond
 	// go on child spans of the call, 128 each, so none is dropped.
-	for i := MaxLinksPerSpan; i < len(links); i += MaxLinksPerSpan {
-		part := links[i:min(len(links), i+MaxLinksPerSpan)]
+	for i := maxLinksPerSpan; i < len(links); i += maxLinksPerSpan {
+		part := links[i:min(len(links), i+maxLinksPerSpan)]
 		_, more := p.tracer.Start(ctx, "publish "+name,
 			trace.WithSpanKind(trace.SpanKindInternal),
 			trace.WithTimestamp(now),
 			trace.WithLinks(part...),
 			trace.WithAttributes(system, semconv.MessagingOperationTypeSend, semconv.MessagingOperationName("publish"),
 				semconv.MessagingDestinationName(name), semconv.MessagingBatchMessageCount(len(part)),
-				attribute.StringSlice(SpanAttrMessageIDs, ids[i:i+len(part)])))
+				attribute.StringSlice(wire.SpanMessageIDs, ids[i:i+len(part)])))
 		defer more.End()
 	}
 	errs := p.next.PublishBatch(ctx, destination, events)
@@ -148,7 +135,7 @@ func (p *tracingPublisher) PublishBatch(ctx context.Context, destination string,
 			attribute.Bool("sluice.permanent", IsPermanent(err)),
 		))
 	}
-	span.SetAttributes(attribute.Int(SpanAttrPublishFailed, failed))
+	span.SetAttributes(attribute.Int(wire.SpanPublishFailed, failed))
 	if failed > 0 {
 		span.SetAttributes(semconv.ErrorTypeOther)
 		span.SetStatus(codes.Error, fmt.Sprintf("%d of %d entries failed", failed, len(events)))
@@ -214,7 +201,7 @@ func withTrace(m Message, injected map[string]string, fields []string, maxBytes 
 			}
 		}
 	}
-	room := MaxWriteAttributes - contractAttributes(m) - len(m.Headers)
+	room := maxWriteAttributes - contractAttributes(m) - len(m.Headers)
 	var h map[string]string
 	for _, k := range headerOrder(injected) {
 		v := injected[k]

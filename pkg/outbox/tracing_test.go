@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sluicehq/sluice/internal/wire"
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
@@ -175,8 +176,8 @@ func TestRelayRecordsAPublishSpanLinkedToEachWriter(t *testing.T) {
 				la[string(a.Key)] = a.Value.AsInterface()
 			}
 			id := la["messaging.message.id"].(string)
-			require.Contains(t, la, outbox.SpanAttrOutboxWaitMillis)
-			require.GreaterOrEqual(t, la[outbox.SpanAttrOutboxWaitMillis].(int64), int64(0))
+			require.Contains(t, la, wire.SpanOutboxWaitMillis)
+			require.GreaterOrEqual(t, la[wire.SpanOutboxWaitMillis].(int64), int64(0))
 			linked[id] = s
 			for i, w := range written {
 				if w.EventID.String() == id {

@@ -201,8 +201,8 @@ func TestWriteStoresAndPublishesTheBytesWritten(t *testing.T) {
 	require.Equal(t, want, published, "the relay publishes the bytes written")
 }
 
-// Write refuses a payload exactly when PostgreSQL's json input refuses it (MaxNestingDepth
-// aside), so a refusal never surfaces at commit and nothing the server stores is turned away.
+// Write refuses a payload exactly when PostgreSQL's json input refuses it (the nesting
+// bound aside), so a refusal never surfaces at commit and nothing the server stores is turned away.
 func TestWriteRefusesWhatPostgreSQLRefuses(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

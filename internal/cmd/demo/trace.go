@@ -22,7 +22,6 @@ import (
 
 	"github.com/sluicehq/sluice/internal/wire"
 	"github.com/sluicehq/sluice/pkg/lambdatrace"
-	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
 // The demo's tracing: the orders service (this process) and both Lambdas export their spans as
@@ -191,7 +190,7 @@ func traces(spans []jsonSpan) []*orderTrace {
 			}
 		}
 		for _, l := range s.Links {
-			if o := byID[l.SpanContext.SpanID]; o != nil && strings.HasPrefix(s.Name, "publish ") && s.attr(outbox.SpanAttrPublishFailed) == "0" {
+			if o := byID[l.SpanContext.SpanID]; o != nil && strings.HasPrefix(s.Name, "publish ") && s.attr(wire.SpanPublishFailed) == "0" {
 				if o.publish == nil || s.StartTime.After(o.publish.StartTime) {
 					o.publish, o.batch = s, len(s.Links)
 				}

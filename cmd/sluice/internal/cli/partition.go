@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -13,8 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
-	"github.com/sluicehq/sluice/pkg/inbox"
-	"github.com/sluicehq/sluice/pkg/outbox"
+	"github.com/sluicehq/sluice/pkg/partition"
 )
 
 // DB runs single statements and transactions: what partition commands need (a *pgxpool.Pool).
@@ -50,21 +50,29 @@ created go to a default partition, which is purged row by row.`,
 
 // PartitionStatus is how the outbox and inbox tables are stored.
 type PartitionStatus struct {
-	Outbox outbox.PartitionLayout `json:"outbox"`
-	Inbox  inbox.PartitionLayout  `json:"inbox"`
+	Outbox partition.Layout `json:"outbox"`
+	Inbox  partition.Layout `json:"inbox"`
+}
+
+// of returns the layout of table t.
+func (st *PartitionStatus) of(t *partition.Table) *partition.Layout {
+	if t == partition.Inbox {
+		return &st.Inbox
+	}
+	return &st.Outbox
 }
 
 // ReadPartitions returns how outbox_event and inbox_event are stored, from the catalog alone.
 func ReadPartitions(ctx context.Context, db Querier) (PartitionStatus, error) {
-	var (
-		st  PartitionStatus
-		err error
-	)
-	if st.Outbox, err = outbox.Partitions(ctx, db); err != nil {
-		return st, err
+	var st PartitionStatus
+	for _, t := range partition.Tables() {
+		l, err := partition.Read(ctx, db, t)
+		if err != nil {
+			return st, err
+		}
+		*st.of(t) = l
 	}
-	st.Inbox, err = inbox.Partitions(ctx, db)
-	return st, err
+	return st, nil
 }
 
 func (a *app) partitionStatusCommand() *cobra.Command {
@@ -89,23 +97,9 @@ func (a *app) partitionStatusCommand() *cobra.Command {
 				enc.SetIndent("", "  ")
 				return enc.Encode(st)
 			}
-			var outParts, inParts []partitionLine
-			for _, p := range st.Outbox.Partitions {
-				outParts = append(outParts, partitionLine{p.Name, outboxFrom(p), outboxTo(p), p.Rows})
+			for _, t := range partition.Tables() {
+				printLayout(a.io.Out, t, *st.of(t))
 			}
-			for _, p := range st.Inbox.Partitions {
-				inParts = append(inParts, partitionLine{p.Name, inboxBound(p.From, "MINVALUE", p.Default), inboxBound(p.To, "MAXVALUE", p.Default), p.Rows})
-			}
-			bound := ""
-			if st.Outbox.ConversionBound != 0 {
-				bound = fmt.Sprint(st.Outbox.ConversionBound)
-			}
-			printLayout(a.io.Out, "outbox_event", st.Outbox.Partitioned, bound, outParts)
-			bound = ""
-			if !st.Inbox.ConversionBound.IsZero() {
-				bound = st.Inbox.ConversionBound.Format(time.RFC3339)
-			}
-			printLayout(a.io.Out, "inbox_event", st.Inbox.Partitioned, bound, inParts)
 			return nil
 		},
 	}
@@ -113,57 +107,38 @@ func (a *app) partitionStatusCommand() *cobra.Command {
 	return cmd
 }
 
-type partitionLine struct {
-	name, from, to string
-	rows           int64
-}
-
-func outboxFrom(p outbox.Partition) string {
-	switch {
-	case p.Default:
-		return "(default)"
-	case p.From == -1<<63:
+// boundText renders a bound of table t's partitions: an id, or a time for the inbox.
+func boundText(t *partition.Table, v int64) string {
+	if v == math.MinInt64 {
 		return "MINVALUE"
 	}
-	return fmt.Sprint(p.From)
-}
-
-func outboxTo(p outbox.Partition) string {
-	if p.Default {
-		return ""
+	if at, ok := t.Time(v); ok {
+		return at.Format(time.RFC3339)
 	}
-	return fmt.Sprint(p.To)
+	return fmt.Sprint(v)
 }
 
-func inboxBound(t time.Time, zero string, def bool) string {
-	switch {
-	case def && zero == "MINVALUE":
-		return "(default)"
-	case def:
-		return ""
-	case t.IsZero():
-		return zero
-	}
-	return t.Format(time.RFC3339)
-}
-
-func printLayout(w io.Writer, table string, partitioned bool, bound string, parts []partitionLine) {
-	if !partitioned {
-		fmt.Fprintf(w, "%s: plain table\n", table)
-		if bound != "" {
-			fmt.Fprintf(w, "  a conversion started and did not finish: rows from %s on are refused; run 'sluice partition convert' again\n", bound)
+func printLayout(w io.Writer, t *partition.Table, l partition.Layout) {
+	if !l.Partitioned {
+		fmt.Fprintf(w, "%s: plain table\n", t)
+		if l.ConversionBound != 0 {
+			fmt.Fprintf(w, "  a conversion started and did not finish: rows from %s on are refused; run 'sluice partition convert' again\n", boundText(t, l.ConversionBound))
 		}
 		return
 	}
-	fmt.Fprintf(w, "%s: partitioned, %d partitions\n", table, len(parts))
+	fmt.Fprintf(w, "%s: partitioned, %d partitions\n", t, len(l.Partitions))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "  NAME\tFROM\tTO\tROWS (ESTIMATE)")
-	for _, p := range parts {
+	for _, p := range l.Partitions {
 		rows := "?"
-		if p.rows >= 0 {
-			rows = fmt.Sprint(p.rows)
+		if p.Rows >= 0 {
+			rows = fmt.Sprint(p.Rows)
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", p.name, p.from, p.to, rows)
+		from, to := "(default)", ""
+		if !p.Default {
+			from, to = boundText(t, p.From), boundText(t, p.To)
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", p.Name, from, to, rows)
 	}
 	_ = tw.Flush()
 }
@@ -172,8 +147,8 @@ func printLayout(w io.Writer, table string, partitioned bool, bound string, part
 type PartitionConvertOptions struct {
 	// Table is "outbox" or "inbox". Required.
 	Table string
-	// Interval, Ahead and Size are the partitions' (see outbox.PartitionOptions and
-	// inbox.PartitionOptions); zero takes the libraries' defaults. Size applies to the outbox.
+	// Interval, Ahead and Size are the partitions' (see partition.Options); zero takes the
+	// defaults. Size applies to the outbox.
 	Interval time.Duration
 	Ahead    int
 	Size     int64
@@ -219,35 +194,23 @@ func ConvertPartitioned(ctx context.Context, db DB, opts PartitionConvertOptions
 	if err := opts.validate(); err != nil {
 		return PartitionConvertResult{}, err
 	}
-	res := PartitionConvertResult{Table: opts.Table + "_event"}
-	switch opts.Table {
-	case "outbox":
-		o := &outbox.PartitionOptions{Interval: opts.Interval, Ahead: opts.Ahead, Size: opts.Size}
-		plan, err := outbox.PlanPartitioning(ctx, db, o)
-		if err != nil {
-			return res, err
-		}
-		res.Steps, res.Notes = plan.Steps, plan.Notes
-		if !opts.Yes {
-			return res, fmt.Errorf("refusing to convert outbox_event without --yes (%w): nothing was changed", ErrNotConfirmed)
-		}
-		_, err = outbox.ConvertToPartitioned(ctx, db, o, opts.Progress)
-		res.Converted = err == nil
-		return res, err
-	default:
-		o := &inbox.PartitionOptions{Interval: opts.Interval, Ahead: opts.Ahead}
-		plan, err := inbox.PlanPartitioning(ctx, db, o)
-		if err != nil {
-			return res, err
-		}
-		res.Steps, res.Notes = plan.Steps, plan.Notes
-		if !opts.Yes {
-			return res, fmt.Errorf("refusing to convert inbox_event without --yes (%w): nothing was changed", ErrNotConfirmed)
-		}
-		_, err = inbox.ConvertToPartitioned(ctx, db, o, opts.Progress)
-		res.Converted = err == nil
+	t := partition.Outbox
+	if opts.Table == "inbox" {
+		t = partition.Inbox
+	}
+	res := PartitionConvertResult{Table: t.Name()}
+	o := &partition.Options{Interval: opts.Interval, Ahead: opts.Ahead, Size: opts.Size}
+	plan, err := partition.PlanConversion(ctx, db, t, o)
+	if err != nil {
 		return res, err
 	}
+	res.Steps, res.Notes = plan.Steps, plan.Notes
+	if !opts.Yes {
+		return res, fmt.Errorf("refusing to convert %s without --yes (%w): nothing was changed", t, ErrNotConfirmed)
+	}
+	_, err = partition.Convert(ctx, db, t, o, opts.Progress)
+	res.Converted = err == nil
+	return res, err
 }
 
 func (a *app) partitionConvertCommand() *cobra.Command {
@@ -294,8 +257,8 @@ it again. There is no automatic way back to a plain table.`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.Var(&durationValue{d: &opts.Interval}, "interval", fmt.Sprintf("time one partition covers (inbox) or fills in at the observed rate (outbox) (default %s)", FormatDuration(outbox.DefaultPartitionInterval)))
-	fl.IntVar(&opts.Ahead, "ahead", 0, fmt.Sprintf("empty partitions to keep ready (default %d)", outbox.DefaultPartitionsAhead))
+	fl.Var(&durationValue{d: &opts.Interval}, "interval", fmt.Sprintf("time one partition covers (inbox) or fills in at the observed rate (outbox) (default %s)", FormatDuration(partition.DefaultInterval)))
+	fl.IntVar(&opts.Ahead, "ahead", 0, fmt.Sprintf("empty partitions to keep ready (default %d)", partition.DefaultAhead))
 	fl.Int64Var(&opts.Size, "size", 0, "ids per outbox partition instead of a size from the observed rate")
 	fl.BoolVarP(&opts.Yes, "yes", "y", false, "convert (without it, only print the plan)")
 	return cmd
@@ -314,8 +277,8 @@ type PartitionMaintainOptions struct {
 	AllowDuplicateApplies bool
 	// OutboxOnly and InboxOnly maintain one table only; at most one may be set.
 	OutboxOnly, InboxOnly bool
-	// Interval, Ahead, Size and LockTimeout are the libraries' PartitionOptions; zero takes
-	// their defaults. Size applies to the outbox.
+	// Interval, Ahead, Size and LockTimeout are partition.Options'; zero takes their
+	// defaults. Size applies to the outbox.
 	Interval    time.Duration
 	Ahead       int
 	Size        int64
@@ -344,10 +307,18 @@ func (o PartitionMaintainOptions) validate() error {
 // PartitionMaintainResult is what MaintainPartitions did (or, as a plan, would drop) to each
 // table.
 type PartitionMaintainResult struct {
-	Outbox *outbox.PartitionReport `json:"outbox,omitempty"`
-	Inbox  *inbox.PartitionReport  `json:"inbox,omitempty"`
+	Outbox *partition.Report `json:"outbox,omitempty"`
+	Inbox  *partition.Report `json:"inbox,omitempty"`
 	// Warning is set when AllowDuplicateApplies let an inbox drop through.
 	Warning string `json:"warning,omitempty"`
+}
+
+// of returns the report field of table t.
+func (r *PartitionMaintainResult) of(t *partition.Table) **partition.Report {
+	if t == partition.Inbox {
+		return &r.Inbox
+	}
+	return &r.Outbox
 }
 
 // MaintainPartitions creates partitions ahead and, with OlderThan, drops expired ones, on each
@@ -365,38 +336,26 @@ func MaintainPartitions(ctx context.Context, db DB, c SQSAPI, opts PartitionMain
 			return res, err
 		}
 	}
+	var tables []*partition.Table
+	for _, t := range partition.Tables() {
+		if t == partition.Outbox && doOutbox || t == partition.Inbox && doInbox {
+			tables = append(tables, t)
+		}
+	}
 	run := func(dry bool) (PartitionMaintainResult, error) {
 		out := PartitionMaintainResult{Warning: res.Warning}
-		total, done := int64(0), int64(0)
-		if doOutbox {
-			total++
-		}
-		if doInbox {
-			total++
-		}
-		if doOutbox {
-			rep, err := outbox.MaintainPartitions(ctx, db, &outbox.PartitionOptions{Interval: opts.Interval, Ahead: opts.Ahead, Size: opts.Size,
+		for i, t := range tables {
+			if i > 0 && !dry && ctx.Err() != nil {
+				return out, fmt.Errorf("%w after maintaining %s; run the same command to maintain %s", ErrInterrupted, tables[i-1], t)
+			}
+			rep, err := partition.Maintain(ctx, db, t, &partition.Options{Interval: opts.Interval, Ahead: opts.Ahead, Size: opts.Size,
 				Retention: opts.OlderThan, LockTimeout: opts.LockTimeout, DryRun: dry})
-			out.Outbox = &rep
+			*out.of(t) = &rep
 			if err != nil {
 				return out, err
 			}
-			if done++; !dry && opts.Progress != nil {
-				opts.Progress("outbox_event", done, total)
-			}
-		}
-		if doInbox {
-			if !dry && ctx.Err() != nil {
-				return out, fmt.Errorf("%w after maintaining outbox_event; run the same command to maintain inbox_event", ErrInterrupted)
-			}
-			rep, err := inbox.MaintainPartitions(ctx, db, &inbox.PartitionOptions{Interval: opts.Interval, Ahead: opts.Ahead,
-				Retention: opts.OlderThan, LockTimeout: opts.LockTimeout, DryRun: dry})
-			out.Inbox = &rep
-			if err != nil {
-				return out, err
-			}
-			if done++; !dry && opts.Progress != nil {
-				opts.Progress("inbox_event", done, total)
+			if !dry && opts.Progress != nil {
+				opts.Progress(t.Name(), int64(i+1), int64(len(tables)))
 			}
 		}
 		return out, nil
@@ -496,10 +455,10 @@ maximum) unless --allow-duplicate-applies accepts that risk. Ctrl-C stops betwee
 	fl.StringArrayVar(&opts.Queues, "queue", nil, "SQS queue URL of an inbox consumer; refuse if its (or its DLQ's) retention is not shorter than --older-than (repeatable)")
 	fl.BoolVar(&opts.OutboxOnly, "outbox-only", false, "maintain only the outbox")
 	fl.BoolVar(&opts.InboxOnly, "inbox-only", false, "maintain only the inbox")
-	fl.Var(&durationValue{d: &opts.Interval}, "interval", fmt.Sprintf("time one new partition covers (inbox) or fills in at the observed rate (outbox) (default %s)", FormatDuration(outbox.DefaultPartitionInterval)))
-	fl.IntVar(&opts.Ahead, "ahead", 0, fmt.Sprintf("empty partitions to keep ready (default %d)", outbox.DefaultPartitionsAhead))
+	fl.Var(&durationValue{d: &opts.Interval}, "interval", fmt.Sprintf("time one new partition covers (inbox) or fills in at the observed rate (outbox) (default %s)", FormatDuration(partition.DefaultInterval)))
+	fl.IntVar(&opts.Ahead, "ahead", 0, fmt.Sprintf("empty partitions to keep ready (default %d)", partition.DefaultAhead))
 	fl.Int64Var(&opts.Size, "size", 0, "ids per new outbox partition instead of a size from the observed rate")
-	fl.Var(&durationValue{d: &opts.LockTimeout}, "lock-timeout", fmt.Sprintf("longest wait for a partition change's lock (default %s)", outbox.DefaultPartitionLockTimeout))
+	fl.Var(&durationValue{d: &opts.LockTimeout}, "lock-timeout", fmt.Sprintf("longest wait for a partition change's lock (default %s)", partition.DefaultLockTimeout))
 	fl.BoolVar(&opts.AllowDuplicateApplies, "allow-duplicate-applies", false,
 		"drop inbox partitions even when --older-than is not longer than the retention a message can come back from (it will then be applied twice)")
 	g.flags(cmd, "be dropped")
@@ -519,29 +478,28 @@ func (a *app) printMaintainPlan(plan PartitionMaintainResult, g guard) {
 }
 
 func (a *app) printMaintenanceResult(res PartitionMaintainResult, would string) {
-	if r := res.Outbox; r != nil {
-		printMaintenance(a.io.Out, a.io.Err, "outbox_event", would, r.Partitioned, r.Purged, r.Warnings,
-			describeAll(r.Created, outbox.DescribePartition), describeAll(r.Dropped, outbox.DescribePartition),
-			keptLines(r.Kept, func(k outbox.KeptPartition) string { return outbox.DescribePartition(k.Partition) + ": " + k.Reason }))
-	}
-	if r := res.Inbox; r != nil {
-		printMaintenance(a.io.Out, a.io.Err, "inbox_event", would, r.Partitioned, r.Purged, r.Warnings,
-			describeAll(r.Created, inbox.DescribePartition), describeAll(r.Dropped, inbox.DescribePartition),
-			keptLines(r.Kept, func(k inbox.KeptPartition) string { return inbox.DescribePartition(k.Partition) + ": " + k.Reason }))
+	for _, t := range partition.Tables() {
+		if r := *res.of(t); r != nil {
+			printMaintenance(a.io.Out, a.io.Err, t.Name(), would, r)
+		}
 	}
 }
 
-func describeAll[P any](ps []P, describe func(P) string) []string {
+// describeAll renders partitions for people.
+func describeAll(ps []partition.Partition) []string {
 	out := make([]string, len(ps))
 	for i, p := range ps {
-		out[i] = describe(p)
+		out[i] = p.String()
 	}
 	return out
 }
 
-func keptLines[K any](ks []K, line func(K) string) []string { return describeAll(ks, line) }
-
-func printMaintenance(out, errw io.Writer, table, would string, partitioned bool, purged int64, warnings, created, dropped, kept []string) {
+func printMaintenance(out, errw io.Writer, table, would string, r *partition.Report) {
+	partitioned, purged, warnings, created, dropped := r.Partitioned, r.Purged, r.Warnings, describeAll(r.Created), describeAll(r.Dropped)
+	var kept []string
+	for _, k := range r.Kept {
+		kept = append(kept, k.String()+": "+k.Reason)
+	}
 	if !partitioned {
 		fmt.Fprintf(out, "%s: plain table, nothing to do (see 'sluice partition convert')\n", table)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice/pkg/inbox"
 	"github.com/sluicehq/sluice/pkg/outbox"
+	"github.com/sluicehq/sluice/pkg/partition"
 )
 
 // sqsMaxRetention is the longest MessageRetentionPeriod SQS allows (14 days).
@@ -366,22 +367,28 @@ func Purge(ctx context.Context, db DB, c SQSAPI, opts PurgeOptions) (PurgeResult
 	return res, nil
 }
 
+// planPartitionDrop reports whether table t is partitioned and, if so, the partitions a purge
+// with cutoff drops and their estimated rows (partition.Maintain's dry run).
+func planPartitionDrop(ctx context.Context, db DB, t *partition.Table, cutoff time.Time) (partitioned bool, drop []string, rows int64, err error) {
+	layout, err := partition.Read(ctx, db, t)
+	if err != nil || !layout.Partitioned {
+		return false, nil, 0, err
+	}
+	rep, err := partition.Maintain(ctx, db, t, &partition.Options{Retention: time.Since(cutoff), DryRun: true})
+	for _, d := range rep.Dropped {
+		rows += max(d.Rows, 0)
+	}
+	return true, describeAll(rep.Dropped), rows, err
+}
+
 // planOutboxPurge counts what outbox.Purge deletes with cutoff. On a plain table it walks the
 // rows as the purge does (batches of BatchSize rows in id order, stopping after the first batch
-// that holds a row created after the cutoff); on a partitioned one it asks MaintainPartitions
+// that holds a row created after the cutoff); on a partitioned one it asks partition.Maintain
 // for a dry run.
 func planOutboxPurge(ctx context.Context, db DB, cutoff time.Time, opts PurgeOptions) (OutboxPurgePlan, error) {
-	layout, err := outbox.Partitions(ctx, db)
-	if err != nil {
-		return OutboxPurgePlan{}, err
-	}
-	if layout.Partitioned {
-		rep, err := outbox.MaintainPartitions(ctx, db, &outbox.PartitionOptions{Retention: time.Since(cutoff), DryRun: true})
-		p := OutboxPurgePlan{Partitioned: true, DropPartitions: describeAll(rep.Dropped, outbox.DescribePartition)}
-		for _, d := range rep.Dropped {
-			p.Rows += max(d.Rows, 0)
-		}
-		return p, err
+	partitioned, drop, rows, err := planPartitionDrop(ctx, db, partition.Outbox, cutoff)
+	if err != nil || partitioned {
+		return OutboxPurgePlan{Partitioned: partitioned, DropPartitions: drop, Rows: rows}, err
 	}
 	batch := opts.BatchSize
 	if batch == 0 {
@@ -407,17 +414,9 @@ func planOutboxPurge(ctx context.Context, db DB, cutoff time.Time, opts PurgeOpt
 // planInboxPurge counts what inbox.Purge deletes with cutoff.
 func planInboxPurge(ctx context.Context, db DB, cutoff time.Time, opts PurgeOptions) (InboxPurgePlan, error) {
 	if opts.Consumer == "" {
-		layout, err := inbox.Partitions(ctx, db)
-		if err != nil {
-			return InboxPurgePlan{}, err
-		}
-		if layout.Partitioned {
-			rep, err := inbox.MaintainPartitions(ctx, db, &inbox.PartitionOptions{Retention: time.Since(cutoff), DryRun: true})
-			p := InboxPurgePlan{Partitioned: true, DropPartitions: describeAll(rep.Dropped, inbox.DescribePartition)}
-			for _, d := range rep.Dropped {
-				p.Rows += max(d.Rows, 0)
-			}
-			return p, err
+		partitioned, drop, rows, err := planPartitionDrop(ctx, db, partition.Inbox, cutoff)
+		if err != nil || partitioned {
+			return InboxPurgePlan{Partitioned: partitioned, DropPartitions: drop, Rows: rows}, err
 		}
 	}
 	rows, err := db.Query(ctx, `

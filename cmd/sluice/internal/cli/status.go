@@ -185,7 +185,7 @@ scripts and checks.`,
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
 	cmd.Flags().StringArrayVar(&queues, "queue", nil, "SQS queue URL to report on (repeatable)")
 	cmd.Flags().IntVar(&offloadThreshold, "offload-threshold", 0,
-		fmt.Sprintf("payload size in bytes above which the claim check stores a payload in S3 (default $%s, else %d)", lambdaenv.ClaimCheckThreshold, outbox.MaxMessageBytes))
+		fmt.Sprintf("payload size in bytes above which the claim check stores a payload in S3 (default $%s, else %d)", lambdaenv.ClaimCheckThreshold, outbox.RelaySetting("MessageLimits.SNS").Default))
 	return cmd
 }
 
@@ -197,7 +197,7 @@ type StatusOptions struct {
 	SQS        SQSAPI
 	CloudWatch CloudWatchAPI
 	// OffloadThreshold is the claim check's threshold in bytes for Outbox.Offload. Defaults
-	// to outbox.MaxMessageBytes (the relay's default threshold).
+	// to SNS's default message limit (outbox.RelaySetting("MessageLimits.SNS"), the relay's default threshold).
 	OffloadThreshold int
 }
 
@@ -230,7 +230,7 @@ func ReadStatus(ctx context.Context, db Querier, opts StatusOptions) (*Status, e
 	}
 	threshold := opts.OffloadThreshold
 	if threshold <= 0 {
-		threshold = outbox.MaxMessageBytes
+		threshold = int(outbox.RelaySetting("MessageLimits.SNS").Default)
 	}
 	offload, err := outbox.OffloadBacklogOf(ctx, db, threshold)
 	if err != nil {

@@ -13,17 +13,17 @@ import (
 // reads oldest to newest.
 func TestPartitionNamesSortInKeyOrder(t *testing.T) {
 	t.Parallel()
-	ids := Spec{Table: "outbox_event", Kind: Identity}
+	ids := tableSpec{Table: "outbox_event", Kind: identityKey}
 	var names []string
-	for _, from := range []int64{MinBound, 1, 999, 1000, 86_400_000, 1 << 40} {
+	for _, from := range []int64{minBound, 1, 999, 1000, 86_400_000, 1 << 40} {
 		names = append(names, ids.partName(from))
 	}
 	require.True(t, slices.IsSorted(names), "%v", names)
 	require.Equal(t, "outbox_event_p0", names[0])
 
-	times := Spec{Table: "inbox_event", Kind: Time}
+	times := tableSpec{Table: "inbox_event", Kind: timeKey}
 	day := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
-	names = []string{times.partName(MinBound)}
+	names = []string{times.partName(minBound)}
 	for _, at := range []time.Time{day, day.Add(6 * time.Hour), day.Add(6*time.Hour + 30*time.Second), day.Add(24 * time.Hour)} {
 		names = append(names, times.partName(at.UnixMicro()))
 	}
@@ -34,14 +34,14 @@ func TestPartitionNamesSortInKeyOrder(t *testing.T) {
 	}
 }
 
-// Time bounds are written as UTC ISO 8601, which PostgreSQL reads the same whatever the
+// timeKey bounds are written as UTC ISO 8601, which PostgreSQL reads the same whatever the
 // session's DateStyle and TimeZone, and partitions start on multiples of the interval.
 func TestTimeBoundsAreUnambiguousAndAligned(t *testing.T) {
 	t.Parallel()
-	s := Spec{Kind: Time}
+	s := tableSpec{Kind: timeKey}
 	at := time.Date(2026, 11, 30, 13, 45, 10, 0, time.UTC)
 	require.Equal(t, "'2026-11-30T13:45:10Z'", s.boundValue(at.UnixMicro()))
-	require.Equal(t, "MINVALUE", s.boundValue(MinBound))
+	require.Equal(t, "MINVALUE", s.boundValue(minBound))
 	day := (24 * time.Hour).Microseconds()
 	next := alignUp(at.UnixMicro(), day)
 	require.Equal(t, time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC).UnixMicro(), next)
@@ -51,10 +51,10 @@ func TestTimeBoundsAreUnambiguousAndAligned(t *testing.T) {
 // Options report every problem at once.
 func TestOptionsReportEveryProblem(t *testing.T) {
 	t.Parallel()
-	err := Options{Interval: time.Millisecond, Ahead: 0, MinSize: 0, Size: -1, Retention: -time.Hour}.Validate()
+	err := Options{Interval: time.Millisecond, Ahead: 0, MinSize: 0, Size: -1, Retention: -time.Hour}.validate()
 	require.Error(t, err)
 	for _, field := range []string{"Interval", "Ahead", "MinSize", "Size", "Retention", "LockTimeout"} {
 		require.True(t, strings.Contains(err.Error(), field), "%s in %v", field, err)
 	}
-	require.NoError(t, Options{}.WithDefaults().Validate())
+	require.NoError(t, Options{}.withDefaults().validate())
 }

@@ -1,13 +1,3 @@
-// Package partition stores a sluice table (outbox_event, inbox_event) as a natively
-// range-partitioned table, so that retention drops whole partitions instead of deleting rows,
-// and maintains its partitions: it creates them ahead of the rows that will fill them and drops
-// those whose rows all finished (were published, were processed) longer ago than a retention.
-// pkg/outbox and pkg/inbox expose it for their own tables; see docs/schema.md, "Partitioned
-// tables".
-//
-// Every change is its own short transaction that first takes a transaction-scoped advisory lock
-// per table, so concurrent maintainers (overlapping relay Lambdas, the CLI) take turns and each
-// re-reads the partitions before acting. Nothing here needs an extension.
 package partition
 
 import (
@@ -23,42 +13,29 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Querier runs single statements: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-// DB runs single statements and transactions: a *pgxpool.Pool or a *pgx.Conn.
-type DB interface {
-	Querier
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
-// Kind is what a table's partitions are ranges of.
-type Kind int
+// keyKind is what a table's partitions are ranges of.
+type keyKind int
 
 const (
-	// Identity partitions are ranges of a bigint identity column (outbox_event.id), each sized
+	// identityKey partitions are ranges of a bigint identity column (outbox_event.id), each sized
 	// from the observed rate of new ids to fill in about one Interval.
-	Identity Kind = iota + 1
-	// Time partitions are ranges of a timestamptz column the table fills with now()
+	identityKey keyKind = iota + 1
+	// timeKey partitions are ranges of a timestamptz column the table fills with now()
 	// (inbox_event.received_at), one Interval each, aligned on multiples of Interval since the
 	// Unix epoch (midnight UTC for a day).
-	Time
+	timeKey
 )
 
-// Spec describes one sluice table that can be partitioned.
-type Spec struct {
+// tableSpec describes one sluice table that can be partitioned.
+type tableSpec struct {
 	// Table is the table's name, resolved through the search path like every sluice statement.
 	Table string
-	// Kind says what the partitions are ranges of.
-	Kind Kind
-	// Column is the partition key: a bigint identity column (Identity) or a timestamptz column
-	// filled with now() (Time).
+	// keyKind says what the partitions are ranges of.
+	Kind keyKind
+	// Column is the partition key: a bigint identity column (identityKey) or a timestamptz column
+	// filled with now() (timeKey).
 	Column string
-	// TimeColumn is when a row was written (Identity only): it measures the rate of new ids.
+	// TimeColumn is when a row was written (identityKey only): it measures the rate of new ids.
 	TimeColumn string
 	// Finished names what retention waits for, for reports: "published", "processed".
 	Finished string
@@ -81,34 +58,28 @@ type Spec struct {
 	// ExtraIndexes are indexes the partitioned table has beyond the plain table's. The
 	// conversion builds them CONCURRENTLY on the plain table first, so that attaching it as a
 	// partition adopts them instead of building them under a lock.
-	ExtraIndexes []Index
+	ExtraIndexes []extraIndex
+	// PurgeRows deletes the rows of table (the default partition) that finished longer than
+	// retention ago, batch rows per statement, and returns how many it deleted.
+	PurgeRows func(ctx context.Context, q Querier, table string, retention time.Duration, batch int) (int64, error)
+	// PurgeBatch is PurgeRows' batch during maintenance.
+	PurgeBatch int
 }
 
-// Index is an index definition: CREATE INDEX Name ON <table> Using.
-type Index struct {
+// extraIndex is an index definition: CREATE INDEX Name ON <table> Using.
+type extraIndex struct {
 	Name  string // e.g. "outbox_event_published_brin"
 	Using string // e.g. "USING brin (published_at)"
 }
 
 // Bounds of a partition that reach MINVALUE or MAXVALUE.
 const (
-	MinBound = math.MinInt64
-	MaxBound = math.MaxInt64
+	minBound = math.MinInt64
+	maxBound = math.MaxInt64
 )
 
-// Part is one partition. Bounds are ids (Identity) or Unix microseconds (Time).
-type Part struct {
-	Name string
-	// From and To bound the partition's key: From <= key < To. From is MinBound for MINVALUE.
-	From, To int64
-	// Default: the default partition, which catches rows no other partition covers.
-	Default bool
-	// Rows is PostgreSQL's estimate (pg_class.reltuples); -1 before the first VACUUM or ANALYZE.
-	Rows int64
-}
-
-// Info is how a table is stored.
-type Info struct {
+// tableInfo is how a table is stored.
+type tableInfo struct {
 	// Exists is false when the table is missing (the database is not migrated).
 	Exists bool
 	// Partitioned: the table is partitioned; Parts lists its partitions.
@@ -116,7 +87,7 @@ type Info struct {
 	// Schema and Owner of the table.
 	Schema, Owner string
 	// Parts are the bounded partitions in key order, then the default partition.
-	Parts []Part
+	Parts []Partition
 	// Bound is the upper bound a conversion put on the plain table's partition key and that
 	// was not finished (0: none), and BoundValid whether it was validated.
 	Bound      int64
@@ -124,18 +95,18 @@ type Info struct {
 }
 
 // Default returns the default partition, if any.
-func (i Info) Default() (Part, bool) {
+func (i tableInfo) Default() (Partition, bool) {
 	for _, p := range i.Parts {
 		if p.Default {
 			return p, true
 		}
 	}
-	return Part{}, false
+	return Partition{}, false
 }
 
 // bounded returns the partitions other than the default one, in key order.
-func (i Info) bounded() []Part {
-	var out []Part
+func (i tableInfo) bounded() []Partition {
+	var out []Partition
 	for _, p := range i.Parts {
 		if !p.Default {
 			out = append(out, p)
@@ -144,55 +115,58 @@ func (i Info) bounded() []Part {
 	return out
 }
 
-// ErrNotMigrated is returned when the table does not exist.
-var ErrNotMigrated = errors.New("table does not exist (is the database migrated? run `sluice migrate`)")
+// Errors that callers may branch on, matched with errors.Is.
+var (
+	// ErrNotMigrated: the table does not exist (run `sluice migrate`).
+	ErrNotMigrated = errors.New("table does not exist (is the database migrated? run `sluice migrate`)")
 
-// ErrPartitioned is returned when converting a table that is already partitioned.
-var ErrPartitioned = errors.New("table is already partitioned")
+	// ErrPartitioned: PlanConversion or Convert on a table that is already partitioned.
+	ErrPartitioned = errors.New("table is already partitioned")
+)
 
 // qualified returns the table's schema-qualified, quoted name.
-func (i Info) qualified(name string) string { return pgx.Identifier{i.Schema, name}.Sanitize() }
+func (i tableInfo) qualified(name string) string { return pgx.Identifier{i.Schema, name}.Sanitize() }
 
 // boundConstraint is the name of the CHECK a conversion puts on the plain table.
-func (s Spec) boundConstraint() string { return s.Table + "_partition_bound" }
+func (s tableSpec) boundConstraint() string { return s.Table + "_partition_bound" }
 
 // lockKey serializes every partition change of one table (an advisory lock's key text).
-func (s Spec) lockKey() string { return "sluice partitions " + s.Table }
+func (s tableSpec) lockKey() string { return "sluice partitions " + s.Table }
 
 // boundValue renders a bound in SQL: an integer or a timestamptz literal (UTC, ISO 8601).
-func (s Spec) boundValue(v int64) string {
+func (s tableSpec) boundValue(v int64) string {
 	switch {
-	case v == MinBound:
+	case v == minBound:
 		return "MINVALUE"
-	case v == MaxBound:
+	case v == maxBound:
 		return "MAXVALUE"
-	case s.Kind == Time:
+	case s.Kind == timeKey:
 		return "'" + time.UnixMicro(v).UTC().Format("2006-01-02T15:04:05.999999Z") + "'"
 	}
 	return fmt.Sprint(v)
 }
 
 // boundText renders a bound for people.
-func (s Spec) boundText(v int64) string {
+func (s tableSpec) boundText(v int64) string {
 	switch {
-	case v == MinBound:
+	case v == minBound:
 		return "MINVALUE"
-	case v == MaxBound:
+	case v == maxBound:
 		return "MAXVALUE"
-	case s.Kind == Time:
+	case s.Kind == timeKey:
 		return time.UnixMicro(v).UTC().Format(time.RFC3339)
 	}
 	return fmt.Sprint(v)
 }
 
 // partName names the partition starting at from: <table>_p<from> with the id zero-padded to
-// 19 digits (Identity), or <table>_p<yyyymmdd>[_hhmm[ss]] (Time), so names sort in key order.
+// 19 digits (identityKey), or <table>_p<yyyymmdd>[_hhmm[ss]] (timeKey), so names sort in key order.
 // The former plain table is <table>_p0.
-func (s Spec) partName(from int64) string {
-	if from == MinBound {
+func (s tableSpec) partName(from int64) string {
+	if from == minBound {
 		return s.Table + "_p0"
 	}
-	if s.Kind == Time {
+	if s.Kind == timeKey {
 		t := time.UnixMicro(from).UTC()
 		switch {
 		case t.Second() != 0 || t.Nanosecond() != 0:
@@ -206,12 +180,12 @@ func (s Spec) partName(from int64) string {
 }
 
 // defaultName names the default partition.
-func (s Spec) defaultName() string { return s.Table + "_default" }
+func (s tableSpec) defaultName() string { return s.Table + "_default" }
 
-// Read returns how the table is stored. It reads only the catalog.
-func Read(ctx context.Context, q Querier, spec Spec) (Info, error) {
+// readInfo returns how the table is stored. It reads only the catalog.
+func readInfo(ctx context.Context, q Querier, spec tableSpec) (tableInfo, error) {
 	var (
-		info Info
+		info tableInfo
 		kind string
 	)
 	err := q.QueryRow(ctx, `
@@ -259,13 +233,13 @@ func Read(ctx context.Context, q Querier, spec Spec) (Info, error) {
 	if err != nil {
 		return info, fmt.Errorf("list the partitions of %s: %w", spec.Table, err)
 	}
-	parts, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Part, error) {
+	parts, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Partition, error) {
 		var (
-			p        Part
+			p        Partition
 			from, to *int64
 		)
 		err := row.Scan(&p.Name, &p.Default, &p.Rows, &from, &to)
-		p.From, p.To = MinBound, MaxBound
+		p.From, p.To = minBound, maxBound
 		if from != nil {
 			p.From = *from
 		}
@@ -277,7 +251,7 @@ func Read(ctx context.Context, q Querier, spec Spec) (Info, error) {
 	if err != nil {
 		return info, fmt.Errorf("list the partitions of %s: %w", spec.Table, err)
 	}
-	slices.SortFunc(parts, func(a, b Part) int {
+	slices.SortFunc(parts, func(a, b Partition) int {
 		switch {
 		case a.Default != b.Default:
 			if a.Default {
@@ -297,40 +271,26 @@ func Read(ctx context.Context, q Querier, spec Spec) (Info, error) {
 
 // keyOf converts a SQL text expression holding a bound as the server prints it to the key as
 // an int64: the id, or Unix microseconds.
-func (s Spec) keyOf(text string) string {
-	if s.Kind == Time {
+func (s tableSpec) keyOf(text string) string {
+	if s.Kind == timeKey {
 		return "(extract(epoch FROM (" + text + ")::timestamptz) * 1000000)::bigint"
 	}
 	return "(" + text + ")::bigint"
 }
 
-// Options tune maintenance and conversion. Zero fields take the defaults documented on the
-// public wrappers (outbox.PartitionOptions, inbox.PartitionOptions).
-type Options struct {
-	Interval    time.Duration
-	Ahead       int
-	MinSize     int64
-	Size        int64
-	Retention   time.Duration
-	LockTimeout time.Duration
-	// DryRun makes Maintain change nothing: it creates no partition and reports in Dropped the
-	// partitions that pass the check made before a drop's lock (the drop checks again under it).
-	DryRun bool
-}
-
-// Defaults.
+// Defaults of Options.
 const (
 	DefaultInterval = 24 * time.Hour
 	DefaultAhead    = 2
 	DefaultMinSize  = 10_000
 	// DefaultLockTimeout is short because writers queue behind a waiting ACCESS EXCLUSIVE
 	// request: a drop that cannot get its lock at once (a long transaction holds the table)
-	// gives up after stalling producers for at most this long, and the next run tries again.
+	// gives up after stalling writers for at most this long, and the next run tries again.
 	DefaultLockTimeout = 200 * time.Millisecond
 )
 
-// WithDefaults fills zero fields.
-func (o Options) WithDefaults() Options {
+// withDefaults fills zero fields.
+func (o Options) withDefaults() Options {
 	if o.Interval == 0 {
 		o.Interval = DefaultInterval
 	}
@@ -346,8 +306,8 @@ func (o Options) WithDefaults() Options {
 	return o
 }
 
-// Validate reports every out-of-range option at once.
-func (o Options) Validate() error {
+// validate reports every out-of-range option at once.
+func (o Options) validate() error {
 	var errs []error
 	if o.Interval < time.Second {
 		errs = append(errs, fmt.Errorf("Interval must be at least 1s, got %s", o.Interval))
@@ -373,29 +333,12 @@ func (o Options) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Kept is a partition that retention would have dropped by its bounds but kept, and why.
-type Kept struct {
-	Part
-	Reason string
-}
-
-// Report is what Maintain did.
-type Report struct {
-	// Partitioned is false when the table is plain: nothing was done.
-	Partitioned bool
-	Created     []Part
-	Dropped     []Part
-	// Kept are partitions old enough by their bounds that were not dropped.
-	Kept []Kept
-	// Warnings need an operator: a conversion left half done, rows in the default partition.
-	Warnings []string
-}
-
-// Maintain creates partitions ahead (create) and drops expired ones (drop, when
-// opts.Retention is positive). On a plain table it does nothing and says so.
-func Maintain(ctx context.Context, db DB, spec Spec, opts Options, create, drop bool) (Report, error) {
+// maintainSpec creates partitions ahead (when create is true) and, when opts.Retention is
+// positive, drops expired ones and deletes the expired rows of the default partition, batch
+// rows per statement (0: spec.PurgeBatch). On a plain table it does nothing and says so.
+func maintainSpec(ctx context.Context, db DB, spec tableSpec, opts Options, create bool, batch int) (Report, error) {
 	var rep Report
-	info, err := Read(ctx, db, spec)
+	info, err := readInfo(ctx, db, spec)
 	if err != nil {
 		return rep, err
 	}
@@ -414,7 +357,7 @@ func Maintain(ctx context.Context, db DB, spec Spec, opts Options, create, drop 
 	if create && !opts.DryRun {
 		for range 200 {
 			p, made, err := createNext(ctx, db, spec, opts)
-			if IsLockTimeout(err) {
+			if isLockTimeout(err) {
 				rep.Warnings = append(rep.Warnings, fmt.Sprintf("creating a partition of %s waited %s for its lock without getting it "+
 					"(long transactions hold the table's default partition); the next run tries again", spec.Table, opts.LockTimeout))
 				break
@@ -428,13 +371,25 @@ func Maintain(ctx context.Context, db DB, spec Spec, opts Options, create, drop 
 			rep.Created = append(rep.Created, p)
 		}
 	}
-	if drop && opts.Retention > 0 {
+	if opts.Retention > 0 {
 		if err := dropExpired(ctx, db, spec, opts, &rep); err != nil {
 			return rep, err
 		}
 	}
-	if info, err = Read(ctx, db, spec); err != nil {
+	if info, err = readInfo(ctx, db, spec); err != nil {
 		return rep, err
+	}
+	if d, ok := info.Default(); ok && opts.Retention > 0 && !opts.DryRun {
+		if batch <= 0 {
+			batch = spec.PurgeBatch
+		}
+		rep.Purged, err = spec.PurgeRows(ctx, db, info.qualified(d.Name), opts.Retention, batch)
+		if err != nil {
+			return rep, fmt.Errorf("purge the default partition %s: %w", d.Name, err)
+		}
+		if info, err = readInfo(ctx, db, spec); err != nil {
+			return rep, err
+		}
 	}
 	if d, ok := info.Default(); ok && d.Rows > 0 {
 		rep.Warnings = append(rep.Warnings, fmt.Sprintf("the default partition %s holds about %d rows: partitions were not created "+
@@ -446,7 +401,7 @@ func Maintain(ctx context.Context, db DB, spec Spec, opts Options, create, drop 
 // inTx runs f in a READ COMMITTED transaction that holds the table's maintenance lock, with a
 // lock timeout (a change that cannot get its lock gives up instead of queueing the table's
 // users behind it) and sequential scans disabled (every check has an index plan).
-func inTx(ctx context.Context, db DB, spec Spec, opts Options, f func(pgx.Tx) error) error {
+func inTx(ctx context.Context, db DB, spec tableSpec, opts Options, f func(pgx.Tx) error) error {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return err
@@ -465,17 +420,17 @@ func inTx(ctx context.Context, db DB, spec Spec, opts Options, f func(pgx.Tx) er
 	return tx.Commit(ctx)
 }
 
-// IsLockTimeout reports whether err is PostgreSQL's lock_timeout (55P03).
-func IsLockTimeout(err error) bool {
+// isLockTimeout reports whether err is PostgreSQL's lock_timeout (55P03).
+func isLockTimeout(err error) bool {
 	var pg *pgconn.PgError
 	return errors.As(err, &pg) && pg.Code == "55P03"
 }
 
-// position returns where new rows are: the highest id taken (Identity: the identity
-// sequence's last value when readable, else the highest id stored), or now (Time), as a key.
-func position(ctx context.Context, q Querier, info Info, spec Spec) (int64, error) {
+// position returns where new rows are: the highest id taken (identityKey: the identity
+// sequence's last value when readable, else the highest id stored), or now (timeKey), as a key.
+func position(ctx context.Context, q Querier, info tableInfo, spec tableSpec) (int64, error) {
 	var pos int64
-	if spec.Kind == Time {
+	if spec.Kind == timeKey {
 		if err := q.QueryRow(ctx, "SELECT (extract(epoch FROM now()) * 1000000)::bigint").Scan(&pos); err != nil {
 			return 0, fmt.Errorf("read the clock: %w", err)
 		}
@@ -497,15 +452,15 @@ func position(ctx context.Context, q Querier, info Info, spec Spec) (int64, erro
 	return pos, nil
 }
 
-// size returns how many keys a new partition spans: Interval in microseconds (Time), or
-// (Identity) the ids the table takes in one Interval at the rate observed over about the
+// size returns how many keys a new partition spans: Interval in microseconds (timeKey), or
+// (identityKey) the ids the table takes in one Interval at the rate observed over about the
 // last Interval, at least MinSize, or Size when set. It also returns that rate (ids per second, 0 unknown).
 //
 // The rate is measured on the primary key, without reading the table: from the newest id,
 // it looks 10^3, 10^4, ... 10^9 ids back (one index descent each) and takes the farthest of
 // those rows written less than an Interval ago (or the nearest when even that one is older).
-func size(ctx context.Context, q Querier, info Info, spec Spec, opts Options, pos int64) (int64, float64, error) {
-	if spec.Kind == Time {
+func size(ctx context.Context, q Querier, info tableInfo, spec tableSpec, opts Options, pos int64) (int64, float64, error) {
+	if spec.Kind == timeKey {
 		return opts.Interval.Microseconds(), 0, nil
 	}
 	col, tcol := pgx.Identifier{spec.Column}.Sanitize(), pgx.Identifier{spec.TimeColumn}.Sanitize()
@@ -557,13 +512,13 @@ func alignUp(t, step int64) int64 { return (t/step + 1) * step }
 // attached, which takes only a SHARE UPDATE EXCLUSIVE lock on the partitioned table (writers
 // keep writing) and an ACCESS EXCLUSIVE lock on the default partition, which it checks holds
 // no row of the new range.
-func createNext(ctx context.Context, db DB, spec Spec, opts Options) (Part, bool, error) {
+func createNext(ctx context.Context, db DB, spec tableSpec, opts Options) (Partition, bool, error) {
 	var (
-		made Part
+		made Partition
 		done bool
 	)
 	err := inTx(ctx, db, spec, opts, func(tx pgx.Tx) error {
-		info, err := Read(ctx, tx, spec)
+		info, err := readInfo(ctx, tx, spec)
 		if err != nil {
 			return err
 		}
@@ -579,7 +534,7 @@ func createNext(ctx context.Context, db DB, spec Spec, opts Options) (Part, bool
 			if _, err := tx.Exec(ctx, "ALTER TABLE "+parent+" ATTACH PARTITION "+info.qualified(name)+" DEFAULT"); err != nil {
 				return fmt.Errorf("attach %s as the default partition of %s: %w", name, spec.Table, err)
 			}
-			made, done = Part{Name: name, From: MinBound, To: MaxBound, Default: true}, true
+			made, done = Partition{Name: name, From: minBound, To: maxBound, Default: true}, true
 			return nil
 		}
 		pos, err := position(ctx, tx, info, spec)
@@ -604,18 +559,18 @@ func createNext(ctx context.Context, db DB, spec Spec, opts Options) (Part, bool
 		if len(bounded) > 0 {
 			from = bounded[len(bounded)-1].To
 		}
-		if from <= pos || from == MaxBound {
+		if from <= pos || from == maxBound {
 			// Behind: new rows already go to the default partition. Start above them (and
 			// above what is written while this runs), so attaching finds none of the new
 			// range in the default partition.
-			if spec.Kind == Time {
+			if spec.Kind == timeKey {
 				from = alignUp(pos, n)
 			} else {
 				from = pos + max(n/1440, 1000)
 			}
 		}
 		to := from + n
-		if spec.Kind == Time {
+		if spec.Kind == timeKey {
 			to = alignUp(from, n)
 		}
 		name := spec.partName(from)
@@ -626,11 +581,11 @@ func createNext(ctx context.Context, db DB, spec Spec, opts Options) (Part, bool
 			" FOR VALUES FROM ("+spec.boundValue(from)+") TO ("+spec.boundValue(to)+")"); err != nil {
 			return fmt.Errorf("attach %s to %s: %w", name, spec.Table, err)
 		}
-		made, done = Part{Name: name, From: from, To: to}, true
+		made, done = Partition{Name: name, From: from, To: to}, true
 		return nil
 	})
 	if err != nil {
-		return Part{}, false, fmt.Errorf("create a partition of %s: %w", spec.Table, err)
+		return Partition{}, false, fmt.Errorf("create a partition of %s: %w", spec.Table, err)
 	}
 	return made, done, nil
 }
@@ -638,7 +593,7 @@ func createNext(ctx context.Context, db DB, spec Spec, opts Options) (Part, bool
 // createTable creates a table shaped like the partitioned table (columns, defaults, CHECK
 // constraints, storage), with the table's fillfactor, its local unique index and the table's
 // owner, ready to be attached.
-func createTable(ctx context.Context, tx pgx.Tx, spec Spec, info Info, name string) error {
+func createTable(ctx context.Context, tx pgx.Tx, spec tableSpec, info tableInfo, name string) error {
 	q := info.qualified(name)
 	stmts := []string{"CREATE TABLE " + q + " (LIKE " + info.qualified(spec.Table) +
 		" INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING STORAGE INCLUDING COMMENTS INCLUDING COMPRESSION)" + spec.with()}
@@ -655,7 +610,7 @@ func createTable(ctx context.Context, tx pgx.Tx, spec Spec, info Info, name stri
 }
 
 // with returns the storage clause of new partitions.
-func (s Spec) with() string {
+func (s tableSpec) with() string {
 	if s.FillFactor == 0 {
 		return ""
 	}
@@ -685,8 +640,8 @@ func trunc(name string) string {
 // that holds an ACCESS EXCLUSIVE lock on the partitioned table (so no writer, such as a
 // concurrent Replay, can change it between the check and the drop) for as long as the check
 // takes, a few index descents.
-func dropExpired(ctx context.Context, db DB, spec Spec, opts Options, rep *Report) error {
-	info, err := Read(ctx, db, spec)
+func dropExpired(ctx context.Context, db DB, spec tableSpec, opts Options, rep *Report) error {
+	info, err := readInfo(ctx, db, spec)
 	if err != nil {
 		return err
 	}
@@ -703,10 +658,10 @@ func dropExpired(ctx context.Context, db DB, spec Spec, opts Options, rep *Repor
 		return err
 	}
 	for _, p := range info.bounded() {
-		if spec.Kind == Time && p.To > cutoffKey {
+		if spec.Kind == timeKey && p.To > cutoffKey {
 			continue // rows received since the cutoff may be in it: they cannot have finished before it
 		}
-		if spec.Kind == Identity && p.To-1 > pos {
+		if spec.Kind == identityKey && p.To-1 > pos {
 			continue // new ids still go to it (or it lies ahead)
 		}
 		reason, err := keep(ctx, db, spec, info, p, cutoff, false)
@@ -714,7 +669,7 @@ func dropExpired(ctx context.Context, db DB, spec Spec, opts Options, rep *Repor
 			return err
 		}
 		if reason != "" {
-			rep.Kept = append(rep.Kept, Kept{Part: p, Reason: reason})
+			rep.Kept = append(rep.Kept, Kept{Partition: p, Reason: reason})
 			continue
 		}
 		if opts.DryRun {
@@ -727,7 +682,7 @@ func dropExpired(ctx context.Context, db DB, spec Spec, opts Options, rep *Repor
 			if _, err := tx.Exec(ctx, "LOCK TABLE "+parent+", "+part+" IN ACCESS EXCLUSIVE MODE"); err != nil {
 				return err
 			}
-			now, err := Read(ctx, tx, spec)
+			now, err := readInfo(ctx, tx, spec)
 			if err != nil {
 				return err
 			}
@@ -744,14 +699,14 @@ func dropExpired(ctx context.Context, db DB, spec Spec, opts Options, rep *Repor
 			return nil
 		})
 		switch {
-		case IsLockTimeout(err):
-			rep.Kept = append(rep.Kept, Kept{Part: p, Reason: fmt.Sprintf("busy: the lock to drop it was not granted within %s; the next run tries again", opts.LockTimeout)})
+		case isLockTimeout(err):
+			rep.Kept = append(rep.Kept, Kept{Partition: p, Reason: fmt.Sprintf("busy: the lock to drop it was not granted within %s; the next run tries again", opts.LockTimeout)})
 		case err != nil:
 			return fmt.Errorf("drop partition %s of %s: %w", p.Name, spec.Table, err)
 		case dropped:
 			rep.Dropped = append(rep.Dropped, p)
 		case reason != "":
-			rep.Kept = append(rep.Kept, Kept{Part: p, Reason: reason})
+			rep.Kept = append(rep.Kept, Kept{Partition: p, Reason: reason})
 		}
 	}
 	return nil
@@ -759,7 +714,7 @@ func dropExpired(ctx context.Context, db DB, spec Spec, opts Options, rep *Repor
 
 // sameBounds reports whether parts still hold a partition named like p with p's bounds (the
 // row estimate may have moved).
-func sameBounds(parts []Part, p Part) bool {
+func sameBounds(parts []Partition, p Partition) bool {
 	for _, q := range parts {
 		if q.Name == p.Name && q.From == p.From && q.To == p.To && q.Default == p.Default {
 			return true
@@ -769,13 +724,13 @@ func sameBounds(parts []Part, p Part) bool {
 }
 
 // keep returns why partition p must be kept ("" when it may be dropped): an unfinished row, a
-// row that finished at or after the cutoff, or (Identity) a newest row written after it.
+// row that finished at or after the cutoff, or (identityKey) a newest row written after it.
 // Outside the drop's transaction (locked false), once no unfinished row keeps the partition, it
 // summarizes the partition's BRIN indexes, so that the check under the lock reads only their
 // summaries.
-func keep(ctx context.Context, q Querier, spec Spec, info Info, p Part, cutoff time.Time, locked bool) (string, error) {
+func keep(ctx context.Context, q Querier, spec tableSpec, info tableInfo, p Partition, cutoff time.Time, locked bool) (string, error) {
 	part := info.qualified(p.Name)
-	if spec.Kind == Identity && !locked {
+	if spec.Kind == identityKey && !locked {
 		var newest *time.Time
 		err := q.QueryRow(ctx, "SELECT "+pgx.Identifier{spec.TimeColumn}.Sanitize()+" FROM "+part+
 			" ORDER BY "+pgx.Identifier{spec.Column}.Sanitize()+" DESC LIMIT 1").Scan(&newest)
@@ -809,8 +764,8 @@ func keep(ctx context.Context, q Querier, spec Spec, info Info, p Part, cutoff t
 	return "", nil
 }
 
-// Describe renders a partition for people: name and range.
-func (s Spec) Describe(p Part) string {
+// describe renders a partition for people: name and range.
+func (s tableSpec) describe(p Partition) string {
 	if p.Default {
 		return p.Name + " (default)"
 	}

@@ -12,18 +12,21 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Plan is what converting a plain table to a partitioned one does.
+// Plan is what Convert does, for an operator to read first.
 type Plan struct {
+	// Table is the table's name.
 	Table string
-	// Rows is PostgreSQL's estimate of the plain table's rows; none is copied or moved.
+	// Rows is PostgreSQL's estimate of the plain table's rows: none is copied or moved.
 	Rows int64
-	// Position is where new rows are now: the last id taken (Identity) or now (Time), as a key.
+	// Position is where new rows are now, as a key: the last id taken (outbox) or now (inbox,
+	// Unix microseconds: see Table.Time).
 	Position int64
-	// Rate is the observed rate of new ids per second (Identity; 0 when unknown).
+	// Rate is the observed rate of new ids per second (outbox; 0: unknown).
 	Rate float64
-	// Size is how many keys each new partition spans (ids, or microseconds).
+	// Size is how many keys each new partition spans: ids from Rate and Interval (at least
+	// MinSize) for the outbox, Interval in microseconds for the inbox.
 	Size int64
-	// Bound: the plain table becomes the partition [MINVALUE, Bound).
+	// Bound: the plain table becomes the partition of keys below it, [MINVALUE, Bound).
 	Bound int64
 	// Resume: an earlier conversion added the bound; this one finishes it.
 	Resume bool
@@ -31,17 +34,8 @@ type Plan struct {
 	Steps, Notes []string
 }
 
-// PlanConversion checks that the plain table can be converted and returns what Convert would
-// do, changing nothing. A table PostgreSQL cannot partition as it is (triggers, views or
-// foreign keys on it, a unique index without the partition key, ...) is refused with every
-// problem named.
-func PlanConversion(ctx context.Context, db DB, spec Spec, opts Options) (Plan, error) {
-	plan, _, err := planConversion(ctx, db, spec, opts)
-	return plan, err
-}
-
-func planConversion(ctx context.Context, q Querier, spec Spec, opts Options) (Plan, Info, error) {
-	info, err := Read(ctx, q, spec)
+func planConversion(ctx context.Context, q Querier, spec tableSpec, opts Options) (Plan, tableInfo, error) {
+	info, err := readInfo(ctx, q, spec)
 	if err != nil {
 		return Plan{}, info, err
 	}
@@ -67,7 +61,7 @@ func planConversion(ctx context.Context, q Querier, spec Spec, opts Options) (Pl
 	switch {
 	case info.Bound != 0:
 		plan.Bound, plan.Resume = info.Bound, true
-	case spec.Kind == Time:
+	case spec.Kind == timeKey:
 		plan.Bound = alignUp(plan.Position+plan.Size, plan.Size)
 	default:
 		// New rows must not reach the bound while the table is validated: leave them at least
@@ -83,10 +77,10 @@ func planConversion(ctx context.Context, q Querier, spec Spec, opts Options) (Pl
 }
 
 // conversionSteps describes the conversion for people.
-func conversionSteps(ctx context.Context, q Querier, spec Spec, opts Options, info Info, plan Plan) (steps, notes []string) {
-	p0 := spec.partName(MinBound)
+func conversionSteps(ctx context.Context, q Querier, spec tableSpec, opts Options, info tableInfo, plan Plan) (steps, notes []string) {
+	p0 := spec.partName(minBound)
 	reach := "one Interval (" + opts.Interval.String() + ")"
-	if spec.Kind == Identity {
+	if spec.Kind == identityKey {
 		reach = "an unknown time (no rate observed yet)"
 		if plan.Rate > 0 {
 			reach = "about " + (time.Duration(float64(plan.Bound-plan.Position)/plan.Rate) * time.Second).Round(time.Minute).String() + " at the observed rate"
@@ -107,7 +101,7 @@ func conversionSteps(ctx context.Context, q Querier, spec Spec, opts Options, in
 		}
 	}
 	span := fmt.Sprintf("%d ids", plan.Size)
-	if spec.Kind == Time {
+	if spec.Kind == timeKey {
 		span = opts.Interval.String()
 	}
 	steps = append(steps, fmt.Sprintf("in one transaction holding an ACCESS EXCLUSIVE lock on %[1]s for milliseconds (no row is copied or moved): "+
@@ -130,7 +124,7 @@ func conversionSteps(ctx context.Context, q Querier, spec Spec, opts Options, in
 }
 
 // indexState reports whether the named index exists in the table's schema and is valid.
-func indexState(ctx context.Context, q Querier, info Info, name string) (valid, exists bool, err error) {
+func indexState(ctx context.Context, q Querier, info tableInfo, name string) (valid, exists bool, err error) {
 	err = q.QueryRow(ctx, `SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass($1)`, info.qualified(name)).Scan(&valid)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, false, nil
@@ -140,7 +134,7 @@ func indexState(ctx context.Context, q Querier, info Info, name string) (valid, 
 
 // preflight refuses what PostgreSQL cannot carry over to a partitioned table, or what the
 // switch would silently change, naming every problem.
-func preflight(ctx context.Context, q Querier, spec Spec, info Info) error {
+func preflight(ctx context.Context, q Querier, spec tableSpec, info tableInfo) error {
 	var problems []string
 	list := func(what, sql string, args ...any) error {
 		rows, err := q.Query(ctx, sql, args...)
@@ -167,16 +161,16 @@ func preflight(ctx context.Context, q Querier, spec Spec, info Info) error {
 		problems = append(problems, fmt.Sprintf("column %s, the partition key, is missing", spec.Column))
 	case err != nil:
 		return fmt.Errorf("check column %s of %s: %w", spec.Column, spec.Table, err)
-	case spec.Kind == Identity && (typ != "bigint" || identity == ""):
+	case spec.Kind == identityKey && (typ != "bigint" || identity == ""):
 		problems = append(problems, fmt.Sprintf("column %s, the partition key, must be a bigint identity column (it is %s)", spec.Column, typ))
-	case spec.Kind == Time && (typ != "timestamp with time zone" || !notNull):
+	case spec.Kind == timeKey && (typ != "timestamp with time zone" || !notNull):
 		problems = append(problems, fmt.Sprintf("column %s, the partition key, must be timestamptz NOT NULL (it is %s)", spec.Column, typ))
 	}
 	localOnly := make([]string, 0, len(spec.LocalOnly))
 	for name := range spec.LocalOnly {
 		localOnly = append(localOnly, name)
 	}
-	table, p0 := spec.Table, spec.partName(MinBound)
+	table, p0 := spec.Table, spec.partName(minBound)
 	checks := []struct {
 		what, sql string
 		args      []any
@@ -211,7 +205,7 @@ func preflight(ctx context.Context, q Querier, spec Spec, info Info) error {
 	return nil
 }
 
-// Convert turns the plain table into a partitioned one without copying a row: the plain table
+// convert turns the plain table into a partitioned one without copying a row: the plain table
 // becomes the partition [MINVALUE, Bound) of a new partitioned table of the same name, and
 // partitions are created ahead of it. Every row stays where it is, with its id; nothing is
 // deleted. It reports each step to progress (which may be nil) as it completes. Steps done by
@@ -222,7 +216,7 @@ func preflight(ctx context.Context, q Querier, spec Spec, info Info) error {
 // EXCLUSIVE lock on the table for the few milliseconds its catalog changes take. Each lock is
 // waited for at most opts.LockTimeout; a conversion that cannot get one stops and can be run
 // again.
-func Convert(ctx context.Context, db DB, spec Spec, opts Options, progress func(string)) (Plan, error) {
+func convert(ctx context.Context, db DB, spec tableSpec, opts Options, progress func(string)) (Plan, error) {
 	plan, info, err := planConversion(ctx, db, spec, opts)
 	if err != nil {
 		return plan, err
@@ -251,7 +245,7 @@ func Convert(ctx context.Context, db DB, spec Spec, opts Options, progress func(
 		}
 		step("validated the bound: every row of %s has %s below %s", spec.Table, spec.Column, spec.boundText(plan.Bound))
 	}
-	p0 := spec.partName(MinBound)
+	p0 := spec.partName(minBound)
 	for _, ix := range spec.ExtraIndexes {
 		name := trunc(p0 + "_" + strings.TrimPrefix(ix.Name, spec.Table+"_"))
 		valid, exists, err := indexState(ctx, db, info, name)
@@ -286,7 +280,7 @@ func Convert(ctx context.Context, db DB, spec Spec, opts Options, progress func(
 
 // hint adds what to do after a lock timeout.
 func hint(err error, opts Options) error {
-	if IsLockTimeout(err) {
+	if isLockTimeout(err) {
 		return fmt.Errorf("%w (the lock was not granted within %s: long transactions hold the table; nothing was changed by this step, run the conversion again)", err, opts.LockTimeout)
 	}
 	return err
@@ -294,7 +288,7 @@ func hint(err error, opts Options) error {
 
 // switchOver is the conversion's one short transaction; see Convert. It returns the
 // partitions it created.
-func switchOver(ctx context.Context, tx pgx.Tx, spec Spec, opts Options, plan Plan) ([]string, error) {
+func switchOver(ctx context.Context, tx pgx.Tx, spec tableSpec, opts Options, plan Plan) ([]string, error) {
 	exec := func(sql string, args ...any) error {
 		if _, err := tx.Exec(ctx, sql, args...); err != nil {
 			return fmt.Errorf("%s: %w", sql, err)
@@ -307,7 +301,7 @@ func switchOver(ctx context.Context, tx pgx.Tx, spec Spec, opts Options, plan Pl
 	if err := exec("LOCK TABLE " + pgx.Identifier{spec.Table}.Sanitize() + " IN ACCESS EXCLUSIVE MODE"); err != nil {
 		return nil, err
 	}
-	info, err := Read(ctx, tx, spec)
+	info, err := readInfo(ctx, tx, spec)
 	if err != nil {
 		return nil, err
 	}
@@ -322,7 +316,7 @@ func switchOver(ctx context.Context, tx pgx.Tx, spec Spec, opts Options, plan Pl
 	if pos >= plan.Bound {
 		return nil, fmt.Errorf("new rows of %s reached the bound %s: drop constraint %s and convert again", spec.Table, spec.boundText(plan.Bound), spec.boundConstraint())
 	}
-	qt, p0 := info.qualified(spec.Table), spec.partName(MinBound)
+	qt, p0 := info.qualified(spec.Table), spec.partName(minBound)
 	qp0 := info.qualified(p0)
 
 	// What the new table must carry over, read before anything is renamed.
@@ -471,7 +465,7 @@ func switchOver(ctx context.Context, tx pgx.Tx, spec Spec, opts Options, plan Pl
 	from := plan.Bound
 	for range opts.Ahead {
 		to := from + plan.Size
-		if spec.Kind == Time {
+		if spec.Kind == timeKey {
 			to = alignUp(from, plan.Size)
 		}
 		name := spec.partName(from)
@@ -481,7 +475,7 @@ func switchOver(ctx context.Context, tx pgx.Tx, spec Spec, opts Options, plan Pl
 		if err := exec("ALTER TABLE " + qt + " ATTACH PARTITION " + info.qualified(name) + " FOR VALUES FROM (" + spec.boundValue(from) + ") TO (" + spec.boundValue(to) + ")"); err != nil {
 			return nil, err
 		}
-		made = append(made, spec.Describe(Part{Name: name, From: from, To: to}))
+		made = append(made, spec.describe(Partition{Name: name, From: from, To: to}))
 		from = to
 	}
 	if err := createTable(ctx, tx, spec, info, spec.defaultName()); err != nil {
