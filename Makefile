@@ -44,12 +44,13 @@ $(NODE_STAMP): $(NODE_TOOLS)/package-lock.json
 	touch $@
 
 .PHONY: lint
-lint: ## gofmt check, go vet and staticcheck (root module, cmd/sluice, infra/ and bench/; checks in staticcheck.conf).
+lint: ## gofmt check, go vet and staticcheck (root module, cmd/sluice, infra/ and bench/; checks in staticcheck.conf), and the public packages' docs naming every destination or none (internal/doclint).
 	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './tools/*'))"; \
 	  if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 	for m in . $(SUBMODULES); do (cd $$m && $(call TIDY,-diff)) || { echo "go.mod of $$m is not tidy: run make tidy"; exit 1; }; done
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
+	$(GO) run ./internal/cmd/doclint $$($(GO) list -f '{{.Dir}}' ./pkg/...)
 	for m in $(SUBMODULES); do (cd $$m && $(GO) vet ./... && $(STATICCHECK) ./...) || exit 1; done
 
 .PHONY: tidy

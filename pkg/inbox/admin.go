@@ -183,8 +183,9 @@ var ErrInvalidBatchSize = admin.ErrInvalidBatchSize
 // consumer (opts.Consumer) deletes its rows in batches, as on a plain table.
 //
 // A purged message is no longer recognised as a duplicate: keep olderThan well above the
-// queue's message retention period plus any DLQ redrive or replay window (SQS keeps messages at
-// most 14 days).
+// longest a message can still arrive, its source's retention plus any DLQ redrive or replay
+// window (SQS keeps messages at most 14 days; a Kinesis stream or Kafka topic keeps its
+// records as long as its retention is set to).
 func Purge(ctx context.Context, db Querier, olderThan time.Duration, opts *PurgeOptions) (int64, error) {
 	if olderThan <= 0 {
 		return 0, fmt.Errorf("%w: purge inbox: olderThan must be positive, got %s", ErrInvalidArgument, olderThan)

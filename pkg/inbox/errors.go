@@ -14,7 +14,8 @@ var (
 	// ErrHandlerPanic marks a handler that panicked; the panic value is in the error text.
 	ErrHandlerPanic = errors.New("inbox: handler panicked")
 	// ErrDeadline marks a record that was not started because the invocation's remaining time
-	// was below the configured margin (or the context was already done). SQS delivers it again.
+	// was below the configured margin (or the context was already done). Its source delivers it
+	// again (SQS after the visibility timeout; Kinesis and Kafka retry the batch from it).
 	ErrDeadline = errors.New("inbox: not started before the deadline")
 	// ErrGroupBlocked marks a FIFO record not attempted because an earlier record of the same
 	// message group failed in this batch; failing it too keeps the group in order.

@@ -64,7 +64,8 @@ type Message struct {
 	// zero when absent.
 	CreatedAt time.Time
 	// Headers holds every other string attribute, e.g. "traceparent". Never nil. A claim check's
-	// size (wire.ExtendedPayloadSize) is here for Kafka records and envelopes.
+	// size (wire.ExtendedPayloadSize) is here for Kafka records and the Kinesis envelope (an SQS
+	// message carries it as an attribute of its own).
 	Headers map[string]string
 	// Payload is the message body: the event JSON byte for byte as the producer wrote it, in
 	// every mode (the asynchronous inbox stores it in a json column, which keeps the bytes).
@@ -77,8 +78,8 @@ type Message struct {
 	Offloaded *Offloaded
 
 	// Source is the event source that delivered the message, as the Lambda event's records
-	// name it: "aws:sqs", "aws:kinesis", or "kafka" (Amazon MSK, self-managed Kafka, or
-	// ConsumeKafka). Empty for messages applied by a [Processor].
+	// name it: "aws:sqs" (SQS), "aws:kinesis" (Kinesis), or "kafka" (Amazon MSK, self-managed
+	// Kafka, or ConsumeKafka). Empty for messages applied by a [Processor].
 	Source string
 	// ItemID identifies the delivery to its source, as batch item failures and logs name it: the
 	// SQS message id, the Kinesis sequence number, or TOPIC-PARTITION@OFFSET for Kafka. Empty
@@ -87,7 +88,7 @@ type Message struct {
 	// SQSMessageID is the SQS message id, the identifier reported in BatchItemFailures.
 	// Empty for other sources and for messages applied by a [Processor].
 	SQSMessageID string
-	// GroupID is the ordering key: the FIFO MessageGroupId, or the partition key (the Kafka
+	// GroupID is the ordering key: the SQS FIFO MessageGroupId, or the partition key (the Kafka
 	// record key, the envelope's partitionKey) for Kafka and Kinesis; empty for standard queues.
 	// The asynchronous mode applies a group's messages in order.
 	GroupID string

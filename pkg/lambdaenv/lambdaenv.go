@@ -14,7 +14,9 @@ const (
 	// DatabaseSSLMode is the sslmode used with DatabaseSecretARN. Defaults to DefaultSSLMode
 	// ("verify-full"): the server certificate must chain to DatabaseSSLRootCert and name the host.
 	DatabaseSSLMode = "DATABASE_SSLMODE"
-	// TopicARNs is a JSON object mapping logical topic names (outbox_event.topic) to SNS topic ARNs.
+	// TopicARNs is a JSON object mapping logical topic names (outbox_event.topic) to
+	// destinations: SNS topic, EventBridge bus or Kinesis stream ARNs, or Kafka topics as
+	// kafka://TOPIC (outbox.ParseDestination).
 	TopicARNs = "SLUICE_TOPIC_ARNS"
 	// DefaultTopicARN receives rows whose topic is not in TopicARNs. Optional; without it such rows are quarantined.
 	DefaultTopicARN = "SLUICE_DEFAULT_TOPIC_ARN"

@@ -75,8 +75,8 @@ func PoolConfig(url string, getenv Getenv) (*pgxpool.Config, error) {
 	return cfg, nil
 }
 
-// Topics reads SLUICE_TOPIC_ARNS (a JSON object of logical topic → SNS topic ARN) and
-// SLUICE_DEFAULT_TOPIC_ARN.
+// Topics reads SLUICE_TOPIC_ARNS (a JSON object of logical topic → destination, see TopicARNs)
+// and SLUICE_DEFAULT_TOPIC_ARN.
 func Topics(getenv Getenv) (map[string]string, string, error) {
 	topics := map[string]string{}
 	if raw := getenv(TopicARNs); raw != "" {

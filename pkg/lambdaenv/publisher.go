@@ -57,7 +57,8 @@ const (
 
 // RelayPublisher builds the publisher for destinations (outbox.RelayConfig.Destinations): an
 // SNS publisher when they are all SNS topics, otherwise outbox.Publishers with a publisher for
-// each kind they name (a Kafka client from KafkaBrokers and friends). close releases what it
+// each kind they name (EventBridge, Kinesis, and Kafka with a client from KafkaBrokers and
+// friends). close releases what it
 // opened (the Kafka client). Every problem is reported at once, naming its variable.
 func RelayPublisher(ctx context.Context, getenv Getenv, awsCfg aws.Config, destinations []string) (pub outbox.Publisher, close func(), err error) {
 	kinds := map[outbox.Kind]bool{}

@@ -23,8 +23,8 @@ const (
 	Kafka Kind = "kafka"
 )
 
-// Destination is a parsed destination: its kind and the name its broker calls it by (the
-// topic ARN, bus ARN, stream ARN, or Kafka topic name).
+// Destination is a parsed destination: its kind and the name its broker calls it by (an SNS
+// topic ARN, an EventBridge bus ARN, a Kinesis stream ARN, or a Kafka topic name).
 type Destination struct {
 	Kind Kind
 	Name string
@@ -84,7 +84,8 @@ var snsLimits = Limits{MaxEntries: maxBatchEntries, MaxMessageBytes: settingDefa
 // EventBridge's Source). The relay asks it for each destination, and compares each message's
 // size with the destination's limit and the claim check's threshold. A Publisher that is not
 // one gets SNS's limits, and its messages are measured as the destination's kind counts them.
-// The built-in publishers are LimitedPublishers; a wrapping one can delegate to them.
+// The built-in publishers (SNS, EventBridge, Kinesis, Kafka) are LimitedPublishers; a wrapping
+// one can delegate to them.
 type LimitedPublisher interface {
 	Publisher
 	Limits(destination string) Limits

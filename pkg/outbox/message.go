@@ -54,10 +54,12 @@ type Message struct {
 	// and counts these bytes in the message size, and returns the messages with Payload
 	// unchanged. Required.
 	Payload json.RawMessage
-	// Headers are carried as string message attributes (W3C traceparent, ...): at most as many
-	// as the 9 attributes Write allows (SNS's limit of 10 less the one a claim-checked message
-	// needs) leave after the contract's attributes (5, or 3 when AggregateType and AggregateID are
-	// empty), so at most 4 (or 6). Write refuses more rather than drop any.
+	// Headers are carried with the message (W3C traceparent, ...): as SNS message attributes, in
+	// the EventBridge and Kinesis envelopes, as Kafka record headers. Whatever the destination,
+	// Write allows at most as many as the 9 attributes it allows (SNS's limit of 10 less the one
+	// a claim-checked message needs) leave after the contract's attributes (5, or 3 when
+	// AggregateType and AggregateID are empty), so at most 4 (or 6). Write refuses more rather
+	// than drop any.
 	Headers map[string]string
 }
 

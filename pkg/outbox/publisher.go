@@ -5,9 +5,10 @@ import (
 	"errors"
 )
 
-// Publisher sends events to a broker. The relay calls PublishBatch with at most as many events
-// of one destination as its Limits allow (a Publisher that is not a LimitedPublisher: SNS's 10
-// entries and 256 KiB), each from a different partition key, and several calls at once.
+// Publisher sends events to a broker (SNS, EventBridge, Kinesis, Kafka, or your own). The
+// relay calls PublishBatch with at most as many events of one destination as its Limits allow
+// (a Publisher that is not a LimitedPublisher gets SNS's 10 entries and 256 KiB), each from a
+// different partition key, and several calls at once.
 type Publisher interface {
 	// PublishBatch publishes events to destination (one of RelayConfig.Topics' values) and
 	// returns one error per event, in order: nil means the broker acknowledged that event. Wrap

@@ -26,7 +26,7 @@ type RelayConfig struct {
 	// each destination to its kind's.
 	Publisher Publisher
 	// Topics maps logical topic names (outbox_event.topic) to destinations: SNS topic, EventBridge
-	// bus or Kinesis stream ARNs, or kafka://TOPIC (see ParseDestination).
+	// bus or Kinesis stream ARNs, or Kafka topics as kafka://TOPIC (see ParseDestination).
 	Topics map[string]string
 	// DefaultTopic receives rows whose topic is not in Topics. Defaults to none: such rows are
 	// quarantined with an "unknown topic" error.

@@ -16,7 +16,7 @@ import (
 // infra.RelaySettings and the table in docs/outbox.md are checked against it by tests.
 type Setting struct {
 	// Field is the RelayConfig field, with its struct's name for a nested one
-	// ("MessageLimits.SNS", "ClaimCheck.MaxPayloadBytes").
+	// ("BatchSize", "ClaimCheck.MaxPayloadBytes").
 	Field string
 	// Env is the environment variable that sets it, a contract with deployed stacks: never
 	// rename one. "" when it is set in code only.
@@ -154,7 +154,7 @@ var settingIndex = func() map[string]int {
 }()
 
 // RelaySetting returns the entry of RelaySettings for field ("BatchSize",
-// "MessageLimits.Kafka"). It panics on a field that is not a setting: a bug in the caller.
+// "ClaimCheck.Threshold"). It panics on a field that is not a setting: a bug in the caller.
 func RelaySetting(field string) Setting {
 	i, ok := settingIndex[field]
 	if !ok {

@@ -76,7 +76,8 @@ func (l MessageLimits) Check() error {
 }
 
 // Of returns the largest message the relay publishes inline to a destination of kind k: the
-// service's own limit, and for SNS and EventBridge also what their queues accept.
+// service's own limit, and for SNS and EventBridge also what their queues accept (Kinesis and
+// Kafka consumers read the stream or topic itself).
 func (l MessageLimits) Of(k Kind) int {
 	l = l.WithDefaults()
 	switch k {

@@ -41,7 +41,8 @@ type WriterConfig struct {
 	// Propagator injects the span context active in Write's ctx into each message's headers,
 	// so that the consumer's span joins the writer's trace (see docs/tracing.md). A message
 	// whose Headers already hold one of the propagator's fields is left as it is. Injected
-	// headers count against SNS's attribute limit like any other: they are added only while
+	// headers count against the attribute limit Write holds every message to, whatever its
+	// destination (SNS's; EventBridge, Kinesis and Kafka carry the headers too), like any other: they are added only while
 	// they fit (count and size), and a message with no room is written without them rather than
 	// refused, so tracing never makes a Write fail. Defaults to W3C trace context
 	// (propagation.TraceContext: traceparent and tracestate); pass
