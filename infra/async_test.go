@@ -24,6 +24,9 @@ func TestAsyncConsumerDeploysWithItsProcessor(t *testing.T) {
 	stack := awscdk.Stack_Of(st)
 	require.NotNil(t, st.Consumer().ProcessorSchedule())
 	require.Contains(t, st.Monitoring().Alarms(), st.Consumer().Name()+"/InboxParked")
+	// Every consumer built with the migrations is audited on their schedule, and alarmed on.
+	require.Equal(t, []string{st.Consumer().Name()}, st.Migrations().Audited())
+	require.Contains(t, st.Monitoring().Alarms(), st.Consumer().Name()+"/AuditMissingEvents")
 	withNag(stack)
 	tmpl := assertions.Template_FromStack(stack, nil)
 
@@ -58,6 +61,16 @@ func TestAsyncConsumerDeploysWithItsProcessor(t *testing.T) {
 		tmpl.HasResourceProperties(jsii.String("AWS::Lambda::Permission"), map[string]any{
 			"Action": "lambda:InvokeFunction", "Principal": "events.amazonaws.com",
 			"FunctionName": map[string]any{"Fn::GetAtt": []any{consumerFn, "Arn"}},
+		})
+	})
+	t.Run("the migrations' schedule audits the consumer", func(t *testing.T) {
+		tmpl.HasResourceProperties(jsii.String("AWS::Lambda::Function"), map[string]any{
+			"Environment": map[string]any{"Variables": assertions.Match_ObjectLike(&map[string]any{lambdaenv.AuditConsumers: st.Consumer().Name()})},
+		})
+		tmpl.HasResourceProperties(jsii.String("AWS::CloudWatch::Alarm"), map[string]any{
+			"MetricName": metrics.AuditMissingEvents.Name,
+			"Dimensions": assertions.Match_ArrayWith(&[]any{map[string]any{"Name": metrics.DimensionService, "Value": metrics.ServiceAudit}}),
+			"Period":     3600.0,
 		})
 	})
 	t.Run("an alarm on rows the processor parked", func(t *testing.T) {

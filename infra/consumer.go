@@ -491,6 +491,9 @@ func NewConsumer(scope constructs.Construct, id string, props *ConsumerProps) Co
 	if p.Migrations != nil {
 		c.fn.Node().AddDependency(p.Migrations.Resource())
 	}
+	if m, ok := p.Migrations.(*migrations); ok {
+		m.audit(p.Name)
+	}
 	if p.CommitMode == CommitAsync {
 		// The same function is the inbox Processor: each scheduled invocation applies stored
 		// rows until shortly before its deadline (lambdas/consumer). Invocations overlap, as the

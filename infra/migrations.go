@@ -14,6 +14,7 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssecretsmanager"
 	"github.com/aws/constructs-go/constructs/v10"
 	"github.com/aws/jsii-runtime-go"
+	"github.com/sluicehq/sluice/pkg/lambdaenv"
 )
 
 // MigrationsResourceType is the CloudFormation type of the migrations custom resource.
@@ -102,6 +103,10 @@ type Migrations interface {
 	// MaintenanceSchedule is the EventBridge rule that invokes Function to maintain the tables'
 	// partitions (MigrationsProps.MaintenanceSchedule).
 	MaintenanceSchedule() awsevents.Rule
+	// Audited lists the consumers (built with these Migrations) that the scheduled maintenance
+	// also audits end to end (SLUICE_AUDIT_CONSUMERS; internal/audit): each gets an
+	// AuditMissingEvents alarm in NewMonitoring.
+	Audited() []string
 }
 
 type migrations struct {
@@ -120,6 +125,8 @@ type migrations struct {
 	inboxRetention, inboxInterval   time.Duration
 	// proxies are the RDS Proxies already booked, by construct path: consumers may share one.
 	proxies map[string]bool
+	// audited are the consumers the scheduled maintenance audits.
+	audited []string
 }
 
 type booking struct {
@@ -163,6 +170,16 @@ func (m *migrations) checkOutboxPartitions(retention, interval time.Duration) er
 
 // maintainOutbox hands OutboxProps' partition settings to the scheduled maintenance (checked
 // with checkOutboxPartitions).
+// audit adds consumer to the consumers the scheduled maintenance audits (SLUICE_AUDIT_CONSUMERS):
+// their AuditMissingEvents alarm reads what it emits.
+func (m *migrations) audit(consumer string) {
+	m.audited = append(m.audited, consumer)
+	m.fn.AddEnvironment(jsii.String(lambdaenv.AuditConsumers), jsii.String(strings.Join(m.audited, ",")), nil)
+}
+
+// Audited lists the consumers the scheduled maintenance audits.
+func (m *migrations) Audited() []string { return m.audited }
+
 func (m *migrations) maintainOutbox(retention, interval time.Duration) {
 	if retention > 0 {
 		m.outboxRetention = retention

@@ -3,6 +3,7 @@ package infra
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -324,6 +325,14 @@ func NewMonitoring(scope constructs.Construct, id string, props *MonitoringProps
 			depths = append(depths, subDLQ)
 		}
 		lambdaAlarms(n+"/Consumer", "Consumer "+n, c.Function())
+		if p.Migrations != nil && slices.Contains(p.Migrations.Audited(), n) {
+			// The migrations function's scheduled audit: published events this consumer has not
+			// applied long after their publication were lost between the topic and the inbox.
+			missing := cloudWatchMetric(metrics.AuditMissingEvents, metrics.ServiceAudit, n, "Maximum").With(&awscloudwatch.MetricOptions{
+				Period: awscdk.Duration_Hours(jsii.Number(1))})
+			alarm(n+"/AuditMissingEvents", fmt.Sprintf("Consumer %s: published events were not applied long after their publication (sluice audit --consumer %s --since 2h names them).", n, n),
+				missing, gt, 0, 1, notBreaching)
+		}
 		if c.ProcessorSchedule() != nil {
 			// The async consumer's processor (the same function, on its schedule): its errors are
 			// the function's; a parked row is one its handlers gave up on.

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 
 	"github.com/aws/aws-lambda-go/cfn"
@@ -26,6 +27,10 @@ type handler struct {
 	// partitions tune the scheduled partition maintenance of each table (nil: the defaults,
 	// which create partitions ahead and drop nothing).
 	partitions map[*partition.Table]*partition.Options
+	// audit is the scheduled outbox → inbox audit (no consumers: none runs).
+	audit lambdaenv.AuditSettings
+	// metrics receives the audit's EMF lines.
+	metrics io.Writer
 }
 
 // Handle applies the migrations, then creates or updates the roles of the Roles property, on

@@ -11,6 +11,10 @@
 // SLUICE_INBOX_RETENTION drops the expired ones; SLUICE_OUTBOX_PARTITION_INTERVAL and
 // SLUICE_INBOX_PARTITION_INTERVAL size new ones), as the owner that may; plain tables are left
 // alone. A failed maintenance fails the invocation, so the function's Errors metric alarms.
+// Then, with SLUICE_AUDIT_CONSUMERS, it audits each consumer (internal/audit: the events created
+// in the last SLUICE_AUDIT_WINDOW that the relay published and the consumer did not apply
+// SLUICE_AUDIT_ALARM_AFTER after their publication) and emits AuditMissingEvents and
+// AuditUnpublishedEvents per consumer as EMF lines, which the audit alarms read.
 //
 // Build: GOOS=linux GOARCH=arm64 CGO_ENABLED=0 go build -tags lambda.norpc -trimpath -o bin/migrate/bootstrap ./lambdas/migrate
 package main
@@ -54,6 +58,8 @@ func wire(ctx context.Context, getenv lambdaenv.Getenv, log *slog.Logger) (*hand
 		parts[t] = o
 		errs = append(errs, err)
 	}
+	audit, err := lambdaenv.Audit(getenv)
+	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -62,5 +68,5 @@ func wire(ctx context.Context, getenv lambdaenv.Getenv, log *slog.Logger) (*hand
 		return nil, fmt.Errorf("load AWS config: %w", err)
 	}
 	return &handler{getenv: getenv, secrets: secretsmanager.NewFromConfig(awsCfg), log: log,
-		partitions: parts}, nil
+		partitions: parts, audit: audit, metrics: os.Stdout}, nil
 }

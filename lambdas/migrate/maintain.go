@@ -5,12 +5,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"time"
 
 	"github.com/aws/aws-lambda-go/cfn"
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/sluicehq/sluice/internal/audit"
 	"github.com/sluicehq/sluice/pkg/lambdaenv"
+	"github.com/sluicehq/sluice/pkg/metrics"
 	"github.com/sluicehq/sluice/pkg/partition"
 )
 
@@ -56,6 +60,18 @@ func (h *handler) Invoke(ctx context.Context, payload json.RawMessage) (any, err
 type MaintenanceResult struct {
 	Outbox TableMaintenance `json:"outbox"`
 	Inbox  TableMaintenance `json:"inbox"`
+	// Audit is each audited consumer's outcome (SLUICE_AUDIT_CONSUMERS).
+	Audit []ConsumerAudit `json:"audit,omitempty"`
+}
+
+// ConsumerAudit is one consumer's scheduled audit.
+type ConsumerAudit struct {
+	Consumer string `json:"consumer"`
+	// Missing counts published events not applied past the alarm threshold; Unpublished,
+	// applied events the outbox did not publish.
+	Missing     int    `json:"missing"`
+	Unpublished int    `json:"unpublished"`
+	Error       string `json:"error,omitempty"`
 }
 
 // of returns the result of table t.
@@ -121,11 +137,51 @@ func (h *handler) Maintain(ctx context.Context, ev events.EventBridgeEvent) (Mai
 			errs = append(errs, err)
 		}
 	}
+	res.Audit = h.runAudits(ctx, conn)
+	for _, a := range res.Audit {
+		if a.Error != "" {
+			errs = append(errs, fmt.Errorf("audit of %s: %s", a.Consumer, a.Error))
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
-		h.log.ErrorContext(ctx, "partition maintenance failed; the next scheduled run tries again", "error", err)
+		h.log.ErrorContext(ctx, "partition maintenance or audit failed; the next scheduled run tries again", "error", err)
 		return res, err
 	}
 	h.log.InfoContext(ctx, "partition maintenance done", "outbox_partitioned", res.Outbox.Partitioned, "inbox_partitioned", res.Inbox.Partitioned,
 		"created", len(res.Outbox.Created)+len(res.Inbox.Created), "dropped", len(res.Outbox.Dropped)+len(res.Inbox.Dropped))
 	return res, nil
+}
+
+// runAudits audits each configured consumer over the window and records the counts as metrics.
+// Outbox and inbox are the one database the function maintains.
+func (h *handler) runAudits(ctx context.Context, db audit.Querier) []ConsumerAudit {
+	var out []ConsumerAudit
+	rec := metrics.NewEMF(h.metrics)
+	for _, c := range h.audit.Consumers {
+		r, err := audit.Run(ctx, db, db, audit.Options{Consumer: c, Since: time.Now().Add(-h.audit.Window), AlarmAfter: h.audit.AlarmAfter})
+		a := ConsumerAudit{Consumer: c}
+		if err != nil {
+			a.Error = err.Error()
+			out = append(out, a)
+			continue
+		}
+		a.Missing, a.Unpublished = r.Overdue(), len(r.Unpublished)
+		rec.Record(ctx, metrics.Dimensions{metrics.DimensionService: metrics.ServiceAudit, metrics.DimensionConsumer: c},
+			metrics.AuditMissingEvents.Measure(float64(a.Missing)), metrics.AuditUnpublishedEvents.Measure(float64(a.Unpublished)))
+		level := slog.LevelInfo
+		if a.Missing > 0 || a.Unpublished > 0 {
+			level = slog.LevelError
+		}
+		var missing []string
+		for _, g := range r.Missing {
+			if g.Overdue && len(missing) < 20 {
+				missing = append(missing, g.EventID+" ("+g.InboxState+")")
+			}
+		}
+		h.log.Log(ctx, level, "audit", "consumer", c, "published", r.Cost.OutboxEvents, "applied", r.Cost.InboxEvents,
+			"missing", a.Missing, "unpublished", a.Unpublished, "missing_first", missing, "lag_p99", r.Lag.P99.String(),
+			"queries", r.Cost.Queries, "ids_compared", r.Cost.IDsRead)
+		out = append(out, a)
+	}
+	return out
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -154,4 +155,41 @@ func TestInvokeDispatchesByEventKind(t *testing.T) {
 		return map[string]string{lambdaenv.DatabaseURL: "postgres://unused/x", lambdaenv.InboxRetention: "a month"}[k]
 	}, slog.New(slog.DiscardHandler))
 	require.ErrorContains(t, err, lambdaenv.InboxRetention, "a bad setting stops the cold start, naming it")
+}
+
+// With SLUICE_AUDIT_CONSUMERS the schedule also audits each consumer: a published event the
+// consumer never applied is counted and emitted as AuditMissingEvents, which its alarm reads.
+func TestScheduledAuditEmitsMissingEvents(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	dbURL := pool.Config().ConnString()
+	h, err := wire(ctx, func(k string) string {
+		return map[string]string{lambdaenv.DatabaseURL: dbURL, lambdaenv.AuditConsumers: "billing"}[k]
+	}, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	var emf bytes.Buffer
+	h.metrics = &emf
+
+	// Two events published half an hour ago; billing applied one of them.
+	var applied, lost string
+	require.NoError(t, pool.QueryRow(ctx, `WITH e AS (INSERT INTO outbox_event
+		(event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload, created_at, published_at)
+		SELECT gen_random_uuid(), 'orders', 'order', 'o-' || g, 'OrderCreated', 'o-' || g, '{}',
+		       now() - interval '30 minutes', now() - interval '30 minutes' FROM generate_series(1, 2) g
+		RETURNING event_id::text, created_at)
+		SELECT min(event_id), max(event_id) FROM e`).Scan(&applied, &lost))
+	_, err = pool.Exec(ctx, `INSERT INTO inbox_event (consumer, message_id, event_type, created_at, processed_at)
+		SELECT 'billing', event_id::text, event_type, created_at, now() FROM outbox_event WHERE event_id::text = $1`, applied)
+	require.NoError(t, err)
+
+	out, err := h.Invoke(ctx, scheduledEvent(t))
+	require.NoError(t, err)
+	require.Equal(t, []ConsumerAudit{{Consumer: "billing", Missing: 1}}, out.(MaintenanceResult).Audit)
+	var line map[string]any
+	require.NoError(t, json.Unmarshal(emf.Bytes(), &line), emf.String())
+	require.Equal(t, 1.0, line["AuditMissingEvents"])
+	require.Equal(t, 0.0, line["AuditUnpublishedEvents"])
+	require.Equal(t, "billing", line["Consumer"])
+	require.Equal(t, "audit", line["Service"])
 }

@@ -13,6 +13,8 @@ const (
 	ServiceRelay          = "relay"
 	ServiceConsumer       = "consumer"
 	ServiceInboxProcessor = "inbox-processor"
+	// ServiceAudit is the scheduled outbox → inbox audit's (the migrations function's schedule).
+	ServiceAudit = "audit"
 )
 
 // Metric is the one definition of a sluice metric. The relay and the inbox build their
@@ -52,6 +54,7 @@ var (
 	inbox     = []string{ServiceConsumer, ServiceInboxProcessor}
 	consumer  = []string{ServiceConsumer}
 	processor = []string{ServiceInboxProcessor}
+	audit     = []string{ServiceAudit}
 	relayDims = []string{DimensionService}
 	inboxDims = []string{DimensionService, DimensionConsumer}
 )
@@ -118,12 +121,25 @@ var (
 		Doc: "now minus the message's createdAt attribute, per applied or skipped message"}
 )
 
+// The scheduled audit's metrics, per audited consumer, with dimensions {Service=audit,
+// Consumer=<name>} (internal/audit, run by the migrations function on its schedule).
+var (
+	// AuditMissingEvents is the number of published events the consumer has not applied
+	// longer than the audit's alarm threshold after their publication.
+	AuditMissingEvents = Metric{Name: "AuditMissingEvents", Kind: Gauge, Unit: Count, Services: audit, Dimensions: inboxDims,
+		Doc: "published events the consumer has not applied past the audit's threshold (sluice audit names them)"}
+	// AuditUnpublishedEvents is the number of events the consumer applied that the outbox
+	// never published in the audited window.
+	AuditUnpublishedEvents = Metric{Name: "AuditUnpublishedEvents", Kind: Gauge, Unit: Count, Services: audit, Dimensions: inboxDims,
+		Doc: "events the consumer applied that the outbox did not publish (there should be none)"}
+)
+
 // All returns every sluice metric, relay metrics first.
 func All() []Metric {
 	return []Metric{
 		OutboxPending, OutboxOldestPendingAge, OutboxQuarantined, RelayHeartbeat, Published,
 		PublishFailures, DestinationsDown, OldestTransactionAge, Offloaded, OffloadedBytes,
 		InboxProcessed, InboxSkipped, InboxDuplicates, InboxFailures, InboxStored, InboxParked,
-		CommitToApplyLatency,
+		CommitToApplyLatency, AuditMissingEvents, AuditUnpublishedEvents,
 	}
 }
