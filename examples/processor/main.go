@@ -50,15 +50,7 @@ func handlers(log *slog.Logger) *inbox.Router {
 	return r
 }
 
-func main() {
-	ctx, stop := health.SignalContext(context.Background())
-	defer stop()
-	log := lambdaenv.Logger(os.Getenv, "processor")
-	if err := run(ctx, os.Getenv, log); err != nil {
-		log.Error("processor failed", "error", err)
-		os.Exit(1)
-	}
-}
+func main() { health.Main("processor", run) }
 
 // run applies stored rows until ctx ends, then stops cleanly.
 func run(ctx context.Context, getenv lambdaenv.Getenv, log *slog.Logger) error {
@@ -81,13 +73,9 @@ func run(ctx context.Context, getenv lambdaenv.Getenv, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	addr := getenv("SLUICE_HEALTH_ADDR")
-	if addr == "" {
-		addr = health.DefaultAddr
-	}
-	probes, err := health.Serve(addr, func(ctx context.Context) error { return pool.Ping(ctx) }, log)
+	probes, err := health.ServeFrom(getenv, func(ctx context.Context) error { return pool.Ping(ctx) }, log)
 	if err != nil {
-		return fmt.Errorf("health endpoint: %w", err)
+		return err
 	}
 	defer probes.Close()
 	log.Info("processor started", "health", probes.Addr(), "consumer", cfg.Consumer, "pool_max_conns", pool.Config().MaxConns)

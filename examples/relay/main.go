@@ -36,15 +36,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
-func main() {
-	ctx, stop := health.SignalContext(context.Background())
-	defer stop()
-	log := lambdaenv.Logger(os.Getenv, "relay")
-	if err := run(ctx, os.Getenv, log); err != nil {
-		log.Error("relay failed", "error", err)
-		os.Exit(1)
-	}
-}
+func main() { health.Main("relay", run) }
 
 // run relays until ctx ends, then stops cleanly.
 func run(ctx context.Context, getenv lambdaenv.Getenv, log *slog.Logger) error {
@@ -77,13 +69,9 @@ func run(ctx context.Context, getenv lambdaenv.Getenv, log *slog.Logger) error {
 		return err
 	}
 
-	addr := getenv("SLUICE_HEALTH_ADDR")
-	if addr == "" {
-		addr = health.DefaultAddr
-	}
-	probes, err := health.Serve(addr, func(ctx context.Context) error { return pool.Ping(ctx) }, log)
+	probes, err := health.ServeFrom(getenv, func(ctx context.Context) error { return pool.Ping(ctx) }, log)
 	if err != nil {
-		return fmt.Errorf("health endpoint: %w", err)
+		return err
 	}
 	defer probes.Close()
 	log.Info("relay started", "health", probes.Addr(), "pool_max_conns", pool.Config().MaxConns, "pipelines", cfg.Pipelines)

@@ -1,11 +1,13 @@
 // Package health is what the long-running examples (examples/relay, examples/processor) share:
-// the liveness and readiness endpoints an orchestrator (ECS, Kubernetes) probes, and a context
-// that ends on SIGTERM or Ctrl-C. Copy it with the example you adopt.
+// their main (Main: a context that ends on SIGTERM or Ctrl-C, the JSON logger, the exit code) and
+// the liveness and readiness endpoints an orchestrator (ECS, Kubernetes) probes. Copy it with
+// the example you adopt.
 package health
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -14,10 +16,41 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/sluicehq/sluice/pkg/lambdaenv"
 )
 
-// DefaultAddr is where Serve listens unless told otherwise (SLUICE_HEALTH_ADDR in the examples).
+// DefaultAddr is where Serve listens unless told otherwise (AddrVariable).
 const DefaultAddr = ":8080"
+
+// AddrVariable names the address the probes listen on (host:port, ":0" for any free port).
+const AddrVariable = "SLUICE_HEALTH_ADDR"
+
+// Main runs run until SIGTERM or Ctrl-C, with the JSON logger of the named service, and exits 1
+// when it fails: the shared main of the long-running examples.
+func Main(service string, run func(ctx context.Context, getenv lambdaenv.Getenv, log *slog.Logger) error) {
+	ctx, stop := SignalContext(context.Background())
+	defer stop()
+	log := lambdaenv.Logger(os.Getenv, service)
+	if err := run(ctx, os.Getenv, log); err != nil {
+		log.Error(service+" failed", "error", err)
+		stop()
+		os.Exit(1)
+	}
+}
+
+// ServeFrom is Serve on the address AddrVariable names in getenv (DefaultAddr when unset).
+func ServeFrom(getenv lambdaenv.Getenv, ready func(context.Context) error, log *slog.Logger) (*Server, error) {
+	addr := getenv(AddrVariable)
+	if addr == "" {
+		addr = DefaultAddr
+	}
+	s, err := Serve(addr, ready, log)
+	if err != nil {
+		return nil, fmt.Errorf("health endpoint: %w", err)
+	}
+	return s, nil
+}
 
 // SignalContext returns a context that ends on SIGTERM (ECS and Kubernetes stop a task with it)
 // or SIGINT, and a function that stops listening for them.
