@@ -21,12 +21,12 @@ import (
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
-// Bounds of TestBlastRadiusOfOneUnderFaults, measured from the moment the faults stop. On a
-// quiet 2-core machine the normal orders are applied within a few seconds and the whole outbox
-// (the hot key's 3,000 rows included) drains in well under a minute; the bounds allow for a
-// machine whose cores are busy with other work. A fault that stalls other keys does not cost
-// seconds but the whole backoff, outage or forever (issue 10: minutes of backoff, a claim that
-// fails for every key), which these bounds catch.
+// Bounds of TestBlastRadiusOfOneUnderFaults on progress after the faults stop: how long the
+// awaited counts may stay unchanged (waitUntil, waitApplied). On a quiet 2-core machine the
+// normal orders are applied within a few seconds and the whole outbox (the hot key's 3,000
+// rows included) drains in well under a minute; a busy machine is slower but keeps moving. A
+// fault that stalls other keys does not cost seconds but the whole backoff, outage or forever
+// (issue 10: minutes of backoff, a claim that fails for every key), which these bounds catch.
 const (
 	// othersBound: every order of a key with no fault is applied.
 	othersBound = 90 * time.Second

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
@@ -171,7 +172,7 @@ func TestHangingDestinationNeverDelaysHealthyKeys(t *testing.T) {
 		b.writeKey(t, fmt.Sprintf("h%d", i), "hangs", 2)
 		b.writeKey(t, fmt.Sprintf("g%d", i), "hangs2", 2)
 	}
-	require.Eventually(t, func() bool { return len(r.DestinationsDown()) == 2 }, 30*time.Second, 10*time.Millisecond)
+	testwait.Until(t, "both hanging destinations known to fail", func() bool { return len(r.DestinationsDown()) == 2 })
 	type healthy struct {
 		id      int64
 		written time.Time
@@ -184,7 +185,7 @@ func TestHangingDestinationNeverDelaysHealthyKeys(t *testing.T) {
 	}
 	var worst time.Duration
 	for _, h := range rows {
-		require.Eventually(t, func() bool { _, ok := pub.ackedAt(h.id); return ok }, 30*time.Second, 10*time.Millisecond)
+		testwait.Until(t, "every healthy row acknowledged", func() bool { _, ok := pub.ackedAt(h.id); return ok })
 		at, _ := pub.ackedAt(h.id)
 		worst = max(worst, at.Sub(h.written))
 	}
@@ -220,7 +221,7 @@ func TestHotKeysLaneDoesNotHoldTheOtherKeysOfItsRound(t *testing.T) {
 
 	<-idleAcked // the round holding both keys published idle's row
 	second := b.ids(t, b.writeKey(t, "idle", testTopic, 1))
-	require.Eventually(t, func() bool { return b.countWhere(t, "published_at IS NULL") == 0 }, 30*time.Second, 10*time.Millisecond)
+	testwait.Until(t, "every row published", func() bool { return b.countWhere(t, "published_at IS NULL") == 0 })
 
 	b.rec.mu.Lock()
 	defer b.rec.mu.Unlock()

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
@@ -132,11 +133,10 @@ func TestConvertToPartitionedKeepsEveryRowAndTheRelayPublishesThemInKeyOrder(t *
 		_, err := outbox.MaintainPartitions(ctx, b.pool, &outbox.PartitionOptions{Size: 300, Ahead: 3})
 		require.NoError(t, err)
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for b.countWhere(t, "published_at IS NULL") > 0 {
-		require.True(t, time.Now().Before(deadline), "the relay did not drain the partitioned outbox")
-		time.Sleep(50 * time.Millisecond)
-	}
+	testwait.Progress(t, "the relay drains the partitioned outbox", func() (int, bool) {
+		left := b.countWhere(t, "published_at IS NULL")
+		return left, left == 0
+	})
 	stop()
 	wg.Wait()
 	require.NoError(t, relayed)
@@ -255,11 +255,11 @@ func TestMaintainPartitionsNeverDropsAPartitionAConcurrentReplayMadeUnpublished(
 		rep2, err = outbox.MaintainPartitions(ctx, b.pool, &patient)
 		done <- err
 	}()
-	require.Eventually(t, func() bool {
+	testwait.Until(t, "maintenance waits for the Replay's lock", func() bool {
 		var waiting bool
 		require.NoError(t, b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted AND relation = 'outbox_event'::regclass)`).Scan(&waiting))
 		return waiting
-	}, 30*time.Second, 10*time.Millisecond, "maintenance waits for the Replay's lock")
+	})
 	require.NoError(t, replay.Commit(ctx))
 	require.NoError(t, <-done)
 	require.Empty(t, rep2.Dropped, "a partition with replayed (unpublished) rows is never dropped")
