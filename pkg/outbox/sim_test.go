@@ -33,6 +33,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/internal/testdb"
+	"github.com/sluicehq/sluice/internal/testwait"
 )
 
 var (
@@ -322,8 +323,8 @@ func (w *simWorld) stopRelay(i int, kill bool) error {
 	r.cancel()
 	select {
 	case <-r.done:
-	case <-time.After(10 * time.Second):
-		return fmt.Errorf("%s: Run did not return 10s after its context ended", r.name)
+	case <-time.After(testwait.Stall): // a liveness bound far beyond a busy machine's pauses
+		return fmt.Errorf("%s: Run did not return %s after its context ended", r.name, testwait.Stall)
 	}
 	r.pool.Close()
 	return nil
