@@ -77,7 +77,7 @@ test-stress: ## Run the root module's and the CLI's suites STRESS_RUNS times (de
 	    took=$$(( $$(date +%s) - start )); \
 	    if [ $$status -ne 0 ]; then \
 	      echo "test-stress: run $$run of $(STRESS_RUNS) FAILED after $${took}s (output: $$log):"; \
-	      grep -E -- '^(\s*--- FAIL|FAIL|panic:)|^\s+\S+_test\.go:[0-9]+:' $$log | head -60; \
+	      grep -E -- '^(\s*--- FAIL|FAIL|panic:)|^\s+\S+_test\.go:[0-9]+:|^\S+\.go:[0-9]+:[0-9]+:' $$log | head -60; \
 	      exit 1; \
 	    fi; \
 	    echo "test-stress: run $$run of $(STRESS_RUNS) passed in $${took}s"; \
