@@ -71,6 +71,35 @@ test-moto: ## The end-to-end, CLI, relay Lambda and SNS publisher tests against 
 	env -u AWS_ENDPOINT_URL SLUICE_AWS_EMULATOR=moto $(DEVENV) bash -c \
 	  '$(GOTEST) $(MOTO_PACKAGES) && $(GOTEST) -run "^TestSNSPublisher" ./pkg/outbox/ && cd cmd/sluice && $(GOTEST) ./internal/cli/'
 
+# The suites under CPU load: STRESS_LOAD busy loops (default: one per core, at the tests'
+# priority) occupy the machine while STRESS_PKGS of the root module and STRESS_CLI_PKGS of the
+# CLI (empty: skip it) run STRESS_RUNS times; the first failed run stops it. The test binaries
+# are built before the load starts; each run's output is kept in .cache/stress/run-<n>.log.
+STRESS_RUNS     ?= 3
+STRESS_LOAD     ?= $(shell nproc 2>/dev/null || getconf _NPROCESSORS_ONLN)
+STRESS_PKGS     ?= ./...
+STRESS_CLI_PKGS ?= ./...
+
+.PHONY: test-stress
+test-stress: ## Run the root module's and the CLI's suites STRESS_RUNS times (default 3) while STRESS_LOAD busy loops (default one per core) keep every core busy; stops at the first failed run, naming it and its failed tests.
+	@mkdir -p .cache/stress; \
+	  $(GO) test -count=1 -run '^$$' $(STRESS_PKGS) >/dev/null || exit 1; \
+	  if [ -n "$(STRESS_CLI_PKGS)" ]; then (cd cmd/sluice && $(GO) test -count=1 -run '^$$' $(STRESS_CLI_PKGS) >/dev/null) || exit 1; fi; \
+	  load=(); trap 'kill $${load[@]} 2>/dev/null' EXIT INT TERM; \
+	  for i in $$(seq $(STRESS_LOAD)); do (while :; do :; done) & load+=($$!); done; \
+	  echo "test-stress: $(STRESS_LOAD) busy loops running; $(STRESS_RUNS) runs of $(STRESS_PKGS)$(if $(STRESS_CLI_PKGS), and cmd/sluice $(STRESS_CLI_PKGS))"; \
+	  for run in $$(seq $(STRESS_RUNS)); do \
+	    log=.cache/stress/run-$$run.log; start=$$(date +%s); \
+	    $(DEVENV) bash -c '$(GOTEST) $(STRESS_PKGS)$(if $(STRESS_CLI_PKGS), && cd cmd/sluice && $(GOTEST) $(STRESS_CLI_PKGS))' >$$log 2>&1; status=$$?; \
+	    took=$$(( $$(date +%s) - start )); \
+	    if [ $$status -ne 0 ]; then \
+	      echo "test-stress: run $$run of $(STRESS_RUNS) FAILED after $${took}s (output: $$log):"; \
+	      grep -E -- '^(\s*--- FAIL|FAIL|panic:)|^\s+\S+_test\.go:[0-9]+:|^\S+\.go:[0-9]+:[0-9]+:' $$log | head -60; \
+	      exit 1; \
+	    fi; \
+	    echo "test-stress: run $$run of $(STRESS_RUNS) passed in $${took}s"; \
+	  done
+
 # The relay fault simulator (pkg/outbox/sim_test.go) over many seeds from a random base.
 SOAK_SEEDS ?= 3000
 
@@ -80,9 +109,20 @@ soak: ## Run the relay fault simulator over SOAK_SEEDS seeds (default 3000, abou
 	$(DEVENV) $(GO) test -count=1 -timeout 0 ./pkg/outbox -run '^TestSimulation$$' -sim.random -sim.seeds=$(SOAK_SEEDS) \
 	  -sim.summary=$(CURDIR)/.cache/soak-summary.txt; status=$$?; cat .cache/soak-summary.txt 2>/dev/null; exit $$status
 
+# The fuzzer's work is a count of inputs, not a duration, so a busy machine runs as many, only
+# slower. Each input that finds new coverage is minimized in at most FUZZ_MINIMIZE calls: with
+# go's default (60 s of minimizing each), a cold fuzz cache (a fresh clone's CI) spent all of a
+# 15 s run minimizing the first two inputs found, and reported 19 inputs run.
+FUZZ_EXECS    ?= 30000
+FUZZ_MINIMIZE ?= 1000
+
 .PHONY: fuzz
-fuzz: ## Fuzz the inbox message parser briefly (seed corpus in pkg/inbox/testdata).
-	$(GO) test -run='^$$' -fuzz=FuzzParse -fuzztime=15s ./pkg/inbox
+fuzz: ## Fuzz the inbox message parser with FUZZ_EXECS inputs (default 30000, about 15 s on an idle 2-core machine; seed corpus in pkg/inbox/testdata), and fail if fewer ran.
+	@mkdir -p .cache && set -o pipefail; \
+	  $(GO) test -run='^$$' -fuzz=FuzzParse -fuzztime=$(FUZZ_EXECS)x -fuzzminimizetime=$(FUZZ_MINIMIZE)x ./pkg/inbox 2>&1 | tee .cache/fuzz.log; \
+	  ran=$$(grep -oE 'execs: [0-9]+' .cache/fuzz.log | tail -1 | grep -oE '[0-9]+'); \
+	  if [ "$${ran:-0}" -lt $(FUZZ_EXECS) ]; then echo "fuzz: $${ran:-0} of $(FUZZ_EXECS) inputs ran"; exit 1; fi; \
+	  echo "fuzz: $$ran inputs ran"
 
 # The benchmark harness is its own Go module in bench/; it starts its own PostgreSQL unless
 # DATABASE_URL or TEST_DATABASE_URL is set. Not part of `make test`.

@@ -22,6 +22,7 @@ import (
 	"github.com/sluicehq/sluice/internal/localaws"
 	"github.com/sluicehq/sluice/internal/localrun"
 	"github.com/sluicehq/sluice/internal/testdb"
+	"github.com/sluicehq/sluice/internal/testwait"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
@@ -134,18 +135,22 @@ func (b *bundle) place(t *testing.T, n, customers int, every time.Duration, adju
 	}
 }
 
-// waitApplied waits (up to limit, a liveness bound, not a performance assertion) until every
-// placed order is in the ledger, then checks that every committed event was applied exactly once.
+// waitApplied waits until every placed order is in the ledger, or until none was applied for
+// limit (a liveness bound on progress, not a performance assertion: a busy machine applies
+// them slowly, a stalled pipeline not at all), then checks that every committed event was
+// applied exactly once.
 func (b *bundle) waitApplied(t *testing.T, limit time.Duration) demoapp.Verification {
 	t.Helper()
-	deadline := time.Now().Add(limit)
 	var p demoapp.Progress
 	var err error
-	for time.Now().Before(deadline) {
+	for last, changed := -1, time.Now(); time.Since(changed) < limit; {
 		p, err = demoapp.ProgressOf(b.ctx, b.pool, b.prefix)
 		require.NoError(t, err)
 		if p.Applied >= b.written {
 			break
+		}
+		if p.Applied != last {
+			last, changed = p.Applied, time.Now()
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -168,18 +173,25 @@ func (b *bundle) waitApplied(t *testing.T, limit time.Duration) demoapp.Verifica
 	return v
 }
 
-// waitUntil polls cond until it holds, failing the test with cond's last report when limit
-// passes first. limit is a bound the guarantee promises, not a tuning of the test.
+// waitUntil polls cond until it holds, failing the test with cond's last report when that
+// report (its counts) has not changed for limit, or shortly before the test binary's deadline.
+// limit bounds a stall the guarantee rules out (a backoff of minutes, a key stuck for good),
+// not how fast a busy machine gets there.
 func (b *bundle) waitUntil(t *testing.T, limit time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(limit)
+	stop, bounded := t.Deadline()
+	stop = stop.Add(-testwait.Grace)
+	last, changed := "", time.Now()
 	for {
 		ok, report := cond()
 		if ok {
 			return
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %s (%s)", limit, what, report)
+		if report != last {
+			last, changed = report, time.Now()
+		}
+		if time.Since(changed) > limit || bounded && time.Now().After(stop) {
+			t.Fatalf("no progress for %s: %s (%s)", time.Since(changed).Round(time.Second), what, report)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

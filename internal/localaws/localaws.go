@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
@@ -100,6 +101,11 @@ func Chosen() string {
 	return Fauxqs
 }
 
+// readyTimeout bounds the wait for a started emulator to answer: only one that neither answers
+// nor exits is given up on. moto_server took 10 s to answer on a machine whose two cores were
+// busy (localproc's default of 30 s is close to that); a loaded machine is slow, not broken.
+const readyTimeout = 5 * time.Minute
+
 // Start launches the emulator and waits until it answers. It returns an error wrapping
 // ErrNotInstalled when the emulator is not installed on this machine.
 func Start(ctx context.Context, opts Options) (*Emulator, error) {
@@ -150,6 +156,7 @@ func Start(ctx context.Context, opts Options) (*Emulator, error) {
 	cmd.Stdout, cmd.Stderr = log, log
 	e.proc, err = localproc.Start(ctx, localproc.Spec{
 		Name: opts.Kind, Cmd: cmd, ExitHint: fmt.Sprintf("port %d in use?", opts.Port),
+		ReadyTimeout: readyTimeout,
 		Ready: func(ctx context.Context) error {
 			req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.URL+health, nil)
 			if err != nil {

@@ -28,6 +28,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/localaws"
 	"github.com/sluicehq/sluice/internal/localrun"
+	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/internal/wire"
 	"github.com/sluicehq/sluice/pkg/inbox"
 	"github.com/sluicehq/sluice/pkg/outbox"
@@ -310,7 +311,7 @@ func TestClaimCheckReadsAnExtendedClientMessageAndDeadLettersAMissingObject(t *t
 	require.NoError(t, err)
 	// The event source: receive, process, delete what succeeded; failures come back after the
 	// visibility timeout until SQS moves them to the DLQ.
-	deadline := time.Now().Add(60 * time.Second)
+	w := testwait.Watch[[2]int](t, "java-1 applied and java-missing dead-lettered (failures, DLQ depth)")
 	failures := 0
 	for {
 		dlq, err := localrun.Depth(ctx, sqsc, p.DLQURL)
@@ -318,7 +319,7 @@ func TestClaimCheckReadsAnExtendedClientMessageAndDeadLettersAMissingObject(t *t
 		if _, ok := seen.get("java-1"); ok && dlq == 1 {
 			break
 		}
-		require.True(t, time.Now().Before(deadline), "not applied and dead-lettered within 60s (failures %d, dlq %d)", failures, dlq)
+		w.Check([2]int{failures, dlq})
 		out, err := sqsc.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(p.QueueURL), MaxNumberOfMessages: 10, WaitTimeSeconds: 1,
 			MessageAttributeNames: []string{"All"}, MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameAll}})
 		require.NoError(t, err)

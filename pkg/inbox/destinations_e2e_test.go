@@ -21,6 +21,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/localaws"
 	"github.com/sluicehq/sluice/internal/localrun"
+	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/pkg/inbox"
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
@@ -82,7 +83,7 @@ func (b *e2eBundle) relay(t *testing.T, pub outbox.Publisher, dest string) {
 	r, err := outbox.NewRelay(b.pool, outbox.RelayConfig{Publisher: pub, Topics: map[string]string{"orders": dest}, Logger: quiet,
 		PublishTimeout: 20 * time.Second}) // moto answers slowly on a busy machine
 	require.NoError(t, err)
-	deadline := time.Now().Add(90 * time.Second)
+	w := testwait.Watch[int](t, "the relay publishes every row")
 	for {
 		_, err := r.RunOnce(context.Background())
 		require.NoError(t, err)
@@ -91,7 +92,7 @@ func (b *e2eBundle) relay(t *testing.T, pub outbox.Publisher, dest string) {
 		if pending == 0 {
 			return
 		}
-		require.True(t, time.Now().Before(deadline), "%d rows still unpublished", pending)
+		w.Check(pending)
 	}
 }
 
@@ -132,14 +133,14 @@ func TestKinesisEndToEndExactlyOnceInKeyOrder(t *testing.T) {
 	_, err := kc.CreateStream(ctx, &kinesis.CreateStreamInput{StreamName: aws.String(name), ShardCount: aws.Int32(2)})
 	require.NoError(t, err)
 	var streamARN string
-	require.Eventually(t, func() bool {
+	testwait.Until(t, "the stream is active", func() bool {
 		d, err := kc.DescribeStreamSummary(ctx, &kinesis.DescribeStreamSummaryInput{StreamName: aws.String(name)})
 		if err != nil || d.StreamDescriptionSummary.StreamStatus != ktypes.StreamStatusActive {
 			return false
 		}
 		streamARN = aws.ToString(d.StreamDescriptionSummary.StreamARN)
 		return true
-	}, 30*time.Second, 100*time.Millisecond)
+	})
 
 	b := setupE2E(t, 6, 5)
 	b.relay(t, outbox.NewKinesisPublisher(kc), streamARN)
@@ -211,14 +212,14 @@ func TestEventBridgeEndToEndExactlyOnce(t *testing.T) {
 	b.relay(t, outbox.NewEventBridgePublisher(eb, ""), aws.ToString(bus.EventBusArn))
 
 	c := b.consumer(t)
-	deadline := time.Now().Add(60 * time.Second)
+	w := testwait.Watch[int](t, "every written row applied")
 	for {
 		var applied int
 		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM applied`).Scan(&applied))
 		if applied >= b.written {
 			break
 		}
-		require.True(t, time.Now().Before(deadline), "%d of %d applied within 60s", applied, b.written)
+		w.Check(applied)
 		out, err := sq.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: queue.QueueUrl, MaxNumberOfMessages: 10, WaitTimeSeconds: 1,
 			MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameAll}})
 		require.NoError(t, err)

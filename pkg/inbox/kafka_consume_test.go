@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/internal/wire"
 	"github.com/sluicehq/sluice/pkg/inbox"
 	"github.com/sluicehq/sluice/pkg/metrics"
@@ -186,12 +187,7 @@ func (r *running) stop(t *testing.T) {
 	}
 	r.cancel()
 	r.cancel = nil
-	select {
-	case err := <-r.done:
-		require.NoError(t, err)
-	case <-time.After(time.Minute):
-		t.Fatal("ConsumeKafka did not return after its context ended")
-	}
+	require.NoError(t, testwait.Receive(t, "ConsumeKafka returns after its context ended", r.done))
 	r.client.Close()
 }
 
@@ -220,10 +216,10 @@ func (k *kafkaBundle) requireKeyOrder(t *testing.T, keys map[string]int) {
 	}
 }
 
-// waitFor waits (generously: the machine may be busy) until cond holds.
+// waitFor waits until cond holds, however long a busy machine takes (testwait.Until).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	require.Eventually(t, cond, 90*time.Second, 20*time.Millisecond, what)
+	testwait.Until(t, what, cond)
 }
 
 // Every record is applied once, in its key's order (its partition's order), duplicates
@@ -399,11 +395,13 @@ func readTopic(t *testing.T, c *kfake.Cluster, topic string, n int) []*kgo.Recor
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	require.NoError(t, err)
 	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
 	var out []*kgo.Record
-	for len(out) < n && ctx.Err() == nil {
-		cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) { out = append(out, r) })
+	w := testwait.Watch[int](t, "every record read back")
+	for len(out) < n {
+		w.Check(len(out))
+		poll, cancel := context.WithTimeout(context.Background(), time.Second) // one poll's wait, not a bound
+		cl.PollFetches(poll).EachRecord(func(r *kgo.Record) { out = append(out, r) })
+		cancel()
 	}
 	require.Len(t, out, n)
 	return out

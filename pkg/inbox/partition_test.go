@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/pkg/inbox"
 	"github.com/sluicehq/sluice/pkg/partition"
 )
@@ -174,14 +175,14 @@ func TestDuplicateArrivingInTheNextPartitionWhileTheFirstIsInFlightIsNotApplied(
 			defer close(done)
 			secondRep = second.Process(ctx, batchOf(rec("m", script{N: 1})))
 		}()
-		require.Eventually(t, func() bool {
+		testwait.Until(t, "the second delivery waits for the message's lock", func() bool {
 			select {
 			case <-done:
 				return true
 			default:
 			}
 			return count(t, b.pool, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`) > 0
-		}, 30*time.Second, 5*time.Millisecond, "the second delivery waits for the message's lock")
+		})
 		close(gate)
 		wg.Wait()
 		<-done

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/pkg/inbox"
 )
 
@@ -280,9 +281,13 @@ func TestProcessorRunStopsWithContext(t *testing.T) {
 	newAsync(t, b, "c").Process(context.Background(), batchOf(rec("m1", script{N: 1})))
 	p, err := inbox.NewProcessor(b.pool, inbox.ProcessorConfig{Consumer: "c", Router: router("c"), PollInterval: 20 * time.Millisecond, Logger: quiet})
 	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	require.ErrorIs(t, p.Run(ctx), context.DeadlineExceeded)
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	testwait.Until(t, "the processor applies m1", func() bool { return len(dbState(t, b.pool).Effects) > 0 })
+	cancel()
+	require.ErrorIs(t, testwait.Receive(t, "Run returns once its context ends", done), context.Canceled)
 	require.Equal(t, []string{"c/m1/1"}, dbState(t, b.pool).Effects)
 }
 

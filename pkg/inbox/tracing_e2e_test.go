@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/localaws"
 	"github.com/sluicehq/sluice/internal/localrun"
+	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/pkg/inbox"
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
@@ -120,8 +121,9 @@ func firstID(rep inbox.Report, o inbox.Outcome) string {
 func receive(t *testing.T, c *sqs.Client, url string, n int) []sqstypes.Message {
 	t.Helper()
 	var got []sqstypes.Message
-	deadline := time.Now().Add(20 * time.Second)
-	for len(got) < n && time.Now().Before(deadline) {
+	w := testwait.Watch[int](t, "every message received")
+	for len(got) < n {
+		w.Check(len(got))
 		out, err := c.ReceiveMessage(context.Background(), &sqs.ReceiveMessageInput{
 			QueueUrl: aws.String(url), MaxNumberOfMessages: 10, WaitTimeSeconds: 1, VisibilityTimeout: 30,
 			MessageAttributeNames:       []string{"All"},

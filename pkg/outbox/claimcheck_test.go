@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/internal/localaws"
+	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/internal/wire"
 	"github.com/sluicehq/sluice/pkg/metrics"
 	"github.com/sluicehq/sluice/pkg/outbox"
@@ -424,11 +425,10 @@ func TestClaimCheckMetricsCountOffloadsAndBytes(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- r.Run(ctx) }()
-	deadline := time.Now().Add(30 * time.Second)
-	for b.countWhere(t, "published_at IS NULL") > 0 {
-		require.True(t, time.Now().Before(deadline), "rows not published within 30s")
-		time.Sleep(20 * time.Millisecond)
-	}
+	testwait.Progress(t, "Run publishes every row", func() (int, bool) {
+		left := b.countWhere(t, "published_at IS NULL")
+		return left, left == 0
+	})
 	cancel()
 	require.NoError(t, <-done)
 	sink.mu.Lock()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
@@ -138,57 +139,102 @@ func okAll(_ context.Context, events []*outbox.Event) []error { return make([]er
 // probe went to whichever call asked first) and whole pipelines (each probe round took one).
 // Now ordinary rounds never call a failing destination and its probe runs beside the
 // pipelines: once a destination is known to fail, no row of a healthy destination waits out
-// its hang, however often it is probed.
+// its hang, however often it is probed. Asserted without a clock: the destinations hang until
+// the test releases them, and every healthy row is acknowledged while a probe of each hangs.
 func TestHangingDestinationNeverDelaysHealthyKeys(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setup(t)
-	const timeout = 4 * time.Second
-	hang := func(ctx context.Context, events []*outbox.Event) []error {
-		<-ctx.Done()
-		return outbox.CallFailed(len(events), ctx.Err())
+	hangsARN, hangs2ARN := "arn:aws:sns:us-east-1:000000000000:hangs", "arn:aws:sns:us-east-1:000000000000:hangs2"
+	var (
+		mu       sync.Mutex
+		hanging  bool                  // false: the destinations fail at once (known to fail)
+		release  = make(chan struct{}) // closed: the calls hanging now fail
+		inFlight = map[string]int{}    // calls hanging on release, per destination
+	)
+	hangOf := func(dest string) func(context.Context, []*outbox.Event) []error {
+		return func(ctx context.Context, events []*outbox.Event) []error {
+			mu.Lock()
+			if !hanging {
+				mu.Unlock()
+				return outbox.CallFailed(len(events), errors.New("ServiceUnavailable"))
+			}
+			inFlight[dest]++
+			rel := release
+			mu.Unlock()
+			select {
+			case <-rel:
+			case <-ctx.Done():
+			}
+			mu.Lock()
+			if rel == release { // not released: it ended by its context
+				inFlight[dest]--
+			}
+			mu.Unlock()
+			return outbox.CallFailed(len(events), errors.New("RequestTimeout"))
+		}
+	}
+	probesHang := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return inFlight[hangsARN] > 0 && inFlight[hangs2ARN] > 0
 	}
 	pub := &routedPublisher{acked: map[int64]time.Time{}, routes: map[string]func(context.Context, []*outbox.Event) []error{
-		"arn:aws:sns:us-east-1:000000000000:hangs":  hang,
-		"arn:aws:sns:us-east-1:000000000000:hangs2": hang,
-		testARN: okAll,
+		hangsARN: hangOf(hangsARN), hangs2ARN: hangOf(hangs2ARN), testARN: okAll,
 	}}
 	r := b.relay(t, func(c *outbox.RelayConfig) {
 		c.Publisher = pub
-		c.Topics = map[string]string{testTopic: testARN, "hangs": "arn:aws:sns:us-east-1:000000000000:hangs",
-			"hangs2": "arn:aws:sns:us-east-1:000000000000:hangs2"}
-		c.PublishTimeout, c.BackoffBase, c.BackoffMax = timeout, 200*time.Millisecond, 200*time.Millisecond
+		c.Topics = map[string]string{testTopic: testARN, "hangs": hangsARN, "hangs2": hangs2ARN}
+		// A hang ends when the test releases it, never by a timeout during the test.
+		c.PublishTimeout, c.Lease = 5*time.Minute, 10*time.Minute
+		c.BackoffBase, c.BackoffMax = 200*time.Millisecond, 200*time.Millisecond
 	})
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = r.Run(rctx) }()
-	defer func() { cancel(); <-done }()
+	defer func() {
+		mu.Lock()
+		close(release)
+		mu.Unlock()
+		cancel()
+		<-done
+	}()
 
-	// Two hanging destinations with keys of their own. Discovering that a destination hangs
-	// costs the rounds that first call it one timeout; from then on, while both back off and are
-	// probed, healthy rows are written all along.
+	// Two destinations with keys of their own become known to fail; from then on each call to
+	// them hangs.
 	for i := range 5 {
 		b.writeKey(t, fmt.Sprintf("h%d", i), "hangs", 2)
 		b.writeKey(t, fmt.Sprintf("g%d", i), "hangs2", 2)
 	}
-	require.Eventually(t, func() bool { return len(r.DestinationsDown()) == 2 }, 30*time.Second, 10*time.Millisecond)
-	type healthy struct {
-		id      int64
-		written time.Time
+	testwait.Until(t, "both destinations known to fail", func() bool { return len(r.DestinationsDown()) == 2 })
+	mu.Lock()
+	hanging = true
+	mu.Unlock()
+
+	// Rounds of: a probe of each hangs; healthy rows are written and all acknowledged while
+	// both still hang; the hangs are released (the probes fail), and the next probes hang.
+	for round := range 4 {
+		testwait.Until(t, fmt.Sprintf("round %d: a probe of each failing destination hangs", round), probesHang)
+		var ids []int64
+		for i := range 10 {
+			ids = append(ids, b.ids(t, b.writeKey(t, fmt.Sprintf("ok%d", i%7), testTopic, 1))...)
+		}
+		testwait.Progress(t, fmt.Sprintf("round %d: every healthy row acknowledged", round), func() (int, bool) {
+			acked := 0
+			for _, id := range ids {
+				if _, ok := pub.ackedAt(id); ok {
+					acked++
+				}
+			}
+			return acked, acked == len(ids)
+		})
+		require.True(t, probesHang(), "round %d: the healthy rows went out while both probes hung", round)
+		mu.Lock()
+		close(release)
+		release, inFlight = make(chan struct{}), map[string]int{}
+		mu.Unlock()
 	}
-	var rows []healthy
-	for i := range 40 {
-		w := b.ids(t, b.writeKey(t, fmt.Sprintf("ok%d", i%7), testTopic, 1))
-		rows = append(rows, healthy{w[0], time.Now()})
-		time.Sleep(150 * time.Millisecond)
-	}
-	var worst time.Duration
-	for _, h := range rows {
-		require.Eventually(t, func() bool { _, ok := pub.ackedAt(h.id); return ok }, 30*time.Second, 10*time.Millisecond)
-		at, _ := pub.ackedAt(h.id)
-		worst = max(worst, at.Sub(h.written))
-	}
-	require.Less(t, worst, timeout, "a healthy row waited out a hanging destination's timeout (worst %s)", worst)
+	require.Len(t, r.DestinationsDown(), 2)
 }
 
 // Item 6: keys are released when their own lane ends, not when the round's slowest lane (a hot
@@ -220,7 +266,7 @@ func TestHotKeysLaneDoesNotHoldTheOtherKeysOfItsRound(t *testing.T) {
 
 	<-idleAcked // the round holding both keys published idle's row
 	second := b.ids(t, b.writeKey(t, "idle", testTopic, 1))
-	require.Eventually(t, func() bool { return b.countWhere(t, "published_at IS NULL") == 0 }, 30*time.Second, 10*time.Millisecond)
+	testwait.Until(t, "every row published", func() bool { return b.countWhere(t, "published_at IS NULL") == 0 })
 
 	b.rec.mu.Lock()
 	defer b.rec.mu.Unlock()

@@ -20,6 +20,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
@@ -317,12 +318,12 @@ func TestPurgeRacingReplayNeverDeletesReplayedRows(t *testing.T) {
 		deleted, err = outbox.Purge(ctx, b.pool, 24*time.Hour, nil)
 		purged <- err
 	}()
-	require.Eventually(t, func() bool { // Purge waits on the rows Replay changed
+	testwait.Until(t, "Purge waits on the rows Replay changed", func() bool { // Purge waits on the rows Replay changed
 		var waiting int
 		_ = b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
 			AND wait_event_type = 'Lock' AND query LIKE '%DELETE FROM outbox_event%'`).Scan(&waiting)
 		return waiting > 0
-	}, 20*time.Second, 10*time.Millisecond)
+	})
 	require.NoError(t, replay.Commit(ctx))
 	require.NoError(t, <-purged)
 	require.Zero(t, deleted, "replayed rows are unpublished: never purged")
@@ -448,12 +449,12 @@ func TestRelayKilledMidClaimFreesItsKeysWithinTheLease(t *testing.T) {
 
 	goOn := filepath.Join(t.TempDir(), "go-on")
 	child := startChildRelay(t, b.pool.Config().ConnString(), killLease, childPauseEnv+"="+goOn)
-	require.Eventually(t, func() bool { // the child's round holds the key and pauses before its read
+	testwait.Until(t, "the child's round holds the key and pauses before its read", func() bool { // the child's round holds the key and pauses before its read
 		var n int
 		_ = b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
 			WHERE l.locktype = 'advisory' AND l.granted AND a.application_name = 'sluice-child-relay'`).Scan(&n)
 		return n > 0
-	}, time.Minute, 10*time.Millisecond)
+	})
 	blocker, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = blocker.Rollback(ctx) }()
@@ -466,44 +467,42 @@ func TestRelayKilledMidClaimFreesItsKeysWithinTheLease(t *testing.T) {
 	drainUntil(t, b.relay(t), func() bool { return b.countWhere(t, "published_at IS NULL") == 0 })
 }
 
-// killLease is the child relays' lease in the kill tests: long, so that only PostgreSQL noticing
-// the dead client (client_connection_check_interval) frees the keys within a quarter of it;
-// the statement timeout (half the lease) would be too late.
-const killLease = time.Minute
+// killLease is the child relays' lease in the kill tests: so long that only PostgreSQL noticing
+// the dead client (client_connection_check_interval, a second) can free the keys before the
+// statement timeout (half the lease) would have ended the statement, however busy the machine.
+const killLease = 10 * time.Minute
 
 // waitForChildStatement waits until the child relay's session waits for a lock in a statement
 // starting with prefix.
 func (b *bundle) waitForChildStatement(t *testing.T, prefix string) {
 	t.Helper()
-	require.Eventually(t, func() bool {
+	testwait.Until(t, "the child relay waits for a lock in its statement", func() bool {
 		var n int
 		_ = b.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
 			WHERE application_name = 'sluice-child-relay' AND wait_event_type = 'Lock' AND ltrim(query, E' \n\t') LIKE $1 || '%'`,
 			prefix).Scan(&n)
 		return n > 0
-	}, time.Minute, 10*time.Millisecond)
+	})
 }
 
-// requireKilledKeyFreeSoon SIGKILLs child and requires key's advisory lock to be free within a
-// quarter of killLease.
+// requireKilledKeyFreeSoon SIGKILLs child and requires key's advisory lock to be freed by
+// PostgreSQL noticing the dead client: before the child's statement timeout (half of
+// killLease) could have ended its statement.
 func (b *bundle) requireKilledKeyFreeSoon(t *testing.T, child *exec.Cmd, key string) {
 	t.Helper()
 	ctx := context.Background()
 	killed := time.Now()
 	require.NoError(t, child.Process.Kill())
 	_ = child.Wait()
-	var free bool
-	for !free && time.Since(killed) < killLease {
+	testwait.Until(t, "the dead relay's key is free", func() bool {
+		var free bool
 		require.NoError(t, b.pool.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtextextended($1, 5433))`, key).Scan(&free))
-		if !free {
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
+		return free
+	})
 	elapsed := time.Since(killed)
-	require.True(t, free)
 	_, err := b.pool.Exec(ctx, `SELECT pg_advisory_unlock_all()`)
 	require.NoError(t, err)
-	require.Less(t, elapsed, killLease/4, "the dead relay's key was free long before its statement timeout (took %s)", elapsed)
+	require.Less(t, elapsed, killLease/2, "the dead relay's key was freed before its statement timeout, not by it (took %s)", elapsed)
 }
 
 // statsEmpty is scenario 0's setup: 20,000 published rows retained, statistics taken with an
@@ -516,7 +515,9 @@ func statsOnEmptyBacklog(t *testing.T, b *bundle) {
 }
 
 // Scenario 0: with statistics taken on an empty backlog, the claim used to turn quadratic
-// (47 s for 1,000 rows, nothing in 120 s for 2,000). Bursts now drain within a bound.
+// (47 s for 1,000 rows, nothing in 120 s for 2,000). Bursts now drain, in key order. That each
+// round statement's cost is bounded is asserted by the buffers it reads, not by a clock:
+// TestRoundStatementsAreBoundedWithStatisticsFromAnEmptyBacklog.
 func TestBurstsDrainAfterStatisticsTakenOnAnEmptyBacklog(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -525,10 +526,7 @@ func TestBurstsDrainAfterStatisticsTakenOnAnEmptyBacklog(t *testing.T) {
 	for _, burst := range []struct{ rows, keys int }{{1000, 1000}, {2000, 20}, {10000, 500}} {
 		b.exec(t, `INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload)
 			SELECT gen_random_uuid(), 'orders', 'order', 'o', 'E', 'b' || (i % $2), '{}' FROM generate_series(1, $1) i`, burst.rows, burst.keys)
-		start := time.Now()
 		drainUntil(t, r, func() bool { return b.countWhere(t, "published_at IS NULL") == 0 })
-		// About a second on a busy two-core machine; the quadratic plan took minutes.
-		require.Less(t, time.Since(start), 30*time.Second, "burst of %d rows in %d keys", burst.rows, burst.keys)
 	}
 	require.Equal(t, 13000, b.rec.count())
 	b.rec.requireKeyOrder(t)

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/internal/wire"
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
@@ -51,10 +52,12 @@ func readAll(t *testing.T, c *kfake.Cluster, topic string, n int) []kafkaDeliver
 	defer cl.Close()
 	var out []kafkaDelivery
 	distinct := map[string]bool{}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	for len(distinct) < n && ctx.Err() == nil {
-		fs := cl.PollFetches(ctx)
+	w := testwait.Watch[int](t, "every distinct record read back")
+	for len(distinct) < n {
+		w.Check(len(distinct))
+		poll, cancel := context.WithTimeout(context.Background(), time.Second) // one poll's wait, not a bound
+		fs := cl.PollFetches(poll)
+		cancel()
 		fs.EachRecord(func(r *kgo.Record) {
 			d := kafkaDelivery{key: string(r.Key), partition: r.Partition, value: string(r.Value), headers: map[string]string{}}
 			for _, h := range r.Headers {

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/internal/localaws"
+	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/internal/wire"
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
@@ -60,8 +61,10 @@ func readShards(t *testing.T, kc *kinesis.Client, streamARN string, n int) []kin
 		iterators[aws.ToString(s.ShardId)] = it.ShardIterator
 	}
 	var out []kinesisDelivery
-	deadline := time.Now().Add(30 * time.Second)
-	for len(out) < n && time.Now().Before(deadline) {
+	testwait.Progress(t, "every record read back from the stream", func() (int, bool) {
+		if len(out) >= n {
+			return len(out), true
+		}
 		for shard, it := range iterators {
 			res, err := kc.GetRecords(ctx, &kinesis.GetRecordsInput{StreamARN: aws.String(streamARN), ShardIterator: it})
 			require.NoError(t, err)
@@ -74,7 +77,8 @@ func readShards(t *testing.T, kc *kinesis.Client, streamARN string, n int) []kin
 				out = append(out, d)
 			}
 		}
-	}
+		return len(out), len(out) >= n
+	})
 	require.Len(t, out, n, "records read back from every shard")
 	return out
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/pkg/outbox"
 	"github.com/sluicehq/sluice/pkg/partition"
 )
@@ -132,11 +133,10 @@ func TestConvertToPartitionedKeepsEveryRowAndTheRelayPublishesThemInKeyOrder(t *
 		_, err := partition.Maintain(ctx, b.pool, partition.Outbox, &partition.Options{Size: 300, Ahead: 3})
 		require.NoError(t, err)
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for b.countWhere(t, "published_at IS NULL") > 0 {
-		require.True(t, time.Now().Before(deadline), "the relay did not drain the partitioned outbox")
-		time.Sleep(50 * time.Millisecond)
-	}
+	testwait.Progress(t, "the relay drains the partitioned outbox", func() (int, bool) {
+		left := b.countWhere(t, "published_at IS NULL")
+		return left, left == 0
+	})
 	stop()
 	wg.Wait()
 	require.NoError(t, relayed)

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/internal/localaws"
+	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
@@ -50,8 +51,10 @@ func topicWithRawQueue(t *testing.T, fifo bool) (topicARN, queueURL string, sqsC
 func receiveAll(t *testing.T, c *sqs.Client, url string, n int) []sqstypes.Message {
 	t.Helper()
 	var got []sqstypes.Message
-	deadline := time.Now().Add(20 * time.Second)
-	for len(got) < n && time.Now().Before(deadline) {
+	testwait.Progress(t, "every message received", func() (int, bool) {
+		if len(got) >= n {
+			return len(got), true
+		}
 		out, err := c.ReceiveMessage(context.Background(), &sqs.ReceiveMessageInput{
 			QueueUrl: aws.String(url), MaxNumberOfMessages: 10, WaitTimeSeconds: 1,
 			MessageAttributeNames:       []string{"All"},
@@ -63,7 +66,8 @@ func receiveAll(t *testing.T, c *sqs.Client, url string, n int) []sqstypes.Messa
 			_, err := c.DeleteMessage(context.Background(), &sqs.DeleteMessageInput{QueueUrl: aws.String(url), ReceiptHandle: m.ReceiptHandle})
 			require.NoError(t, err)
 		}
-	}
+		return len(got), len(got) >= n
+	})
 	require.Len(t, got, n)
 	return got
 }
@@ -75,8 +79,10 @@ func receiveDistinct(t *testing.T, c *sqs.Client, url string, n int, id func(sqs
 	t.Helper()
 	byID := map[string]bool{}
 	var got []sqstypes.Message
-	deadline := time.Now().Add(60 * time.Second)
-	for len(got) < n && time.Now().Before(deadline) {
+	testwait.Progress(t, "every distinct message received", func() (int, bool) {
+		if len(got) >= n {
+			return len(got), true
+		}
 		out, err := c.ReceiveMessage(context.Background(), &sqs.ReceiveMessageInput{
 			QueueUrl: aws.String(url), MaxNumberOfMessages: 10, WaitTimeSeconds: 1,
 			MessageAttributeNames:       []string{"All"},
@@ -91,7 +97,8 @@ func receiveDistinct(t *testing.T, c *sqs.Client, url string, n int, id func(sqs
 			_, err := c.DeleteMessage(context.Background(), &sqs.DeleteMessageInput{QueueUrl: aws.String(url), ReceiptHandle: m.ReceiptHandle})
 			require.NoError(t, err)
 		}
-	}
+		return len(got), len(got) >= n
+	})
 	require.Len(t, got, n)
 	return got
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/internal/testdb"
+	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/pkg/outbox"
 	"github.com/sluicehq/sluice/pkg/partition"
 )
@@ -348,11 +349,11 @@ func TestMaintainNeverDropsAPartitionAConcurrentReplayMadeUnpublished(t *testing
 		rep2, err = partition.Maintain(ctx, pool, partition.Outbox, &patient)
 		done <- err
 	}()
-	require.Eventually(t, func() bool {
+	testwait.Until(t, "maintenance waits for the Replay's lock", func() bool {
 		var waiting bool
 		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted AND relation = 'outbox_event'::regclass)`).Scan(&waiting))
 		return waiting
-	}, 30*time.Second, 10*time.Millisecond, "maintenance waits for the Replay's lock")
+	})
 	require.NoError(t, replay.Commit(ctx))
 	require.NoError(t, <-done)
 	require.Empty(t, rep2.Dropped, "a partition with replayed (unpublished) rows is never dropped")
