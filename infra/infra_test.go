@@ -198,7 +198,7 @@ func TestSluiceStack(t *testing.T) {
 			"AWS::Events::Rule":                     2, // relay, partition maintenance
 			"AWS::RDS::DBInstance":                  1,
 			infra.MigrationsResourceType:            1,
-			"AWS::CloudWatch::Alarm":                18,
+			"AWS::CloudWatch::Alarm":                19,
 			"AWS::CloudWatch::Dashboard":            1,
 			"AWS::SecretsManager::Secret":           3, // master (migrations only), relay role, consumer role
 			"AWS::SecretsManager::RotationSchedule": 3,
@@ -511,7 +511,7 @@ func TestSluiceStack(t *testing.T) {
 			require.Equal(t, want, n, "%s alarms", m)
 		}
 		tmpl.HasResourceProperties(jsii.String("AWS::SNS::Subscription"), map[string]any{"Protocol": "email", "Endpoint": "oncall@example.com"})
-		require.Len(t, s.Monitoring().Alarms(), 18)
+		require.Len(t, s.Monitoring().Alarms(), 19)
 	})
 
 	t.Run("dashboard shows the commit-to-apply latency", func(t *testing.T) {
