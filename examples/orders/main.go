@@ -60,7 +60,7 @@ func run(ctx context.Context, databaseURL string) error {
 	defer span.End()
 
 	// The business write and the event commit together, or not at all. Write copies the span
-	// in ctx into the row's traceparent header: the consumer's span becomes its child.
+	// in ctx into the row's traceparent header: the consumer's span links to it.
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO orders (id, total_cents) VALUES ($1, $2)`, "o-42", 4200); err != nil {
 			return err

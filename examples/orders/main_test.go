@@ -34,7 +34,7 @@ func TestTheREADMEExampleCommitsTheOrderAndItsEventTogether(t *testing.T) {
 	require.Equal(t, 1, events)
 
 	// The event carries the span that placed the order, not a constant: its consumer's span
-	// will be a child of PlaceOrder.
+	// will link to PlaceOrder.
 	ended := spans.Ended()
 	require.Len(t, ended, 1)
 	sc := ended[0].SpanContext()

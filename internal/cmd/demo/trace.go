@@ -168,6 +168,19 @@ type orderTrace struct {
 
 func (o *orderTrace) total() time.Duration { return o.process.EndTime.Sub(o.place.StartTime) }
 
+// consumedOrder is the order whose PlaceOrder span the consumer span s is a child of or links to.
+func consumedOrder(byID map[string]*orderTrace, s *jsonSpan) *orderTrace {
+	if o := byID[s.Parent.SpanID]; o != nil && s.SpanContext.TraceID == o.place.SpanContext.TraceID {
+		return o
+	}
+	for _, l := range s.Links {
+		if o := byID[l.SpanContext.SpanID]; o != nil {
+			return o
+		}
+	}
+	return nil
+}
+
 // traces assembles every order whose trace is complete: written, published, applied.
 func traces(spans []jsonSpan) []*orderTrace {
 	byID := map[string]*orderTrace{}
@@ -178,16 +191,19 @@ func traces(spans []jsonSpan) []*orderTrace {
 	}
 	for i := range spans {
 		s := &spans[i]
-		if o := byID[s.Parent.SpanID]; o != nil && s.SpanContext.TraceID == o.place.SpanContext.TraceID {
-			switch {
-			case s.attr(wire.InboxOutcomeAttr) != "":
+		if s.attr(wire.InboxOutcomeAttr) != "" {
+			// A consumer span links to the writer's span (the messaging conventions; pkg/inbox's
+			// default), or is its child with TraceAsChild.
+			if o := consumedOrder(byID, s); o != nil {
 				o.deliveries++
 				if s.attr(wire.InboxOutcomeAttr) == "applied" {
 					o.process = s
 				}
-			default:
-				o.statements = append(o.statements, *s)
 			}
+			continue
+		}
+		if o := byID[s.Parent.SpanID]; o != nil && s.SpanContext.TraceID == o.place.SpanContext.TraceID {
+			o.statements = append(o.statements, *s)
 		}
 		for _, l := range s.Links {
 			if o := byID[l.SpanContext.SpanID]; o != nil && strings.HasPrefix(s.Name, "publish ") && s.attr(wire.SpanPublishFailed) == "0" {
@@ -247,8 +263,12 @@ func printWaterfall(w io.Writer, spans []jsonSpan, produced int, hop string) {
 	row("outbox: waits for the relay (poll, claim)", commitEnd, p.StartTime, "░")
 	row(fmt.Sprintf("publish: %s (relay, %d events)", shorten(strings.TrimPrefix(p.Name, "publish "), 18), o.batch), p.StartTime, p.EndTime, "█")
 	row(hop, p.EndTime, c.StartTime, "░")
-	row(fmt.Sprintf("apply: %s (ledger, %s)", c.Name, c.attr(wire.InboxOutcomeAttr)), c.StartTime, c.EndTime, "█")
-	fmt.Fprintf(w, "  commit to apply %s; the consumer span is a child of PlaceOrder, the publish span links to it", ms(c.EndTime.Sub(commitEnd)))
+	row(fmt.Sprintf("apply: %s (ledger, %s)", shorten(c.Name, 22), c.attr(wire.InboxOutcomeAttr)), c.StartTime, c.EndTime, "█")
+	relation := "links to PlaceOrder"
+	if c.SpanContext.TraceID == o.place.SpanContext.TraceID {
+		relation = "is a child of PlaceOrder"
+	}
+	fmt.Fprintf(w, "  commit to apply %s; the consumer span %s, the publish span links to it", ms(c.EndTime.Sub(commitEnd)), relation)
 	if o.deliveries > 1 {
 		fmt.Fprintf(w, "; %d deliveries", o.deliveries)
 	}
