@@ -118,20 +118,8 @@ func (d *eventBridgeDestination) bindRelay(relay relayHost) {
 	if d.ownBus == nil {
 		return
 	}
-	// Only the relay (and the listed publishers) may put events: a Deny wins over any identity
-	// policy in the account, as on the SNS topic.
-	publishers := []any{relay.RoleArn()}
-	for _, a := range d.publishers {
-		publishers = append(publishers, a)
-	}
-	d.ownBus.AddToResourcePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
-		Sid:        jsii.String("OnlyTheRelayPutsEvents"),
-		Effect:     awsiam.Effect_DENY,
-		Principals: &[]awsiam.IPrincipal{awsiam.NewAnyPrincipal()},
-		Actions:    jsii.Strings("events:PutEvents"),
-		Resources:  &[]*string{d.bus.EventBusArn()},
-		Conditions: &map[string]any{"ArnNotEquals": map[string]any{"aws:PrincipalArn": publishers}},
-	}))
+	// Only the relay (and the listed publishers) may put events, as on the SNS topic.
+	d.ownBus.AddToResourcePolicy(onlyTheRelay("OnlyTheRelayPutsEvents", relay, d.publishers, d.bus.EventBusArn(), "events:PutEvents"))
 }
 
 // KinesisDestinationProps configure a Kinesis data stream as a relay destination.
@@ -229,18 +217,8 @@ func (d *kinesisDestination) bindRelay(relay relayHost) {
 	// Only the relay (and the listed publishers) may put records: a Deny in the stream's
 	// resource policy wins over any identity policy in the account, as on the SNS topic and the
 	// EventBridge bus. Reading, and changing the policy itself, stay with IAM.
-	publishers := []any{relay.RoleArn()}
-	for _, a := range d.publishers {
-		publishers = append(publishers, a)
-	}
-	d.stream.AddToResourcePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
-		Sid:        jsii.String("OnlyTheRelayPutsRecords"),
-		Effect:     awsiam.Effect_DENY,
-		Principals: &[]awsiam.IPrincipal{awsiam.NewAnyPrincipal()},
-		Actions:    jsii.Strings("kinesis:PutRecord", "kinesis:PutRecords"),
-		Resources:  &[]*string{d.stream.StreamArn()},
-		Conditions: &map[string]any{"ArnNotEquals": map[string]any{"aws:PrincipalArn": publishers}},
-	}))
+	d.stream.AddToResourcePolicy(onlyTheRelay("OnlyTheRelayPutsRecords", relay, d.publishers, d.stream.StreamArn(),
+		"kinesis:PutRecord", "kinesis:PutRecords"))
 }
 
 // MskBrokerPort is the port of MSK's brokers for IAM access control (SASL/IAM over TLS), which

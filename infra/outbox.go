@@ -374,20 +374,8 @@ func NewOutbox(scope constructs.Construct, id string, props *OutboxProps) Outbox
 	}
 	if o.topic != nil {
 		o.topic.GrantPublish(host.Grantee())
-		// Only the relay (and the listed publishers) may publish: a Deny wins over any identity
-		// policy in the account.
-		publishers := []any{host.RoleArn()}
-		for _, a := range p.Publishers {
-			publishers = append(publishers, a)
-		}
-		o.topic.AddToResourcePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
-			Sid:        jsii.String("OnlyTheRelayPublishes"),
-			Effect:     awsiam.Effect_DENY,
-			Principals: &[]awsiam.IPrincipal{awsiam.NewAnyPrincipal()},
-			Actions:    jsii.Strings("sns:Publish"),
-			Resources:  &[]*string{o.topic.TopicArn()},
-			Conditions: &map[string]any{"ArnNotEquals": map[string]any{"aws:PrincipalArn": publishers}},
-		}))
+		// Only the relay (and the listed publishers) may publish.
+		o.topic.AddToResourcePolicy(onlyTheRelay("OnlyTheRelayPublishes", host, p.Publishers, o.topic.TopicArn(), "sns:Publish"))
 		// Only the stack's own subscriptions (and the listed Subscribers) may subscribe: whoever
 		// may call sns:Subscribe would otherwise receive every event. The endpoints are read from
 		// the stack's subscriptions to the topic when the template is synthesized, so consumers

@@ -6,6 +6,7 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
 	"github.com/aws/constructs-go/constructs/v10"
+	"github.com/aws/jsii-runtime-go"
 )
 
 // relayHost is where the relay runs, the relay Lambda or the relay's Fargate service: what the
@@ -56,3 +57,21 @@ var (
 	_ relayHost = lambdaRelay{}
 	_ relayHost = serviceRelay{}
 )
+
+// onlyTheRelay is the resource-policy statement sid that denies actions on resource to every
+// principal but the relay's role and publishers (further role ARNs): a Deny wins over any
+// identity policy in the account. The topic, the bus and the stream each carry one.
+func onlyTheRelay(sid string, relay relayHost, publishers []string, resource *string, actions ...string) awsiam.PolicyStatement {
+	allowed := []any{relay.RoleArn()}
+	for _, a := range publishers {
+		allowed = append(allowed, a)
+	}
+	return awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Sid:        jsii.String(sid),
+		Effect:     awsiam.Effect_DENY,
+		Principals: &[]awsiam.IPrincipal{awsiam.NewAnyPrincipal()},
+		Actions:    jsii.Strings(actions...),
+		Resources:  &[]*string{resource},
+		Conditions: &map[string]any{"ArnNotEquals": map[string]any{"aws:PrincipalArn": allowed}},
+	})
+}

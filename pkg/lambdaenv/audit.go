@@ -45,7 +45,11 @@ func Audit(getenv Getenv) (AuditSettings, error) {
 		}
 	}
 	var errs []error
-	for name, d := range map[string]*time.Duration{AuditWindow: &s.Window, AuditAlarmAfter: &s.AlarmAfter} {
+	for _, v := range []struct {
+		name string
+		d    *time.Duration
+	}{{AuditWindow, &s.Window}, {AuditAlarmAfter, &s.AlarmAfter}} {
+		name, d := v.name, v.d
 		raw := strings.TrimSpace(getenv(name))
 		if raw == "" {
 			continue

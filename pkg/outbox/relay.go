@@ -278,13 +278,6 @@ func (r *Relay) limitOf(dest string) Limits {
 	return lim
 }
 
-// messageSize is the size dest counts for e's message with a payload of payloadLen bytes: the
-// publisher's measure when it has one (LimitedPublisher), messageSize of dest's kind
-// otherwise.
-func (r *Relay) messageSize(dest string, e *Event, payloadLen int) int {
-	return measure(r.cfg.Publisher, dest, e, payloadLen)
-}
-
 // jitter returns a random duration in [0, d].
 func jitter(d time.Duration) time.Duration {
 	if d <= 0 {

@@ -81,12 +81,12 @@ func (r *Relay) planRound(keys []string, rows []*claimedRow, perKey int) *roundP
 			lim := r.limit(dest)
 			// The size as dest counts it (MessageSize): the one measure Write, this plan and
 			// the claim check's threshold share.
-			size := r.messageSize(dest, &c.Event, c.payloadLen)
+			size := measure(r.cfg.Publisher, dest, &c.Event, c.payloadLen)
 			cc := r.cfg.ClaimCheck
 			offload := err == nil && cc != nil && size > cc.threshold(lim)
 			if offload {
 				o, n := cc.offloadedShape(&c.Event, c.payloadLen)
-				size = r.messageSize(dest, o, n)
+				size = measure(r.cfg.Publisher, dest, o, n)
 			}
 			switch {
 			case err != nil:

@@ -146,9 +146,7 @@ func (a *app) printPurgePlan(p PurgePlan, g guard) {
 	if o := p.Outbox; o != nil {
 		switch {
 		case o.Partitioned:
-			fmt.Fprintf(w, "  outbox_event (partitioned): drop %d partitions", len(o.DropPartitions))
-			printList(w, o.DropPartitions)
-			fmt.Fprintln(w, "    and delete the expired rows of the default partition, if any")
+			printPartitionDrops(w, "outbox_event", o.DropPartitions)
 		case o.Rows == 0:
 			fmt.Fprintln(w, "  outbox_event: 0 published rows")
 		default:
@@ -159,9 +157,7 @@ func (a *app) printPurgePlan(p PurgePlan, g guard) {
 	if i := p.Inbox; i != nil {
 		switch {
 		case i.Partitioned:
-			fmt.Fprintf(w, "  inbox_event (partitioned): drop %d partitions", len(i.DropPartitions))
-			printList(w, i.DropPartitions)
-			fmt.Fprintln(w, "    and delete the expired rows of the default partition, if any")
+			printPartitionDrops(w, "inbox_event", i.DropPartitions)
 		case i.Rows == 0:
 			fmt.Fprintln(w, "  inbox_event: 0 processed rows")
 		default:
@@ -175,6 +171,14 @@ func (a *app) printPurgePlan(p PurgePlan, g guard) {
 	if p.RetentionBound > 0 {
 		fmt.Fprintf(w, "  inbox retention check: longer than %s (%s)\n", FormatDuration(p.RetentionBound), p.RetentionFrom)
 	}
+}
+
+// printPartitionDrops prints the plan of a partitioned table's purge: the partitions it drops
+// and the default partition's expired rows.
+func printPartitionDrops(w io.Writer, table string, drops []string) {
+	fmt.Fprintf(w, "  %s (partitioned): drop %d partitions", table, len(drops))
+	printList(w, drops)
+	fmt.Fprintln(w, "    and delete the expired rows of the default partition, if any")
 }
 
 func printList(w io.Writer, items []string) {
