@@ -1,5 +1,6 @@
 -- The privileges of a consumer's database role: read, insert, update and delete the
--- inbox_event rows of its own consumer name, enforced by row level security. The batched
+-- inbox_event rows of its own consumer name, and record its own dead letters in
+-- inbox_dead_letter, enforced by row level security. The batched
 -- commit mode deletes the rows it inserted for records that did not finish before it commits.
 -- The tables its handlers write are the service's: grant those separately.
 --
@@ -19,4 +20,11 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE inbox_event TO :"role";
 ALTER TABLE inbox_event ENABLE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS :"policy" ON inbox_event;
 CREATE POLICY :"policy" ON inbox_event TO :"role"
+    USING (consumer = :'consumer') WITH CHECK (consumer = :'consumer');
+-- Dead letters: the consumer records and updates its failed records (the operator's tools,
+-- running as the owner, list, retry and purge them).
+GRANT SELECT, INSERT, UPDATE ON TABLE inbox_dead_letter TO :"role";
+ALTER TABLE inbox_dead_letter ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS :"policy" ON inbox_dead_letter;
+CREATE POLICY :"policy" ON inbox_dead_letter TO :"role"
     USING (consumer = :'consumer') WITH CHECK (consumer = :'consumer');

@@ -171,9 +171,10 @@ const DefaultPurgeBatchSize = admin.DefaultPurgeBatchSize
 // same error as outbox.Purge's.
 var ErrInvalidBatchSize = admin.ErrInvalidBatchSize
 
-// Purge deletes processed inbox rows whose processed_at is older than olderThan, in batches
-// (each its own statement, so each commits on its own when db is a pool), and returns how many
-// it deleted. Unprocessed and parked rows are never deleted.
+// Purge deletes processed inbox rows whose processed_at is older than olderThan, and dead
+// letters (inbox_dead_letter) whose last failure is older than olderThan, in batches (each its
+// own statement, so each commits on its own when db is a pool), and returns how many rows of
+// both it deleted. Unprocessed and parked rows are never deleted.
 //
 // On a partitioned inbox_event (see pkg/partition), purging every consumer drops whole
 // partitions instead, as partition.Maintain with Retention olderThan does (db must then be a
@@ -198,14 +199,21 @@ func Purge(ctx context.Context, db Querier, olderThan time.Duration, opts *Purge
 	if o.BatchSize, err = admin.PurgeBatch(o.BatchSize); err != nil {
 		return 0, fmt.Errorf("%w: purge inbox: %w", ErrInvalidArgument, err)
 	}
+	letters, err := purgeDeadLetters(ctx, db, olderThan, o.Consumer, o.BatchSize)
+	if err != nil {
+		return letters, fmt.Errorf("purge inbox: %w", err)
+	}
+	var rows int64
 	if o.Consumer == "" {
 		layout, err := partition.Read(ctx, db, partition.Inbox)
 		if err != nil {
-			return 0, fmt.Errorf("purge inbox: %w", err)
+			return letters, fmt.Errorf("purge inbox: %w", err)
 		}
 		if layout.Partitioned {
-			return partition.Purge(ctx, db, partition.Inbox, olderThan, o.BatchSize)
+			rows, err = partition.Purge(ctx, db, partition.Inbox, olderThan, o.BatchSize)
+			return letters + rows, err
 		}
 	}
-	return admin.PurgeInboxRows(ctx, db, "inbox_event", olderThan, o.Consumer, o.BatchSize, o.Progress)
+	rows, err = admin.PurgeInboxRows(ctx, db, "inbox_event", olderThan, o.Consumer, o.BatchSize, o.Progress)
+	return letters + rows, err
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -109,6 +110,19 @@ type ConsumerConfig struct {
 	// Propagator reads the writer's span context from the message's headers. Defaults to W3C
 	// trace context (propagation.TraceContext), what outbox.Write injects.
 	Propagator propagation.TextMapPropagator
+	// MaxReceiveCount is the SQS queue's maxReceiveCount (its redrive policy): a record that
+	// fails on that receive (its ApproximateReceiveCount) goes to the DLQ next, so its dead
+	// letter is marked dead then (Result.Dead, the InboxDeadLetters metric). Defaults to 5, the
+	// CDK construct's default, which sets it from the queue it builds
+	// (SLUICE_CONSUMER_MAX_RECEIVE_COUNT).
+	MaxReceiveCount int
+	// StreamMaxAttempts is how many times a Kinesis or Kafka event source mapping delivers a
+	// failing record before it gives up (its MaximumRetryAttempts + 1): the record's dead letter
+	// is marked dead when that many of its failures are recorded. Defaults to 11 (the CDK
+	// construct's default RetryAttempts, 10, plus 1; it sets it from the mapping it builds,
+	// SLUICE_CONSUMER_STREAM_MAX_ATTEMPTS). ConsumeKafka does not use it: its give-up
+	// (KafkaOptions.MaxAttempts with a DeadLetterTopic) marks the dead letter.
+	StreamMaxAttempts int
 	// ClaimCheck fetches payloads a claim check stored in S3 (sluice's relay with
 	// outbox.ClaimCheck, or an AWS extended client) before the handler runs; see
 	// docs/claimcheck.md. Defaults to nil: a message whose payload is in S3 fails with
@@ -116,13 +130,26 @@ type ConsumerConfig struct {
 	ClaimCheck *ClaimCheck
 }
 
-// DefaultDeadlineMargin is ConsumerConfig.DeadlineMargin's default.
-const DefaultDeadlineMargin = 3 * time.Second
+// Defaults of ConsumerConfig.
+const (
+	// DefaultDeadlineMargin is ConsumerConfig.DeadlineMargin's default.
+	DefaultDeadlineMargin = 3 * time.Second
+	// DefaultMaxReceiveCount is ConsumerConfig.MaxReceiveCount's default.
+	DefaultMaxReceiveCount = 5
+	// DefaultStreamMaxAttempts is ConsumerConfig.StreamMaxAttempts's default.
+	DefaultStreamMaxAttempts = 11
+)
 
 // WithDefaults returns a copy of c with every zero field set to its documented default.
 func (c ConsumerConfig) WithDefaults() ConsumerConfig {
 	if c.DeadlineMargin == 0 {
 		c.DeadlineMargin = DefaultDeadlineMargin
+	}
+	if c.MaxReceiveCount == 0 {
+		c.MaxReceiveCount = DefaultMaxReceiveCount
+	}
+	if c.StreamMaxAttempts == 0 {
+		c.StreamMaxAttempts = DefaultStreamMaxAttempts
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -136,6 +163,10 @@ func (c ConsumerConfig) WithDefaults() ConsumerConfig {
 func (c ConsumerConfig) validate() error {
 	if err := validateConsumer(c.Consumer); err != nil {
 		return err
+	}
+	if c.MaxReceiveCount < 1 || c.StreamMaxAttempts < 1 {
+		return fmt.Errorf("%w: MaxReceiveCount and StreamMaxAttempts must be at least 1, got %d and %d",
+			ErrInvalidConfig, c.MaxReceiveCount, c.StreamMaxAttempts)
 	}
 	switch c.Mode {
 	case PerRecord, Batched:
@@ -254,6 +285,11 @@ type Result struct {
 	Outcome Outcome
 	// Err explains a Failed outcome; it wraps one of the package's sentinels or a database error.
 	Err error
+	// Dead: the record failed its source's last attempt (see ConsumerConfig.MaxReceiveCount and
+	// StreamMaxAttempts) and its dead letter, with the error and payload, is in
+	// inbox_dead_letter (ListDeadLetters). Every failure of a record through its own fault is
+	// recorded there; only the last one sets Dead.
+	Dead bool
 }
 
 // Report holds one Result per record, in the batch's order.
@@ -266,6 +302,17 @@ func (r Report) Count(o Outcome) int {
 	n := 0
 	for _, res := range r.Results {
 		if res.Outcome == o {
+			n++
+		}
+	}
+	return n
+}
+
+// countDead returns how many records failed their last attempt (Result.Dead).
+func (r Report) countDead() int {
+	n := 0
+	for _, res := range r.Results {
+		if res.Dead {
 			n++
 		}
 	}
@@ -308,10 +355,13 @@ func (c *Consumer) Process(ctx context.Context, event events.SQSEvent) Report {
 // from the message).
 func sqsDelivery(m events.SQSMessage) delivery {
 	d := delivery{source: sourceSQS, id: m.MessageId, orderingGroup: m.Attributes["MessageGroupId"],
-		system: semconv.MessagingSystemAWSSQS, destination: queueName(m.EventSourceARN), xray: m.Attributes[awsTraceHeader]}
+		system: semconv.MessagingSystemAWSSQS, destination: queueName(m.EventSourceARN), xray: m.Attributes[awsTraceHeader],
+		sourceName: m.EventSourceARN, position: m.MessageId}
+	d.receiveCount, _ = strconv.Atoi(m.Attributes["ApproximateReceiveCount"])
 	msg, err := Parse(m)
 	if err != nil {
 		d.err = fmt.Errorf("parse record %s: %w", m.MessageId, err)
+		d.raw = []byte(m.Body)
 		return d
 	}
 	d.msg = msg
@@ -504,6 +554,7 @@ func (c *Consumer) emit(ctx context.Context, rep Report, recs []record) {
 		counter(metrics.InboxSkipped, rep.Count(Skipped)),
 		counter(metrics.InboxDuplicates, rep.Count(Duplicate)),
 		counter(metrics.InboxFailures, rep.Count(Failed)),
+		counter(metrics.InboxDeadLetters, rep.countDead()),
 	}
 	if c.cfg.Mode == Async {
 		ms = append(ms, counter(metrics.InboxStored, rep.Count(Stored)))

@@ -104,10 +104,12 @@ func (r kafkaRecord) message() (Message, error) {
 func (r kafkaRecord) delivery() delivery {
 	d := delivery{source: sourceKafka, id: r.itemID(), orderingGroup: r.topicPartition(),
 		system: semconv.MessagingSystemKafka, destination: r.topic,
-		attrs: []otelattr.KeyValue{semconv.MessagingDestinationPartitionID(strconv.FormatInt(r.partition, 10)), semconv.MessagingKafkaOffset(int(r.offset))}}
+		attrs:      []otelattr.KeyValue{semconv.MessagingDestinationPartitionID(strconv.FormatInt(r.partition, 10)), semconv.MessagingKafkaOffset(int(r.offset))},
+		sourceName: r.topic, position: strconv.FormatInt(r.partition, 10) + "@" + strconv.FormatInt(r.offset, 10)}
 	msg, err := r.message()
 	if err != nil {
 		d.err = fmt.Errorf("parse record %s: %w", d.id, err)
+		d.raw = r.value
 		return d
 	}
 	d.msg = msg

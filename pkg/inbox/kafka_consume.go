@@ -303,7 +303,7 @@ func (l *kafkaLoop) apply(ctx context.Context, fetches kgo.Fetches) {
 			delete(l.stuck, tp) // its failed record, if it had one, succeeded
 			continue
 		}
-		if !l.retryLater(ctx, tp, recs[s.failed], rep.Results[s.failed].Err) {
+		if !l.retryLater(ctx, tp, recs[s.failed], &ds[s.failed], rep.Results[s.failed].Err) {
 			commit = append(commit, recs[s.failed]) // dead-lettered: committed past it
 		}
 	}
@@ -312,8 +312,9 @@ func (l *kafkaLoop) apply(ctx context.Context, fetches kgo.Fetches) {
 
 // retryLater records a failed attempt of r, the first failure of partition tp in this poll, and
 // either makes the partition wait to retry it (true) or, after MaxAttempts with a dead-letter
-// topic, moves it there and lets the partition go on after it (false).
-func (l *kafkaLoop) retryLater(ctx context.Context, tp topicPartition, r *kgo.Record, cause error) bool {
+// topic, moves it there, marks its dead letter (d's) dead, and lets the partition go on after
+// it (false).
+func (l *kafkaLoop) retryLater(ctx context.Context, tp topicPartition, r *kgo.Record, d *delivery, cause error) bool {
 	st := l.stuck[tp]
 	if st == nil || st.offset != r.Offset {
 		_, gen := l.client.GroupMetadata()
@@ -327,6 +328,7 @@ func (l *kafkaLoop) retryLater(ctx context.Context, tp topicPartition, r *kgo.Re
 		if err == nil {
 			log.ErrorContext(ctx, "inbox: kafka record moved to the dead-letter topic; its partition goes on",
 				"dead_letter_topic", l.o.DeadLetterTopic, "error", errText(cause))
+			l.c.markDead(ctx, d) // its dead letter, recorded when it failed, is dead now
 			delete(l.stuck, tp)
 			if st.paused {
 				l.client.ResumeFetchPartitions(map[string][]int32{tp.topic: {tp.partition}})
@@ -388,7 +390,9 @@ func kgoDelivery(r *kgo.Record) delivery {
 	for _, h := range r.Headers {
 		kr.headers = append(kr.headers, kafkaHeader{key: h.Key, value: h.Value})
 	}
-	return kr.delivery()
+	d := kr.delivery()
+	d.selfManaged = true
+	return d
 }
 
 func errText(err error) string {

@@ -77,10 +77,12 @@ func kinesisShard(r events.KinesisEventRecord) string {
 
 func kinesisDelivery(r events.KinesisEventRecord) delivery {
 	d := delivery{source: sourceKinesis, id: r.Kinesis.SequenceNumber, orderingGroup: kinesisShard(r),
-		system: messagingSystemKinesis, destination: streamName(r.EventSourceArn)}
+		system: messagingSystemKinesis, destination: streamName(r.EventSourceArn),
+		sourceName: r.EventSourceArn, position: kinesisShard(r) + "/" + r.Kinesis.SequenceNumber}
 	msg, err := ParseKinesis(r)
 	if err != nil {
 		d.err = fmt.Errorf("parse record %s: %w", d.id, err)
+		d.raw = r.Kinesis.Data
 		return d
 	}
 	d.msg = msg

@@ -303,13 +303,9 @@ func (p *Processor) claim(ctx context.Context, after string) (claimedBatch, erro
 	return b, nil
 }
 
-// statements runs f with a Querier for single statements: db itself when it can run them (a
-// pool, a conn, a tx), otherwise a short transaction of its own.
+// statements runs f with a Querier for single statements (see statements).
 func (p *Processor) statements(ctx context.Context, f func(Querier) error) error {
-	if q, ok := p.db.(Querier); ok {
-		return f(q)
-	}
-	return pgx.BeginFunc(ctx, p.db, func(tx pgx.Tx) error { return f(tx) })
+	return statements(ctx, p.db, f)
 }
 
 // Drain applies ready rows, each in its own transaction, until none is left that this

@@ -124,7 +124,17 @@ func runHandler(ctx context.Context, h Handler, tx pgx.Tx, msg Message) error {
 		err = errSwallowed
 	}
 	if err != nil {
-		return fmt.Errorf("message %s (%s): handler: %w", msg.ID, msg.EventType, err)
+		return &handlerError{err: err, text: fmt.Sprintf("message %s (%s): handler: %v", msg.ID, msg.EventType, err)}
 	}
 	return nil
 }
+
+// handlerError is a handler's failure, as runHandler reports it: the dead letter's class says
+// the handler failed (ClassHandler) whatever its error wraps.
+type handlerError struct {
+	err  error
+	text string
+}
+
+func (e *handlerError) Error() string { return e.text }
+func (e *handlerError) Unwrap() error { return e.err }

@@ -38,6 +38,15 @@ type delivery struct {
 	xray        string
 	// attrs are the delivery's own span attributes (a Kafka record's partition and offset).
 	attrs []otelattr.KeyValue
+	// sourceName and position are the record's source coordinates in a dead letter: the queue
+	// ARN and SQS message id, the stream ARN and SHARD/SEQUENCE, the topic and PARTITION@OFFSET.
+	sourceName, position string
+	// receiveCount is SQS's ApproximateReceiveCount; 0 when the source gives none.
+	receiveCount int
+	// raw is the record's body, kept in its dead letter when it could not be parsed.
+	raw []byte
+	// selfManaged: ConsumeKafka delivered it and decides itself when it gives up (markDead).
+	selfManaged bool
 }
 
 // ErrUnknownEventSource is returned by HandleEvent for an event it does not recognise.
@@ -125,6 +134,7 @@ func (c *Consumer) run(ctx context.Context, ds []delivery) Report {
 		b.runPerRecord(ctx)
 	}
 	b.endSpans(ctx)
+	b.recordFailures(ctx)
 
 	rep := Report{Results: b.results}
 	for _, res := range rep.Results {

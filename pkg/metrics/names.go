@@ -113,6 +113,9 @@ var (
 	// InboxStored counts messages stored by the asynchronous inbox.
 	InboxStored = Metric{Name: "InboxStored", Kind: Counter, Unit: Count, Services: consumer, Dimensions: inboxDims,
 		Doc: "messages stored for the processor (async mode)"}
+	// InboxDeadLetters counts records that failed their last attempt and were kept as dead letters.
+	InboxDeadLetters = Metric{Name: "InboxDeadLetters", Kind: Counter, Unit: Count, Services: consumer, Dimensions: inboxDims,
+		Doc: "records that failed their source's last attempt (the receive before the DLQ, a stream mapping's last retry, ConsumeKafka's give-up), kept in inbox_dead_letter"}
 	// InboxParked counts rows the processor parked.
 	InboxParked = Metric{Name: "InboxParked", Kind: Counter, Unit: Count, Services: processor, Dimensions: inboxDims,
 		Doc: "rows the processor parked after their last attempt"}
@@ -139,7 +142,7 @@ func All() []Metric {
 	return []Metric{
 		OutboxPending, OutboxOldestPendingAge, OutboxQuarantined, RelayHeartbeat, Published,
 		PublishFailures, DestinationsDown, OldestTransactionAge, Offloaded, OffloadedBytes,
-		InboxProcessed, InboxSkipped, InboxDuplicates, InboxFailures, InboxStored, InboxParked,
+		InboxProcessed, InboxSkipped, InboxDuplicates, InboxFailures, InboxStored, InboxDeadLetters, InboxParked,
 		CommitToApplyLatency, AuditMissingEvents, AuditUnpublishedEvents,
 	}
 }

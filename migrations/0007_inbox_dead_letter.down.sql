@@ -1,0 +1,1 @@
+DROP TABLE IF EXISTS inbox_dead_letter;
