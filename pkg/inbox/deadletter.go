@@ -177,12 +177,12 @@ func (b *batch) recordFailures(ctx context.Context) {
 		d, r := t.rec, t.rec.delivery
 		deadNow, after := c.lastAttempt(&d.delivery)
 		var (
-			messageID                              *string
-			eventType, aggType, aggID, group       string
-			created                                any
-			headers                                = map[string]string{}
-			payload                                *string
-			receiveCount                           *int
+			messageID                        *string
+			eventType, aggType, aggID, group string
+			created                          any
+			headers                          = map[string]string{}
+			payload                          *string
+			receiveCount                     *int
 		)
 		if r.err == nil {
 			id := r.msg.ID
