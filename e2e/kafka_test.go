@@ -29,6 +29,12 @@ type kafkaBundle struct {
 
 func setupKafka(t *testing.T, partitions int32) *kafkaBundle {
 	t.Helper()
+	return setupKafkaWith(t, partitions, nil)
+}
+
+// setupKafkaWith is setupKafka with mod adjusting the stack's options.
+func setupKafkaWith(t *testing.T, partitions int32, mod func(*localrun.KafkaStackOptions)) *kafkaBundle {
+	t.Helper()
 	rie, bins := binaries(t)
 	ctx := context.Background()
 	dbURL := testdb.URL(t)
@@ -43,8 +49,12 @@ func setupKafka(t *testing.T, partitions int32) *kafkaBundle {
 	logPath := filepath.Join(t.TempDir(), "functions.log")
 	logFile, err := os.Create(logPath)
 	require.NoError(t, err)
-	st, err := localrun.StartKafkaStack(ctx, localrun.KafkaStackOptions{RIE: rie, BinDir: bins, DatabaseURL: dbURL, Brokers: cluster.Brokers,
-		RelayEvery: 3 * time.Second, RelayTimeout: 8 * time.Second, Log: logFile, Logger: slog.New(slog.NewTextHandler(logFile, nil))})
+	o := localrun.KafkaStackOptions{RIE: rie, BinDir: bins, DatabaseURL: dbURL, Brokers: cluster.Brokers,
+		RelayEvery: 3 * time.Second, RelayTimeout: 8 * time.Second, Log: logFile, Logger: slog.New(slog.NewTextHandler(logFile, nil))}
+	if mod != nil {
+		mod(&o)
+	}
+	st, err := localrun.StartKafkaStack(ctx, o)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		st.Stop()

@@ -15,6 +15,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -58,9 +59,41 @@ func main() {
 		log.Error("ledger cold start failed", "error", err)
 		os.Exit(1)
 	}
+	p, err := newProcessor(pool, cfg, log)
+	if err != nil {
+		pool.Close()
+		log.Error("ledger cold start failed", "error", err)
+		os.Exit(1)
+	}
 	// HandleEvent: the same binary serves the demo's SQS queue and, with -transport kafka, the
-	// local Kafka event source mapping (internal/localrun).
-	lambda.StartWithOptions(c.HandleEvent, lambda.WithEnableSIGTERM(pool.Close, func() { _ = stopTracing(context.Background()) }))
+	// local Kafka event source mapping (internal/localrun); the processor schedule's events
+	// apply the rows stored for it (dead letters `sluice dead retry` stored).
+	h := func(ctx context.Context, event json.RawMessage) (any, error) {
+		if inbox.IsScheduledEvent(event) {
+			st, err := p.Drain(ctx)
+			return st, err
+		}
+		return c.HandleEvent(ctx, event)
+	}
+	lambda.StartWithOptions(h, lambda.WithEnableSIGTERM(pool.Close, func() { _ = stopTracing(context.Background()) }))
+}
+
+// newProcessor builds the inbox processor that applies the ledger's stored rows with the same
+// handler.
+func newProcessor(pool demoapp.Beginner, cfg inbox.ConsumerConfig, log *slog.Logger) (*inbox.Processor, error) {
+	p, err := inbox.NewProcessor(pool, inbox.ProcessorConfig{Consumer: cfg.Consumer, Router: router(), Metrics: os.Stdout, Logger: log,
+		TracerProvider: cfg.TracerProvider})
+	if err != nil {
+		return nil, fmt.Errorf("create inbox processor: %w", err)
+	}
+	return p, nil
+}
+
+// router maps the ledger's one event type to its handler.
+func router() *inbox.Router {
+	r := inbox.NewRouter(inbox.FailUnknown)
+	r.Handle(demoapp.EventOrderCreated, orderCreated)
+	return r
 }
 
 // newConsumer ensures the demo tables exist and builds the inbox consumer over pool.
@@ -68,9 +101,7 @@ func newConsumer(ctx context.Context, pool demoapp.Beginner, cfg inbox.ConsumerC
 	if err := demoapp.ApplySchema(ctx, pool); err != nil {
 		return nil, err
 	}
-	r := inbox.NewRouter(inbox.FailUnknown)
-	r.Handle(demoapp.EventOrderCreated, orderCreated)
-	cfg.Router, cfg.Metrics, cfg.Logger = r, os.Stdout, log
+	cfg.Router, cfg.Metrics, cfg.Logger = router(), os.Stdout, log
 	c, err := inbox.NewConsumer(pool, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("create inbox consumer: %w", err)

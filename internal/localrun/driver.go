@@ -113,11 +113,15 @@ type EventSource struct {
 // EventSourceStats counts what an EventSource did.
 type EventSourceStats struct {
 	Invocations, FailedInvocations, Deleted, ReportedFailures int64
+	// Discarded counts records a stream mapping passed over after its last retry
+	// (KafkaEventSource.MaxRetryAttempts); SQS moves them to the DLQ instead.
+	Discarded int64
 }
 
 // Stats returns the counts so far.
 func (e *EventSource) Stats() EventSourceStats {
-	return EventSourceStats{e.invocations.Load(), e.failedInvocations.Load(), e.deleted.Load(), e.reportedFailures.Load()}
+	return EventSourceStats{Invocations: e.invocations.Load(), FailedInvocations: e.failedInvocations.Load(),
+		Deleted: e.deleted.Load(), ReportedFailures: e.reportedFailures.Load()}
 }
 
 // Run polls until ctx ends.

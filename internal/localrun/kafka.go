@@ -66,16 +66,31 @@ type KafkaEventSource struct {
 	ClusterARN string
 	// RetryDelay is the pause after a round with failures. Defaults to 500ms.
 	RetryDelay time.Duration
+	// MaxRetryAttempts, as the mapping's MaximumRetryAttempts with an on-failure destination:
+	// a record reported failed on its first delivery and this many retries is passed over (its
+	// partition's offset committed past it) and counted in Stats().Discarded, where Lambda would
+	// send its failure record (topic, partition, offset; not the data). Defaults to 0: retried
+	// until it succeeds, as a mapping without a limit does.
+	MaxRetryAttempts int
 	// Logger receives errors. Defaults to slog.Default().
 	Logger *slog.Logger
 
-	invocations, failedInvocations, committed, reportedFailures atomic.Int64
+	invocations, failedInvocations, committed, reportedFailures, discarded atomic.Int64
+	// failures counts the failed deliveries of the record each partition retries from
+	// (MaxRetryAttempts), by TOPIC-PARTITION.
+	failures sync.Map // string -> failedRecord
+}
+
+// failedRecord is the record a partition retries from and its failed deliveries so far.
+type failedRecord struct {
+	offset   int64
+	failures int
 }
 
 // Stats returns the counts so far: Deleted is the records committed.
 func (k *KafkaEventSource) Stats() EventSourceStats {
 	return EventSourceStats{Invocations: k.invocations.Load(), FailedInvocations: k.failedInvocations.Load(),
-		Deleted: k.committed.Load(), ReportedFailures: k.reportedFailures.Load()}
+		Deleted: k.committed.Load(), ReportedFailures: k.reportedFailures.Load(), Discarded: k.discarded.Load()}
 }
 
 // Run polls until ctx ends.
@@ -223,6 +238,18 @@ func (k *KafkaEventSource) invoke(ctx context.Context, share map[string][]*kgo.R
 		var last *kgo.Record
 		for _, r := range rs {
 			if low, failed := lowest[tp]; failed && r.Offset >= low {
+				if k.giveUp(tp, r) {
+					log.Warn("kafka event source: record failed its last retry; passed over (Lambda sends its failure record to the on-failure destination)",
+						"topic", r.Topic, "partition", r.Partition, "offset", r.Offset)
+					k.discarded.Add(1)
+					last = r
+					if next := slices.IndexFunc(rs, func(x *kgo.Record) bool { return x.Offset > r.Offset }); next >= 0 {
+						retryFrom(rs[next])
+					} else {
+						retryFrom(&kgo.Record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset + 1})
+					}
+					break
+				}
 				retryFrom(r)
 				break
 			}
@@ -234,6 +261,25 @@ func (k *KafkaEventSource) invoke(ctx context.Context, share map[string][]*kgo.R
 		}
 	}
 	return commit, seek, len(lowest) == 0
+}
+
+// giveUp counts a failed delivery of r, the record partition tp retries from, and reports
+// whether it was the last one MaxRetryAttempts allows.
+func (k *KafkaEventSource) giveUp(tp string, r *kgo.Record) bool {
+	if k.MaxRetryAttempts <= 0 {
+		return false
+	}
+	f := failedRecord{offset: r.Offset}
+	if v, ok := k.failures.Load(tp); ok && v.(failedRecord).offset == r.Offset {
+		f = v.(failedRecord)
+	}
+	f.failures++
+	if f.failures > k.MaxRetryAttempts {
+		k.failures.Delete(tp)
+		return true
+	}
+	k.failures.Store(tp, f)
+	return false
 }
 
 func countRecords(share map[string][]*kgo.Record) int {

@@ -13,6 +13,9 @@ import (
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 )
 
+// defaultMaxReceiveCount is PipelineOptions.MaxReceiveCount's default.
+const defaultMaxReceiveCount = 3
+
 // PipelineOptions configure CreatePipeline.
 type PipelineOptions struct {
 	// Name prefixes every resource name. Required; at most 60 characters of letters, digits, - and _.
@@ -38,9 +41,7 @@ type Pipeline struct {
 // CreatePipeline creates the topic, the DLQ, the queue with its redrive policy and its SNS
 // access policy, and the raw-delivery subscription, through the standard APIs only.
 func CreatePipeline(ctx context.Context, snsc *sns.Client, sqsc *sqs.Client, o PipelineOptions) (Pipeline, error) {
-	if o.MaxReceiveCount == 0 {
-		o.MaxReceiveCount = 3
-	}
+	o.MaxReceiveCount = orInt(o.MaxReceiveCount, defaultMaxReceiveCount)
 	if o.VisibilityTimeout == 0 {
 		o.VisibilityTimeout = 5 * time.Second
 	}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/url"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"time"
 
@@ -46,6 +47,9 @@ type StackOptions struct {
 	// RelayTimeout is the relay's function timeout and RelayEvery its schedule. Default to 10s
 	// and 4s: a compressed version of AWS's 1-minute schedule, with overlapping invocations.
 	RelayTimeout, RelayEvery time.Duration
+	// ProcessorEvery is the consumer's processor schedule (it applies the rows stored for it,
+	// such as retried dead letters). Defaults to 2s, a compressed version of the CDK's minute.
+	ProcessorEvery time.Duration
 	// ConsumerName is the ledger's inbox consumer name (SLUICE_CONSUMER_NAME). Defaults to
 	// DefaultConsumerName.
 	ConsumerName string
@@ -67,9 +71,10 @@ type Stack struct {
 	Pipeline Pipeline
 	// Relay and Consumer are the running functions.
 	Relay, Consumer *Function
-	// Schedule and Source are the drivers.
-	Schedule *Schedule
-	Source   *EventSource
+	// Schedule (the relay's), ProcessorSchedule (the consumer's processor) and Source are the
+	// drivers.
+	Schedule, ProcessorSchedule *Schedule
+	Source                      *EventSource
 	// SNS and SQS are clients for Endpoint.
 	SNS *sns.Client
 	SQS *sqs.Client
@@ -93,6 +98,7 @@ func StartStack(ctx context.Context, o StackOptions) (*Stack, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	o.MaxReceiveCount = orInt(o.MaxReceiveCount, defaultMaxReceiveCount)
 	cfg, err := localaws.Config(ctx, o.Endpoint)
 	if err != nil {
 		return nil, err
@@ -115,15 +121,33 @@ func StartStack(ctx context.Context, o StackOptions) (*Stack, error) {
 			"AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test"}
 	}
 	s.Relay, s.Consumer, err = startFunctions(ctx, functionsOptions{RIE: o.RIE, BinDir: o.BinDir, DatabaseURL: o.DatabaseURL,
-		Topics: string(topics), RelayEnv: append(awsEnv(o.RelaySNSEndpoint), o.RelayEnv...), ConsumerEnv: append(awsEnv(o.Endpoint), o.ConsumerEnv...),
+		Topics: string(topics), RelayEnv: append(awsEnv(o.RelaySNSEndpoint), o.RelayEnv...),
+		// The consumer knows the queue's last receive, as the CDK construct tells it.
+		ConsumerEnv: append(append(awsEnv(o.Endpoint), consumerMaxReceiveCount+"="+strconv.Itoa(o.MaxReceiveCount)), o.ConsumerEnv...),
 		RelayTimeout: o.RelayTimeout, RelayInstances: o.RelayInstances, ConsumerInstances: o.ConsumerInstances, ConsumerName: o.ConsumerName, Log: o.Log})
 	if err != nil {
 		return nil, err
 	}
 	s.Schedule = &Schedule{Function: s.Relay, Every: o.RelayEvery, Logger: o.Logger}
+	s.ProcessorSchedule = processorSchedule(s.Consumer, o.ProcessorEvery, o.Logger)
 	s.Source = &EventSource{SQS: s.SQS, QueueURL: s.Pipeline.QueueURL, QueueARN: s.Pipeline.QueueARN, Function: s.Consumer, Logger: o.Logger}
-	s.drivers.start(ctx, s.Schedule.Run, s.Source.Run)
+	s.drivers.start(ctx, s.Schedule.Run, s.ProcessorSchedule.Run, s.Source.Run)
 	return s, nil
+}
+
+// consumerMaxReceiveCount and consumerStreamMaxAttempts are the consumer's settings of its
+// source's last attempt (lambdaenv).
+const (
+	consumerMaxReceiveCount   = "SLUICE_CONSUMER_MAX_RECEIVE_COUNT"
+	consumerStreamMaxAttempts = "SLUICE_CONSUMER_STREAM_MAX_ATTEMPTS"
+)
+
+// processorSchedule is the consumer's processor schedule, every (default 2s).
+func processorSchedule(consumer *Function, every time.Duration, log *slog.Logger) *Schedule {
+	if every == 0 {
+		every = 2 * time.Second
+	}
+	return &Schedule{Function: consumer, Every: every, Rule: "sluice-processor-schedule", Logger: log}
 }
 
 // Stop stops the drivers (letting running invocations end), then the functions.

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -31,6 +33,12 @@ type KafkaStackOptions struct {
 	RelayTimeout, RelayEvery time.Duration
 	// BatchSize is the event source's batch size. Defaults to 100.
 	BatchSize int
+	// MaxRetryAttempts is the event source's retries of a failing record before it passes over
+	// it (KafkaEventSource.MaxRetryAttempts); the consumer is told (StreamMaxAttempts). Defaults
+	// to 0: retried until it succeeds.
+	MaxRetryAttempts int
+	// ProcessorEvery is the consumer's processor schedule, as in StackOptions. Defaults to 2s.
+	ProcessorEvery time.Duration
 	// ConsumerName is the ledger's inbox consumer name. Defaults to DefaultConsumerName.
 	ConsumerName string
 	// RelayEnv and ConsumerEnv add environment variables (KEY=VALUE) to each function.
@@ -45,9 +53,10 @@ type KafkaStackOptions struct {
 type KafkaStack struct {
 	// Relay and Consumer are the running functions.
 	Relay, Consumer *Function
-	// Schedule and Source are the drivers.
-	Schedule *Schedule
-	Source   *KafkaEventSource
+	// Schedule (the relay's), ProcessorSchedule (the consumer's processor) and Source are the
+	// drivers.
+	Schedule, ProcessorSchedule *Schedule
+	Source                      *KafkaEventSource
 	// Topic is the Kafka topic.
 	Topic string
 
@@ -78,17 +87,23 @@ func StartKafkaStack(ctx context.Context, o KafkaStackOptions) (*KafkaStack, err
 	// configuration loading from looking for an instance role.
 	awsEnv := []string{"AWS_REGION=" + region(), "AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test"}
 	relayEnv := append(append(awsEnv, lambdaenv.KafkaBrokers+"="+strings.Join(o.Brokers, ",")), o.RelayEnv...)
+	consumerEnv := awsEnv
+	if o.MaxRetryAttempts > 0 {
+		consumerEnv = append(slices.Clone(awsEnv), consumerStreamMaxAttempts+"="+strconv.Itoa(o.MaxRetryAttempts+1))
+	}
 	s := &KafkaStack{Topic: o.Topic}
 	var err error
 	s.Relay, s.Consumer, err = startFunctions(ctx, functionsOptions{RIE: o.RIE, BinDir: o.BinDir, DatabaseURL: o.DatabaseURL,
-		Topics: string(topics), RelayEnv: relayEnv, ConsumerEnv: append(awsEnv, o.ConsumerEnv...),
+		Topics: string(topics), RelayEnv: relayEnv, ConsumerEnv: append(consumerEnv, o.ConsumerEnv...),
 		RelayTimeout: o.RelayTimeout, RelayInstances: o.RelayInstances, ConsumerInstances: o.ConsumerInstances, ConsumerName: o.ConsumerName, Log: o.Log})
 	if err != nil {
 		return nil, err
 	}
 	s.Schedule = &Schedule{Function: s.Relay, Every: o.RelayEvery, Logger: o.Logger}
-	s.Source = &KafkaEventSource{Brokers: o.Brokers, Topic: o.Topic, Group: o.Group, Function: s.Consumer, BatchSize: o.BatchSize, Logger: o.Logger}
-	s.drivers.start(ctx, s.Schedule.Run, func(ctx context.Context) {
+	s.ProcessorSchedule = processorSchedule(s.Consumer, o.ProcessorEvery, o.Logger)
+	s.Source = &KafkaEventSource{Brokers: o.Brokers, Topic: o.Topic, Group: o.Group, Function: s.Consumer, BatchSize: o.BatchSize,
+		MaxRetryAttempts: o.MaxRetryAttempts, Logger: o.Logger}
+	s.drivers.start(ctx, s.Schedule.Run, s.ProcessorSchedule.Run, func(ctx context.Context) {
 		if err := s.Source.Run(ctx); err != nil {
 			o.Logger.Error("kafka event source stopped", "error", err)
 		}

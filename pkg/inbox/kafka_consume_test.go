@@ -382,6 +382,19 @@ func TestConsumeKafkaDeadLettersAPoisonRecord(t *testing.T) {
 	require.Contains(t, h[inbox.HeaderDeadLetterError], "poison record")
 	r.stop(t)
 
+	// Its dead letter in the database: dead at the give-up, with where it came from and why.
+	letters, err := inbox.ListDeadLetters(context.Background(), k.pool, inbox.DeadLetterFilter{Consumer: "ledger"})
+	require.NoError(t, err)
+	require.Len(t, letters, 1)
+	require.Equal(t, ids["a2"], letters[0].MessageID)
+	require.Equal(t, inbox.DeadDead, letters[0].State)
+	require.Equal(t, 3, letters[0].Attempts)
+	require.Equal(t, "kafka", letters[0].Source)
+	require.Equal(t, kafkaTopic, letters[0].SourceName)
+	require.Equal(t, "0@1", letters[0].SourcePosition)
+	require.Contains(t, letters[0].Error, "poison record")
+	require.JSONEq(t, `{"key":"a","n":2}`, letters[0].Payload)
+
 	// Committed past it: a new member of the group does not try it again.
 	consume(t, k.groupClient(t), k.consumer(t, inbox.PerRecord, nil), opts)
 	k.produce(t, 0, "a", 5)

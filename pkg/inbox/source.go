@@ -102,6 +102,17 @@ func (c *Consumer) HandleEvent(ctx context.Context, event json.RawMessage) (any,
 	return nil, fmt.Errorf("%w: records from %q", ErrUnknownEventSource, records[0].EventSource)
 }
 
+// IsScheduledEvent reports whether event is an EventBridge schedule's ("Scheduled Event" from
+// aws.events), the event a function that is both a Consumer and a Processor gets from its
+// processor schedule, as opposed to an event source's batch (see HandleEvent).
+func IsScheduledEvent(event json.RawMessage) bool {
+	var scheduled struct {
+		Source     string `json:"source"`
+		DetailType string `json:"detail-type"`
+	}
+	return json.Unmarshal(event, &scheduled) == nil && scheduled.Source == "aws.events" && scheduled.DetailType == "Scheduled Event"
+}
+
 // run applies a batch of deliveries, in their order, and reports each one's outcome: the path
 // every source shares (see the comment at the top of this file). An empty batch is a no-op.
 func (c *Consumer) run(ctx context.Context, ds []delivery) Report {

@@ -297,7 +297,7 @@ func TestDeadListAndRetry(t *testing.T) {
 
 	require.Contains(t, b.ok(t, "dead", "retry", "--consumer", "billing", "m-2"), "released 1 parked inbox rows")
 	require.Equal(t, 2, b.count(t, "SELECT count(*) FROM inbox_event WHERE parked_at IS NOT NULL"))
-	requireOneLineError(t, b.run(t, "dead", "retry", "--consumer", "billing", "m-2"), 1, `inbox rows m-2 of consumer "billing" are not parked`)
+	requireOneLineError(t, b.run(t, "dead", "retry", "--consumer", "billing", "m-2"), 1, `inbox rows m-2 of consumer "billing" are not parked or dead letters`)
 
 	out = b.ok(t, "dead", "retry", "--all")
 	require.Contains(t, out, "released 1 outbox rows")

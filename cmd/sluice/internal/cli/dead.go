@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -33,6 +34,8 @@ type DeadListOptions struct {
 	Consumer string
 	// Limit is the most rows of each kind. Required: at least 1.
 	Limit int
+	// Applied lists consumer dead letters the inbox applied since too.
+	Applied bool
 }
 
 // DeadList is what `sluice dead list` shows.
@@ -41,6 +44,8 @@ type DeadList struct {
 	Quarantined []outbox.QuarantinedRow
 	// Parked are the parked inbox rows.
 	Parked []inbox.ParkedEvent
+	// DeadLetters are the consumers' dead letters (not those applied since, unless asked).
+	DeadLetters []inbox.DeadLetter
 }
 
 // ListDead reads quarantined outbox rows and parked inbox rows with their last errors.
@@ -58,15 +63,21 @@ func ListDead(ctx context.Context, db Querier, opts DeadListOptions) (DeadList, 
 	if out.Parked, err = inbox.ListParked(ctx, db, opts.Consumer, opts.Limit); err != nil {
 		return DeadList{}, err
 	}
+	out.DeadLetters, err = inbox.ListDeadLetters(ctx, db, inbox.DeadLetterFilter{Consumer: opts.Consumer, IncludeApplied: opts.Applied, Limit: opts.Limit})
+	if err != nil {
+		return DeadList{}, err
+	}
 	return out, nil
 }
 
 // DeadRetryOptions configure RetryDead. Give either All or ids, not both.
 type DeadRetryOptions struct {
-	// Consumer retries parked inbox rows of this consumer: IDs are then message ids. Without
-	// it, IDs are outbox row ids, and All retries every quarantined and parked row.
+	// Consumer retries parked inbox rows and dead letters of this consumer: IDs are then
+	// message ids (a dead letter's key). Without it, IDs are outbox row ids, and All retries
+	// every quarantined row, parked row and dead letter.
 	Consumer string
-	// All retries every quarantined outbox row and parked inbox row (narrowed by Consumer).
+	// All retries every quarantined outbox row, parked inbox row and dead letter in the dead
+	// state that can be retried (narrowed by Consumer).
 	All bool
 	// IDs are the rows to retry: outbox row ids (decimal), or message ids with Consumer.
 	IDs []string
@@ -79,8 +90,14 @@ type DeadRetryResult struct {
 	// Outbox and Inbox are the rows chosen, in the order they were listed.
 	Outbox []outbox.QuarantinedRow
 	Inbox  []inbox.ParkedEvent
+	// DeadLetters are the consumers' dead letters chosen, and Unretryable those --all passed
+	// over because they cannot be retried through the inbox (redrive their source's copy).
+	DeadLetters, Unretryable []inbox.DeadLetter
 	// OutboxReleased and InboxReleased count the rows released (zero on a dry run).
 	OutboxReleased, InboxReleased int64
+	// Stored are the dead letters stored for the processor, InInbox those the inbox already
+	// held (nothing changed: they are applied or waiting already), as consumer/key.
+	Stored, InInbox []string
 	// OutboxChosen and InboxChosen report whether each kind was chosen from, so that a report
 	// says "none to retry" only for the kinds asked for.
 	OutboxChosen, InboxChosen bool
@@ -117,13 +134,17 @@ func RetryDead(ctx context.Context, db Querier, opts DeadRetryOptions) (DeadRetr
 		}
 	}
 	var err error
-	if res.Inbox, err = chooseParked(ctx, db, opts.Consumer, opts.All, opts.IDs); err != nil {
+	if res.Inbox, res.DeadLetters, res.Unretryable, err = chooseInbox(ctx, db, opts.Consumer, opts.All, opts.IDs); err != nil {
 		return res, err
 	}
 	res.InboxChosen = true
-	if !opts.DryRun {
-		res.InboxReleased, err = retryParked(ctx, db, res.Inbox)
+	if opts.DryRun {
+		return res, nil
 	}
+	if res.InboxReleased, err = retryParked(ctx, db, res.Inbox); err != nil {
+		return res, err
+	}
+	err = retryDeadLetters(ctx, db, res.DeadLetters, &res)
 	return res, err
 }
 
@@ -166,30 +187,93 @@ func chooseQuarantined(ctx context.Context, db Querier, all bool, ids []int64) (
 	return chosen, nil
 }
 
-// chooseParked returns every parked row of consumer ("" for all consumers) when all, or the
-// rows of messageIDs, failing when one of them is not parked.
-func chooseParked(ctx context.Context, db Querier, consumer string, all bool, messageIDs []string) ([]inbox.ParkedEvent, error) {
-	parked, err := inbox.ListParked(ctx, db, consumer, deadLimit)
-	if err != nil || all {
-		return parked, err
+// chooseInbox returns, for consumer ("" for all consumers), every parked row and every dead
+// letter in the dead state when all (setting aside those that cannot be retried through the
+// inbox), or the parked rows and dead letters of messageIDs, failing when one of them is
+// neither. A message id parked and also a dead letter (a retried dead letter the processor
+// parked) is retried as the parked row it is now.
+func chooseInbox(ctx context.Context, db Querier, consumer string, all bool, messageIDs []string) (
+	parked []inbox.ParkedEvent, letters, unretryable []inbox.DeadLetter, err error) {
+	if parked, err = inbox.ListParked(ctx, db, consumer, deadLimit); err != nil {
+		return nil, nil, nil, err
+	}
+	if all {
+		dead, err := inbox.ListDeadLetters(ctx, db, inbox.DeadLetterFilter{Consumer: consumer, Limit: deadLimit})
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		for _, d := range dead {
+			switch {
+			case d.State != inbox.DeadDead:
+			case d.MessageID == "" || d.ErrorClass == inbox.ClassClaimCheck:
+				unretryable = append(unretryable, d)
+			default:
+				letters = append(letters, d)
+			}
+		}
+		return parked, letters, unretryable, nil
 	}
 	byID := make(map[string]inbox.ParkedEvent, len(parked))
 	for _, p := range parked {
 		byID[p.MessageID] = p
 	}
-	var chosen []inbox.ParkedEvent
-	var missing []string
+	var rest []string
+	parked = parked[:0:0]
 	for _, id := range messageIDs {
 		if p, ok := byID[id]; ok {
-			chosen = append(chosen, p)
+			parked = append(parked, p)
 		} else {
-			missing = append(missing, id)
+			rest = append(rest, id)
 		}
 	}
-	if len(missing) > 0 {
-		return nil, fmt.Errorf("inbox rows %s of consumer %q are not parked; nothing retried", strings.Join(missing, ", "), consumer)
+	if len(rest) > 0 {
+		found, err := inbox.ListDeadLetters(ctx, db, inbox.DeadLetterFilter{Consumer: consumer, Keys: rest, IncludeApplied: true, Limit: deadLimit})
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		have := map[string]bool{}
+		for _, d := range found {
+			have[d.Key] = true
+		}
+		var missing []string
+		for _, id := range rest {
+			if !have[id] {
+				missing = append(missing, id)
+			}
+		}
+		if len(missing) > 0 {
+			return nil, nil, nil, fmt.Errorf("inbox rows %s of consumer %q are not parked or dead letters; nothing retried", strings.Join(missing, ", "), consumer)
+		}
+		letters = found
 	}
-	return chosen, nil
+	return parked, letters, nil, nil
+}
+
+// retryDeadLetters stores dead letters for their consumers' processors, consumer by consumer
+// (in name order), recording what happened to each in res.
+func retryDeadLetters(ctx context.Context, db Querier, letters []inbox.DeadLetter, res *DeadRetryResult) error {
+	beginner, ok := db.(inbox.Beginner)
+	if !ok && len(letters) > 0 {
+		return fmt.Errorf("retry dead letters: %T cannot begin a transaction", db)
+	}
+	byConsumer := map[string][]string{}
+	for _, d := range letters {
+		byConsumer[d.Consumer] = append(byConsumer[d.Consumer], d.Key)
+	}
+	consumers := slices.Sorted(maps.Keys(byConsumer))
+	for _, c := range consumers {
+		r, err := inbox.RetryDeadLetters(ctx, beginner, c, byConsumer[c])
+		if err != nil {
+			return err
+		}
+		for _, k := range r.Stored {
+			res.Stored = append(res.Stored, c+"/"+k)
+		}
+		for _, k := range r.AlreadyInInbox {
+			res.InInbox = append(res.InInbox, c+"/"+k)
+		}
+	}
+	return nil
 }
 
 // retryParked releases rows consumer by consumer (in name order) and returns how many.
@@ -217,11 +301,16 @@ func retryParked(ctx context.Context, db Querier, rows []inbox.ParkedEvent) (int
 func (a *app) deadCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "dead",
-		Short: "List and retry quarantined outbox rows and parked inbox rows",
+		Short: "List, show and retry quarantined outbox rows, parked inbox rows and consumer dead letters",
 		Long: `Rows that need an operator: outbox rows the relay quarantined (they block only their own
-partition key) and inbox rows the asynchronous processor parked after its attempts ran out.
-Fix the cause (the last error says what it was), then retry them.`,
+partition key), inbox rows the asynchronous processor parked after its attempts ran out, and
+consumer dead letters: records a consumer failed on, kept with their error class and chain,
+payload and source coordinates (the last attempt before the DLQ, a stream mapping's last retry,
+ConsumeKafka's give-up). Fix the cause (the last error says what it was), then retry them: a
+retried dead letter is stored in the inbox for the consumer's processor, so it is applied once,
+even if its DLQ copy is redriven too.`,
 		Example: `  sluice dead list
+  sluice dead show --consumer billing 6f1c9a1e-0c1e-4c53-9f5b-2a4b8f0d1e77
   sluice dead retry --dry-run --all
   sluice dead retry 1042 1043
   sluice dead retry --consumer billing 6f1c9a1e-0c1e-4c53-9f5b-2a4b8f0d1e77`,
@@ -230,7 +319,7 @@ Fix the cause (the last error says what it was), then retry them.`,
 			return usagef("missing subcommand: list or retry (see 'sluice dead --help')")
 		},
 	}
-	cmd.AddCommand(a.deadListCommand(), a.deadRetryCommand())
+	cmd.AddCommand(a.deadListCommand(), a.deadShowCommand(), a.deadRetryCommand())
 	return cmd
 }
 
@@ -241,10 +330,10 @@ func (a *app) deadListCommand() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "list",
-		Short: "Show quarantined outbox rows and parked inbox rows with their last error",
+		Short: "Show quarantined outbox rows, parked inbox rows and consumer dead letters with their last error",
 		Example: `  sluice dead list
   sluice dead list --consumer billing --limit 20
-  sluice dead list --json`,
+  sluice dead list --applied --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if opts.Limit < 1 {
@@ -266,8 +355,9 @@ func (a *app) deadListCommand() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&opts.Consumer, "consumer", "", "show only this inbox consumer's parked rows (and no outbox rows)")
+	cmd.Flags().StringVar(&opts.Consumer, "consumer", "", "show only this inbox consumer's parked rows and dead letters (and no outbox rows)")
 	cmd.Flags().IntVar(&opts.Limit, "limit", 100, "most rows of each kind to show")
+	cmd.Flags().BoolVar(&opts.Applied, "applied", false, "list dead letters the inbox applied since too")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }
@@ -287,9 +377,13 @@ func printDeadListJSON(w io.Writer, list DeadList) error {
 		BlockedBehind int64     `json:"blocked_behind"`
 	}
 	doc := struct {
-		Outbox []row               `json:"outbox_quarantined"`
-		Inbox  []inbox.ParkedEvent `json:"inbox_parked"`
-	}{Outbox: []row{}, Inbox: list.Parked}
+		Outbox      []row               `json:"outbox_quarantined"`
+		Inbox       []inbox.ParkedEvent `json:"inbox_parked"`
+		DeadLetters []inbox.DeadLetter  `json:"inbox_dead_letters"`
+	}{Outbox: []row{}, Inbox: list.Parked, DeadLetters: list.DeadLetters}
+	if doc.DeadLetters == nil {
+		doc.DeadLetters = []inbox.DeadLetter{}
+	}
 	for _, q := range list.Quarantined {
 		doc.Outbox = append(doc.Outbox, row{q.ID, q.EventID.String(), q.Topic, q.EventType, q.PartitionKey, q.Attempts,
 			q.LastError, q.CreatedAt, q.QuarantinedAt, q.BlockedBehind})
@@ -329,21 +423,123 @@ func printDeadList(w io.Writer, list DeadList, withOutbox bool) {
 		_ = tw.Flush()
 		fmt.Fprintln(w, "retry: sluice dead retry --consumer NAME MESSAGE_ID... (or --all)")
 	}
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "Consumer dead letters: %d\n", len(list.DeadLetters))
+	if len(list.DeadLetters) > 0 {
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "CONSUMER\tKEY\tTYPE\tSOURCE\tATTEMPTS\tSTATE\tLAST FAILED\tCLASS\tLAST ERROR")
+		for _, d := range list.DeadLetters {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", d.Consumer, d.Key, orDash(d.EventType), d.Source, d.Attempts,
+				d.State, d.LastFailedAt.UTC().Format(time.RFC3339), d.ErrorClass, clip(d.Error, 100))
+		}
+		_ = tw.Flush()
+		fmt.Fprintln(w, "show: sluice dead show --consumer NAME KEY; retry: sluice dead retry --consumer NAME KEY... (or --all)")
+	}
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func (a *app) deadShowCommand() *cobra.Command {
+	var (
+		consumer string
+		asJSON   bool
+	)
+	cmd := &cobra.Command{
+		Use:   "show --consumer NAME KEY",
+		Short: "Show one consumer dead letter: its error chain, payload, headers and where it came from",
+		Example: `  sluice dead show --consumer billing 6f1c9a1e-0c1e-4c53-9f5b-2a4b8f0d1e77
+  sluice dead show --consumer billing --json 6f1c9a1e-0c1e-4c53-9f5b-2a4b8f0d1e77`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if consumer == "" {
+				return usagef("--consumer is required: the inbox consumer the dead letter belongs to")
+			}
+			ctx := cmd.Context()
+			pool, err := a.db(ctx)
+			if err != nil {
+				return err
+			}
+			found, err := inbox.ListDeadLetters(ctx, pool, inbox.DeadLetterFilter{Consumer: consumer, Keys: args, IncludeApplied: true, Limit: 1})
+			if err != nil {
+				return err
+			}
+			if len(found) == 0 {
+				return fmt.Errorf("no dead letter %q of consumer %q (sluice dead list --consumer %s --applied lists them)", args[0], consumer, consumer)
+			}
+			if asJSON {
+				enc := json.NewEncoder(a.io.Out)
+				enc.SetIndent("", "  ")
+				return enc.Encode(found[0])
+			}
+			printDeadLetter(a.io.Out, found[0])
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&consumer, "consumer", "", "the inbox consumer (required)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+// printDeadLetter prints one dead letter as `sluice dead show` does.
+func printDeadLetter(w io.Writer, d inbox.DeadLetter) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	at := func(t *time.Time) string {
+		if t == nil {
+			return "-"
+		}
+		return t.UTC().Format(time.RFC3339)
+	}
+	receives := "-"
+	if d.ReceiveCount > 0 {
+		receives = fmt.Sprint(d.ReceiveCount)
+	}
+	for _, kv := range [][2]string{
+		{"Consumer", d.Consumer}, {"Key", d.Key}, {"Message id", orDash(d.MessageID)}, {"Event type", orDash(d.EventType)},
+		{"Group", orDash(d.GroupID)}, {"State", string(d.State)}, {"Source", d.Source}, {"Source name", orDash(d.SourceName)},
+		{"Position", orDash(d.SourcePosition)}, {"Receive count", receives}, {"Attempts", fmt.Sprint(d.Attempts)},
+		{"First failed", d.FirstFailedAt.UTC().Format(time.RFC3339)}, {"Last failed", d.LastFailedAt.UTC().Format(time.RFC3339)},
+		{"Dead since", at(d.DeadAt)}, {"Retried", at(d.RetriedAt)}, {"Error class", d.ErrorClass}, {"Error", oneLine(d.Error)},
+	} {
+		fmt.Fprintf(tw, "%s:\t%s\n", kv[0], kv[1])
+	}
+	_ = tw.Flush()
+	fmt.Fprintln(w, "Error chain (outermost first):")
+	for i, l := range d.ErrorChain {
+		fmt.Fprintf(w, "  %d. %s: %s\n", i+1, l.Type, oneLine(l.Text))
+	}
+	if len(d.Headers) > 0 {
+		fmt.Fprintln(w, "Headers:")
+		for _, k := range slices.Sorted(maps.Keys(d.Headers)) {
+			fmt.Fprintf(w, "  %s: %s\n", k, d.Headers[k])
+		}
+	}
+	fmt.Fprintln(w, "Payload:")
+	fmt.Fprintln(w, d.Payload)
 }
 
 func (a *app) deadRetryCommand() *cobra.Command {
 	var opts DeadRetryOptions
 	cmd := &cobra.Command{
-		Use:   "retry [--all | ID... | --consumer NAME MESSAGE_ID...]",
-		Short: "Release quarantined outbox rows or parked inbox rows for another attempt",
+		Use:   "retry [--all | ID... | --consumer NAME KEY...]",
+		Short: "Release quarantined outbox rows, parked inbox rows or dead letters for another attempt",
 		Long: `Release rows for another attempt with a fresh attempt count.
 
   sluice dead retry ID...                        outbox rows, by id (see sluice dead list)
-  sluice dead retry --consumer NAME MESSAGE_ID... parked inbox rows of one consumer
-  sluice dead retry --all                        every quarantined outbox row and parked inbox row
-  sluice dead retry --all --consumer NAME        every parked row of one consumer
+  sluice dead retry --consumer NAME KEY...       parked inbox rows or dead letters of one consumer
+  sluice dead retry --all                        every quarantined outbox row, parked inbox row and dead letter
+  sluice dead retry --all --consumer NAME        every parked row and dead letter of one consumer
 
-Every id given must be quarantined (or parked); otherwise nothing is changed. --dry-run shows what
+Every id given must be quarantined (or parked, or a dead letter); otherwise nothing is changed.
+A dead letter is stored in the inbox for the consumer's processor (its schedule in the CDK
+stack, or the inbox.Processor you run), which applies it once with the consumer's handlers: its
+inbox key is taken, so a copy redriven from the DLQ is a duplicate. --all passes over dead
+letters that are still being retried by their source, and those that cannot go through the
+inbox (a record that could not be parsed, a payload never fetched from S3). --dry-run shows what
 would be retried and changes nothing.`,
 		Example: `  sluice dead retry --dry-run --all
   sluice dead retry 1042 1043
@@ -371,7 +567,7 @@ would be retried and changes nothing.`,
 			return err
 		},
 	}
-	cmd.Flags().StringVar(&opts.Consumer, "consumer", "", "retry parked inbox rows of this consumer (ids are then message ids)")
+	cmd.Flags().StringVar(&opts.Consumer, "consumer", "", "retry parked inbox rows and dead letters of this consumer (ids are then message ids)")
 	cmd.Flags().BoolVar(&opts.All, "all", false, "retry every quarantined/parked row (narrowed by --consumer)")
 	cmd.Flags().BoolVar(&opts.DryRun, "dry-run", false, "show what would be retried; change nothing")
 	return cmd
@@ -396,14 +592,26 @@ func printDeadRetry(w io.Writer, res DeadRetryResult, dryRun, completed bool) {
 		}
 	}
 	if res.InboxChosen {
-		if len(res.Inbox) == 0 {
-			fmt.Fprintln(w, "no parked inbox rows to retry")
+		if len(res.Inbox) == 0 && len(res.DeadLetters) == 0 {
+			fmt.Fprintln(w, "no parked inbox rows or dead letters to retry")
 		}
 		for _, p := range res.Inbox {
 			fmt.Fprintf(w, "%s inbox row %s/%s (%s)\n", verb, p.Consumer, p.MessageID, p.EventType)
 		}
 		if released && len(res.Inbox) > 0 {
 			fmt.Fprintf(w, "released %d parked inbox rows for the processor\n", res.InboxReleased)
+		}
+		for _, d := range res.DeadLetters {
+			fmt.Fprintf(w, "%s dead letter %s/%s (%s)\n", verb, d.Consumer, d.Key, orDash(d.EventType))
+		}
+		for _, d := range res.Unretryable {
+			fmt.Fprintf(w, "cannot retry dead letter %s/%s through the inbox (%s): redrive its source's copy once the cause is fixed\n", d.Consumer, d.Key, d.ErrorClass)
+		}
+		if released && len(res.Stored) > 0 {
+			fmt.Fprintf(w, "stored %d dead letters for the consumer's processor: %s\n", len(res.Stored), strings.Join(res.Stored, ", "))
+		}
+		if len(res.InInbox) > 0 {
+			fmt.Fprintf(w, "already in the inbox, nothing to do (applied or waiting): %s\n", strings.Join(res.InInbox, ", "))
 		}
 	}
 }
