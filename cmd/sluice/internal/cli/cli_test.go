@@ -328,7 +328,7 @@ func TestPurgeKeepsWhatRetentionNeeds(t *testing.T) {
 
 	out = b.ok(t, "purge", "--older-than", "15d", "--queue", queueURL, "--batch-size", "1", "--yes")
 	require.Contains(t, out, "deleted 0 published outbox rows")
-	require.Contains(t, out, "deleted 1 processed inbox rows older than 15d")
+	require.Contains(t, out, "deleted 1 processed inbox rows and dead letters older than 15d")
 	require.Equal(t, 2, b.count(t, "SELECT count(*) FROM outbox_event"))
 	require.Equal(t, 2, b.count(t, "SELECT count(*) FROM inbox_event"))
 	require.Equal(t, 0, b.count(t, "SELECT count(*) FROM inbox_event WHERE message_id = 'old'"))

@@ -110,7 +110,7 @@ Durations: Go durations plus a day suffix (36h, 7d, 30d).`,
 				fmt.Fprintf(a.io.Out, "deleted %d published outbox rows older than %s\n", res.OutboxDeleted, FormatDuration(opts.OlderThan))
 			}
 			if res.InboxPurged || res.InboxDeleted > 0 {
-				fmt.Fprintf(a.io.Out, "deleted %d processed inbox rows older than %s\n", res.InboxDeleted, FormatDuration(opts.OlderThan))
+				fmt.Fprintf(a.io.Out, "deleted %d processed inbox rows and dead letters older than %s\n", res.InboxDeleted, FormatDuration(opts.OlderThan))
 			}
 			return err
 		},
