@@ -48,6 +48,12 @@ type RelaySettings struct {
 	PollInterval time.Duration
 	// RescanInterval is how often a relay walks every pending partition key. Defaults to 1s.
 	RescanInterval time.Duration
+	// IdleStop is the idle mode, for quiet outboxes: an invocation ends once it has claimed
+	// nothing for this long, instead of polling until its timeout, so an idle outbox costs one
+	// short invocation per schedule period; the first event after a quiet spell then waits up
+	// to one period (a minute) for the next invocation. Under traffic nothing changes.
+	// Defaults to 0: each invocation polls until SLUICE_RELAY_STOP_BEFORE ahead of its timeout.
+	IdleStop time.Duration
 }
 
 // environment returns the variable of each non-zero field of s (outbox.RelaySetting of the

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -95,6 +96,13 @@ type RelayConfig struct {
 	// whose backoff ended, rows made pending again by hand. A walk that takes long is spaced
 	// out further. Defaults to 1s.
 	RescanInterval time.Duration
+	// IdleStop makes Run return once no round is in flight and none has claimed a row for this
+	// long (since Run started or since the last round that claimed rows ended): for a relay a
+	// schedule starts again, so that a quiet outbox costs one short run per schedule period,
+	// while under traffic it keeps publishing as before. The first event after a quiet spell
+	// then waits for the next start (up to one schedule period). Defaults to 0: Run polls until
+	// ctx ends.
+	IdleStop time.Duration
 	// MetricsInterval is how often Run emits the heartbeat and lag metrics. Defaults to 30s.
 	MetricsInterval time.Duration
 	// Metrics receives Embedded Metric Format lines (a Lambda passes os.Stdout): a shorthand
@@ -220,6 +228,8 @@ type Relay struct {
 	// largest message the relay reads into memory to publish (or to store, with a claim check).
 	limits    map[string]Limits
 	readBytes int
+	// rounds counts the rounds in flight (IdleStop).
+	rounds atomic.Int64
 }
 
 // bookCapacity bounds the keys a relay schedules at once; the rest wait for a later sweep.
@@ -345,8 +355,10 @@ func (r *Relay) RunOnce(ctx context.Context) (Stats, error) {
 
 // Run relays until ctx ends: it walks every pending key, then publishes what is due while
 // polling for new rows every PollInterval and walking all pending keys every RescanInterval.
-// Database errors are logged and retried; Run returns nil when ctx ends.
+// Database errors are logged and retried; Run returns nil when ctx ends, or when it was idle
+// for IdleStop (when set).
 func (r *Relay) Run(ctx context.Context) error {
+	ctx, claimed := r.stopWhenIdle(ctx)
 	for ctx.Err() == nil {
 		err := r.watch.start(ctx)
 		if err == nil {
@@ -386,6 +398,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		}()
 	}
 	_, _ = r.pipelinesReporting(ctx, false, func(s Stats) {
+		claimed(s)
 		mu.Lock()
 		window.add(s)
 		mu.Unlock()
@@ -395,6 +408,38 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.emitMetrics(context.WithoutCancel(ctx), window)
 	}
 	return nil
+}
+
+// stopWhenIdle returns ctx, or with IdleStop a context that ends once no round is in flight and
+// none claimed a row for IdleStop, and the function Run reports each round's stats to.
+func (r *Relay) stopWhenIdle(ctx context.Context) (context.Context, func(Stats)) {
+	if r.cfg.IdleStop <= 0 {
+		return ctx, func(Stats) {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var last atomic.Int64 // unix nanoseconds of Run's start or of the last round that claimed rows
+	last.Store(time.Now().UnixNano())
+	go func() {
+		defer cancel()
+		t := time.NewTicker(min(r.cfg.PollInterval, r.cfg.IdleStop))
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case now := <-t.C:
+				if r.rounds.Load() == 0 && now.Sub(time.Unix(0, last.Load())) >= r.cfg.IdleStop {
+					r.log.Info("relay idle; stopping until its next start", "idle_stop", r.cfg.IdleStop.String())
+					return
+				}
+			}
+		}
+	}()
+	return ctx, func(s Stats) {
+		if s.Claimed > 0 {
+			last.Store(time.Now().UnixNano())
+		}
+	}
 }
 
 func sleep(ctx context.Context, d time.Duration) {
@@ -427,6 +472,7 @@ func (r *Relay) pipelinesReporting(ctx context.Context, untilIdle bool, report f
 		if report != nil {
 			report(st)
 		}
+		r.rounds.Add(-1)
 		mu.Lock()
 		defer mu.Unlock()
 		busy--
@@ -459,6 +505,7 @@ func (r *Relay) pipelinesReporting(ctx context.Context, untilIdle bool, report f
 				r.dests.abandoned(dest)
 				continue
 			}
+			r.rounds.Add(1)
 			mu.Lock()
 			busy++
 			mu.Unlock()
@@ -503,6 +550,7 @@ func (r *Relay) pipelinesReporting(ctx context.Context, untilIdle bool, report f
 					mu.Unlock()
 					continue
 				}
+				r.rounds.Add(1)
 				mu.Lock()
 				busy++
 				mu.Unlock()

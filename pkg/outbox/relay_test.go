@@ -321,6 +321,35 @@ func TestRunFindsNewRowsByPollingWithoutATrigger(t *testing.T) {
 	b.rec.requireKeyOrder(t)
 }
 
+// With IdleStop, Run publishes while rows keep coming and returns by itself once the outbox
+// is quiet, losing nothing: what it left (a row committed as it stopped) the next start takes.
+func TestRunStopsWhenIdle(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := b.relay(t, func(c *outbox.RelayConfig) { c.IdleStop = 2 * time.Second })
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }() // no deadline: only idleness ends it
+	const batches = 10
+	for range batches {
+		b.write(t, 5, 5)
+		time.Sleep(100 * time.Millisecond)
+	}
+	w := testwait.Watch[int](t, "Run returned by itself once idle")
+	for returned := false; !returned; {
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+			returned = true
+		case <-time.After(100 * time.Millisecond):
+			w.Check(b.rec.count())
+		}
+	}
+	_, err := b.relay(t).RunOnce(context.Background()) // the next start
+	require.NoError(t, err)
+	require.Equal(t, 5*batches, b.rec.count(), "every row published once")
+	b.rec.requireKeyOrder(t)
+}
+
 // A row whose transaction commits after later rows were published (its id below the relay's
 // frontier) is found by the poll's watch of missing ids, not only by the next rescan.
 func TestRunFindsALateCommitBelowItsFrontier(t *testing.T) {
