@@ -66,9 +66,7 @@ func PurgeOutboxRows(ctx context.Context, db Querier, table string, cutoff time.
 // partitioned one) processed longer than olderThan ago, of consumer ("" for all), batch rows per
 // statement, calling progress (when set) after each statement with the rows deleted so far.
 func PurgeInboxRows(ctx context.Context, db Querier, table string, olderThan time.Duration, consumer string, batch int, progress func(int64)) (int64, error) {
-	var total int64
-	for {
-		tag, err := db.Exec(ctx, `
+	return deleteInBatches(ctx, db, "purge inbox", `
 DELETE FROM `+table+`
 WHERE (consumer, message_id) IN (
     SELECT consumer, message_id FROM `+table+`
@@ -77,9 +75,30 @@ WHERE (consumer, message_id) IN (
       AND ($2 = '' OR consumer = $2)
     ORDER BY processed_at
     LIMIT $3
-    FOR UPDATE SKIP LOCKED)`, olderThan.Seconds(), consumer, batch)
+    FOR UPDATE SKIP LOCKED)`, batch, progress, olderThan.Seconds(), consumer, batch)
+}
+
+// PurgeDeadLetters deletes the consumers' dead letters (inbox_dead_letter) of consumer ("" for
+// all) whose last failure is older than olderThan, batch rows per statement.
+func PurgeDeadLetters(ctx context.Context, db Querier, olderThan time.Duration, consumer string, batch int) (int64, error) {
+	return deleteInBatches(ctx, db, "purge dead letters", `
+DELETE FROM inbox_dead_letter
+WHERE (consumer, record_key) IN (
+    SELECT consumer, record_key FROM inbox_dead_letter
+    WHERE last_failed_at < now() - make_interval(secs => $1::float8) AND ($2 = '' OR consumer = $2)
+    ORDER BY last_failed_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED)`, batch, nil, olderThan.Seconds(), consumer, batch)
+}
+
+// deleteInBatches runs stmt, a DELETE of at most batch rows, until one deletes fewer (or ctx
+// ends between two), calling progress (when set) after each with the rows deleted so far.
+func deleteInBatches(ctx context.Context, db Querier, what, stmt string, batch int, progress func(int64), args ...any) (int64, error) {
+	var total int64
+	for {
+		tag, err := db.Exec(ctx, stmt, args...)
 		if err != nil {
-			return total, fmt.Errorf("purge inbox: %w", err)
+			return total, fmt.Errorf("%s: %w", what, err)
 		}
 		total += tag.RowsAffected()
 		if progress != nil {

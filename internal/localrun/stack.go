@@ -123,7 +123,7 @@ func StartStack(ctx context.Context, o StackOptions) (*Stack, error) {
 	s.Relay, s.Consumer, err = startFunctions(ctx, functionsOptions{RIE: o.RIE, BinDir: o.BinDir, DatabaseURL: o.DatabaseURL,
 		Topics: string(topics), RelayEnv: append(awsEnv(o.RelaySNSEndpoint), o.RelayEnv...),
 		// The consumer knows the queue's last receive, as the CDK construct tells it.
-		ConsumerEnv: append(append(awsEnv(o.Endpoint), consumerMaxReceiveCount+"="+strconv.Itoa(o.MaxReceiveCount)), o.ConsumerEnv...),
+		ConsumerEnv:  append(append(awsEnv(o.Endpoint), consumerMaxReceiveCount+"="+strconv.Itoa(o.MaxReceiveCount)), o.ConsumerEnv...),
 		RelayTimeout: o.RelayTimeout, RelayInstances: o.RelayInstances, ConsumerInstances: o.ConsumerInstances, ConsumerName: o.ConsumerName, Log: o.Log})
 	if err != nil {
 		return nil, err

@@ -199,7 +199,7 @@ func Purge(ctx context.Context, db Querier, olderThan time.Duration, opts *Purge
 	if o.BatchSize, err = admin.PurgeBatch(o.BatchSize); err != nil {
 		return 0, fmt.Errorf("%w: purge inbox: %w", ErrInvalidArgument, err)
 	}
-	letters, err := purgeDeadLetters(ctx, db, olderThan, o.Consumer, o.BatchSize)
+	letters, err := admin.PurgeDeadLetters(ctx, db, olderThan, o.Consumer, o.BatchSize)
 	if err != nil {
 		return letters, fmt.Errorf("purge inbox: %w", err)
 	}

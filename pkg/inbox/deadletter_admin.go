@@ -263,26 +263,3 @@ func missingKeys[T any](keys []string, found []T, key func(T) string) []string {
 	}
 	return out
 }
-
-// purgeDeadLetters deletes the dead letters of consumer ("" for all) whose last failure is older
-// than olderThan, batch rows per statement, and returns how many.
-func purgeDeadLetters(ctx context.Context, db Querier, olderThan time.Duration, consumer string, batch int) (int64, error) {
-	var total int64
-	for {
-		tag, err := db.Exec(ctx, `
-DELETE FROM inbox_dead_letter
-WHERE (consumer, record_key) IN (
-    SELECT consumer, record_key FROM inbox_dead_letter
-    WHERE last_failed_at < now() - make_interval(secs => $1::float8) AND ($2 = '' OR consumer = $2)
-    ORDER BY last_failed_at
-    LIMIT $3
-    FOR UPDATE SKIP LOCKED)`, olderThan.Seconds(), consumer, batch)
-		if err != nil {
-			return total, fmt.Errorf("purge dead letters: %w", err)
-		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < int64(batch) || ctx.Err() != nil {
-			return total, ctx.Err()
-		}
-	}
-}
