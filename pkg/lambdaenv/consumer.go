@@ -46,8 +46,9 @@ const (
 	DefaultConsumerStreamMaxAttempts = inbox.DefaultStreamMaxAttempts
 )
 
-// ProcessorMaxAttempts is the asynchronous inbox processor's attempts before it parks a row
-// (inbox.ProcessorConfig.MaxAttempts). Defaults to inbox.DefaultMaxAttempts.
+// ProcessorMaxAttempts is the inbox processor's attempts before it parks a row (an async
+// consumer's stored message or a retried dead letter; inbox.ProcessorConfig.MaxAttempts).
+// Defaults to inbox.DefaultMaxAttempts.
 const ProcessorMaxAttempts = "SLUICE_PROCESSOR_MAX_ATTEMPTS"
 
 // ConsumerConfig builds a consumer Lambda's inbox configuration from the environment (without
@@ -55,8 +56,9 @@ const ProcessorMaxAttempts = "SLUICE_PROCESSOR_MAX_ATTEMPTS"
 // the deadline margin, whether payloads are stored and its source's attempts (which mark a
 // dead letter dead). Every consumer Lambda reads it, so they
 // cannot differ; the CDK constructs validate their props with it. Every problem is reported at
-// once, each naming its variable. In the async mode the Lambda only stores each message; the
-// same function applies the stored rows when its schedule invokes it (ProcessorConfig).
+// once, each naming its variable. In the async mode the Lambda only stores each message; in
+// every mode the same function applies the stored rows (the async mode's, retried dead letters)
+// when its schedule invokes it (ProcessorConfig).
 func ConsumerConfig(getenv Getenv) (inbox.ConsumerConfig, error) {
 	cfg := inbox.ConsumerConfig{
 		Mode:              DefaultConsumerCommitMode,
@@ -119,11 +121,11 @@ func ConsumerConfig(getenv Getenv) (inbox.ConsumerConfig, error) {
 	return cfg, nil
 }
 
-// ProcessorConfig builds the asynchronous inbox processor's configuration from the environment
+// ProcessorConfig builds the inbox processor's configuration from the environment
 // (without Router, Logger and Metrics, which are code): the consumer whose stored rows it
 // applies (SLUICE_CONSUMER_NAME, required) and its attempts before parking a row
-// (SLUICE_PROCESSOR_MAX_ATTEMPTS). The consumer Lambda in async mode and examples/processor
-// both read it.
+// (SLUICE_PROCESSOR_MAX_ATTEMPTS). The consumer Lambda (its scheduled invocations, in every
+// commit mode) and examples/processor both read it.
 func ProcessorConfig(getenv Getenv) (inbox.ProcessorConfig, error) {
 	var cfg inbox.ProcessorConfig
 	var errs []error
