@@ -134,7 +134,7 @@ func TestConnectionBudgetFailsSynthWithTheArithmetic(t *testing.T) {
 		consumer("audit", proxy, roles[1]) // the same proxy: its share is booked once
 		return nil
 	}
-	// 2 + 6×4 + 10×4 = 66 < 100 − 10.
+	// 2 + 6×4 + 10×4 + 1×4 (the processor schedule) = 70 < 100 − 10.
 	require.NoError(t, build(4, 6, 0))
 	// 2 + 6×8 + 10×8 = 130 ≥ 90: the consumer tips it over.
 	err := build(8, 6, 0)
@@ -145,6 +145,12 @@ func TestConnectionBudgetFailsSynthWithTheArithmetic(t *testing.T) {
 	} {
 		require.Contains(t, err.Error(), want)
 	}
+	// Every consumer's processor schedule is booked, whatever its commit mode (this one is
+	// per-record): 2 + 11×4 + 10×4 = 86 fits, its 1 × 4 makes 90.
+	err = build(4, 11, 0)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "consumer billing processor 1 (overlapping scheduled invocations) × 4 (pool) = 4")
+	require.Contains(t, err.Error(), "total 90, but max_connections 100 − 10 reserved = 90")
 	// Exactly at the budget is already too much: 2 + 88 relays × 1.
 	err = build(1, 88, 0)
 	require.ErrorContains(t, err, "total 90, but max_connections 100 − 10 reserved = 90")

@@ -37,8 +37,9 @@ const (
 	// CommitBatched commits a batch's records together, falling back per record on failure.
 	CommitBatched = "batched"
 	// CommitAsync stores each message in inbox_event and acknowledges it; the same function,
-	// invoked every minute by a schedule the construct adds, is the inbox Processor that applies
-	// the stored rows with the same handlers (retrying, parking a row after its attempts).
+	// invoked every minute by the schedule the construct adds to every consumer, is the inbox
+	// Processor that applies the stored rows with the same handlers (retrying, parking a row
+	// after its attempts), running until shortly before its deadline.
 	CommitAsync = "async"
 )
 
@@ -105,9 +106,12 @@ type ConsumerProps struct {
 	// to 100, RDS Proxy's own default; set it to the proxy's value.
 	ProxyMaxConnectionsPercent int
 	// CommitMode is CommitPerRecord, CommitBatched or CommitAsync (SLUICE_CONSUMER_COMMIT_MODE).
-	// With CommitAsync the construct also schedules the function every minute to run the inbox
-	// Processor (ProcessorSchedule), books those invocations' connections, and the monitoring
-	// alarms on parked rows. Defaults to the consumer's default (per-record).
+	// In every mode the construct schedules the function every minute to run the inbox
+	// Processor (ProcessorSchedule) and books those invocations' connections, and the
+	// monitoring alarms on parked rows: `sluice dead retry` stores a dead letter as an async
+	// row, which the processor applies. With CommitAsync each scheduled invocation runs until
+	// shortly before its deadline; in the other modes it applies what is ready and returns.
+	// Defaults to the consumer's default (per-record).
 	CommitMode string
 	// DeadlineMargin: a record is not started when the invocation's deadline is nearer; it comes
 	// back from SQS instead (SLUICE_CONSUMER_DEADLINE_MARGIN). Negative disables the check.
@@ -139,7 +143,9 @@ type ConsumerProps struct {
 	// VisibilityTimeout is the queue's visibility timeout; at least VisibilityTimeoutFactor ×
 	// Timeout. Defaults to VisibilityTimeoutFactor × Timeout + MaxBatchingWindow.
 	VisibilityTimeout time.Duration
-	// MaxReceiveCount is how many receives a message gets before it moves to the DLQ. Defaults to 5.
+	// MaxReceiveCount is how many receives a message gets before it moves to the DLQ; the
+	// consumer marks a message's dead letter dead when its last receive fails
+	// (SLUICE_CONSUMER_MAX_RECEIVE_COUNT). Defaults to 5.
 	MaxReceiveCount int
 	// BatchSize is the event source mapping's batch size: 1..10 (FIFO) or 1..10000 (standard;
 	// above 10 needs a batching window). Defaults to 10.
@@ -197,8 +203,9 @@ type Consumer interface {
 	// Rule is the EventBridge rule sending a bus's events to Queue; nil without an EventBridge
 	// source.
 	Rule() awsevents.CfnRule
-	// ProcessorSchedule is the rule invoking Function every minute to apply the stored rows of
-	// an async consumer (CommitAsync); nil in the other commit modes.
+	// ProcessorSchedule is the rule invoking Function every minute to apply the consumer's
+	// stored rows: an async consumer's messages (CommitAsync) and, in every commit mode, the
+	// dead letters `sluice dead retry` stored.
 	ProcessorSchedule() awsevents.Rule
 }
 
@@ -452,11 +459,11 @@ func NewConsumer(scope constructs.Construct, id string, props *ConsumerProps) Co
 	case p.Migrations != nil:
 		p.Migrations.UseConnections(fmt.Sprintf("consumer %s %d (maximum concurrency) × %d (pool)", p.Name, p.MaxConcurrency, p.Database.maxConns()),
 			p.MaxConcurrency*p.Database.maxConns())
-		if p.CommitMode == CommitAsync {
-			overlap := minutesCeil(p.Timeout)
-			p.Migrations.UseConnections(fmt.Sprintf("consumer %s processor %d (overlapping scheduled invocations) × %d (pool)", p.Name, overlap, p.Database.maxConns()),
-				overlap*p.Database.maxConns())
-		}
+		// The processor schedule's invocations, in every commit mode (an async one's run
+		// until their deadline and overlap; the others' usually end at once, booked the same).
+		overlap := minutesCeil(p.Timeout)
+		p.Migrations.UseConnections(fmt.Sprintf("consumer %s processor %d (overlapping scheduled invocations) × %d (pool)", p.Name, overlap, p.Database.maxConns()),
+			overlap*p.Database.maxConns())
 	default:
 		awscdk.Annotations_Of(this).AddWarningV2(jsii.String("sluice:consumerUsesDatabaseSecret"), jsii.String(
 			"UseDatabaseSecret: the consumer's handler code logs in with Database.Secret, not a role of its own; set Migrations to give it one"), nil)
@@ -494,19 +501,19 @@ func NewConsumer(scope constructs.Construct, id string, props *ConsumerProps) Co
 	if m, ok := p.Migrations.(*migrations); ok {
 		m.audit(p.Name)
 	}
-	if p.CommitMode == CommitAsync {
-		// The same function is the inbox Processor: each scheduled invocation applies stored
-		// rows until shortly before its deadline (lambdas/consumer). Invocations overlap, as the
-		// relay's do; rows are claimed with SKIP LOCKED, so they share the work.
-		c.process = awsevents.NewRule(this, jsii.String("ProcessorSchedule"), &awsevents.RuleProps{
-			Description: jsii.String("Starts the inbox processor of async consumer " + p.Name + " every minute; invocations overlap."),
-			Schedule:    awsevents.Schedule_Rate(awscdk.Duration_Minutes(jsii.Number(1))),
-			Targets: &[]awsevents.IRuleTarget{awseventstargets.NewLambdaFunction(c.fn, &awseventstargets.LambdaFunctionProps{
-				RetryAttempts: jsii.Number(0),
-				MaxEventAge:   awscdk.Duration_Minutes(jsii.Number(1)),
-			})},
-		})
-	}
+	// The same function is the inbox Processor, in every commit mode: each scheduled invocation
+	// applies the consumer's stored rows (lambdas/consumer): an async consumer's until shortly
+	// before its deadline, the others' (dead letters `sluice dead retry` stored) once.
+	// Invocations may overlap, as the relay's do; rows are claimed with SKIP LOCKED, so they
+	// share the work.
+	c.process = awsevents.NewRule(this, jsii.String("ProcessorSchedule"), &awsevents.RuleProps{
+		Description: jsii.String("Starts the inbox processor of consumer " + p.Name + " every minute (stored rows: async messages, retried dead letters)."),
+		Schedule:    awsevents.Schedule_Rate(awscdk.Duration_Minutes(jsii.Number(1))),
+		Targets: &[]awsevents.IRuleTarget{awseventstargets.NewLambdaFunction(c.fn, &awseventstargets.LambdaFunctionProps{
+			RetryAttempts: jsii.Number(0),
+			MaxEventAge:   awscdk.Duration_Minutes(jsii.Number(1)),
+		})},
+	})
 	suppressLambdaFindings(c.fn)
 	c.guardDeadLetterQueues(&p)
 	if c.subDLQ != nil {

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/assertions"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/infra"
+	"github.com/sluicehq/sluice/pkg/lambdaenv"
 )
 
 // costTable returns docs/deploy.md's section on what the example stack costs.
@@ -77,6 +79,21 @@ func TestCostTableIsTheStacksOwnSettings(t *testing.T) {
 	} {
 		require.Contains(t, doc, want, "the cost table must say what the stack synthesizes")
 	}
+	// Every consumer's processor schedule: one invocation a minute (43,200 in 30 days); an
+	// async one runs until its deadline margin.
+	consumerID := ""
+	for id, r := range resources(tmpl, "AWS::Lambda::Function") {
+		if isConsumer(props(r)) {
+			consumerID = id
+		}
+	}
+	schedule := one(tmpl, "AWS::Events::Rule", func(p map[string]any) bool {
+		return strings.Contains(fmt.Sprint(p["Targets"]), consumerID)
+	})
+	require.Equal(t, "rate(1 minute)", schedule["ScheduleExpression"])
+	require.Contains(t, doc, "`rate(1 minute)`: 43,200 invocations", "30 × 24 × 60 scheduled invocations")
+	runs := time.Duration(consumer["Timeout"].(float64))*time.Second - lambdaenv.DefaultConsumerDeadlineMargin
+	require.Contains(t, doc, fmt.Sprintf("until its deadline margin, %.0f s", runs.Seconds()))
 	require.Equal(t, "db.t4g.small", db["DBInstanceClass"])
 	require.Equal(t, true, db["MultiAZ"])
 	interfaces := 0

@@ -209,6 +209,8 @@ func TestKinesisDestination(t *testing.T) {
 	tmpl.ResourceCountIs(jsii.String("AWS::SQS::Queue"), jsii.Number(1)) // the DLQ of failure records only
 	consumerFn := resources(tmpl, "AWS::Lambda::Function")[*s.GetLogicalId(s.Consumer().Function().Node().DefaultChild().(awscdk.CfnElement))]
 	require.Equal(t, 5.0, props(consumerFn)["ReservedConcurrentExecutions"], "MaxConcurrency caps a stream consumer")
+	require.Equal(t, "11", env(consumerFn)[lambdaenv.ConsumerStreamMaxAttempts], "the mapping's 10 retries + 1: the last marks a dead letter dead")
+	require.NotContains(t, env(consumerFn), lambdaenv.ConsumerMaxReceiveCount, "no queue")
 	consumerGrants := statements(tmpl, refID(props(consumerFn)["Role"]))
 	require.Contains(t, consumerGrants, "kinesis:GetRecords")
 	require.Contains(t, consumerGrants, "sqs:SendMessage", "the mapping sends failure records to the DLQ")
@@ -289,6 +291,7 @@ func TestMskDestination(t *testing.T) {
 	require.Contains(t, fmt.Sprint(consumerGrants["kafka-cluster:AlterGroup"][0]["Resource"]), "/sluice-orders")
 	require.Contains(t, fmt.Sprint(consumerGrants["kafka-cluster:ReadData"][0]["Resource"]), ":topic/")
 	require.NotContains(t, consumerGrants, "kafka-cluster:WriteData", "the consumer only reads")
+	require.Equal(t, "11", env(consumerFn)[lambdaenv.ConsumerStreamMaxAttempts], "the mapping's 10 retries + 1")
 	alarmOn(t, tmpl, "AWS/Lambda", "OffsetLag")
 	requireEndpoint(t, tmpl, "lambda")
 	requireEndpoint(t, tmpl, "sts")
@@ -355,6 +358,15 @@ func TestMixedDestinationsOnOneRelay(t *testing.T) {
 	tmpl.HasResourceProperties(jsii.String("AWS::Events::Rule"), map[string]any{
 		"EventBusName": "audit", "EventPattern": map[string]any{"source": []any{"com.example.orders"}, "detail-type": []any{"OrderCreated"}},
 	})
+	// Each consumer knows its source's last attempt: the stream mapping's retries + 1, the
+	// queue's maxReceiveCount (an EventBridge source's queue).
+	attempts := map[string][2]any{}
+	for _, fn := range resources(tmpl, "AWS::Lambda::Function") {
+		if e := env(fn); e[lambdaenv.ConsumerName] != nil {
+			attempts[e[lambdaenv.ConsumerName].(string)] = [2]any{e[lambdaenv.ConsumerStreamMaxAttempts], e[lambdaenv.ConsumerMaxReceiveCount]}
+		}
+	}
+	require.Equal(t, map[string][2]any{"clicks": {"4", nil}, "audit": {nil, "5"}}, attempts)
 }
 
 // resolveJoin evaluates the Fn::Join/Select/Split of a literal ARN, as CloudFormation would.

@@ -195,10 +195,10 @@ func TestSluiceStack(t *testing.T) {
 			"AWS::SQS::Queue":                       3, // queue, DLQ, subscription DLQ
 			"AWS::SNS::Subscription":                2, // queue, alarm e-mail
 			"AWS::Lambda::EventSourceMapping":       1,
-			"AWS::Events::Rule":                     2, // relay, partition maintenance
+			"AWS::Events::Rule":                     3, // relay, partition maintenance, consumer's processor
 			"AWS::RDS::DBInstance":                  1,
 			infra.MigrationsResourceType:            1,
-			"AWS::CloudWatch::Alarm":                19,
+			"AWS::CloudWatch::Alarm":                21,
 			"AWS::CloudWatch::Dashboard":            1,
 			"AWS::SecretsManager::Secret":           3, // master (migrations only), relay role, consumer role
 			"AWS::SecretsManager::RotationSchedule": 3,
@@ -511,7 +511,29 @@ func TestSluiceStack(t *testing.T) {
 			require.Equal(t, want, n, "%s alarms", m)
 		}
 		tmpl.HasResourceProperties(jsii.String("AWS::SNS::Subscription"), map[string]any{"Protocol": "email", "Endpoint": "oncall@example.com"})
-		require.Len(t, s.Monitoring().Alarms(), 19)
+		require.Len(t, s.Monitoring().Alarms(), 21)
+	})
+
+	t.Run("every consumer runs its processor: a schedule, alarms on dead letters and parked rows, the queue's receive count", func(t *testing.T) {
+		fnID := *s.GetLogicalId(s.Consumer().Function().Node().DefaultChild().(awscdk.CfnElement))
+		fn := resources(tmpl, "AWS::Lambda::Function")[fnID]
+		require.NotContains(t, env(fn), lambdaenv.ConsumerCommitMode, "per-record, the default")
+		require.NotNil(t, s.Consumer().ProcessorSchedule(), "retried dead letters are stored rows in every mode")
+		requireProcessorSchedule(t, tmpl, fnID)
+		requireProcessorAlarms(t, tmpl)
+		for _, a := range []string{"orders/DeadLetters", "orders/InboxParked"} {
+			require.Contains(t, s.Monitoring().Alarms(), a)
+		}
+		tmpl.HasResourceProperties(jsii.String("AWS::CloudWatch::Alarm"), map[string]any{
+			"MetricName":       metrics.InboxDeadLetters.Name,
+			"AlarmDescription": assertions.Match_StringLikeRegexp(jsii.String("sluice dead list --consumer orders")),
+		})
+		// The queue's maxReceiveCount, so that the consumer marks the last receive's failure dead.
+		tmpl.HasResourceProperties(jsii.String("AWS::SQS::Queue"), map[string]any{
+			"RedrivePolicy": map[string]any{"deadLetterTargetArn": assertions.Match_AnyValue(), "maxReceiveCount": 5.0},
+		})
+		require.Equal(t, "5", env(fn)[lambdaenv.ConsumerMaxReceiveCount])
+		require.NotContains(t, env(fn), lambdaenv.ConsumerStreamMaxAttempts, "a queue source")
 	})
 
 	t.Run("dashboard shows the commit-to-apply latency", func(t *testing.T) {

@@ -22,7 +22,7 @@ func ConsumerMetric(consumer string, m metrics.Metric, statistic string) awsclou
 	return cloudWatchMetric(m, metrics.ServiceConsumer, consumer, statistic)
 }
 
-// ProcessorMetric returns an inbox metric as the async inbox processor of the named consumer
+// ProcessorMetric returns an inbox metric as the inbox processor of the named consumer
 // emits it (dimensions Service=inbox-processor, Consumer=consumer), with the given statistic
 // over one minute.
 func ProcessorMetric(consumer string, m metrics.Metric, statistic string) awscloudwatch.Metric {

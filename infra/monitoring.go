@@ -311,6 +311,11 @@ func NewMonitoring(scope constructs.Construct, id string, props *MonitoringProps
 		depths := []awscloudwatch.IMetric{visible(c.DeadLetterQueue())}
 		alarm(n+"/DeadLetterQueueNotEmpty", fmt.Sprintf("Consumer %s: messages failed processing and are in the DLQ.", n),
 			depths[0], gt, 0, 1, notBreaching)
+		// The consumer's own record of the same: a record failed its source's last attempt and
+		// is kept in inbox_dead_letter with its error and payload.
+		alarm(n+"/DeadLetters", fmt.Sprintf("Consumer %s: records failed their source's last attempt and are kept as dead letters with their errors "+
+			"(run sluice dead list --consumer %s; sluice dead retry --consumer %s applies them again once fixed).", n, n, n),
+			ConsumerMetric(n, metrics.InboxDeadLetters, "Sum"), gt, 0, 1, notBreaching)
 		var ageThreshold *float64
 		if q := c.Queue(); q != nil {
 			queueAge := q.MetricApproximateAgeOfOldestMessage(&awscloudwatch.MetricOptions{Period: awscdk.Duration_Minutes(jsii.Number(1)), Statistic: jsii.String("Maximum")})
@@ -333,21 +338,21 @@ func NewMonitoring(scope constructs.Construct, id string, props *MonitoringProps
 			alarm(n+"/AuditMissingEvents", fmt.Sprintf("Consumer %s: published events were not applied long after their publication (sluice audit --consumer %s --since 2h names them).", n, n),
 				missing, gt, 0, 1, notBreaching)
 		}
-		if c.ProcessorSchedule() != nil {
-			// The async consumer's processor (the same function, on its schedule): its errors are
-			// the function's; a parked row is one its handlers gave up on.
-			alarm(n+"/InboxParked", fmt.Sprintf("Consumer %s: the async processor parked stored messages after their attempts (sluice dead list --consumer %s).", n, n),
-				ProcessorMetric(n, metrics.InboxParked, "Sum"), gt, 0, 1, notBreaching)
-			dash.AddWidgets(graph("Consumer "+n+": async processor applied, failures, parked", []awscloudwatch.IMetric{
-				ProcessorMetric(n, metrics.InboxProcessed, "Sum"), ProcessorMetric(n, metrics.InboxFailures, "Sum"), ProcessorMetric(n, metrics.InboxParked, "Sum"),
-			}, nil))
-		}
+		// The consumer's processor (the same function, on its schedule, in every commit mode: an
+		// async consumer's messages, retried dead letters): its errors are the function's; a
+		// parked row is one its handlers gave up on.
+		alarm(n+"/InboxParked", fmt.Sprintf("Consumer %s: the inbox processor parked stored rows (async messages or retried dead letters) after their attempts (sluice dead list --consumer %s).", n, n),
+			ProcessorMetric(n, metrics.InboxParked, "Sum"), gt, 0, 1, notBreaching)
+		dash.AddWidgets(graph("Consumer "+n+": processor applied, failures, parked", []awscloudwatch.IMetric{
+			ProcessorMetric(n, metrics.InboxProcessed, "Sum"), ProcessorMetric(n, metrics.InboxFailures, "Sum"), ProcessorMetric(n, metrics.InboxParked, "Sum"),
+		}, nil))
 
 		latency := func(stat string) awscloudwatch.IMetric { return ConsumerMetric(n, metrics.CommitToApplyLatency, stat) }
 		dash.AddWidgets(
 			graph("Consumer "+n+": commit-to-apply latency (ms)", []awscloudwatch.IMetric{latency("p50"), latency("p99"), latency("Maximum")}, nil),
-			graph("Consumer "+n+": processed, duplicates, failures", []awscloudwatch.IMetric{
+			graph("Consumer "+n+": processed, duplicates, failures, dead letters", []awscloudwatch.IMetric{
 				ConsumerMetric(n, metrics.InboxProcessed, "Sum"), ConsumerMetric(n, metrics.InboxDuplicates, "Sum"), ConsumerMetric(n, metrics.InboxFailures, "Sum"),
+				ConsumerMetric(n, metrics.InboxDeadLetters, "Sum"),
 			}, nil),
 			graph("Consumer "+n+": backlog (queue oldest message age s, iterator age ms, offset lag, failed deliveries)", backlog, ageThreshold),
 		)

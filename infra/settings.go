@@ -96,6 +96,13 @@ func consumerEnvironment(p *ConsumerProps) (map[string]string, error) {
 	if p.StorePayload { // the default is false
 		env[lambdaenv.ConsumerStorePayload] = "true"
 	}
+	// The source's attempts, always stated, so that the consumer marks a dead letter dead on
+	// the attempt after which its source gives up, whatever the inbox's defaults.
+	if p.streamSource() {
+		env[lambdaenv.ConsumerStreamMaxAttempts] = strconv.Itoa(p.streamRetryAttempts() + 1)
+	} else {
+		env[lambdaenv.ConsumerMaxReceiveCount] = strconv.Itoa(p.MaxReceiveCount)
+	}
 	if _, err := lambdaenv.ConsumerConfig(func(k string) string { return env[k] }); err != nil {
 		return nil, fmt.Errorf("the consumer Lambda would refuse these settings at cold start: %w", err)
 	}

@@ -71,6 +71,15 @@ func (p *ConsumerProps) streamConcurrency() int {
 	return 0
 }
 
+// defaultStreamRetryAttempts is StreamSourceSettings.RetryAttempts's default.
+const defaultStreamRetryAttempts = 10
+
+// streamRetryAttempts is the stream mapping's MaximumRetryAttempts: Stream.RetryAttempts or its
+// default.
+func (p *ConsumerProps) streamRetryAttempts() int {
+	return orDefault(p.Stream.RetryAttempts, defaultStreamRetryAttempts)
+}
+
 // kafkaGroupID is the consumer's Kafka consumer group: one per inbox consumer, so that two
 // consumers each read every record.
 func (p *ConsumerProps) kafkaGroupID() string { return "sluice-" + p.Name }
@@ -212,7 +221,7 @@ func (c *consumer) addStreamSource(p *ConsumerProps) {
 	if start == "" {
 		start = awslambda.StartingPosition_TRIM_HORIZON
 	}
-	retries := jsii.Number(float64(orDefault(s.RetryAttempts, 10)))
+	retries := jsii.Number(float64(p.streamRetryAttempts()))
 	var window, maxAge awscdk.Duration
 	if p.MaxBatchingWindow > 0 {
 		window = seconds(p.MaxBatchingWindow)

@@ -10,20 +10,25 @@
 // is; a team copies the directory, registers its own handlers in [handlers] and points the
 // construct's ConsumerProps.CodeDir at its build (docs/deploy.md, "Your consumer").
 //
+// Every consumer is also the inbox Processor of its own stored rows: an EventBridge schedule (the
+// CDK construct adds it for every consumer) invokes the same function every minute, and each
+// scheduled invocation applies the consumer's unprocessed inbox_event rows with the same handlers.
 // In the async commit mode (SLUICE_CONSUMER_COMMIT_MODE=async) the event source's invocations
-// only store each message in inbox_event and acknowledge it, and the same function is the inbox
-// Processor: an EventBridge schedule invokes it (the CDK construct adds the schedule for an async
-// consumer), and each scheduled invocation applies stored rows with the same handlers until
-// SLUICE_CONSUMER_DEADLINE_MARGIN before its deadline. One binary, one set of handlers, so the
-// two roles cannot drift apart.
+// only store each message in inbox_event and acknowledge it, and the scheduled invocation runs
+// the processor until SLUICE_CONSUMER_DEADLINE_MARGIN before its deadline. In the per-record and
+// batched modes stored rows come only from `sluice dead retry` (inbox.RetryDeadLetters stores a
+// dead letter as the async mode would), so the scheduled invocation drains what is ready once
+// and returns (one claim query when there is nothing). One binary, one set of handlers, so the
+// roles cannot drift apart.
 //
 // Configuration (read once per cold start by lambdaenv.ConsumerConfig and lambdaenv.OpenPool):
 // SLUICE_CONSUMER_NAME (required), SLUICE_CONSUMER_COMMIT_MODE (per-record, batched or async),
-// SLUICE_PROCESSOR_MAX_ATTEMPTS (async: attempts before a stored row is parked),
-// SLUICE_CONSUMER_DEADLINE_MARGIN, SLUICE_CONSUMER_STORE_PAYLOAD; SLUICE_CLAIM_CHECK_BUCKET and
-// SLUICE_CLAIM_CHECK_MAX_PAYLOAD (fetch payloads a claim check stored in S3,
-// lambdaenv.ConsumerClaimCheck); DATABASE_URL, or
-// DATABASE_SECRET_ARN naming the RDS Secrets Manager secret; DATABASE_MAX_CONNS. AWS clients
+// SLUICE_PROCESSOR_MAX_ATTEMPTS (attempts before a stored row is parked),
+// SLUICE_CONSUMER_DEADLINE_MARGIN, SLUICE_CONSUMER_STORE_PAYLOAD, SLUICE_CONSUMER_MAX_RECEIVE_COUNT
+// and SLUICE_CONSUMER_STREAM_MAX_ATTEMPTS (the source's attempts: the last failure marks a dead
+// letter dead); SLUICE_CLAIM_CHECK_BUCKET and SLUICE_CLAIM_CHECK_MAX_PAYLOAD (fetch payloads a
+// claim check stored in S3, lambdaenv.ConsumerClaimCheck); DATABASE_URL, or DATABASE_SECRET_ARN
+// naming the RDS Secrets Manager secret; DATABASE_MAX_CONNS. AWS clients
 // honour AWS_ENDPOINT_URL. OTEL_TRACES_EXPORTER=console records a consumer span per record, a
 // child of the span that wrote the event, as JSON lines in the log (pkg/lambdatrace; see
 // docs/tracing.md to export to X-Ray or any OTLP backend instead).
@@ -34,7 +39,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -103,18 +107,18 @@ func main() {
 		log.Error("consumer cold start failed", "error", err)
 		os.Exit(1)
 	}
-	h := &handler{consumer: c, name: cfg.Consumer, margin: cfg.DeadlineMargin}
-	if cfg.Mode == inbox.Async {
-		if h.processor, err = newProcessor(pool, cfg, os.Getenv, log); err != nil {
-			log.Error("consumer cold start failed", "error", err)
-			os.Exit(1)
-		}
+	// Every mode: retried dead letters are stored rows, whatever the mode.
+	p, err := newProcessor(pool, cfg, os.Getenv, log)
+	if err != nil {
+		log.Error("consumer cold start failed", "error", err)
+		os.Exit(1)
 	}
+	h := &handler{consumer: c, processor: p, async: cfg.Mode == inbox.Async, name: cfg.Consumer, margin: cfg.DeadlineMargin}
 	lambda.StartWithOptions(h.Handle, lambda.WithEnableSIGTERM(pool.Close, func() { _ = stopTracing(context.Background()) }))
 }
 
-// newProcessor builds the async inbox processor over db: the consumer's stored rows, applied
-// with this file's handlers.
+// newProcessor builds the inbox processor over db: the consumer's stored rows (the async mode's
+// messages, retried dead letters), applied with this file's handlers.
 func newProcessor(db inbox.Beginner, cfg inbox.ConsumerConfig, getenv lambdaenv.Getenv, log *slog.Logger) (*inbox.Processor, error) {
 	pcfg, err := lambdaenv.ProcessorConfig(getenv)
 	if err != nil {
@@ -132,10 +136,12 @@ func newProcessor(db inbox.Beginner, cfg inbox.ConsumerConfig, getenv lambdaenv.
 }
 
 // handler routes an invocation: the event source's batches go to the inbox consumer; the
-// schedule's events, for an async consumer, run the processor until margin before the deadline.
+// schedule's events run the processor, until margin before the deadline for an async consumer,
+// one Drain for the others.
 type handler struct {
 	consumer  *inbox.Consumer
-	processor *inbox.Processor // nil unless the commit mode is async
+	processor *inbox.Processor
+	async     bool // the commit mode is async: every message is a stored row
 	name      string
 	margin    time.Duration
 }
@@ -144,6 +150,9 @@ type handler struct {
 type ProcessorRun struct {
 	Consumer string        `json:"consumer"`
 	Ran      time.Duration `json:"ranNanoseconds"`
+	// Applied counts the rows a single Drain applied (per-record and batched modes); an async
+	// consumer's run reports its counts in its metrics only.
+	Applied int `json:"applied,omitempty"`
 }
 
 // Handle serves one invocation.
@@ -155,15 +164,23 @@ func (h *handler) Handle(ctx context.Context, event json.RawMessage) (any, error
 	if json.Unmarshal(event, &scheduled) != nil || scheduled.Source != "aws.events" || scheduled.DetailType != "Scheduled Event" {
 		return h.consumer.HandleEvent(ctx, event)
 	}
-	if h.processor == nil {
-		return nil, errors.New("a scheduled event invoked a consumer that is not in the async commit mode: nothing to process (remove the schedule, or set SLUICE_CONSUMER_COMMIT_MODE=async)")
-	}
 	start := time.Now()
 	runCtx, cancel := ctx, context.CancelFunc(func() {})
 	if deadline, ok := ctx.Deadline(); ok {
 		runCtx, cancel = context.WithDeadline(ctx, deadline.Add(-max(h.margin, time.Second)))
 	}
 	defer cancel()
+	if !h.async {
+		// Stored rows are rare here (retried dead letters): apply what is ready and return, so
+		// the schedule costs an invocation a minute, not a function running all the time. A
+		// retried row that fails again is retried by the next minute's invocation, and parked
+		// after its attempts.
+		st, err := h.processor.Drain(runCtx)
+		if err != nil && runCtx.Err() == nil {
+			return nil, err
+		}
+		return ProcessorRun{Consumer: h.name, Ran: time.Since(start), Applied: st.Applied}, nil
+	}
 	if err := h.processor.Run(runCtx); err != nil && runCtx.Err() == nil {
 		return nil, err
 	}

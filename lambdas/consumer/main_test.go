@@ -95,7 +95,7 @@ func TestAsyncStoresThenTheScheduleApplies(t *testing.T) {
 	require.NoError(t, err)
 	p, err := newProcessor(pool, cfg, getenv, log)
 	require.NoError(t, err)
-	h := &handler{consumer: c, processor: p, name: "billing", margin: time.Second}
+	h := &handler{consumer: c, processor: p, async: true, name: "billing", margin: time.Second}
 
 	raw, err := json.Marshal(sqsEvent(t))
 	require.NoError(t, err)
@@ -108,7 +108,6 @@ func TestAsyncStoresThenTheScheduleApplies(t *testing.T) {
 	require.Zero(t, applied, "the source's invocation only stores")
 	require.Zero(t, bytes.Count(logs.Bytes(), []byte(`"orderId":"o-42"`)))
 
-	scheduled := []byte(`{"version":"0","id":"e-1","detail-type":"Scheduled Event","source":"aws.events","time":"2026-12-02T07:00:00Z","resources":[],"detail":{}}`)
 	sctx, cancel := context.WithTimeout(ctx, 3*time.Second) // the invocation's deadline: it runs until a second before it
 	defer cancel()
 	out, err := h.Handle(sctx, scheduled)
@@ -117,11 +116,59 @@ func TestAsyncStoresThenTheScheduleApplies(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), count(processed_at) FROM inbox_event WHERE consumer = 'billing'`).Scan(&stored, &applied))
 	require.Equal(t, 1, applied, "the schedule's invocation applied the stored row")
 	require.Equal(t, 1, bytes.Count(logs.Bytes(), []byte(`"orderId":"o-42"`)), "the handler ran once")
+}
 
-	// A consumer that is not async has nothing to process: a schedule pointed at it is a mistake.
-	sync := &handler{consumer: c, name: "billing", margin: time.Second}
-	_, err = sync.Handle(ctx, scheduled)
-	require.ErrorContains(t, err, "not in the async commit mode")
+// scheduled is the event the processor schedule's EventBridge rule invokes the function with.
+var scheduled = []byte(`{"version":"0","id":"e-1","detail-type":"Scheduled Event","source":"aws.events","time":"2026-12-02T07:00:00Z","resources":[],"detail":{}}`)
+
+// A per-record consumer's schedule applies the rows stored for it, as `sluice dead retry`
+// stores a dead letter (the async mode's row: processed_at NULL, payload and headers kept),
+// with the same handlers, once; the event source's deliveries of that message then change
+// nothing.
+func TestPerRecordScheduleAppliesStoredRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	var logs bytes.Buffer
+	log := slog.New(slog.NewJSONHandler(&logs, nil))
+	getenv := func(k string) string { return map[string]string{lambdaenv.ConsumerName: "billing"}[k] }
+	cfg, err := lambdaenv.ConsumerConfig(getenv)
+	require.NoError(t, err)
+	require.Equal(t, inbox.PerRecord, cfg.Mode)
+	c, err := newConsumer(pool, cfg, log)
+	require.NoError(t, err)
+	p, err := newProcessor(pool, cfg, getenv, log)
+	require.NoError(t, err)
+	h := &handler{consumer: c, processor: p, name: "billing", margin: time.Second}
+
+	const id = "0193a5b2-7c4d-7e8f-9a0b-1c2d3e4f5a6b" // the fixture's message
+	_, err = pool.Exec(ctx, `INSERT INTO inbox_event (consumer, message_id, event_type, aggregate_type, aggregate_id,
+		created_at, headers, payload) VALUES ('billing', $1, 'OrderCreated', 'order', 'o-42', now(), '{"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}', '{"orderId":"o-42","totalCents":4200}')`, id)
+	require.NoError(t, err)
+
+	ran := 0
+	for range 2 { // the second finds nothing to do
+		sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		out, err := h.Handle(sctx, scheduled)
+		cancel()
+		require.NoError(t, err)
+		require.Equal(t, "billing", out.(ProcessorRun).Consumer)
+		ran += out.(ProcessorRun).Applied
+	}
+	require.Equal(t, 1, ran)
+	var applied int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM inbox_event WHERE consumer = 'billing' AND message_id = $1
+		AND processed_at IS NOT NULL`, id).Scan(&applied))
+	require.Equal(t, 1, applied, "the schedule's invocation applied the stored row")
+	require.Equal(t, 1, bytes.Count(logs.Bytes(), []byte(`"orderId":"o-42"`)), "the handler ran once")
+
+	// The source delivers the same message again: a duplicate, the handler does not run.
+	raw, err := json.Marshal(sqsEvent(t))
+	require.NoError(t, err)
+	resp, err := h.Handle(ctx, raw)
+	require.NoError(t, err)
+	require.Empty(t, resp.(events.SQSEventResponse).BatchItemFailures)
+	require.Equal(t, 1, bytes.Count(logs.Bytes(), []byte(`"orderId":"o-42"`)), "the handler ran once")
 }
 
 // consumerConfig is the configuration the Lambda reads with SLUICE_CONSUMER_NAME=name.
