@@ -123,7 +123,7 @@ func StartStack(ctx context.Context, o StackOptions) (*Stack, error) {
 	s.Relay, s.Consumer, err = startFunctions(ctx, functionsOptions{RIE: o.RIE, BinDir: o.BinDir, DatabaseURL: o.DatabaseURL,
 		Topics: string(topics), RelayEnv: append(awsEnv(o.RelaySNSEndpoint), o.RelayEnv...),
 		// The consumer knows the queue's last receive, as the CDK construct tells it.
-		ConsumerEnv:  append(append(awsEnv(o.Endpoint), consumerMaxReceiveCount+"="+strconv.Itoa(o.MaxReceiveCount)), o.ConsumerEnv...),
+		ConsumerEnv:  append(append(awsEnv(o.Endpoint), lambdaenv.ConsumerMaxReceiveCount+"="+strconv.Itoa(o.MaxReceiveCount)), o.ConsumerEnv...),
 		RelayTimeout: o.RelayTimeout, RelayInstances: o.RelayInstances, ConsumerInstances: o.ConsumerInstances, ConsumerName: o.ConsumerName, Log: o.Log})
 	if err != nil {
 		return nil, err
@@ -134,13 +134,6 @@ func StartStack(ctx context.Context, o StackOptions) (*Stack, error) {
 	s.drivers.start(ctx, s.Schedule.Run, s.ProcessorSchedule.Run, s.Source.Run)
 	return s, nil
 }
-
-// consumerMaxReceiveCount and consumerStreamMaxAttempts are the consumer's settings of its
-// source's last attempt (lambdaenv).
-const (
-	consumerMaxReceiveCount   = "SLUICE_CONSUMER_MAX_RECEIVE_COUNT"
-	consumerStreamMaxAttempts = "SLUICE_CONSUMER_STREAM_MAX_ATTEMPTS"
-)
 
 // processorSchedule is the consumer's processor schedule, every (default 2s).
 func processorSchedule(consumer *Function, every time.Duration, log *slog.Logger) *Schedule {

@@ -89,7 +89,7 @@ func StartKafkaStack(ctx context.Context, o KafkaStackOptions) (*KafkaStack, err
 	relayEnv := append(append(awsEnv, lambdaenv.KafkaBrokers+"="+strings.Join(o.Brokers, ",")), o.RelayEnv...)
 	consumerEnv := awsEnv
 	if o.MaxRetryAttempts > 0 {
-		consumerEnv = append(slices.Clone(awsEnv), consumerStreamMaxAttempts+"="+strconv.Itoa(o.MaxRetryAttempts+1))
+		consumerEnv = append(slices.Clone(awsEnv), lambdaenv.ConsumerStreamMaxAttempts+"="+strconv.Itoa(o.MaxRetryAttempts+1))
 	}
 	s := &KafkaStack{Topic: o.Topic}
 	var err error

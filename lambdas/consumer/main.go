@@ -157,11 +157,7 @@ type ProcessorRun struct {
 
 // Handle serves one invocation.
 func (h *handler) Handle(ctx context.Context, event json.RawMessage) (any, error) {
-	var scheduled struct {
-		Source     string `json:"source"`
-		DetailType string `json:"detail-type"`
-	}
-	if json.Unmarshal(event, &scheduled) != nil || scheduled.Source != "aws.events" || scheduled.DetailType != "Scheduled Event" {
+	if !inbox.IsScheduledEvent(event) {
 		return h.consumer.HandleEvent(ctx, event)
 	}
 	start := time.Now()
