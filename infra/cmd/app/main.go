@@ -30,6 +30,10 @@
 //	consumerMaxConcurrency   The example consumer's maximum concurrency (2..1000). Defaults to 5.
 //	relayRuntime             lambda (the default) or fargate: the relay as an ECS Fargate service
 //	                         from the image `make build` writes to <assetDir>/relay-service.
+//	relayIdleStop            The relay's idle mode (Go duration, e.g. 10s): an invocation ends once
+//	                         it has claimed nothing for that long, so a quiet outbox costs a short
+//	                         invocation a minute; the first event after a quiet spell waits up to a
+//	                         minute. Defaults to none: each invocation polls until its timeout.
 //	consumerCommitMode       per-record (the default), batched, or async: the consumer only stores
 //	                         each message, and a one-minute schedule invokes the same function to
 //	                         apply the stored rows (the inbox processor).
@@ -194,6 +198,7 @@ func stackProps(ctx func(string) string, getenv func(string) string) (*infra.Slu
 		ConsumerCommitMode:     ctx("consumerCommitMode"),
 		OutboxRetention:        duration("outboxRetention"),
 		InboxRetention:         duration("inboxRetention"),
+		Relay:                  infra.RelaySettings{IdleStop: duration("relayIdleStop")},
 
 		Destination:        ctx("destination"),
 		MskClusterArn:      ctx("mskClusterArn"),

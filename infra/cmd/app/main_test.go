@@ -37,7 +37,7 @@ func TestStackPropsFromContext(t *testing.T) {
 		"redriveRoleArns": "arn:aws:iam::111111111111:role/ops, arn:aws:iam::111111111111:role/oncall", "outboxRetention": "720h",
 		"inboxRetention": "1000h", "natGateways": "1", "alarmDestination": "none",
 		"destination": "msk", "mskClusterArn": "arn:aws:kafka:eu-west-1:111111111111:cluster/c/u", "mskSecurityGroupId": "sg-1", "mskTopic": "orders",
-		"consumerCommitMode": "async",
+		"consumerCommitMode": "async", "relayIdleStop": "10s",
 	}), context(map[string]string{"CDK_DEFAULT_ACCOUNT": "111111111111", "CDK_DEFAULT_REGION": "eu-west-1"}))
 	require.NoError(t, err)
 	require.Equal(t, infra.DestinationMSK, p.Destination)
@@ -54,6 +54,7 @@ func TestStackPropsFromContext(t *testing.T) {
 	require.Nil(t, p.InstanceType)
 	require.Zero(t, p.ConsumerMaxConcurrency)
 	require.Equal(t, infra.CommitAsync, p.ConsumerCommitMode)
+	require.Equal(t, 10*time.Second, p.Relay.IdleStop, "the relay's idle mode")
 
 	// The cost table's 1,000 events/s column (docs/deploy.md), as deployed.
 	p, err = stackProps(context(map[string]string{"alarmDestination": "none", "instanceType": "db.m7g.large", "maxConnections": "900",
