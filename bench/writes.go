@@ -120,7 +120,7 @@ type WriteCost struct {
 	IndexEntries int64
 	// TopStatements are the phase's statements by WAL bytes, largest first.
 	TopStatements []StatementWAL
-	// TopRecords are the phase's WAL record types by bytes (pg_walinspect), largest first.
+	// TopRecords are the phase's eight largest WAL record types by bytes (pg_walinspect), largest first.
 	TopRecords []RecordWAL
 }
 
@@ -512,7 +512,7 @@ func (m *writeMeter) measure(ctx context.Context, role string, events int, phase
 			c.Commits += r.Count
 		}
 	}
-	c.TopRecords = recs[:min(len(recs), 5)]
+	c.TopRecords = recs[:min(len(recs), 8)]
 	return c, nil
 }
 
@@ -605,7 +605,8 @@ func (r *Report) writesMarkdown(w func(string, ...any)) {
 		"statements are the phase's alone (the harness's poll and measurement queries are not counted). Per event:\n\n",
 		num(float64(res.Events)), num(float64(res.Keys)), writesProducers, res.Server)
 	w("- *statements*: pg_stat_statements calls, without BEGIN/COMMIT/ROLLBACK (shown apart as tx control); *commits*: commit records in the phase's WAL;\n")
-	w("- *rows written*: rows of the phase's INSERT/UPDATE/DELETE statements (pg_stat_statements); ins/upd (HOT)/del: `outbox_event`'s `pg_stat_user_tables` counters;\n")
+	w("- *rows written*: rows of the phase's INSERT/UPDATE/DELETE statements (pg_stat_statements); ins/upd (HOT)/del: `outbox_event`'s `pg_stat_user_tables` counters " +
+		"(a row locked by `SELECT ... FOR UPDATE` is not counted as written, though the lock is written to the row and to WAL: `Heap/LOCK` below);\n")
 	w("- *WAL*: `pg_stat_wal` bytes, records and full-page images (FPI) over the phase, which is server-wide (nothing else ran on the suite's cluster);\n")
 	w("- *index entries*: B-tree leaf tuples inserted, counted from the phase's WAL with pg_walinspect (`Btree/INSERT_LEAF`, `INSERT_POST` and the `SPLIT` records, each of which inserts one);\n")
 	w("- *dead tuples*: `outbox_event`'s `n_dead_tup` at the end of the phase, left for VACUUM (autovacuum was off).\n\n")
@@ -635,7 +636,7 @@ func (r *Report) writesMarkdown(w func(string, ...any)) {
 	w("\nThe producer's row is that of each scenario's first run (the producer phases of the other runs wrote within %s of it). "+
 		"The drains' largest WAL contributors, by statement (pg_stat_statements `wal_bytes`) and by WAL record type (pg_walinspect; "+
 		"bytes of the records, plus the full-page images they carried):\n\n", producerSpread(res))
-	w("| scenario | phase | statement | calls/event | WAL B/event | share | \n|---|---|---|---|---|---|\n")
+	w("| scenario | phase | statement | calls/event | WAL B/event | share |\n|---|---|---|---|---|---|\n")
 	for _, run := range res.Runs {
 		for _, s := range run.Drain.TopStatements {
 			if s.WALBytes == 0 {
