@@ -43,7 +43,10 @@
 //  11. destinations (issue 15, destinations.go): relay throughput to SNS, EventBridge, Kinesis
 //     and Kafka through each kind's publisher over a stub of its SDK call with the same 10 ms;
 //  12. claim check (issue 13, claimcheck.go): relay throughput with 10% of rows at 1 MB stored by
-//     the claim check (stub store with a fixed latency) against the same run with small rows.
+//     the claim check (stub store with a fixed latency) against the same run with small rows;
+//  13. writes per event (issue 25, writes.go): statements, rows, WAL and index entries written
+//     and dead tuples left per event, by the producer, sluice's relay and the ceiling loop, on a
+//     cluster of its own with pg_stat_statements preloaded.
 //
 // The full run takes about 45 minutes, 32 of them the sustained suite (two 4-minute runs and
 // two 12-minute ones); -only runs chosen suites, -quick all of them at reduced sizes in a few
@@ -71,7 +74,7 @@ func main() {
 		chart     = flag.String("chart", "bench.png", "where to write the relay chart (PNG); the sustained suite's goes next to it, with -sustained before the extension")
 		chartRef  = flag.String("chart-ref", "", "how the report links the chart (defaults to -chart)")
 		quick     = flag.Bool("quick", false, "reduced sizes, for developing the harness (numbers are not the reported ones)")
-		only      = flag.String("only", "", "comma-separated suites to run (relay,producer,consumer,e2e,scale,isolation,producers,wakeup,sustained,tracing,destinations,claimcheck); default all")
+		only      = flag.String("only", "", "comma-separated suites to run (relay,producer,consumer,e2e,scale,isolation,producers,wakeup,sustained,tracing,destinations,claimcheck,writes-per-event); default all")
 		command   = flag.String("command", "", "the command line to print in the report (defaults to this process's)")
 		verbosity = flag.Bool("v", false, "log progress of every run")
 		results   = flag.String("results", "", "where to save the raw results as JSON, for -render (make bench: bench/results.json); with -render and -base, the merged results")
@@ -274,6 +277,7 @@ func run(ctx context.Context, log *slog.Logger, o runOptions) error {
 		{"tracing", runTracingSuite},           // issue 14, bench/tracing.go
 		{"destinations", runDestinationsSuite}, // issue 15, bench/destinations.go
 		{"claimcheck", runClaimCheckSuite},     // issue 13, bench/claimcheck.go
+		{"writes-per-event", runWritesSuite},   // issue 25, bench/writes.go
 	}
 	for _, s := range suites {
 		if !want(s.name) {
@@ -360,6 +364,8 @@ func mergeOnto(base string, part *Report) (*Report, error) {
 			rep.Destinations = part.Destinations
 		case "claimcheck": // issue 13, bench/claimcheck.go
 			rep.ClaimCheck = part.ClaimCheck
+		case "writes-per-event": // issue 25, bench/writes.go
+			rep.Writes = part.Writes
 		}
 		replaced := false
 		for i := range rep.SuiteTimes {

@@ -53,6 +53,8 @@ type Report struct {
 	Destinations *DestinationsResult `json:",omitempty"`
 	// ClaimCheck is issue 13's suite (bench/claimcheck.go).
 	ClaimCheck *ClaimCheckResult `json:",omitempty"`
+	// Writes is issue 25's writes-per-event suite (bench/writes.go).
+	Writes *WritesResult `json:",omitempty"`
 }
 
 // suiteTime is how long one suite took.
@@ -183,6 +185,7 @@ func (r *Report) targets() []target {
 	ts = append(ts, r.issue10Targets()...)
 	ts = append(ts, r.issue11Targets()...)
 	ts = append(ts, r.issue14Targets()...)
+	ts = append(ts, r.issue25WritesTargets()...)
 	return ts
 }
 
@@ -230,7 +233,7 @@ func (r *Report) Markdown() string {
 	}
 	w("\n\n")
 
-	w("## Targets (issues 7, 10, 11 and 14)\n\n| target | issue | goal | measured | status |\n|---|---|---|---|---|\n")
+	w("## Targets (issues 7, 10, 11, 14 and 25)\n\n| target | issue | goal | measured | status |\n|---|---|---|---|---|\n")
 	for _, t := range r.targets() {
 		w("| %s | %d | %s | %s | %s |\n", t.Name, t.Issue, t.Goal, t.Measured, t.Status)
 	}
@@ -248,6 +251,7 @@ func (r *Report) Markdown() string {
 	r.tracingMarkdown(w)      // issue 14, bench/tracing.go
 	r.destinationsMarkdown(w) // issue 15, bench/destinations.go
 	r.claimCheckMarkdown(w)   // issue 13, bench/claimcheck.go
+	r.writesMarkdown(w)       // issue 25, bench/writes.go
 
 	w("## Analysis\n\n%s\n", strings.TrimSpace(r.renderNotes(notes)))
 	w("\n## Run time\n\n| suite | time |\n|---|---|\n")

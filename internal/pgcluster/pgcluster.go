@@ -35,6 +35,10 @@ type Options struct {
 	// three off, which makes commits nearly free: right for tests, wrong for measuring what a
 	// commit costs (the benchmark harness starts a second, durable cluster for that).
 	Durable bool
+	// Settings are further server settings, each passed as -c name=value after the defaults
+	// above, so they may override them (e.g. "shared_preload_libraries": "pg_stat_statements",
+	// which only a server start can set). Defaults to none.
+	Settings map[string]string
 }
 
 // Cluster is a running throwaway PostgreSQL server.
@@ -133,6 +137,14 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		"-c", "max_connections="+strconv.Itoa(opts.MaxConnections),
 		"-c", "fsync="+durability, "-c", "synchronous_commit="+durability, "-c", "full_page_writes="+durability,
 		"-c", "shared_buffers=256MB", "-c", "max_wal_size=4GB", "-c", "log_min_messages=warning")
+	names := make([]string, 0, len(opts.Settings))
+	for name := range opts.Settings {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		cmd.Args = append(cmd.Args, "-c", name+"="+opts.Settings[name])
+	}
 	cmd.Dir = dir
 	cmd.Stdout, cmd.Stderr = logW, logW
 	c.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", opts.Port)
