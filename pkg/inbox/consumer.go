@@ -110,15 +110,16 @@ type ConsumerConfig struct {
 	// Propagator reads the writer's span context from the message's headers. Defaults to W3C
 	// trace context (propagation.TraceContext), what outbox.Write injects.
 	Propagator propagation.TextMapPropagator
-	// MaxReceiveCount is the SQS queue's maxReceiveCount (its redrive policy): a record that
+	// SQSMaxReceiveCount is the SQS queue's maxReceiveCount (its redrive policy): a record that
 	// fails on that receive (its ApproximateReceiveCount) goes to the DLQ next, so its dead
 	// letter is marked dead then (Result.Dead, the InboxDeadLetters metric). Defaults to 5, the
 	// CDK construct's default, which sets it from the queue it builds
 	// (SLUICE_CONSUMER_MAX_RECEIVE_COUNT).
-	MaxReceiveCount int
+	SQSMaxReceiveCount int
 	// StreamMaxAttempts is how many times a Kinesis or Kafka event source mapping delivers a
 	// failing record before it gives up (its MaximumRetryAttempts + 1): the record's dead letter
-	// is marked dead when that many of its failures are recorded. Defaults to 11 (the CDK
+	// is marked dead when that many of its failures are recorded (SQS gives a receive count:
+	// SQSMaxReceiveCount). Defaults to 11 (the CDK
 	// construct's default RetryAttempts, 10, plus 1; it sets it from the mapping it builds,
 	// SLUICE_CONSUMER_STREAM_MAX_ATTEMPTS). ConsumeKafka does not use it: its give-up
 	// (KafkaOptions.MaxAttempts with a DeadLetterTopic) marks the dead letter.
@@ -134,8 +135,8 @@ type ConsumerConfig struct {
 const (
 	// DefaultDeadlineMargin is ConsumerConfig.DeadlineMargin's default.
 	DefaultDeadlineMargin = 3 * time.Second
-	// DefaultMaxReceiveCount is ConsumerConfig.MaxReceiveCount's default.
-	DefaultMaxReceiveCount = 5
+	// DefaultSQSMaxReceiveCount is ConsumerConfig.SQSMaxReceiveCount's default.
+	DefaultSQSMaxReceiveCount = 5
 	// DefaultStreamMaxAttempts is ConsumerConfig.StreamMaxAttempts's default.
 	DefaultStreamMaxAttempts = 11
 )
@@ -145,8 +146,8 @@ func (c ConsumerConfig) WithDefaults() ConsumerConfig {
 	if c.DeadlineMargin == 0 {
 		c.DeadlineMargin = DefaultDeadlineMargin
 	}
-	if c.MaxReceiveCount == 0 {
-		c.MaxReceiveCount = DefaultMaxReceiveCount
+	if c.SQSMaxReceiveCount == 0 {
+		c.SQSMaxReceiveCount = DefaultSQSMaxReceiveCount
 	}
 	if c.StreamMaxAttempts == 0 {
 		c.StreamMaxAttempts = DefaultStreamMaxAttempts
@@ -164,9 +165,9 @@ func (c ConsumerConfig) validate() error {
 	if err := validateConsumer(c.Consumer); err != nil {
 		return err
 	}
-	if c.MaxReceiveCount < 1 || c.StreamMaxAttempts < 1 {
-		return fmt.Errorf("%w: MaxReceiveCount and StreamMaxAttempts must be at least 1, got %d and %d",
-			ErrInvalidConfig, c.MaxReceiveCount, c.StreamMaxAttempts)
+	if c.SQSMaxReceiveCount < 1 || c.StreamMaxAttempts < 1 {
+		return fmt.Errorf("%w: SQSMaxReceiveCount and StreamMaxAttempts must be at least 1, got %d and %d",
+			ErrInvalidConfig, c.SQSMaxReceiveCount, c.StreamMaxAttempts)
 	}
 	switch c.Mode {
 	case PerRecord, Batched:
@@ -285,7 +286,7 @@ type Result struct {
 	Outcome Outcome
 	// Err explains a Failed outcome; it wraps one of the package's sentinels or a database error.
 	Err error
-	// Dead: the record failed its source's last attempt (see ConsumerConfig.MaxReceiveCount and
+	// Dead: the record failed its source's last attempt (see ConsumerConfig.SQSMaxReceiveCount and
 	// StreamMaxAttempts) and its dead letter, with the error and payload, is in
 	// inbox_dead_letter (ListDeadLetters). Every failure of a record through its own fault is
 	// recorded there; only the last one sets Dead.

@@ -147,7 +147,7 @@ func (c *Consumer) lastAttempt(d *delivery) (deadNow bool, after int) {
 	case d.selfManaged:
 		return false, 0 // ConsumeKafka decides (markDead)
 	case d.source == sourceSQS:
-		return d.receiveCount > 0 && d.receiveCount >= c.cfg.MaxReceiveCount, 0
+		return d.receiveCount > 0 && d.receiveCount >= c.cfg.SQSMaxReceiveCount, 0
 	default:
 		return false, c.cfg.StreamMaxAttempts
 	}

@@ -41,12 +41,14 @@ type DeadLetter struct {
 	MessageID string `json:"message_id,omitempty"`
 	EventType string `json:"event_type,omitempty"`
 	GroupID   string `json:"group_id,omitempty"`
-	// Source is aws:sqs, aws:kinesis or kafka; SourceName the queue ARN, stream ARN or topic;
-	// SourcePosition the SQS message id, SHARD/SEQUENCE or PARTITION@OFFSET of its last failure.
+	// Source is aws:sqs, aws:kinesis or kafka; SourceName the SQS queue ARN, the Kinesis stream
+	// ARN or the Kafka topic; SourcePosition the SQS message id, the Kinesis SHARD/SEQUENCE or
+	// the Kafka PARTITION@OFFSET of its last failure.
 	Source         string `json:"source"`
 	SourceName     string `json:"source_name"`
 	SourcePosition string `json:"source_position"`
-	// ReceiveCount is SQS's ApproximateReceiveCount at the last failure; 0 for other sources.
+	// ReceiveCount is SQS's ApproximateReceiveCount at the last failure; 0 for Kinesis and
+	// Kafka, which give none.
 	ReceiveCount int `json:"receive_count,omitempty"`
 	// Attempts counts the failures recorded.
 	Attempts int `json:"attempts"`

@@ -60,7 +60,7 @@ func TestDeadLetterKeepsWhySQS(t *testing.T) {
 		}
 		b := setup(t)
 		c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "billing", Router: router("billing"), Mode: mode,
-			MaxReceiveCount: 3, Logger: quiet})
+			SQSMaxReceiveCount: 3, Logger: quiet})
 		require.NoError(t, err)
 		poison := fifo(rec("p1", script{N: 1, Fail: "error"}), "g")
 		behind := fifo(rec("p2", script{N: 2}), "g")
@@ -114,7 +114,7 @@ func TestDeadLetterKeepsWhySQS(t *testing.T) {
 func TestDeadLetterClasses(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "billing", Router: router("billing"), MaxReceiveCount: 1, Logger: quiet})
+	c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "billing", Router: router("billing"), SQSMaxReceiveCount: 1, Logger: quiet})
 	require.NoError(t, err)
 	unknown := rec("u1", script{N: 1})
 	unknown.MessageAttributes["eventType"] = events.SQSMessageAttribute{DataType: "String", StringValue: ptr("Nobody")}
@@ -155,7 +155,7 @@ func TestDeadLetterRetryAppliesOnce(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			b := setup(t)
-			broken, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "billing", Router: router("billing"), MaxReceiveCount: 2, Logger: quiet})
+			broken, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "billing", Router: router("billing"), SQSMaxReceiveCount: 2, Logger: quiet})
 			require.NoError(t, err)
 			poison := rec("p1", script{N: 7, Fail: "error"})
 			for n := 1; n <= 2; n++ {
@@ -252,7 +252,7 @@ func TestDeadLetterRecordingFailureChangesNoOutcome(t *testing.T) {
 	b := setup(t)
 	_, err := b.pool.Exec(ctx, `DROP TABLE inbox_dead_letter`)
 	require.NoError(t, err)
-	c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "billing", Router: router("billing"), MaxReceiveCount: 1, Logger: quiet})
+	c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "billing", Router: router("billing"), SQSMaxReceiveCount: 1, Logger: quiet})
 	require.NoError(t, err)
 	rep := c.Process(ctx, batchOf(received(rec("p", script{Fail: "error"}), 1), received(rec("ok", script{N: 1}), 1)))
 	require.Equal(t, inbox.Failed, rep.Results[0].Outcome)

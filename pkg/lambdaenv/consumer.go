@@ -20,14 +20,15 @@ const (
 	// ConsumerStorePayload sets StorePayload ("true" or "false"): keep each message's payload
 	// and headers in inbox_event for audit or replay. Defaults to DefaultConsumerStorePayload.
 	ConsumerStorePayload = "SLUICE_CONSUMER_STORE_PAYLOAD"
-	// ConsumerMaxReceiveCount sets MaxReceiveCount (a positive integer): the SQS queue's
+	// ConsumerMaxReceiveCount sets SQSMaxReceiveCount (a positive integer): the SQS queue's
 	// maxReceiveCount, so that a record's failure on its last receive marks its dead letter
 	// dead. The CDK construct sets it from the queue it builds. Defaults to
 	// DefaultConsumerMaxReceiveCount.
 	ConsumerMaxReceiveCount = "SLUICE_CONSUMER_MAX_RECEIVE_COUNT"
 	// ConsumerStreamMaxAttempts sets StreamMaxAttempts (a positive integer): a Kinesis or Kafka
 	// event source mapping's MaximumRetryAttempts + 1, the deliveries of a failing record before
-	// the mapping gives up. The CDK construct sets it from the mapping it builds. Defaults to
+	// the mapping gives up (consumers of an SNS topic or an EventBridge bus read a queue:
+	// ConsumerMaxReceiveCount). The CDK construct sets it from the mapping it builds. Defaults to
 	// DefaultConsumerStreamMaxAttempts.
 	ConsumerStreamMaxAttempts = "SLUICE_CONSUMER_STREAM_MAX_ATTEMPTS"
 )
@@ -41,7 +42,7 @@ const (
 	// DefaultConsumerStorePayload is SLUICE_CONSUMER_STORE_PAYLOAD's default.
 	DefaultConsumerStorePayload = false
 	// DefaultConsumerMaxReceiveCount is SLUICE_CONSUMER_MAX_RECEIVE_COUNT's default.
-	DefaultConsumerMaxReceiveCount = inbox.DefaultMaxReceiveCount
+	DefaultConsumerMaxReceiveCount = inbox.DefaultSQSMaxReceiveCount
 	// DefaultConsumerStreamMaxAttempts is SLUICE_CONSUMER_STREAM_MAX_ATTEMPTS's default.
 	DefaultConsumerStreamMaxAttempts = inbox.DefaultStreamMaxAttempts
 )
@@ -61,11 +62,11 @@ const ProcessorMaxAttempts = "SLUICE_PROCESSOR_MAX_ATTEMPTS"
 // when its schedule invokes it (ProcessorConfig).
 func ConsumerConfig(getenv Getenv) (inbox.ConsumerConfig, error) {
 	cfg := inbox.ConsumerConfig{
-		Mode:              DefaultConsumerCommitMode,
-		DeadlineMargin:    DefaultConsumerDeadlineMargin,
-		StorePayload:      DefaultConsumerStorePayload,
-		MaxReceiveCount:   DefaultConsumerMaxReceiveCount,
-		StreamMaxAttempts: DefaultConsumerStreamMaxAttempts,
+		Mode:               DefaultConsumerCommitMode,
+		DeadlineMargin:     DefaultConsumerDeadlineMargin,
+		StorePayload:       DefaultConsumerStorePayload,
+		SQSMaxReceiveCount: DefaultConsumerMaxReceiveCount,
+		StreamMaxAttempts:  DefaultConsumerStreamMaxAttempts,
 	}
 	var errs []error
 	cfg.Consumer = strings.TrimSpace(getenv(ConsumerName))
@@ -103,7 +104,7 @@ func ConsumerConfig(getenv Getenv) (inbox.ConsumerConfig, error) {
 		name, what string
 		dst        *int
 	}{
-		{ConsumerMaxReceiveCount, "the SQS queue's maxReceiveCount", &cfg.MaxReceiveCount},
+		{ConsumerMaxReceiveCount, "the SQS queue's maxReceiveCount", &cfg.SQSMaxReceiveCount},
 		{ConsumerStreamMaxAttempts, "the stream mapping's MaximumRetryAttempts + 1", &cfg.StreamMaxAttempts},
 	} {
 		if raw := getenv(v.name); raw != "" {

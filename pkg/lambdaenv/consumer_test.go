@@ -14,7 +14,7 @@ func TestConsumerConfigReadsEverySettingAndDefaults(t *testing.T) {
 	cfg, err := ConsumerConfig(env(map[string]string{ConsumerName: "billing"}))
 	require.NoError(t, err)
 	require.Equal(t, inbox.ConsumerConfig{Consumer: "billing", Mode: DefaultConsumerCommitMode, DeadlineMargin: DefaultConsumerDeadlineMargin,
-		StorePayload: DefaultConsumerStorePayload, MaxReceiveCount: DefaultConsumerMaxReceiveCount,
+		StorePayload: DefaultConsumerStorePayload, SQSMaxReceiveCount: DefaultConsumerMaxReceiveCount,
 		StreamMaxAttempts: DefaultConsumerStreamMaxAttempts}, cfg)
 
 	cfg, err = ConsumerConfig(env(map[string]string{ConsumerName: " billing ", ConsumerCommitMode: "batched",
@@ -22,7 +22,7 @@ func TestConsumerConfigReadsEverySettingAndDefaults(t *testing.T) {
 		ConsumerStreamMaxAttempts: "1"}))
 	require.NoError(t, err)
 	require.Equal(t, inbox.ConsumerConfig{Consumer: "billing", Mode: inbox.Batched, DeadlineMargin: -time.Second, StorePayload: true,
-		MaxReceiveCount: 3, StreamMaxAttempts: 1}, cfg)
+		SQSMaxReceiveCount: 3, StreamMaxAttempts: 1}, cfg)
 }
 
 func TestConsumerConfigNamesEveryProblem(t *testing.T) {

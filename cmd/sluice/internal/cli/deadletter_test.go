@@ -35,7 +35,7 @@ func TestDeadLettersListShowRetry(t *testing.T) {
 	b := setup(t)
 	r := inbox.NewRouter(inbox.FailUnknown)
 	r.Handle("OrderCreated", func(context.Context, pgx.Tx, inbox.Message) error { return errors.New("ledger closed") })
-	c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "billing", Router: r, MaxReceiveCount: 1})
+	c, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "billing", Router: r, SQSMaxReceiveCount: 1})
 	require.NoError(t, err)
 	rep := c.Process(ctx, events.SQSEvent{Records: []events.SQSMessage{
 		sqsRecord("sqs-1", "m-1", `{"order":1}`), sqsRecord("sqs-2", "", "garbage")}})
