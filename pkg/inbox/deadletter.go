@@ -23,7 +23,8 @@ import (
 // The one place that decides a dead letter is dead is recordFailures: the failure of the last
 // attempt its source makes (SQS: ApproximateReceiveCount >= ConsumerConfig.MaxReceiveCount;
 // Kinesis and Kafka mappings: the record's recorded failures >= StreamMaxAttempts;
-// ConsumeKafka: its give-up, markDead). Whether a dead letter was applied since is never stored:
+// ConsumeKafka: its give-up, markDead; the Processor: parking a stored row, recordDeadLetter).
+// Whether a dead letter was applied since is never stored:
 // inbox_event says it (DeadLetterState).
 
 // Error classes of a dead letter (DeadLetter.ErrorClass): what kind of failure its last one was.
@@ -133,6 +134,74 @@ func (d *delivery) recordKey() string {
 	return d.sourceName + "/" + d.position
 }
 
+// failure is one failed attempt of a record (or of a stored row), as its dead letter keeps it.
+type failure struct {
+	key string
+	// msg is the parsed message; nil when the record could not be parsed, whose body is raw.
+	msg *Message
+	raw []byte
+	// source, sourceName and position: see the inbox_dead_letter columns.
+	source, sourceName, position string
+	receiveCount                 int // 0: the source gives none
+	err                          error
+	// deadNow: the source makes no further attempt; deadAfter: dead once this many failures
+	// are recorded (0: never by count).
+	deadNow   bool
+	deadAfter int
+}
+
+// queue adds f's upsert (recordDeadLetterSQL) to b; dead receives whether the row is dead now.
+func (f failure) queue(b *pgx.Batch, consumer string, dead *bool) {
+	var (
+		messageID                        *string
+		eventType, aggType, aggID, group string
+		created                          any
+		headers                          = map[string]string{}
+		payload                          *string
+		receiveCount                     *int
+	)
+	if f.msg != nil {
+		id := f.msg.ID
+		messageID = &id
+		eventType, aggType, aggID, group = f.msg.EventType, f.msg.AggregateType, f.msg.AggregateID, f.msg.GroupID
+		if !f.msg.CreatedAt.IsZero() {
+			created = f.msg.CreatedAt
+		}
+		for k, v := range f.msg.Headers {
+			headers[truncate(k, maxLinkBytes)] = truncate(v, maxLinkBytes)
+		}
+		if f.msg.Payload != nil {
+			p := truncate(string(f.msg.Payload), maxDeadLetterPayload)
+			payload = &p
+		}
+	} else if f.raw != nil {
+		p := truncate(string(f.raw), maxDeadLetterPayload)
+		payload = &p
+	}
+	if f.receiveCount > 0 {
+		n := f.receiveCount
+		receiveCount = &n
+	}
+	chain, _ := json.Marshal(errorChain(f.err))
+	b.Queue(recordDeadLetterSQL, consumer, truncate(f.key, 1000), messageID, eventType, aggType, aggID,
+		group, created, f.source, f.sourceName, f.position, receiveCount, errorClass(f.err),
+		truncate(f.err.Error(), maxErrorBytes), string(chain), headers, payload, f.deadNow, f.deadAfter).
+		QueryRow(func(row pgx.Row) error { return row.Scan(dead) })
+}
+
+// sendBatch sends b on db (see statements) in one round trip.
+func sendBatch(ctx context.Context, db Beginner, b *pgx.Batch) error {
+	return statements(ctx, db, func(q Querier) error {
+		sb, ok := q.(interface {
+			SendBatch(context.Context, *pgx.Batch) pgx.BatchResults
+		})
+		if !ok {
+			return fmt.Errorf("%T cannot send a batch", q)
+		}
+		return sb.SendBatch(ctx, b).Close()
+	})
+}
+
 // notItsFault reports a failure that says nothing of the record: it was not attempted (an
 // earlier record of its group failed, too little time was left). It is not a dead letter.
 func notItsFault(err error) bool {
@@ -174,54 +243,18 @@ func (b *batch) recordFailures(ctx context.Context) {
 	c := b.c
 	q := &pgx.Batch{}
 	for _, t := range todo {
-		d, r := t.rec, t.rec.delivery
-		deadNow, after := c.lastAttempt(&d.delivery)
-		var (
-			messageID                        *string
-			eventType, aggType, aggID, group string
-			created                          any
-			headers                          = map[string]string{}
-			payload                          *string
-			receiveCount                     *int
-		)
-		if r.err == nil {
-			id := r.msg.ID
-			messageID = &id
-			eventType, aggType, aggID, group = r.msg.EventType, r.msg.AggregateType, r.msg.AggregateID, r.msg.GroupID
-			if !r.msg.CreatedAt.IsZero() {
-				created = r.msg.CreatedAt
-			}
-			for k, v := range r.msg.Headers {
-				headers[truncate(k, maxLinkBytes)] = truncate(v, maxLinkBytes)
-			}
-			if r.msg.Payload != nil {
-				p := truncate(string(r.msg.Payload), maxDeadLetterPayload)
-				payload = &p
-			}
-		} else if r.raw != nil {
-			p := truncate(string(r.raw), maxDeadLetterPayload)
-			payload = &p
+		d := &t.rec.delivery
+		deadNow, after := c.lastAttempt(d)
+		f := failure{key: d.recordKey(), source: d.source, sourceName: d.sourceName, position: d.position,
+			receiveCount: d.receiveCount, err: t.res.Err, deadNow: deadNow, deadAfter: after}
+		if d.err == nil {
+			f.msg = &d.msg
+		} else {
+			f.raw = d.raw
 		}
-		if r.receiveCount > 0 {
-			n := r.receiveCount
-			receiveCount = &n
-		}
-		chain, _ := json.Marshal(errorChain(t.res.Err))
-		q.Queue(recordDeadLetterSQL, c.cfg.Consumer, truncate(r.recordKey(), 1000), messageID, eventType, aggType, aggID,
-			group, created, r.source, r.sourceName, r.position, receiveCount, errorClass(t.res.Err),
-			truncate(t.res.Err.Error(), maxErrorBytes), string(chain), headers, payload, deadNow, after).
-			QueryRow(func(row pgx.Row) error { return row.Scan(&t.res.Dead) })
+		f.queue(q, c.cfg.Consumer, &t.res.Dead)
 	}
-	err := statements(context.WithoutCancel(ctx), c.db, func(db Querier) error {
-		sb, ok := db.(interface {
-			SendBatch(context.Context, *pgx.Batch) pgx.BatchResults
-		})
-		if !ok {
-			return fmt.Errorf("%T cannot send a batch", db)
-		}
-		return sb.SendBatch(context.WithoutCancel(ctx), q).Close()
-	})
-	if err != nil {
+	if err := sendBatch(context.WithoutCancel(ctx), c.db, q); err != nil {
 		c.log.WarnContext(ctx, "inbox: could not record dead letters; the records' sources still hold them", "records", len(todo), "error", err.Error())
 		for _, t := range todo {
 			t.res.Dead = false

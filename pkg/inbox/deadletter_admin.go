@@ -43,7 +43,8 @@ type DeadLetter struct {
 	GroupID   string `json:"group_id,omitempty"`
 	// Source is aws:sqs, aws:kinesis or kafka; SourceName the SQS queue ARN, the Kinesis stream
 	// ARN or the Kafka topic; SourcePosition the SQS message id, the Kinesis SHARD/SEQUENCE or
-	// the Kafka PARTITION@OFFSET of its last failure.
+	// the Kafka PARTITION@OFFSET of its last failure. A stored row the Processor failed on has
+	// Source "inbox", SourceName "inbox_event" and its seq as SourcePosition.
 	Source         string `json:"source"`
 	SourceName     string `json:"source_name"`
 	SourcePosition string `json:"source_position"`

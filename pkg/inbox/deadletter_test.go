@@ -277,3 +277,37 @@ func TestDeadLetterChainIsJSON(t *testing.T) {
 	require.Contains(t, chain[0].Text, "message p (Scripted): handler: scripted failure")
 	require.Equal(t, "scripted failure", chain[len(chain)-1].Text)
 }
+
+// A stored row the processor parks is kept as a dead letter too, with its class and chain: each
+// failed attempt is recorded, the parking one marks it dead, and its state is the inbox row's.
+func TestDeadLetterOfAParkedRow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	store := newConsumer(t, b.pool, "billing", inbox.Async)
+	require.Equal(t, inbox.Stored, store.Process(ctx, batchOf(received(rec("p1", script{N: 1, Fail: "panic"}), 1))).Results[0].Outcome)
+	proc, err := inbox.NewProcessor(b.pool, inbox.ProcessorConfig{Consumer: "billing", Router: router("billing"), MaxAttempts: 2,
+		Backoff: func(int) time.Duration { return time.Hour }, Logger: quiet})
+	require.NoError(t, err)
+	for attempt := 1; attempt <= 2; attempt++ {
+		_, err := b.pool.Exec(ctx, `UPDATE inbox_event SET next_attempt_at = NULL`) // its backoff is over
+		require.NoError(t, err)
+		_, err = proc.Drain(ctx)
+		require.NoError(t, err)
+		dl := deadLetters(t, b.pool, "billing", false)
+		require.Len(t, dl, 1)
+		d := dl[0]
+		require.Equal(t, attempt, d.Attempts)
+		require.Equal(t, "inbox", d.Source)
+		require.Equal(t, "inbox_event", d.SourceName)
+		require.Equal(t, inbox.ClassHandlerPanic, d.ErrorClass)
+		require.JSONEq(t, `{"n":1,"fail":"panic"}`, d.Payload)
+		if attempt == 1 {
+			require.Equal(t, inbox.DeadRetrying, d.State, "stored, waiting for its next attempt")
+			require.Nil(t, d.DeadAt)
+		} else {
+			require.Equal(t, inbox.DeadParked, d.State)
+			require.NotNil(t, d.DeadAt)
+		}
+	}
+}

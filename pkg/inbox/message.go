@@ -47,6 +47,7 @@ const (
 	sourceSQS     = "aws:sqs"
 	sourceKinesis = "aws:kinesis"
 	sourceKafka   = "kafka" // Amazon MSK, self-managed Kafka, or a franz-go client (ConsumeKafka)
+	sourceInbox   = "inbox" // a stored row the Processor applies (a dead letter's source)
 )
 
 // Message is one parsed delivery.

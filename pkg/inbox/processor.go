@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -506,6 +507,9 @@ func (p *Processor) one(ctx context.Context, c claimed, afterSeq int64) (res one
 		return res, true, fmt.Errorf("inbox processor: record failure of %s: %w", msg.ID, err)
 	}
 	res.parked = res.parked && recorded
+	if recorded {
+		p.recordDeadLetter(ctx, c, msg, herr, res.parked)
+	}
 	level := slog.LevelWarn
 	if res.parked {
 		level = slog.LevelError
@@ -513,6 +517,19 @@ func (p *Processor) one(ctx context.Context, c claimed, afterSeq int64) (res one
 	p.log.Log(ctx, level, "inbox: stored message failed", "message_id", msg.ID, "event_type", msg.EventType,
 		"attempts", attempts+1, "parked", res.parked, "recorded", recorded, "error", herr.Error())
 	return res, true, nil
+}
+
+// recordDeadLetter keeps the failed attempt of the stored row c in its dead letter (source
+// "inbox"), dead when it was parked: its class and error chain beside the row's last error. Best
+// effort, as the consumer's: a failure to record is logged.
+func (p *Processor) recordDeadLetter(ctx context.Context, c claimed, msg Message, err error, parked bool) {
+	b := &pgx.Batch{}
+	var dead bool
+	failure{key: msg.ID, msg: &msg, source: sourceInbox, sourceName: "inbox_event", position: strconv.FormatInt(c.seq, 10),
+		err: err, deadNow: parked}.queue(b, p.cfg.Consumer, &dead)
+	if serr := sendBatch(context.WithoutCancel(ctx), p.db, b); serr != nil {
+		p.log.WarnContext(ctx, "inbox: could not record the dead letter of a stored row", "message_id", msg.ID, "error", serr.Error())
+	}
 }
 
 func (p *Processor) emit(ctx context.Context, st ProcessStats, lat []float64) {
