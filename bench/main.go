@@ -74,7 +74,7 @@ func main() {
 		chart     = flag.String("chart", "bench.png", "where to write the relay chart (PNG); the sustained suite's goes next to it, with -sustained before the extension")
 		chartRef  = flag.String("chart-ref", "", "how the report links the chart (defaults to -chart)")
 		quick     = flag.Bool("quick", false, "reduced sizes, for developing the harness (numbers are not the reported ones)")
-		only      = flag.String("only", "", "comma-separated suites to run (relay,producer,consumer,e2e,scale,isolation,producers,wakeup,sustained,tracing,destinations,claimcheck,writes-per-event); default all")
+		only      = flag.String("only", "", "comma-separated suites to run (relay,producer,consumer,e2e,scale,isolation,producers,wakeup,sustained,tracing,destinations,claimcheck,writes-per-event,idlecost); default all")
 		command   = flag.String("command", "", "the command line to print in the report (defaults to this process's)")
 		verbosity = flag.Bool("v", false, "log progress of every run")
 		results   = flag.String("results", "", "where to save the raw results as JSON, for -render (make bench: bench/results.json); with -render and -base, the merged results")
@@ -278,6 +278,7 @@ func run(ctx context.Context, log *slog.Logger, o runOptions) error {
 		{"destinations", runDestinationsSuite}, // issue 15, bench/destinations.go
 		{"claimcheck", runClaimCheckSuite},     // issue 13, bench/claimcheck.go
 		{"writes-per-event", runWritesSuite},   // issue 25, bench/writes.go
+		{"idlecost", runIdleCostSuite},         // issue 25, bench/idle.go
 	}
 	for _, s := range suites {
 		if !want(s.name) {
@@ -366,6 +367,8 @@ func mergeOnto(base string, part *Report) (*Report, error) {
 			rep.ClaimCheck = part.ClaimCheck
 		case "writes-per-event": // issue 25, bench/writes.go
 			rep.Writes = part.Writes
+		case "idlecost": // issue 25, bench/idle.go
+			rep.IdleCost = part.IdleCost
 		}
 		replaced := false
 		for i := range rep.SuiteTimes {

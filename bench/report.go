@@ -55,6 +55,8 @@ type Report struct {
 	ClaimCheck *ClaimCheckResult `json:",omitempty"`
 	// Writes is issue 25's writes-per-event suite (bench/writes.go).
 	Writes *WritesResult `json:",omitempty"`
+	// IdleCost is issue 25's idle-cost figure (bench/idle.go).
+	IdleCost *IdleCostResult `json:",omitempty"`
 }
 
 // suiteTime is how long one suite took.
@@ -186,6 +188,7 @@ func (r *Report) targets() []target {
 	ts = append(ts, r.issue11Targets()...)
 	ts = append(ts, r.issue14Targets()...)
 	ts = append(ts, r.issue25WritesTargets()...)
+	ts = append(ts, r.idleCostTargets()...)
 	return ts
 }
 
@@ -252,6 +255,7 @@ func (r *Report) Markdown() string {
 	r.destinationsMarkdown(w) // issue 15, bench/destinations.go
 	r.claimCheckMarkdown(w)   // issue 13, bench/claimcheck.go
 	r.writesMarkdown(w)       // issue 25, bench/writes.go
+	r.idleCostMarkdown(w)     // issue 25, bench/idle.go
 
 	w("## Analysis\n\n%s\n", strings.TrimSpace(r.renderNotes(notes)))
 	w("\n## Run time\n\n| suite | time |\n|---|---|\n")
