@@ -99,7 +99,7 @@ func Start(ctx context.Context, spec Spec) (*Process, error) {
 			if spec.ExitHint != "" {
 				msg += "; " + spec.ExitHint
 			}
-			return nil, errors.New(msg)
+			return nil, fmt.Errorf("%w: %s", ErrExited, msg)
 		case <-ctx.Done():
 			p.Stop()
 			return nil, ctx.Err()
@@ -146,6 +146,9 @@ func (p *Process) signal(sig syscall.Signal) {
 	}
 	_ = syscall.Kill(pid, sig)
 }
+
+// ErrExited marks a process that exited before it was ready (Start).
+var ErrExited = errors.New("exited before it was ready")
 
 // FreePort asks the kernel for a free TCP port on 127.0.0.1.
 func FreePort() (int, error) {

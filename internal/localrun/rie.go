@@ -72,7 +72,7 @@ func StartFunction(ctx context.Context, opts FunctionOptions) (*Function, error)
 	}
 	f := &Function{opts: opts, free: make(chan *instance, opts.Instances), client: &http.Client{}}
 	for range opts.Instances {
-		in, err := f.startInstance(ctx)
+		in, err := f.startInstanceRetrying(ctx)
 		if err != nil {
 			f.Stop()
 			return nil, err
@@ -81,6 +81,20 @@ func StartFunction(ctx context.Context, opts FunctionOptions) (*Function, error)
 		f.free <- in
 	}
 	return f, nil
+}
+
+// startInstance's ports are free when chosen (localproc.FreePort) but may be taken by another
+// process before the emulator binds them; it then exits at once. startInstanceRetrying tries
+// again with new ports, a few times.
+func (f *Function) startInstanceRetrying(ctx context.Context) (*instance, error) {
+	var err error
+	for range 3 {
+		var in *instance
+		if in, err = f.startInstance(ctx); err == nil || !errors.Is(err, localproc.ErrExited) {
+			return in, err
+		}
+	}
+	return nil, err
 }
 
 func (f *Function) startInstance(ctx context.Context) (*instance, error) {
