@@ -44,6 +44,9 @@
 //     and Kafka through each kind's publisher over a stub of its SDK call with the same 10 ms;
 //  12. claim check (issue 13, claimcheck.go): relay throughput with 10% of rows at 1 MB stored by
 //     the claim check (stub store with a fixed latency) against the same run with small rows.
+//  13. hot key (issue 25, hotkey.go): how fast one 10,000-row key drains at 10 ms a call when the
+//     destination keeps a key's order in a call (Kafka) against one row of a key per call, with
+//     idle keys' waits beside it.
 //
 // The full run takes about 45 minutes, 32 of them the sustained suite (two 4-minute runs and
 // two 12-minute ones); -only runs chosen suites, -quick all of them at reduced sizes in a few
@@ -71,7 +74,7 @@ func main() {
 		chart     = flag.String("chart", "bench.png", "where to write the relay chart (PNG); the sustained suite's goes next to it, with -sustained before the extension")
 		chartRef  = flag.String("chart-ref", "", "how the report links the chart (defaults to -chart)")
 		quick     = flag.Bool("quick", false, "reduced sizes, for developing the harness (numbers are not the reported ones)")
-		only      = flag.String("only", "", "comma-separated suites to run (relay,producer,consumer,e2e,scale,isolation,producers,wakeup,sustained,tracing,destinations,claimcheck); default all")
+		only      = flag.String("only", "", "comma-separated suites to run (relay,producer,consumer,e2e,scale,isolation,producers,wakeup,sustained,tracing,destinations,claimcheck,hotkey); default all")
 		command   = flag.String("command", "", "the command line to print in the report (defaults to this process's)")
 		verbosity = flag.Bool("v", false, "log progress of every run")
 		results   = flag.String("results", "", "where to save the raw results as JSON, for -render (make bench: bench/results.json); with -render and -base, the merged results")
@@ -274,6 +277,7 @@ func run(ctx context.Context, log *slog.Logger, o runOptions) error {
 		{"tracing", runTracingSuite},           // issue 14, bench/tracing.go
 		{"destinations", runDestinationsSuite}, // issue 15, bench/destinations.go
 		{"claimcheck", runClaimCheckSuite},     // issue 13, bench/claimcheck.go
+		{"hotkey", runHotKeySuite},             // issue 25, bench/hotkey.go
 	}
 	for _, s := range suites {
 		if !want(s.name) {
@@ -360,6 +364,8 @@ func mergeOnto(base string, part *Report) (*Report, error) {
 			rep.Destinations = part.Destinations
 		case "claimcheck": // issue 13, bench/claimcheck.go
 			rep.ClaimCheck = part.ClaimCheck
+		case "hotkey": // issue 25, bench/hotkey.go
+			rep.HotKey = part.HotKey
 		}
 		replaced := false
 		for i := range rep.SuiteTimes {

@@ -53,6 +53,8 @@ type Report struct {
 	Destinations *DestinationsResult `json:",omitempty"`
 	// ClaimCheck is issue 13's suite (bench/claimcheck.go).
 	ClaimCheck *ClaimCheckResult `json:",omitempty"`
+	// HotKey is issue 25's hot key suite (bench/hotkey.go).
+	HotKey *HotKeyResult `json:",omitempty"`
 }
 
 // suiteTime is how long one suite took.
@@ -183,6 +185,7 @@ func (r *Report) targets() []target {
 	ts = append(ts, r.issue10Targets()...)
 	ts = append(ts, r.issue11Targets()...)
 	ts = append(ts, r.issue14Targets()...)
+	ts = append(ts, r.hotKeyTargets()...) // issue 25, bench/hotkey.go
 	return ts
 }
 
@@ -248,6 +251,7 @@ func (r *Report) Markdown() string {
 	r.tracingMarkdown(w)      // issue 14, bench/tracing.go
 	r.destinationsMarkdown(w) // issue 15, bench/destinations.go
 	r.claimCheckMarkdown(w)   // issue 13, bench/claimcheck.go
+	r.hotKeyMarkdown(w)       // issue 25, bench/hotkey.go
 
 	w("## Analysis\n\n%s\n", strings.TrimSpace(r.renderNotes(notes)))
 	w("\n## Run time\n\n| suite | time |\n|---|---|\n")
