@@ -26,8 +26,8 @@ var _ KafkaProducer = (*kgo.Client)(nil)
 // payload as published to SNS, and the contract's attributes and the headers are record
 // headers. The client should keep franz-go's defaults of an idempotent producer with acks=all
 // (NewKafkaClient does): an event is acknowledged when every in-sync replica has it. The relay
-// sends a key's next row only after its previous one was acknowledged, so a key's records are
-// in id order on its partition (docs/destinations.md).
+// sends a key's next rows only after its previous ones were acknowledged, several of them in one
+// call (Limits), so a key's records are in id order on its partition (docs/destinations.md).
 type KafkaPublisher struct {
 	client     KafkaProducer
 	maxMessage int
@@ -111,8 +111,8 @@ var permanentKafkaErrors = []error{
 	kerr.CorruptMessage, kerr.InvalidRequiredAcks, kerr.UnsupportedForMessageFormat, kerr.UnsupportedCompressionType,
 }
 
-// PublishBatch implements Publisher: one ProduceSync of every event, each acknowledged (or not)
-// on its own.
+// PublishBatch implements Publisher: one ProduceSync of every event, in order, each
+// acknowledged (or not) on its own.
 func (p *KafkaPublisher) PublishBatch(ctx context.Context, dest string, events []*Event) []error {
 	d, err := ParseDestination(dest)
 	if err != nil || d.Kind != Kafka {
