@@ -269,8 +269,8 @@ type simDestination struct {
 	overtaken int
 	// sharedCalls counts the calls that carried several rows of one key.
 	sharedCalls int
-	tainted   map[string]bool
-	reported  atomic.Int64
+	tainted     map[string]bool
+	reported    atomic.Int64
 }
 
 // simKeyOrderDestination is the fake broker of a keyOrder seed: it declares that it keeps a
