@@ -248,3 +248,37 @@ func (b *bundle) idsByEventID(t *testing.T) map[string]int64 {
 	require.NoError(t, rows.Err())
 	return out
 }
+
+// In a call carrying several rows of a key, a row whose payload the claim check could not store
+// is not sent, and neither are the rows of its key behind it: they wait, without an attempt, and
+// go out after it, in order, each once.
+func TestAClaimCheckFailureHoldsBackTheLaterRowsOfItsKeyInTheCall(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	insertSized(t, b, "k1", 400)
+	big := insertSized(t, b, "k1", 4000)
+	insertSized(t, b, "k1", 400)
+	insertSized(t, b, "k1", 400)
+	store := &memoryStore{}
+	failed := false
+	store.fail = func(key string) error {
+		if key == big.String() && !failed {
+			failed = true
+			return errors.New("s3 is down")
+		}
+		return nil
+	}
+	d := newKeyOrderDest(true, func(*outbox.Event, int) error { return nil })
+	r := b.relay(t, func(c *outbox.RelayConfig) {
+		c.Publisher = d
+		c.ClaimCheck = &outbox.ClaimCheck{Store: store, Bucket: "b", Threshold: 1024}
+	})
+	st := drainStats(t, b, r)
+	require.True(t, failed)
+	require.Equal(t, 4, st.Published)
+	require.Zero(t, st.OrderViolations)
+	require.Equal(t, 4, d.count(), "no row behind the failed upload was sent before it")
+	d.requireKeyOrder(t)
+	require.Equal(t, 2, b.countWhere(t, "attempts = 0 AND id > (SELECT id FROM outbox_event WHERE event_id = '"+big.String()+"')"),
+		"the rows behind it waited without an attempt")
+}
