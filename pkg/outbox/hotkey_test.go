@@ -27,6 +27,9 @@ type keyOrderDest struct {
 	*recorder
 	failEntry func(e *outbox.Event, attempt int) error
 	gapless   bool
+	// refuseBatches refuses every call of several entries as a whole, permanently (as SNS
+	// answers BatchRequestTooLong): the relay then asks entry by entry.
+	refuseBatches bool
 
 	mu       sync.Mutex
 	attempts map[uuid.UUID]int
@@ -49,6 +52,8 @@ func newKeyOrderDest(gapless bool, failEntry func(e *outbox.Event, attempt int) 
 
 var _ outbox.LimitedPublisher = (*keyOrderDest)(nil)
 
+var errBatchTooLong = outbox.Permanent(errors.New("BatchRequestTooLong"))
+
 func (d *keyOrderDest) Limits(string) outbox.Limits {
 	return outbox.Limits{MaxEntries: 500, MaxMessageBytes: 256 << 10, MaxCallBytes: 5 << 20, KeyOrderInCall: true}
 }
@@ -65,6 +70,9 @@ func (d *keyOrderDest) PublishBatch(ctx context.Context, dest string, events []*
 		rows[e.PartitionKey]++
 		d.maxKeyRows = max(d.maxKeyRows, rows[e.PartitionKey])
 		err := d.failEntry(e, d.attempts[e.EventID])
+		if d.refuseBatches && len(events) > 1 {
+			err = errBatchTooLong
+		}
 		d.attempts[e.EventID]++
 		prev := failed[e.PartitionKey]
 		switch {
@@ -281,4 +289,31 @@ func TestAClaimCheckFailureHoldsBackTheLaterRowsOfItsKeyInTheCall(t *testing.T) 
 	d.requireKeyOrder(t)
 	require.Equal(t, 2, b.countWhere(t, "attempts = 0 AND id > (SELECT id FROM outbox_event WHERE event_id = '"+big.String()+"')"),
 		"the rows behind it waited without an attempt")
+}
+
+// A call refused as a whole is asked again entry by entry; a row of a key behind one refused on
+// its own is not asked (it would overtake it): it waits behind the quarantined row.
+func TestAskedEntryByEntryARowBehindARefusedOneIsNotSent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.write(t, 3, 1)
+	second := b.rowID(t, "k0", 1)
+	d := newKeyOrderDest(true, func(e *outbox.Event, _ int) error {
+		if e.ID == second {
+			return outbox.Permanent(errors.New("InvalidParameter"))
+		}
+		return nil
+	})
+	d.refuseBatches = true
+	r := b.relay(t, func(c *outbox.RelayConfig) { c.Publisher = d })
+	testwait.Until(t, "the refused row quarantined", func() bool {
+		_, err := r.RunOnce(context.Background())
+		require.NoError(t, err)
+		return b.countWhere(t, "quarantined_at IS NOT NULL") == 1
+	})
+	require.Equal(t, 1, b.countWhere(t, "published_at IS NOT NULL"), "the row before it")
+	require.Equal(t, 1, b.countWhere(t, fmt.Sprintf("id > %d AND published_at IS NULL AND quarantined_at IS NULL AND attempts = 0", second)),
+		"the row behind it waits, never sent alone")
+	require.Equal(t, 1, d.count())
+	d.requireKeyOrder(t)
 }
