@@ -57,6 +57,8 @@ type Report struct {
 	Writes *WritesResult `json:",omitempty"`
 	// IdleCost is issue 25's idle-cost figure (bench/idle.go).
 	IdleCost *IdleCostResult `json:",omitempty"`
+	// HotKey is issue 25's hot key suite (bench/hotkey.go).
+	HotKey *HotKeyResult `json:",omitempty"`
 }
 
 // suiteTime is how long one suite took.
@@ -189,6 +191,7 @@ func (r *Report) targets() []target {
 	ts = append(ts, r.issue14Targets()...)
 	ts = append(ts, r.issue25WritesTargets()...)
 	ts = append(ts, r.idleCostTargets()...)
+	ts = append(ts, r.hotKeyTargets()...) // issue 25, bench/hotkey.go
 	return ts
 }
 
@@ -256,6 +259,7 @@ func (r *Report) Markdown() string {
 	r.claimCheckMarkdown(w)   // issue 13, bench/claimcheck.go
 	r.writesMarkdown(w)       // issue 25, bench/writes.go
 	r.idleCostMarkdown(w)     // issue 25, bench/idle.go
+	r.hotKeyMarkdown(w)       // issue 25, bench/hotkey.go
 
 	w("## Analysis\n\n%s\n", strings.TrimSpace(r.renderNotes(notes)))
 	w("\n## Run time\n\n| suite | time |\n|---|---|\n")

@@ -74,6 +74,15 @@ type Limits struct {
 	MaxMessageBytes int
 	// MaxCallBytes is the most bytes one call carries, all its messages together.
 	MaxCallBytes int
+	// KeyOrderInCall: the destination stores the entries of one partition key that share a
+	// call in the call's order, and when it fails one of them it fails every later one of
+	// that key in the call too. Only then does the relay put several consecutive rows of a key
+	// in one call (at most the rows a round takes of a key, MaxPerKey); it acknowledges them
+	// up to the first failure, and counts a later one acknowledged after a failure as a broken
+	// promise (Stats.OrderViolations). Without it (the default) a call carries one row per
+	// key. The Kafka publisher sets it (docs/destinations.md says why, and why the others do
+	// not).
+	KeyOrderInCall bool
 }
 
 // snsLimits are SNS's: PublishBatch takes 10 entries and 256 KiB in all.

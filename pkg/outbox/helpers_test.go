@@ -56,11 +56,15 @@ func newRecorder() *recorder {
 func (r *recorder) PublishBatch(ctx context.Context, dest string, events []*outbox.Event) []error {
 	r.mu.Lock()
 	r.calls++
+	keys := map[string]bool{} // a call may carry several rows of a key (Limits.KeyOrderInCall)
 	for _, e := range events {
-		if r.inFlight[e.PartitionKey] {
+		keys[e.PartitionKey] = true
+	}
+	for k := range keys {
+		if r.inFlight[k] {
 			r.overlaps++
 		}
-		r.inFlight[e.PartitionKey] = true
+		r.inFlight[k] = true
 	}
 	fail, failCall, hold, delay := r.fail, r.failCall, r.hold, r.delay
 	r.mu.Unlock()

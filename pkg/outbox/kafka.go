@@ -26,8 +26,8 @@ var _ KafkaProducer = (*kgo.Client)(nil)
 // payload as published to SNS, and the contract's attributes and the headers are record
 // headers. The client should keep franz-go's defaults of an idempotent producer with acks=all
 // (NewKafkaClient does): an event is acknowledged when every in-sync replica has it. The relay
-// sends a key's next row only after its previous one was acknowledged, so a key's records are
-// in id order on its partition (docs/destinations.md).
+// sends a key's next rows only after its previous ones were acknowledged, several of them in one
+// call (Limits), so a key's records are in id order on its partition (docs/destinations.md).
 type KafkaPublisher struct {
 	client     KafkaProducer
 	maxMessage int
@@ -54,9 +54,17 @@ func (p *KafkaPublisher) MessageSize(_ string, e *Event, payloadLen int) int {
 	return messageSize(Kafka, e, payloadLen, "")
 }
 
-// Limits implements LimitedPublisher: up to 500 records a call.
+// Limits implements LimitedPublisher: up to 500 records a call, several of one key among them
+// (KeyOrderInCall). A key's records go to one partition, in the order they are produced, and
+// with the idempotent producer a failure of a buffered record fails every later buffered
+// record of its partition (franz-go's RecordRetries: "This ensures gapless ordering: the client
+// will not fail one record only to produce a later one successfully"). Records that fail
+// before they are buffered fail alone: PublishBatch keeps every record within the size the
+// brokers take (a larger one is failed before the call, with the records of its key after it),
+// and the relay checks each call's answer for a later record of a key acknowledged after an
+// earlier one failed (Stats.OrderViolations).
 func (p *KafkaPublisher) Limits(string) Limits {
-	return Limits{MaxEntries: 500, MaxMessageBytes: p.maxMessage, MaxCallBytes: 64 << 20}
+	return Limits{MaxEntries: 500, MaxMessageBytes: p.maxMessage, MaxCallBytes: 64 << 20, KeyOrderInCall: true}
 }
 
 // CheckDestination implements DestinationChecker: dest must be kafka://TOPIC.
@@ -103,8 +111,8 @@ var permanentKafkaErrors = []error{
 	kerr.CorruptMessage, kerr.InvalidRequiredAcks, kerr.UnsupportedForMessageFormat, kerr.UnsupportedCompressionType,
 }
 
-// PublishBatch implements Publisher: one ProduceSync of every event, each acknowledged (or not)
-// on its own.
+// PublishBatch implements Publisher: one ProduceSync of every event, in order, each
+// acknowledged (or not) on its own.
 func (p *KafkaPublisher) PublishBatch(ctx context.Context, dest string, events []*Event) []error {
 	d, err := ParseDestination(dest)
 	if err != nil || d.Kind != Kafka {
@@ -115,13 +123,24 @@ func (p *KafkaPublisher) PublishBatch(ctx context.Context, dest string, events [
 		records []*kgo.Record
 		index   []int
 	)
+	// refused: keys with a record failed here, before producing. Their later records in the
+	// call are not produced either (a record that fails before it is buffered fails alone, and
+	// would let the next one of its key overtake it).
+	var refused map[string]error
 	for i, e := range events {
-		rec := kafkaRecord(d.Name, e)
-		if n := p.MessageSize(dest, e, len(e.Payload)); n > p.maxMessage {
-			errs[i] = Permanent(fmt.Errorf("kafka: event %s is %d bytes as a record, above the %d the brokers take", e.EventID, n, p.maxMessage))
+		if err := refused[e.PartitionKey]; err != nil {
+			errs[i] = fmt.Errorf("kafka: event %s not produced: an earlier record of its key in the call failed: %w", e.EventID, err)
 			continue
 		}
-		records, index = append(records, rec), append(index, i)
+		if n := p.MessageSize(dest, e, len(e.Payload)); n > p.maxMessage {
+			errs[i] = Permanent(fmt.Errorf("kafka: event %s is %d bytes as a record, above the %d the brokers take", e.EventID, n, p.maxMessage))
+			if refused == nil {
+				refused = map[string]error{}
+			}
+			refused[e.PartitionKey] = errs[i]
+			continue
+		}
+		records, index = append(records, kafkaRecord(d.Name, e)), append(index, i)
 	}
 	if len(records) == 0 {
 		return errs

@@ -25,13 +25,20 @@ type outcome struct {
 	deferredUntil time.Time
 	// afterFailure: not attempted because an earlier row of its key failed.
 	afterFailure *outcome
+	// overtook: acknowledged (done) in a call that failed, or did not answer, the earlier row
+	// of its key it names, which a destination that keeps a key's order in a call
+	// (Limits.KeyOrderInCall) promises never to do. The row is published all the same (the
+	// broker has it): the relay counts it (Stats.OrderViolations) and logs it as an error.
+	overtook *outcome
 	// Set when the outcome is recorded: the failed row was quarantined, or may be tried again
 	// at retryAt.
 	quarantined bool
 	retryAt     time.Time
 }
 
-// lane is the claimed rows of one partition key, published strictly one after another.
+// lane is the claimed rows of one partition key, published strictly in order: a call carries
+// its next row (or, where the destination keeps a key's order in a call, its next rows) only
+// after every earlier row was acknowledged.
 type lane struct {
 	plan *keyPlan
 	rows []*outcome
@@ -73,10 +80,12 @@ func (l *lane) fail(err error, kind failKind, retryAt time.Time) {
 }
 
 // laneSet schedules one round's publish calls. Each call carries the next row of as many lanes
-// as its destination takes in a call (Limits: entries and bytes) that share that destination; a lane is never in two
-// calls at once and its next row goes out only after the previous one was acknowledged, so a
-// key's rows reach the broker in id order and a failed row is never overtaken by a later row
-// of its key. Workers loop on next and finish.
+// as its destination takes in a call (Limits: entries and bytes) that share that destination; a
+// lane is never in two calls at once and its next rows go out only after the previous ones were
+// acknowledged, so a key's rows reach the broker in id order and a failed row is never overtaken
+// by a later row of its key. Where the destination keeps a key's order inside one call
+// (Limits.KeyOrderInCall), a call carries several consecutive rows of a lane, and finish
+// acknowledges them only up to the first that failed. Workers loop on next and finish.
 type laneSet struct {
 	mu       sync.Mutex
 	cond     *sync.Cond
@@ -90,6 +99,15 @@ type laneSet struct {
 	// onEnd is told of each lane as soon as it ends, with the set's lock held: the round
 	// records the key's outcomes and releases it then, whatever other lanes still do.
 	onEnd func(*lane)
+	// onOvertake, when set, is told (with the set's lock held) of each row a destination
+	// acknowledged after failing an earlier row of its key in the same call.
+	onOvertake func(later, earlier *outcome)
+}
+
+// entry is one row of a call: lane's row o.
+type entry struct {
+	lane *lane
+	o    *outcome
 }
 
 // newLaneSet makes a lane of each key plan with rows to send.
@@ -123,11 +141,11 @@ func (s *laneSet) endRest() {
 	}
 }
 
-// next returns the next call to make: its destination and lanes (whose current rows it
-// carries). It blocks while no lane is ready but calls are in flight, and returns false when
-// nothing is left to send, or as soon as stopping reports true: what was not sent stays
+// next returns the next call to make: its destination and entries (each lane's rows in the
+// call, in order). It blocks while no lane is ready but calls are in flight, and returns false
+// when nothing is left to send, or as soon as stopping reports true: what was not sent stays
 // unattempted.
-func (s *laneSet) next(stopping func() bool) (string, []*lane, bool) {
+func (s *laneSet) next(stopping func() bool) (string, []entry, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for {
@@ -148,14 +166,16 @@ func (s *laneSet) next(stopping func() bool) (string, []*lane, bool) {
 }
 
 // takeBatch removes ready lanes whose current rows share one admitted destination, as many as
-// that destination's call takes (entries and bytes). On the way, lanes whose row cannot be
-// published fail and lanes whose destination backs off are set aside until it may be tried
-// again.
-func (s *laneSet) takeBatch() (string, []*lane) {
+// that destination's call takes (entries and bytes). Where the destination keeps a key's order
+// in a call, each lane taken brings its following rows of that destination too, while they fit
+// (a lane holds at most the round's rows per key, MaxPerKey). A lane's entries are consecutive
+// and in id order. On the way, lanes whose row cannot be published fail and lanes whose
+// destination backs off are set aside until it may be tried again.
+func (s *laneSet) takeBatch() (string, []entry) {
 	var (
 		dest  string
 		lim   = Limits{MaxEntries: 1}
-		batch []*lane
+		batch []entry
 		size  int
 		rest  []*lane
 		i     int
@@ -167,8 +187,10 @@ func (s *laneSet) takeBatch() (string, []*lane) {
 		case o.unpublishable != nil:
 			l.fail(o.unpublishable, failRow, time.Time{})
 			s.end(l)
+			continue
 		case dest != "" && (o.dest != dest || size+o.size > lim.MaxCallBytes):
 			rest = append(rest, l)
+			continue
 		case dest == "":
 			if ok, retryAt := s.admit(o.dest); !ok {
 				o.deferredUntil = retryAt
@@ -176,10 +198,19 @@ func (s *laneSet) takeBatch() (string, []*lane) {
 				s.end(l)
 				continue
 			}
-			dest, size, batch, lim = o.dest, o.size, append(batch, l), s.limits(o.dest)
-		default:
-			size += o.size
-			batch = append(batch, l)
+			dest, lim = o.dest, s.limits(o.dest)
+		}
+		size += o.size
+		batch = append(batch, entry{l, o})
+		if !lim.KeyOrderInCall {
+			continue
+		}
+		for _, more := range l.rows[l.next+1:] {
+			if len(batch) >= lim.MaxEntries || more.unpublishable != nil || more.dest != dest || size+more.size > lim.MaxCallBytes {
+				break
+			}
+			size += more.size
+			batch = append(batch, entry{l, more})
 		}
 	}
 	s.ready = append(rest, s.ready[i:]...)
@@ -196,28 +227,53 @@ type callResult struct {
 	cancelled bool
 }
 
-// finish records the results of the call that carried batch (one per lane, in order) and makes
-// the lanes with more rows ready again.
-func (s *laneSet) finish(batch []*lane, results []callResult) {
+// finish records the results of the call that carried batch (one per entry, in order) and
+// makes the lanes with more rows ready again. A lane's entries are acknowledged in order up to
+// the first that was not: a failure ends the lane there as a single row's would (the rows behind
+// it wait, not attempted), and so does a cancelled entry. A later entry of the lane that the
+// destination acknowledged all the same is published (the broker has it) but overtook its
+// key's earlier row, which a destination that keeps a key's order in a call promises never to
+// do: it is marked (outcome.overtook) and reported to onOvertake.
+func (s *laneSet) finish(batch []entry, results []callResult) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.inFlight--
-	for i, l := range batch {
-		switch r := results[i]; {
-		case r.cancelled:
-			l.next = len(l.rows)
-			s.end(l)
-		case r.err != nil:
-			l.fail(r.err, r.kind, r.retryAt)
-			s.end(l)
-		default:
-			l.current().done = true
-			l.next++
-			if l.next < len(l.rows) {
-				s.ready = append(s.ready, l)
-			} else {
-				s.end(l)
+	var (
+		lanes []*lane
+		// stopped: the lane's first entry in this call that was not acknowledged.
+		stopped = map[*lane]*outcome{}
+	)
+	for i, e := range batch {
+		l, r := e.lane, results[i]
+		if len(lanes) == 0 || lanes[len(lanes)-1] != l {
+			lanes = append(lanes, l)
+		}
+		if first := stopped[l]; first != nil {
+			if r.err == nil && !r.cancelled {
+				e.o.done, e.o.afterFailure, e.o.overtook = true, nil, first
+				if s.onOvertake != nil {
+					s.onOvertake(e.o, first)
+				}
 			}
+			continue
+		}
+		switch {
+		case r.cancelled:
+			stopped[l] = e.o
+			l.next = len(l.rows)
+		case r.err != nil:
+			stopped[l] = e.o
+			l.fail(r.err, r.kind, r.retryAt)
+		default:
+			e.o.done = true
+			l.next++
+		}
+	}
+	for _, l := range lanes {
+		if l.next < len(l.rows) {
+			s.ready = append(s.ready, l)
+		} else {
+			s.end(l)
 		}
 	}
 	s.cond.Broadcast()

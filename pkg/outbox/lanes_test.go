@@ -51,15 +51,15 @@ func TestLaneSetBatchesOneRowPerKeyPerDestinationAndSize(t *testing.T) {
 	require.Len(t, batch, 10, "at most ten entries, each of a different key")
 	seen := map[string]bool{}
 	for _, l := range batch {
-		require.False(t, seen[l.current().event.PartitionKey])
-		seen[l.current().event.PartitionKey] = true
+		require.False(t, seen[l.o.event.PartitionKey])
+		seen[l.o.event.PartitionKey] = true
 	}
 	dest2, batch2, ok := s.next(never)
 	require.True(t, ok)
 	total := 0
 	for _, l := range batch2 {
-		require.Equal(t, dest2, l.current().dest, "one destination per call")
-		total += l.current().size
+		require.Equal(t, dest2, l.o.dest, "one destination per call")
+		total += l.o.size
 	}
 	require.LessOrEqual(t, total, 1000, "a call fits the request limit")
 }
@@ -69,13 +69,13 @@ func TestLaneSetKeepsAKeysRowsInOrderAndStopsAtAFailure(t *testing.T) {
 	outs := []*outcome{laneOutcome(1, "k", "A", 1), laneOutcome(2, "k", "A", 1), laneOutcome(3, "k", "A", 1)}
 	s, ended := testLaneSet(outs, fixedLimits(10, 1000), admitAll)
 	_, b1, _ := s.next(never)
-	require.Equal(t, int64(1), b1[0].current().event.ID)
+	require.Equal(t, int64(1), b1[0].o.event.ID)
 	done := make(chan struct{})
 	go func() { // the second row is not handed out while the first is in flight
 		defer close(done)
 		_, b2, ok := s.next(never)
 		require.True(t, ok)
-		require.Equal(t, int64(2), b2[0].current().event.ID)
+		require.Equal(t, int64(2), b2[0].o.event.ID)
 		s.finish(b2, []callResult{{err: errors.New("Throttled")}})
 	}()
 	time.Sleep(20 * time.Millisecond)
@@ -224,4 +224,108 @@ func TestLaneSetTakesEachDestinationsOwnLimits(t *testing.T) {
 	}
 	require.Equal(t, []int{15}, sizes["kinesis"], "one call takes every Kinesis lane")
 	require.Equal(t, []int{10, 5}, sizes["sns"], "SNS calls take 10 entries")
+}
+
+// keyOrderLimits gives every destination calls of entries events and bytes bytes that keep a
+// key's order (Limits.KeyOrderInCall).
+func keyOrderLimits(entries, bytes int) func(string) Limits {
+	return func(string) Limits {
+		return Limits{MaxEntries: entries, MaxMessageBytes: bytes, MaxCallBytes: bytes, KeyOrderInCall: true}
+	}
+}
+
+// entryIDs returns the row ids of a call's entries, in order.
+func entryIDs(batch []entry) []int64 {
+	ids := make([]int64, len(batch))
+	for i, e := range batch {
+		ids[i] = e.o.event.ID
+	}
+	return ids
+}
+
+func TestLaneSetCarriesSeveralRowsOfAKeyOnlyWhereTheDestinationKeepsTheirOrder(t *testing.T) {
+	t.Parallel()
+	rows := func() []*outcome {
+		var outs []*outcome
+		for i := range 5 {
+			outs = append(outs, laneOutcome(int64(1+i), "hot", "A", 100))
+		}
+		return append(outs, laneOutcome(10, "a", "A", 100), laneOutcome(11, "b", "A", 100), laneOutcome(12, "hot", "B", 100))
+	}
+	// hot's rows 1..5 and 12 (another destination) are one lane.
+	s, _ := testLaneSet(rows(), keyOrderLimits(6, 10_000), admitAll)
+	_, batch, ok := s.next(never)
+	require.True(t, ok)
+	require.Equal(t, []int64{1, 2, 3, 4, 5, 10}, entryIDs(batch), "the hot lane's rows of the call's destination, in order, then other lanes up to MaxEntries")
+	_, batch2, ok := s.next(never)
+	require.True(t, ok)
+	require.Equal(t, []int64{11}, entryIDs(batch2), "the hot lane is in a call: not taken again")
+
+	s, _ = testLaneSet(rows(), keyOrderLimits(10, 350), admitAll)
+	_, batch, _ = s.next(never)
+	require.Equal(t, []int64{1, 2, 3}, entryIDs(batch), "MaxCallBytes bounds the lane's rows too")
+
+	s, _ = testLaneSet(rows(), fixedLimits(10, 10_000), admitAll)
+	_, batch, _ = s.next(never)
+	require.Equal(t, []int64{1, 10, 11}, entryIDs(batch), "without KeyOrderInCall, one row per key")
+}
+
+func TestLaneSetAcknowledgesAKeysRowsInACallUpToItsFirstFailure(t *testing.T) {
+	t.Parallel()
+	failed := errors.New("InternalFailure")
+	cases := []struct {
+		name    string
+		results []callResult
+		done    []bool
+		overtok []int // index of the row each overtook, -1 for none
+	}{
+		{"all acknowledged", []callResult{{}, {}, {}, {}}, []bool{true, true, true, true}, []int{-1, -1, -1, -1}},
+		{"the failure and what follows wait", []callResult{{}, {err: failed}, {err: failed}, {err: failed}},
+			[]bool{true, false, false, false}, []int{-1, -1, -1, -1}},
+		{"cancelled: not attempted", []callResult{{}, {cancelled: true}, {cancelled: true}, {cancelled: true}},
+			[]bool{true, false, false, false}, []int{-1, -1, -1, -1}},
+		{"a later row acknowledged after a failure overtook it", []callResult{{}, {err: failed}, {}, {err: failed}},
+			[]bool{true, false, true, false}, []int{-1, -1, 1, -1}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var outs []*outcome
+			for i := range 4 {
+				outs = append(outs, laneOutcome(int64(1+i), "hot", "A", 1))
+			}
+			s, ended := testLaneSet(outs, keyOrderLimits(10, 1000), admitAll)
+			var overtaken [][2]*outcome
+			s.onOvertake = func(later, earlier *outcome) { overtaken = append(overtaken, [2]*outcome{later, earlier}) }
+			_, batch, ok := s.next(never)
+			require.True(t, ok)
+			require.Len(t, batch, 4)
+			s.finish(batch, tc.results)
+			_, _, ok = s.next(never)
+			require.False(t, ok, "the lane is over: every row acknowledged, or it stopped")
+			require.Equal(t, []string{"hot"}, *ended)
+			var want [][2]*outcome
+			for i, o := range outs {
+				require.Equal(t, tc.done[i], o.done, "row %d acknowledged", i+1)
+				if tc.overtok[i] >= 0 {
+					require.Same(t, outs[tc.overtok[i]], o.overtook)
+					want = append(want, [2]*outcome{o, outs[tc.overtok[i]]})
+				} else {
+					require.Nil(t, o.overtook)
+				}
+			}
+			require.Equal(t, want, overtaken, "each overtaking row is reported")
+			if tc.results[1].err != nil {
+				require.Equal(t, failed, outs[1].err, "the first failure is the row's attempt")
+				require.Nil(t, outs[3].err, "a row behind the failure is not an attempt")
+				require.Same(t, outs[1], outs[3].afterFailure)
+				require.Equal(t, verdictWait, (&keyPlan{key: "hot", lane: outs}).result().verdict, "the key waits behind its failed row")
+			}
+			for _, o := range outs[1:] {
+				if tc.results[1].cancelled {
+					require.Nil(t, o.err, "cancelled: not an attempt")
+				}
+			}
+		})
+	}
 }

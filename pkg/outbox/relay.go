@@ -315,6 +315,12 @@ type Stats struct {
 	// Offloaded is the number of published rows whose payload the claim check stored in S3,
 	// and OffloadedBytes the size of those payloads.
 	Offloaded, OffloadedBytes int
+	// OrderViolations is the number of published rows that their destination acknowledged in a
+	// call after failing an earlier row of their key in that call, which a destination that
+	// keeps a key's order in a call (Limits.KeyOrderInCall) promises never to do. Each is also
+	// logged as an error: the broker has the row ahead of its key's earlier one, and no retry
+	// can take that back.
+	OrderViolations int
 }
 
 func (s *Stats) add(o Stats) {
@@ -326,6 +332,7 @@ func (s *Stats) add(o Stats) {
 	s.Rounds += o.Rounds
 	s.Offloaded += o.Offloaded
 	s.OffloadedBytes += o.OffloadedBytes
+	s.OrderViolations += o.OrderViolations
 }
 
 // RunOnce drains the outbox: it walks every pending partition key, then claims and publishes

@@ -320,6 +320,11 @@ func (r *Relay) publish(ctx, callCtx context.Context, roundStart time.Time, plan
 	set := newLaneSet(plans, r.limit, func(dest string) (bool, time.Time) {
 		return r.dests.admit(dest, probe)
 	}, func(l *lane) { ended(l.plan) })
+	set.onOvertake = func(later, earlier *outcome) {
+		r.log.Error("outbox destination acknowledged a row after failing an earlier row of its key in the same call; the row is published ahead of it",
+			"destination", later.dest, "partition_key", later.event.PartitionKey, "id", later.event.ID, "event_id", later.event.EventID,
+			"earlier_id", earlier.event.ID, "earlier_event_id", earlier.event.EventID)
+	}
 	stopping := func() bool { return ctx.Err() != nil }
 	var wg sync.WaitGroup
 	for range min(r.cfg.PublishConcurrency, len(set.ready)) {
@@ -364,22 +369,32 @@ func (r *Relay) limit(dest string) Limits {
 //     since those rows began failing (or since the round began), it is the destination's
 //     failure (an outage: dest backs off and its keys wait for its probe); otherwise the rows
 //     back off without counting an attempt.
-func (r *Relay) call(ctx context.Context, roundStart time.Time, dest string, batch []*lane) []callResult {
+//
+// A call may carry several consecutive rows of a lane (Limits.KeyOrderInCall): a row after one
+// of its lane that could not be stored, or that was refused when asked alone, is not sent, and
+// laneSet.finish acknowledges a lane's rows only up to its first failure.
+func (r *Relay) call(ctx context.Context, roundStart time.Time, dest string, batch []entry) []callResult {
 	events := make([]*Event, len(batch))
 	since := roundStart
-	for i, l := range batch {
-		o := l.current()
-		events[i] = o.event
-		if fs := o.row.failingSince; fs != nil && fs.Before(since) {
+	for i, e := range batch {
+		events[i] = e.o.event
+		if fs := e.o.row.failingSince; fs != nil && fs.Before(since) {
 			since = *fs
 		}
 	}
 	// Payloads for the claim check go to its store first; a row whose payload could not be
-	// stored is not sent, and its failure is the row's, not the destination's.
+	// stored is not sent, and its failure is the row's, not the destination's. Nor are the
+	// rows of its lane after it in the call: they wait behind it.
 	stored := r.offload(ctx, batch, events)
 	var sent []int
-	for i := range events {
-		if stored[i] == nil {
+	failed := map[*lane]bool{}
+	for i, e := range batch {
+		switch {
+		case failed[e.lane]:
+			stored[i] = errBehindFailure
+		case stored[i] != nil:
+			failed[e.lane] = true
+		default:
 			sent = append(sent, i)
 		}
 	}
@@ -392,8 +407,14 @@ func (r *Relay) call(ctx context.Context, roundStart time.Time, dest string, bat
 		}
 		sendErrs = r.send(ctx, dest, toSend)
 		if len(toSend) > 1 && allPermanent(sendErrs) && ctx.Err() == nil {
-			for j := range toSend {
-				sendErrs[j] = r.send(ctx, dest, toSend[j:j+1])[0]
+			// Asked alone, a row after one of its lane that was refused is not sent: it keeps
+			// the call's answer and waits behind that row.
+			refused := map[*lane]bool{}
+			for j, i := range sent {
+				if l := batch[i].lane; !refused[l] {
+					sendErrs[j] = r.send(ctx, dest, toSend[j:j+1])[0]
+					refused[l] = sendErrs[j] != nil
+				}
 			}
 		}
 		for j, i := range sent {
@@ -402,7 +423,17 @@ func (r *Relay) call(ctx context.Context, roundStart time.Time, dest string, bat
 	}
 	results := make([]callResult, len(batch))
 	stopping := ctx.Err() != nil
-	wholeCall := wholeCallFailure(sendErrs)
+	// Judged on each lane's first entry sent: the later entries of a key that a destination
+	// keeping the key's order fails behind it share its error without the call failing whole.
+	var leads []error
+	seen := map[*lane]bool{}
+	for j, i := range sent {
+		if l := batch[i].lane; !seen[l] {
+			seen[l] = true
+			leads = append(leads, sendErrs[j])
+		}
+	}
+	wholeCall := wholeCallFailure(leads)
 	answered, allRetryable := false, len(sent) > 0
 	for i, err := range errs {
 		if stored[i] != nil {
@@ -471,7 +502,7 @@ func wholeCallFailure(errs []error) bool {
 // offload stores the payloads of batch's rows that the claim check offloads, several at once,
 // and puts into events the pointer messages that replace them. It returns, per row, why its
 // payload could not be stored (nil for the others).
-func (r *Relay) offload(ctx context.Context, batch []*lane, events []*Event) []error {
+func (r *Relay) offload(ctx context.Context, batch []entry, events []*Event) []error {
 	errs := make([]error, len(batch))
 	cc := r.cfg.ClaimCheck
 	if cc == nil {
@@ -479,8 +510,8 @@ func (r *Relay) offload(ctx context.Context, batch []*lane, events []*Event) []e
 	}
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, offloadConcurrency)
-	for i, l := range batch {
-		if !l.current().offload {
+	for i, e := range batch {
+		if !e.o.offload {
 			continue
 		}
 		wg.Add(1)
@@ -506,6 +537,10 @@ func (r *Relay) offload(ctx context.Context, batch []*lane, events []*Event) []e
 	wg.Wait()
 	return errs
 }
+
+// errBehindFailure is the result of a row not sent because an earlier row of its key in the
+// same call failed before the call; laneSet.finish leaves such a row unattempted.
+var errBehindFailure = errors.New("not sent: an earlier row of its key in the call failed")
 
 // offloadConcurrency bounds the claim check's uploads in flight for one call.
 const offloadConcurrency = 8

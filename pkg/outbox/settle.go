@@ -174,6 +174,9 @@ func (r *Relay) recordOutcomes(b *pgx.Batch, outcomes []*outcome) Stats {
 		switch {
 		case o.done:
 			published = append(published, o.event.ID)
+			if o.overtook != nil {
+				st.OrderViolations++
+			}
 			if o.offload {
 				st.Offloaded++
 				st.OffloadedBytes += o.row.payloadLen

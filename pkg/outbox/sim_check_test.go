@@ -111,6 +111,7 @@ const (
 	findBytes       = "bytes"       // a message body differs from what was written
 	findMemory      = "memory"      // calls held more payload bytes than the round budget allows
 	findRelay       = "relay"       // a relay did not stop when asked
+	findOvertake    = "overtake"    // the relays' count of overtaking rows differs from the destination's
 )
 
 func newSimChecker(hist *simHistory, dest *simDestination, store *simStore, bound int) *simChecker {
@@ -181,6 +182,16 @@ func (c *simChecker) check(table map[uuid.UUID]simDBRow) {
 	c.checkCommitted()
 	c.checkBytes()
 	c.checkMemory()
+	c.checkOvertakes()
+}
+
+// checkOvertakes checks that every entry the destination acknowledged behind a failed entry of
+// its key in the same call (a destination breaking Limits.KeyOrderInCall's promise) was seen
+// by a relay and logged as an error, and nothing else was (check 7).
+func (c *simChecker) checkOvertakes() {
+	if got, want := c.dest.reported.Load(), int64(c.dest.overtaken); got != want {
+		c.report(findOvertake, "the destination acknowledged %d entries behind a failed entry of their key in the same call; the relays reported %d", want, got)
+	}
 }
 
 // checkOrder walks the deliveries in acceptance order (check 1): a delivery of row x of a
@@ -199,8 +210,8 @@ func (c *simChecker) checkOrder() {
 			delete(keys, k)
 		}
 		row := c.hist.rows[d.event]
-		if !d.accepted || row == nil || !row.serialized {
-			continue
+		if !d.accepted || row == nil || !row.serialized || c.dest.tainted[d.key] {
+			continue // a tainted key's order was broken by the destination (checkOvertakes)
 		}
 		ks := keys[d.key]
 		if ks == nil {

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -88,6 +89,9 @@ type simRates struct {
 	entryErr, permanent, lostEntry           float64 // per entry of a call that is answered
 	storeErr                                 float64 // per claim-check upload
 	maxDelay                                 time.Duration
+	// overtake: with keyOrder, per entry behind a failed entry of its key in the same call,
+	// the chance that the destination breaks its promise and acknowledges it anyway.
+	overtake float64
 }
 
 // simSchedule is everything a seed decides before it starts.
@@ -104,8 +108,12 @@ type simSchedule struct {
 	faultPhase time.Duration
 	claimCheck bool
 	secondDest bool
-	rates      simRates
-	actions    []simAction
+	// keyOrder: the destination declares Limits.KeyOrderInCall (as Kafka does), so calls carry
+	// several rows of a key, and a failed entry fails every later entry of its key in the call
+	// (but see rates.overtake).
+	keyOrder bool
+	rates    simRates
+	actions  []simAction
 }
 
 // drawSchedule draws seed's schedule from rng.
@@ -173,18 +181,23 @@ func drawSchedule(seed int64, rng *rand.Rand, p simProfile) *simSchedule {
 		s.actions = append(s.actions, simAction{at: at(), kind: actHostile, arg: rng.IntN(len(simHostileKinds))})
 	}
 	slices.SortStableFunc(s.actions, func(a, b simAction) int { return int(a.at - b.at) })
+	// Drawn last, so that the draws above stay what they were for every seed.
+	s.keyOrder = rng.IntN(2) == 0
+	if s.keyOrder {
+		s.rates.overtake = pick(0.05)
+	}
 	return s
 }
 
 // String is the schedule in one compact paragraph, for a failing seed's report.
 func (s *simSchedule) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "relays=%d pipelines=%d producers=%d keys=%d serialized=%d retiring=%d@%dms rows/tx<=%d fault=%dms claimcheck=%t dest2=%t\n",
+	fmt.Fprintf(&b, "relays=%d pipelines=%d producers=%d keys=%d serialized=%d retiring=%d@%dms rows/tx<=%d fault=%dms claimcheck=%t dest2=%t keyorder=%t\n",
 		s.relays, s.pipelines, s.producers, s.keys, s.serialized, s.retiring, s.retireAt.Milliseconds(), s.maxRows,
-		s.faultPhase.Milliseconds(), s.claimCheck, s.secondDest)
+		s.faultPhase.Milliseconds(), s.claimCheck, s.secondDest, s.keyOrder)
 	r := s.rates
-	fmt.Fprintf(&b, "rates: delay=%.2f(<=%dms) hang=%.3f callErr=%.2f throttle=%.2f lostCall=%.2f entryErr=%.2f permanent=%.3f lostEntry=%.2f storeErr=%.2f\n",
-		r.delay, r.maxDelay.Milliseconds(), r.hang, r.callErr, r.throttle, r.lostCall, r.entryErr, r.permanent, r.lostEntry, r.storeErr)
+	fmt.Fprintf(&b, "rates: delay=%.2f(<=%dms) hang=%.3f callErr=%.2f throttle=%.2f lostCall=%.2f entryErr=%.2f permanent=%.3f lostEntry=%.2f storeErr=%.2f overtake=%.3f\n",
+		r.delay, r.maxDelay.Milliseconds(), r.hang, r.callErr, r.throttle, r.lostCall, r.entryErr, r.permanent, r.lostEntry, r.storeErr, r.overtake)
 	b.WriteString("timeline:")
 	for _, a := range s.actions {
 		b.WriteString(" " + a.String())
@@ -214,6 +227,7 @@ var (
 	errSimLost     = errors.New("sim: response lost (the destination accepted the message)")
 	errSimStore    = errors.New("sim: S3 SlowDown")
 	errSimRefused  = Permanent(errors.New("sim: InvalidParameter (permanent)"))
+	errSimBehind   = errors.New("sim: failed behind an earlier entry of its key in the call")
 )
 
 // simDelivery is one entry of one PublishBatch call, as the destination saw it.
@@ -247,11 +261,66 @@ type simDestination struct {
 	inFlight, peak, largest int
 	// resets are the delivery indexes at which a key's order history restarts (a replay).
 	resets map[int][]string
+	// keyOrder: see simSchedule.keyOrder. overtaken counts the entries the destination
+	// acknowledged behind a failed entry of their key in the same call (breaking its promise),
+	// tainted the keys whose order it broke so, and reported the overtaking rows the relays
+	// logged as errors.
+	keyOrder  bool
+	overtaken int
+	// sharedCalls counts the calls that carried several rows of one key.
+	sharedCalls int
+	tainted     map[string]bool
+	reported    atomic.Int64
+}
+
+// simKeyOrderDestination is the fake broker of a keyOrder seed: it declares that it keeps a
+// key's order inside one call.
+type simKeyOrderDestination struct{ *simDestination }
+
+var _ LimitedPublisher = simKeyOrderDestination{}
+
+func (simKeyOrderDestination) Limits(string) Limits {
+	lim := snsLimits
+	lim.KeyOrderInCall = true
+	return lim
+}
+
+func (simKeyOrderDestination) MessageSize(_ string, e *Event, payloadLen int) int {
+	return messageSize(SNS, e, payloadLen, "")
+}
+
+// simOvertakeLog counts into dest the relays' error logs of overtaking rows; it discards
+// everything else.
+type simOvertakeLog struct {
+	slog.Handler
+	dest *simDestination
+}
+
+func (h simOvertakeLog) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelError || h.Handler.Enabled(ctx, l)
+}
+
+func (h simOvertakeLog) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelError && strings.HasPrefix(r.Message, "outbox destination acknowledged a row after failing") {
+		h.dest.reported.Add(1)
+	}
+	if h.Handler.Enabled(ctx, r.Level) {
+		return h.Handler.Handle(ctx, r)
+	}
+	return nil
+}
+
+func (h simOvertakeLog) WithAttrs(as []slog.Attr) slog.Handler {
+	return simOvertakeLog{h.Handler.WithAttrs(as), h.dest}
+}
+
+func (h simOvertakeLog) WithGroup(g string) slog.Handler {
+	return simOvertakeLog{h.Handler.WithGroup(g), h.dest}
 }
 
 func newSimDestination(seed int64, rates simRates, faulty *atomic.Bool, store *simStore, start time.Time) *simDestination {
 	return &simDestination{seed: seed, rates: rates, faulty: faulty, store: store, start: start,
-		attempts: map[uuid.UUID]int{}, refused: map[uuid.UUID]bool{}, resets: map[int][]string{}}
+		attempts: map[uuid.UUID]int{}, refused: map[uuid.UUID]bool{}, resets: map[int][]string{}, tainted: map[string]bool{}}
 }
 
 var _ Publisher = (*simDestination)(nil)
@@ -319,6 +388,16 @@ func (d *simDestination) PublishBatch(ctx context.Context, dest string, events [
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	at := time.Since(d.start)
+	// failedKeys: with keyOrder, the keys with an entry failed in this call.
+	failedKeys := map[string]bool{}
+	inCall := map[string]bool{}
+	for _, e := range events {
+		if inCall[e.PartitionKey] {
+			d.sharedCalls++
+			break
+		}
+		inCall[e.PartitionKey] = true
+	}
 	for i, e := range events {
 		accepted := callErr == nil
 		switch {
@@ -326,6 +405,11 @@ func (d *simDestination) PublishBatch(ctx context.Context, dest string, events [
 			errs[i] = callErr
 		case lostCall:
 			errs[i] = errSimLost
+		case d.keyOrder && failedKeys[e.PartitionKey] && fate("overtake", e.EventID, attempts[i]) < d.rates.overtake:
+			d.overtaken++
+			d.tainted[e.PartitionKey] = true
+		case d.keyOrder && failedKeys[e.PartitionKey]:
+			errs[i], accepted = errSimBehind, false
 		case fate("permanent", e.EventID, attempts[i]) < d.rates.permanent:
 			errs[i], accepted = errSimRefused, false
 			d.refused[e.EventID] = true
@@ -333,6 +417,9 @@ func (d *simDestination) PublishBatch(ctx context.Context, dest string, events [
 			errs[i], accepted = errSimEntry, false
 		case fate("lost-entry", e.EventID, attempts[i]) < d.rates.lostEntry:
 			errs[i] = errSimLost
+		}
+		if errs[i] != nil {
+			failedKeys[e.PartitionKey] = true
 		}
 		dl := simDelivery{event: e.EventID, key: e.PartitionKey, id: e.ID, dest: dest, body: e.Payload, accepted: accepted, at: at}
 		if e.ExtendedPayloadSize > 0 && d.store != nil {

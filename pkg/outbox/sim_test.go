@@ -186,6 +186,7 @@ func runSim(t *testing.T, seed int64, prof simProfile) *simResult {
 		w.store = newSimStore(seed, w.sched.rates.storeErr, &w.faulty)
 	}
 	w.dest = newSimDestination(seed, w.sched.rates, &w.faulty, w.store, w.start)
+	w.dest.keyOrder = w.sched.keyOrder
 	w.relays = make([]*simRelay, w.sched.relays)
 	for i := range w.relays {
 		w.relays[i] = &simRelay{}
@@ -228,6 +229,10 @@ func runSim(t *testing.T, seed int64, prof simProfile) *simResult {
 			checker.report(findRelay, "%v", err)
 		}
 	}
+	w.dest.mu.Lock()
+	w.logf("destination: %d calls carried several rows of one key; %d entries acknowledged behind a failed one of their key, %d reported by the relays",
+		w.dest.sharedCalls, w.dest.overtaken, w.dest.reported.Load())
+	w.dest.mu.Unlock()
 	checker.bound = w.sched.pipelines * int(w.maxLive.Load()) * simMaxRoundBytes
 	checker.check(w.table())
 	return &simResult{seed: seed, sched: w.sched, checker: checker, log: w.log.String(), took: time.Since(began)}
@@ -284,6 +289,10 @@ func (w *simWorld) relayConfig() RelayConfig {
 	}
 	if os.Getenv("RELAY_DEBUG") != "" {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	cfg.Logger = slog.New(simOvertakeLog{cfg.Logger.Handler(), w.dest})
+	if w.sched.keyOrder {
+		cfg.Publisher = simKeyOrderDestination{w.dest}
 	}
 	if w.sched.secondDest {
 		cfg.Topics[simOtherTopic] = simOtherARN
