@@ -42,7 +42,7 @@ func TestRenderHotKey(t *testing.T) {
 			{Name: "several", KeyOrderInCall: true, MaxPerKey: 100, Drain: 2 * time.Second, Idle: idle, IdleRows: 10},
 		}}}
 	md := rep.Markdown()
-	for _, want := range []string{"## Hot key (issue 25)", "| 8.3× |", "| 50.0× |",
+	for _, want := range []string{"## 15. Hot key (issue 25)", "| 8.3× |", "| 50.0× |",
 		"`MaxPerKey` 10 (default) | 25 | drains ≥ 10× faster", "8.3× (833 rows/s", "**not met**", "50.0× (5,000 rows/s"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("the report lacks %q", want)
