@@ -511,7 +511,7 @@ func TestSluiceStack(t *testing.T) {
 			require.Equal(t, want, n, "%s alarms", m)
 		}
 		tmpl.HasResourceProperties(jsii.String("AWS::SNS::Subscription"), map[string]any{"Protocol": "email", "Endpoint": "oncall@example.com"})
-		require.Len(t, s.Monitoring().Alarms(), 21)
+		require.Len(t, s.Monitoring().Alarms(), 22)
 	})
 
 	t.Run("every consumer runs its processor: a schedule, alarms on dead letters and parked rows, the queue's receive count", func(t *testing.T) {

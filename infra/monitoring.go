@@ -261,6 +261,8 @@ func NewMonitoring(scope constructs.Construct, id string, props *MonitoringProps
 			RelayMetric(metrics.OutboxQuarantined, "Maximum"), gt, 0, 1, notBreaching)
 		alarm("RelayDestinationsDown", "A relay backs off a whole destination (every publish to it fails: SNS, EventBridge or Kinesis throttling, an outage, a denied key, unreachable Kafka brokers) for 5 minutes.",
 			RelayMetric(metrics.DestinationsDown, "Maximum"), gt, 0, 5, notBreaching)
+		alarm("RelayOrderViolations", "A destination acknowledged a row after failing an earlier row of its key in the same call: that key's events may have been delivered out of order (the relay's error log names the rows).",
+			RelayMetric(metrics.OrderViolations, "Sum"), gt, 0, 1, notBreaching)
 		alarm("OldestTransactionAge", "A transaction has held a snapshot for over 10 minutes: VACUUM cannot clean up behind it and the outbox's index fills with dead entries (sluice status names it).",
 			RelayMetric(metrics.OldestTransactionAge, "Maximum"), gt, 600, 2, notBreaching)
 		if fn := o.Relay(); fn != nil {

@@ -83,6 +83,11 @@ var (
 	// every call to them fails.
 	DestinationsDown = Metric{Name: "DestinationsDown", Kind: Gauge, Unit: Count, Services: relay, Dimensions: relayDims,
 		Doc: "destinations backed off as a whole because every call to them fails"}
+	// OrderViolations counts published rows their destination acknowledged in a call after
+	// failing an earlier row of their key in that call, which a destination that keeps a key's
+	// order in a call (outbox.Limits.KeyOrderInCall) promises never to do.
+	OrderViolations = Metric{Name: "OrderViolations", Kind: Counter, Unit: Count, Services: relay, Dimensions: relayDims,
+		Doc: "published rows a destination acknowledged after failing an earlier row of their key in the same call (a broken promise of per-key order; should stay 0)"}
 	// OldestTransactionAge is the age of the database's oldest transaction holding a snapshot,
 	// which holds back VACUUM.
 	OldestTransactionAge = Metric{Name: "OldestTransactionAgeSeconds", Kind: Gauge, Unit: Seconds, Services: relay, Dimensions: relayDims,
@@ -141,7 +146,7 @@ var (
 func All() []Metric {
 	return []Metric{
 		OutboxPending, OutboxOldestPendingAge, OutboxQuarantined, RelayHeartbeat, Published,
-		PublishFailures, DestinationsDown, OldestTransactionAge, Offloaded, OffloadedBytes,
+		PublishFailures, DestinationsDown, OrderViolations, OldestTransactionAge, Offloaded, OffloadedBytes,
 		InboxProcessed, InboxSkipped, InboxDuplicates, InboxFailures, InboxStored, InboxDeadLetters, InboxParked,
 		CommitToApplyLatency, AuditMissingEvents, AuditUnpublishedEvents,
 	}

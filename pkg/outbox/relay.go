@@ -608,6 +608,7 @@ func (r *Relay) emitMetrics(ctx context.Context, s Stats) {
 		metrics.Published.Measure(float64(s.Published)),
 		metrics.PublishFailures.Measure(float64(s.Retrying + s.Quarantined + s.Outage)),
 		metrics.DestinationsDown.Measure(float64(len(r.dests.down()))),
+		metrics.OrderViolations.Measure(float64(s.OrderViolations)),
 	}
 	if r.cfg.ClaimCheck != nil { // payloads stored in S3 (claimcheck.go)
 		ms = append(ms, metrics.Offloaded.Measure(float64(s.Offloaded)), metrics.OffloadedBytes.Measure(float64(s.OffloadedBytes)))
