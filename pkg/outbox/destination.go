@@ -80,8 +80,8 @@ type Limits struct {
 	// in one call (at most the rows a round takes of a key, MaxPerKey); it acknowledges them
 	// up to the first failure, and counts a later one acknowledged after a failure as a broken
 	// promise (Stats.OrderViolations). Without it (the default) a call carries one row per
-	// key. The Kafka publisher sets it (docs/destinations.md says why, and why the others do
-	// not).
+	// key. The Kafka publisher sets it; the SNS, EventBridge and Kinesis publishers do not
+	// (docs/destinations.md says why for each).
 	KeyOrderInCall bool
 }
 
