@@ -198,7 +198,7 @@ func TestSluiceStack(t *testing.T) {
 			"AWS::Events::Rule":                     3, // relay, partition maintenance, consumer's processor
 			"AWS::RDS::DBInstance":                  1,
 			infra.MigrationsResourceType:            1,
-			"AWS::CloudWatch::Alarm":                21,
+			"AWS::CloudWatch::Alarm":                22,
 			"AWS::CloudWatch::Dashboard":            1,
 			"AWS::SecretsManager::Secret":           3, // master (migrations only), relay role, consumer role
 			"AWS::SecretsManager::RotationSchedule": 3,
