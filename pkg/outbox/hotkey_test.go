@@ -12,7 +12,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/sluicehq/sluice/internal/testwait"
@@ -189,20 +188,7 @@ func TestKafkaHotKeyInOrderThroughAPartitionFailure(t *testing.T) {
 			return nil, nil, false
 		}
 		refused.Store(true)
-		pr := req.(*kmsg.ProduceRequest)
-		resp := pr.ResponseKind().(*kmsg.ProduceResponse)
-		for _, rt := range pr.Topics {
-			st := kmsg.NewProduceResponseTopic()
-			st.Topic = rt.Topic
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewProduceResponseTopicPartition()
-				sp.Partition = rp.Partition
-				sp.ErrorCode = kerr.TopicAuthorizationFailed.Code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return refuseProduce(req), nil, true
 	})
 	b := setup(t)
 	b.write(t, 200, 2) // two hot keys
@@ -215,7 +201,7 @@ func TestKafkaHotKeyInOrderThroughAPartitionFailure(t *testing.T) {
 	require.Zero(t, st.OrderViolations)
 	require.Zero(t, b.countWhere(t, "quarantined_at IS NOT NULL"))
 
-	idOf := b.idsByEventID(t)
+	idOf := eventIDs(t, b)
 	got := readAll(t, cluster, topic, 200)
 	last := map[string]int64{}
 	seen := map[string]bool{}
@@ -238,23 +224,6 @@ func (b *bundle) rowID(t *testing.T, key string, n int) int64 {
 	require.NoError(t, b.pool.QueryRow(context.Background(),
 		`SELECT id FROM outbox_event WHERE partition_key = $1 ORDER BY id OFFSET $2 LIMIT 1`, key, n).Scan(&id))
 	return id
-}
-
-// idsByEventID returns every row's id by its event id.
-func (b *bundle) idsByEventID(t *testing.T) map[string]int64 {
-	t.Helper()
-	rows, err := b.pool.Query(context.Background(), `SELECT event_id::text, id FROM outbox_event`)
-	require.NoError(t, err)
-	defer rows.Close()
-	out := map[string]int64{}
-	for rows.Next() {
-		var ev string
-		var id int64
-		require.NoError(t, rows.Scan(&ev, &id))
-		out[ev] = id
-	}
-	require.NoError(t, rows.Err())
-	return out
 }
 
 // In a call carrying several rows of a key, a row whose payload the claim check could not store

@@ -156,20 +156,7 @@ func TestKafkaBrokerFailingProduceRequestsLosesNothing(t *testing.T) {
 			return nil, nil, false
 		}
 		refused.Add(1)
-		pr := req.(*kmsg.ProduceRequest)
-		resp := pr.ResponseKind().(*kmsg.ProduceResponse)
-		for _, rt := range pr.Topics {
-			st := kmsg.NewProduceResponseTopic()
-			st.Topic = rt.Topic
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewProduceResponseTopicPartition()
-				sp.Partition = rp.Partition
-				sp.ErrorCode = kerr.TopicAuthorizationFailed.Code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return refuseProduce(req), nil, true
 	})
 	b := setup(t)
 	written := b.write(t, 200, 20)
@@ -212,4 +199,23 @@ func TestKafkaRecordTooLargeIsQuarantinedAlone(t *testing.T) {
 	drainUntil(t, r, func() bool { return b.countWhere(t, "published_at IS NULL AND quarantined_at IS NULL") == 0 })
 	require.Equal(t, 1, b.countWhere(t, "quarantined_at IS NOT NULL AND partition_key = 'big'"))
 	require.Len(t, readAll(t, cluster, topic, 10), 10)
+}
+
+// refuseProduce answers a produce request as a broker that refuses every partition of it
+// (TOPIC_AUTHORIZATION_FAILED).
+func refuseProduce(req kmsg.Request) kmsg.Response {
+	pr := req.(*kmsg.ProduceRequest)
+	resp := pr.ResponseKind().(*kmsg.ProduceResponse)
+	for _, rt := range pr.Topics {
+		st := kmsg.NewProduceResponseTopic()
+		st.Topic = rt.Topic
+		for _, rp := range rt.Partitions {
+			sp := kmsg.NewProduceResponseTopicPartition()
+			sp.Partition = rp.Partition
+			sp.ErrorCode = kerr.TopicAuthorizationFailed.Code
+			st.Partitions = append(st.Partitions, sp)
+		}
+		resp.Topics = append(resp.Topics, st)
+	}
+	return resp
 }
