@@ -37,7 +37,7 @@ import (
 )
 
 var (
-	simSeeds    = flag.Int("sim.seeds", 240, "number of simulator seeds TestSimulation runs")
+	simSeeds    = flag.Int("sim.seeds", 160, "number of simulator seeds TestSimulation runs")
 	simSeed     = flag.Int64("sim.seed", 1, "first simulator seed")
 	simRandom   = flag.Bool("sim.random", false, "start the simulator at a random seed (printed)")
 	simParallel = flag.Int("sim.parallel", 8, "simulator seeds run at once")
