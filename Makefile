@@ -104,7 +104,7 @@ test-stress: ## Run the root module's and the CLI's suites STRESS_RUNS times (de
 SOAK_SEEDS ?= 3000
 
 .PHONY: soak
-soak: ## Run the relay fault simulator over SOAK_SEEDS seeds (default 3000, about 25 min) from a random base, then print its summary line.
+soak: ## Run the relay fault simulator over SOAK_SEEDS seeds (default 3000, about 40 min here) from a random base, then print its summary line.
 	@mkdir -p .cache && rm -f .cache/soak-summary.txt
 	$(DEVENV) $(GO) test -count=1 -timeout 0 ./pkg/outbox -run '^TestSimulation$$' -sim.random -sim.seeds=$(SOAK_SEEDS) \
 	  -sim.summary=$(CURDIR)/.cache/soak-summary.txt; status=$$?; cat .cache/soak-summary.txt 2>/dev/null; exit $$status
