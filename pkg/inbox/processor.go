@@ -278,7 +278,7 @@ type claimedBatch struct {
 // after, and up to BatchSize ready rows without a group. It locks nothing.
 func (p *Processor) claim(ctx context.Context, after string) (claimedBatch, error) {
 	var b claimedBatch
-	err := p.statements(ctx, func(q Querier) error {
+	err := statements(ctx, p.db, func(q Querier) error {
 		rows, err := q.Query(ctx, claimSQL, p.cfg.Consumer, after, p.cfg.BatchSize)
 		if err != nil {
 			return err
@@ -302,11 +302,6 @@ func (p *Processor) claim(ctx context.Context, after string) (claimedBatch, erro
 	}
 	b.more = grouped >= p.cfg.BatchSize
 	return b, nil
-}
-
-// statements runs f with a Querier for single statements (see statements).
-func (p *Processor) statements(ctx context.Context, f func(Querier) error) error {
-	return statements(ctx, p.db, f)
 }
 
 // Drain applies ready rows, each in its own transaction, until none is left that this
@@ -497,7 +492,7 @@ func (p *Processor) one(ctx context.Context, c claimed, afterSeq int64) (res one
 	res.outcome = Failed
 	res.parked = attempts+1 >= p.cfg.MaxAttempts
 	var recorded bool
-	err = p.statements(ctx, func(q Querier) error {
+	err = statements(ctx, p.db, func(q Querier) error {
 		tag, err := q.Exec(ctx, recordFailureSQL, p.cfg.Consumer, msg.ID, attempts,
 			truncate(herr.Error(), maxErrorBytes), res.parked, p.cfg.Backoff(attempts+1).Seconds())
 		recorded = tag.RowsAffected() == 1

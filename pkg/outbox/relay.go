@@ -228,7 +228,8 @@ type Relay struct {
 	// largest message the relay reads into memory to publish (or to store, with a claim check).
 	limits    map[string]Limits
 	readBytes int
-	// rounds counts the rounds in flight (IdleStop).
+	// rounds counts the rounds in flight, changed under the pipelines' lock: RunOnce waits for
+	// it to reach 0, and IdleStop reads it (lock-free) to tell an idle relay.
 	rounds atomic.Int64
 }
 
@@ -469,7 +470,6 @@ func (r *Relay) pipelinesReporting(ctx context.Context, untilIdle bool, report f
 	var (
 		mu    sync.Mutex
 		idle  = sync.NewCond(&mu)
-		busy  int
 		total Stats
 		errs  []error
 		wg    sync.WaitGroup
@@ -479,10 +479,9 @@ func (r *Relay) pipelinesReporting(ctx context.Context, untilIdle bool, report f
 		if report != nil {
 			report(st)
 		}
-		r.rounds.Add(-1)
 		mu.Lock()
 		defer mu.Unlock()
-		busy--
+		r.rounds.Add(-1)
 		total.add(st)
 		idle.Broadcast()
 		if err != nil && ctx.Err() == nil {
@@ -512,9 +511,8 @@ func (r *Relay) pipelinesReporting(ctx context.Context, untilIdle bool, report f
 				r.dests.abandoned(dest)
 				continue
 			}
-			r.rounds.Add(1)
 			mu.Lock()
-			busy++
+			r.rounds.Add(1)
 			mu.Unlock()
 			wg.Add(1)
 			go func() {
@@ -548,7 +546,7 @@ func (r *Relay) pipelinesReporting(ctx context.Context, untilIdle bool, report f
 						continue
 					}
 					mu.Lock()
-					if busy == 0 || len(errs) > 0 {
+					if r.rounds.Load() == 0 || len(errs) > 0 {
 						idle.Broadcast()
 						mu.Unlock()
 						return
@@ -557,9 +555,8 @@ func (r *Relay) pipelinesReporting(ctx context.Context, untilIdle bool, report f
 					mu.Unlock()
 					continue
 				}
-				r.rounds.Add(1)
 				mu.Lock()
-				busy++
+				r.rounds.Add(1)
 				mu.Unlock()
 				st, err := r.round(ctx, keys)
 				if !ran(st, err) {
