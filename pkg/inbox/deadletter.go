@@ -98,8 +98,8 @@ func errorChain(err error) []ErrorLink {
 	return out
 }
 
-// recordFailureSQL upserts one failed record's dead letter ($1 consumer, $2 record key, ...,
-// $19 dead: the source makes no further attempt, $20 the attempt count that makes it dead, 0
+// recordDeadLetterSQL upserts one failed record's dead letter ($1 consumer, $2 record key, ...,
+// $18 dead: the source makes no further attempt, $19 the attempt count that makes it dead, 0
 // for none). It returns whether the row is dead now.
 const recordDeadLetterSQL = `
 INSERT INTO inbox_dead_letter AS d (consumer, record_key, message_id, event_type, aggregate_type, aggregate_id,
