@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice/examples/internal/exampletest"
 	"github.com/sluicehq/sluice/internal/testdb"
+	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/pkg/inbox"
 	"github.com/sluicehq/sluice/pkg/lambdaenv"
 )
@@ -73,14 +74,14 @@ func TestProcessorProcessAppliesStoredRowsAndStopsCleanlyOnSIGTERM(t *testing.T)
 	first, health := exampletest.Start(t, bin, env, "processor started")
 	require.Equal(t, http.StatusOK, exampletest.Status(health, "/healthz"))
 	require.Equal(t, http.StatusOK, exampletest.Status(health, "/readyz"))
-	exampletest.WaitFor(t, "the stored rows applied", func() bool { return invoices(t, pool) == 200 })
+	testwait.Until(t, "the stored rows applied", func() bool { return invoices(t, pool) == 200 })
 	require.NoError(t, first.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, first.Wait(), "SIGTERM ends the processor with exit code 0")
 
 	// Stored while no processor ran: the next one applies them.
 	store(t, pool, 200, 50)
 	second, _ := exampletest.Start(t, bin, env, "processor started")
-	exampletest.WaitFor(t, "the later rows applied", func() bool { return invoices(t, pool) == 250 })
+	testwait.Until(t, "the later rows applied", func() bool { return invoices(t, pool) == 250 })
 	require.NoError(t, second.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, second.Wait())
 

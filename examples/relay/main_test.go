@@ -20,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice/internal/localaws"
 	"github.com/sluicehq/sluice/internal/localrun"
 	"github.com/sluicehq/sluice/internal/testdb"
+	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/pkg/lambdaenv"
 )
 
@@ -59,7 +60,7 @@ func TestRelayProcessPublishesAndStopsCleanlyOnSIGTERM(t *testing.T) {
 	first, health := exampletest.Start(t, bin, env, "relay started")
 	require.Equal(t, http.StatusOK, exampletest.Status(health, "/healthz"))
 	require.Equal(t, http.StatusOK, exampletest.Status(health, "/readyz"))
-	exampletest.WaitFor(t, "some rows published", func() bool { return published(t, pool) > 0 })
+	testwait.Until(t, "some rows published", func() bool { return published(t, pool) > 0 })
 	require.NoError(t, first.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, first.Wait(), "SIGTERM ends the relay with exit code 0")
 
@@ -67,13 +68,14 @@ func TestRelayProcessPublishesAndStopsCleanlyOnSIGTERM(t *testing.T) {
 	// published (none will go out twice because of the stop), and no partition key stays locked.
 	// Its sessions end with it (the server notices a closed connection a moment later), and
 	// with them every key lock it held in this database.
-	exampletest.WaitFor(t, "no partition key of this database stays locked", func() bool {
+	testwait.Until(t, "no partition key of this database stays locked", func() bool {
 		var locks int
 		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
 			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&locks))
 		return locks == 0
 	})
-	delivered := drain(t, sqsc, p.QueueURL)
+	delivered := map[string]bool{}
+	drain(t, sqsc, p.QueueURL, delivered)
 	require.NotEmpty(t, delivered)
 	for id := range delivered {
 		var marked bool
@@ -84,25 +86,28 @@ func TestRelayProcessPublishesAndStopsCleanlyOnSIGTERM(t *testing.T) {
 
 	// A second process publishes the rest: every event reaches the queue at least once.
 	second, _ := exampletest.Start(t, bin, env, "relay started")
-	exampletest.WaitFor(t, "every row published", func() bool { return published(t, pool) == events })
+	testwait.Until(t, "every row published", func() bool { return published(t, pool) == events })
 	require.NoError(t, second.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, second.Wait())
-	for id := range drain(t, sqsc, p.QueueURL) {
-		delivered[id] = true
-	}
-	require.Len(t, delivered, events, "every event reached the queue")
+	// A receive whose answer was lost on the way (the SDK retries it) leaves its messages
+	// invisible for the queue's visibility timeout: wait for every event, not for the first
+	// empty receive.
+	testwait.Progress(t, "every event reached the queue", func() (int, bool) {
+		drain(t, sqsc, p.QueueURL, delivered)
+		return len(delivered), len(delivered) == events
+	})
 }
 
-// drain receives and deletes every message in the queue and returns their event ids.
-func drain(t *testing.T, sqsc *sqs.Client, queueURL string) map[string]bool {
+// drain receives and deletes the messages in the queue until a receive finds none, adding
+// their event ids to seen.
+func drain(t *testing.T, sqsc *sqs.Client, queueURL string, seen map[string]bool) {
 	t.Helper()
-	seen := map[string]bool{}
 	for {
 		msgs, err := sqsc.ReceiveMessage(context.Background(), &sqs.ReceiveMessageInput{QueueUrl: aws.String(queueURL),
 			MaxNumberOfMessages: 10, WaitTimeSeconds: 1, MessageAttributeNames: []string{"All"}})
 		require.NoError(t, err)
 		if len(msgs.Messages) == 0 {
-			return seen
+			return
 		}
 		for _, m := range msgs.Messages {
 			seen[aws.ToString(m.MessageAttributes["messageId"].StringValue)] = true

@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -58,15 +57,4 @@ func Status(addr, path string) int {
 	}
 	resp.Body.Close()
 	return resp.StatusCode
-}
-
-// WaitFor polls cond until it holds; the test's own deadline (go test -timeout) bounds it.
-func WaitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for !cond() {
-		if d, ok := t.Deadline(); ok && time.Until(d) < 5*time.Second {
-			t.Fatalf("still waiting for %s at the test's deadline", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }

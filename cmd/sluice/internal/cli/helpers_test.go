@@ -19,6 +19,7 @@ import (
 	"github.com/sluicehq/sluice/cmd/sluice/internal/cli"
 	"github.com/sluicehq/sluice/internal/localaws"
 	"github.com/sluicehq/sluice/internal/testdb"
+	"github.com/sluicehq/sluice/internal/testwait"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
@@ -194,12 +195,15 @@ func queueDepth(t *testing.T, c *sqs.Client, url string) int {
 	return a + n
 }
 
-// drain receives and deletes every message of a queue.
-func drain(t *testing.T, c *sqs.Client, url string) []sqstypes.Message {
+// drain receives and deletes the messages of a queue until at least want arrived and two
+// receives in a row then find none, so a copy sent twice is counted too. A receive whose answer
+// was lost on the way (the SDK retries it) hides its messages for the visibility timeout: the
+// wait is for want messages, not for the first empty receive.
+func drain(t *testing.T, c *sqs.Client, url string, want int) []sqstypes.Message {
 	t.Helper()
 	var got []sqstypes.Message
 	empty := 0
-	for empty < 2 {
+	testwait.Progress(t, "the queue's messages received", func() (int, bool) {
 		out, err := c.ReceiveMessage(context.Background(), &sqs.ReceiveMessageInput{
 			QueueUrl: aws.String(url), MaxNumberOfMessages: 10, WaitTimeSeconds: 1,
 			MessageAttributeNames:       []string{"All"},
@@ -208,7 +212,7 @@ func drain(t *testing.T, c *sqs.Client, url string) []sqstypes.Message {
 		require.NoError(t, err)
 		if len(out.Messages) == 0 {
 			empty++
-			continue
+			return len(got), len(got) >= want && empty >= 2
 		}
 		empty = 0
 		for _, m := range out.Messages {
@@ -216,7 +220,8 @@ func drain(t *testing.T, c *sqs.Client, url string) []sqstypes.Message {
 			_, err := c.DeleteMessage(context.Background(), &sqs.DeleteMessageInput{QueueUrl: aws.String(url), ReceiptHandle: m.ReceiptHandle})
 			require.NoError(t, err)
 		}
-	}
+		return len(got), false
+	})
 	return got
 }
 

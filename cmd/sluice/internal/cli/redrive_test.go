@@ -97,7 +97,7 @@ func TestRedriveSurvivesInterruptionAndKeepsMessages(t *testing.T) {
 	require.Equal(t, 0, r.code, r.err)
 	require.Contains(t, r.out, "(receive/send/delete)")
 
-	got := drain(t, c, queueURL)
+	got := drain(t, c, queueURL, total)
 	ids := map[string]string{}
 	for _, m := range got {
 		id := aws.ToString(m.MessageAttributes["messageId"].StringValue)
@@ -128,7 +128,7 @@ func TestRedriveFIFOKeepsGroupsAndHonoursMax(t *testing.T) {
 	require.Equal(t, 1, moved(t, b.ok(t, "redrive", "--dlq", dlqURL, "--yes")))
 	require.Equal(t, 0, queueDepth(t, c, dlqURL))
 
-	got := drain(t, c, queueURL)
+	got := drain(t, c, queueURL, 3)
 	require.Len(t, got, 3)
 	var g1 []string
 	for _, m := range got {

@@ -78,7 +78,7 @@ func TestRelayAndReplay(t *testing.T) {
 	// Topic configuration comes from the relay Lambda's environment variables.
 	b.env["SLUICE_TOPIC_ARNS"] = `{"orders":"` + topicARN + `"}`
 	require.Contains(t, b.ok(t, "relay", "--once"), "published 2, retrying 0, destination outage 0, quarantined 0")
-	first := drain(t, c, queueURL)
+	first := drain(t, c, queueURL, 2)
 	require.Len(t, first, 2)
 	rep := existing.Process(ctx, sqsEvent(first))
 	require.Equal(t, 2, rep.Count(inbox.Applied))
@@ -97,7 +97,7 @@ func TestRelayAndReplay(t *testing.T) {
 	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM outbox_event WHERE published_at IS NULL"))
 
 	require.Contains(t, b.ok(t, "relay", "--once", "--topic", "orders="+topicARN), "published 1,")
-	again := drain(t, c, queueURL)
+	again := drain(t, c, queueURL, 1)
 	require.Len(t, again, 1)
 	require.Equal(t, e1.String(), aws.ToString(again[0].MessageAttributes["messageId"].StringValue), "same event_id")
 	var body map[string]string
