@@ -19,6 +19,9 @@ const (
 	Traceparent = "traceparent"
 	// Tracestate is the W3C trace state header.
 	Tracestate = "tracestate"
+	// Tenant names the tenant database a fleet relay published the message from (pkg/fleet),
+	// carried as a header; absent when the relay serves one database.
+	Tenant = "sluiceTenant"
 )
 
 // The claim check's pointer, in the format of AWS's extended client libraries for SNS and SQS

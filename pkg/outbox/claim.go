@@ -11,6 +11,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/sluicehq/sluice/internal/wire"
 )
 
 // How the relay reads the outbox. Every statement here is bounded by construction: index scans
@@ -207,6 +209,12 @@ func (r *Relay) readRows(ctx context.Context, conn querier, keys []string, perKe
 		if err := json.Unmarshal(headers, &c.Headers); err != nil {
 			// Headers written by plain SQL may hold non-string values: keep what is usable.
 			c.Headers = looseHeaders(headers)
+		}
+		if r.cfg.Tenant != "" { // the one place a published message gains its tenant
+			if c.Headers == nil {
+				c.Headers = map[string]string{}
+			}
+			c.Headers[wire.Tenant] = r.cfg.Tenant
 		}
 		out = append(out, &c)
 	}

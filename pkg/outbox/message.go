@@ -24,7 +24,7 @@ const (
 )
 
 // reservedAttributes are the contract's attributes; headers may not reuse their names.
-var reservedAttributes = []string{wire.MessageID, wire.EventType, wire.AggregateType, wire.AggregateID, wire.CreatedAt}
+var reservedAttributes = []string{wire.MessageID, wire.EventType, wire.AggregateType, wire.AggregateID, wire.CreatedAt, wire.Tenant}
 
 // claimCheckAttributes mark a message whose payload is in S3 (the extended clients' names,
 // current and legacy); a header may not use them, or consumers would take its message for a

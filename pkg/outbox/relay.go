@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sluicehq/sluice/internal/wire"
 	"github.com/sluicehq/sluice/pkg/metrics"
 )
 
@@ -121,7 +122,17 @@ type RelayConfig struct {
 	Propagator propagation.TextMapPropagator
 	// Logger receives operational logs. Defaults to slog.Default().
 	Logger *slog.Logger
+	// Tenant, when set, is carried on every message this relay publishes as the header
+	// TenantHeader, so that consumers can apply it in the tenant's own database (pkg/fleet sets
+	// it for each tenant database it serves). It counts against the destination's attributes
+	// like any header: with SNS, a message with the most headers Write allows and a payload in
+	// the claim check has no attribute left for it. Defaults to none.
+	Tenant string
 }
+
+// TenantHeader is the header that names a message's tenant database when a fleet relay
+// published it (RelayConfig.Tenant); Write refuses it as a header of its own.
+const TenantHeader = wire.Tenant
 
 // WithDefaults returns c with every zero field set to its default (RelaySettings; a
 // ClaimCheck's fields are left to it).

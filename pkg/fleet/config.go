@@ -1,0 +1,191 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sluicehq/sluice/pkg/metrics"
+	"github.com/sluicehq/sluice/pkg/outbox"
+)
+
+// Defaults of Config.
+const (
+	// DefaultServerConnections is a server's connection budget when Config names none.
+	DefaultServerConnections = 20
+	// DefaultRegistryRefresh is how often the registry is read: a tenant added or removed takes
+	// effect within it.
+	DefaultRegistryRefresh = 30 * time.Second
+	// DefaultSweepInterval is the longest an idle tenant goes without its database being
+	// looked at directly.
+	DefaultSweepInterval = 30 * time.Second
+	// DefaultDetectInterval is how often a server's activity counters are read.
+	DefaultDetectInterval = 250 * time.Millisecond
+	// DefaultIdleClose is how long a tenant with nothing to publish keeps its connections
+	// when no other tenant waits for them.
+	DefaultIdleClose = 5 * time.Second
+	// DefaultTurn is how long a tenant (of weight 1) with work keeps its connections once
+	// another tenant waits for them.
+	DefaultTurn = time.Second
+	// DefaultTopTenants is how many tenants get metrics of their own (the rest are summed
+	// under the tenant "_other").
+	DefaultTopTenants = 20
+)
+
+// OtherTenants is the tenant dimension of the metrics of the tenants outside the top
+// Config.TopTenants.
+const OtherTenants = "_other"
+
+// Config configures a Fleet. Zero fields take the defaults stated on each.
+type Config struct {
+	// Registry lists the tenant databases. Required.
+	Registry Registry
+	// Relay is the configuration of every tenant's relay: Publisher, Topics and the relay's
+	// settings; Tenant is set per tenant, Metrics and MetricsRecorder are the fleet's (per
+	// tenant, see TopTenants). IdleStop is ignored: IdleClose and Turn decide how long a
+	// tenant's relay runs. Pipelines defaults to 1 per tenant.
+	Relay outbox.RelayConfig
+	// Connect returns the pool configuration of a tenant's database; the fleet sets MaxConns
+	// and MinConns. Defaults to parsing Tenant.DatabaseURL; required for tenants given by
+	// SecretARN (the relay Lambda's resolves the secret, see pkg/lambdaenv).
+	Connect func(ctx context.Context, t Tenant) (*pgxpool.Config, error)
+	// ServerConnections maps a server (Tenant.Server) to the most connections the fleet holds
+	// on it at once, its activity poll's included. Servers it does not name get
+	// DefaultConnections.
+	ServerConnections map[string]int
+	// DefaultConnections is the budget of a server ServerConnections does not name. Defaults
+	// to DefaultServerConnections; at least ConnsPerWeight + 1.
+	DefaultConnections int
+	// ConnsPerWeight is the connections a tenant holds per unit of weight while it publishes.
+	// Defaults to Relay.Pipelines + 1 (a connection per pipeline and one for the relay's
+	// polls).
+	ConnsPerWeight int
+	// RegistryRefresh is how often Registry is read. Defaults to DefaultRegistryRefresh.
+	RegistryRefresh time.Duration
+	// SweepInterval is the longest a registered tenant goes without a turn. Defaults to
+	// DefaultSweepInterval.
+	SweepInterval time.Duration
+	// DetectInterval is how often each server's pg_stat_database is read to find tenant
+	// databases with new writes. Defaults to DefaultDetectInterval.
+	DetectInterval time.Duration
+	// IdleClose is how long a tenant that found nothing to publish keeps its pool before it
+	// closes it. Defaults to DefaultIdleClose.
+	IdleClose time.Duration
+	// Turn is how long a tenant of weight 1 that still has work keeps its connections once
+	// another tenant of its server waits (Weight × Turn for heavier ones). Defaults to
+	// DefaultTurn.
+	Turn time.Duration
+	// Shard and Shards split a fleet between Shards deployments: this one serves the tenants
+	// whose ShardOf(name, Shards) is Shard. Defaults to 0 of 1 (every tenant).
+	Shard, Shards int
+	// MetricsRecorder receives the fleet's metrics: each tenant's relay metrics with a Tenant
+	// dimension (TopTenants by backlog named, the rest as OtherTenants) and the fleet's
+	// FleetTenants/FleetTenantsFailing. Defaults to the relay's (Relay.Metrics or
+	// Relay.MetricsRecorder), or none.
+	MetricsRecorder metrics.Recorder
+	// TopTenants is how many tenants are metric dimensions of their own. Defaults to
+	// DefaultTopTenants.
+	TopTenants int
+	// Logger receives operational logs. Defaults to Relay.Logger, or slog.Default().
+	Logger *slog.Logger
+}
+
+// withDefaults returns c with its zero fields set, or every problem at once.
+func (c Config) withDefaults() (Config, error) {
+	var errs []error
+	if c.Registry == nil {
+		errs = append(errs, errors.New("fleet: Registry is required"))
+	}
+	if c.Relay.Pipelines == 0 {
+		c.Relay.Pipelines = 1
+	}
+	if c.ConnsPerWeight == 0 {
+		c.ConnsPerWeight = c.Relay.Pipelines + 1
+	}
+	if c.ConnsPerWeight < 2 {
+		errs = append(errs, fmt.Errorf("fleet: ConnsPerWeight %d: a relay needs at least 2 connections", c.ConnsPerWeight))
+	}
+	if c.DefaultConnections == 0 {
+		c.DefaultConnections = DefaultServerConnections
+	}
+	if c.DefaultConnections < c.ConnsPerWeight+1 {
+		errs = append(errs, fmt.Errorf("fleet: DefaultConnections %d is below ConnsPerWeight + 1 = %d (a tenant's pool and the server's activity poll)", c.DefaultConnections, c.ConnsPerWeight+1))
+	}
+	for s, n := range c.ServerConnections {
+		if n < c.ConnsPerWeight+1 {
+			errs = append(errs, fmt.Errorf("fleet: ServerConnections[%s] %d is below ConnsPerWeight + 1 = %d", s, n, c.ConnsPerWeight+1))
+		}
+	}
+	setDur := func(d *time.Duration, def time.Duration, name string) {
+		if *d == 0 {
+			*d = def
+		}
+		if *d < 0 {
+			errs = append(errs, fmt.Errorf("fleet: %s %v is negative", name, *d))
+		}
+	}
+	setDur(&c.RegistryRefresh, DefaultRegistryRefresh, "RegistryRefresh")
+	setDur(&c.SweepInterval, DefaultSweepInterval, "SweepInterval")
+	setDur(&c.DetectInterval, DefaultDetectInterval, "DetectInterval")
+	setDur(&c.IdleClose, DefaultIdleClose, "IdleClose")
+	setDur(&c.Turn, DefaultTurn, "Turn")
+	if c.Shards == 0 {
+		c.Shards = 1
+	}
+	if c.Shards < 1 || c.Shard < 0 || c.Shard >= c.Shards {
+		errs = append(errs, fmt.Errorf("fleet: shard %d of %d: want 0 ≤ Shard < Shards", c.Shard, c.Shards))
+	}
+	if c.TopTenants == 0 {
+		c.TopTenants = DefaultTopTenants
+	}
+	if c.Logger == nil {
+		c.Logger = c.Relay.Logger
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.MetricsRecorder == nil {
+		switch {
+		case c.Relay.MetricsRecorder != nil && c.Relay.Metrics != nil:
+			c.MetricsRecorder = metrics.Tee(c.Relay.MetricsRecorder, metrics.NewEMF(c.Relay.Metrics))
+		case c.Relay.MetricsRecorder != nil:
+			c.MetricsRecorder = c.Relay.MetricsRecorder
+		case c.Relay.Metrics != nil:
+			c.MetricsRecorder = metrics.NewEMF(c.Relay.Metrics)
+		}
+	}
+	c.Relay.Metrics, c.Relay.MetricsRecorder, c.Relay.IdleStop = nil, nil, 0
+	if c.Connect == nil {
+		c.Connect = func(_ context.Context, t Tenant) (*pgxpool.Config, error) {
+			if t.DatabaseURL == "" {
+				return nil, fmt.Errorf("tenant %s: no DatabaseURL, and Config.Connect is not set to resolve its secret", t.Name)
+			}
+			return pgxpool.ParseConfig(t.DatabaseURL)
+		}
+	}
+	return c, errors.Join(errs...)
+}
+
+// budgetOf is server's connection budget.
+func (c Config) budgetOf(server string) int {
+	if n, ok := c.ServerConnections[server]; ok {
+		return n
+	}
+	return c.DefaultConnections
+}
+
+// ShardOf is the shard of n a tenant name belongs to (FNV-1a of the name, modulo n): a
+// fleet split into n deployments serves each tenant from exactly one.
+func ShardOf(name string, n int) int {
+	if n <= 1 {
+		return 0
+	}
+	h := fnv.New32a()
+	h.Write([]byte(name))
+	return int(h.Sum32() % uint32(n))
+}

@@ -1,0 +1,26 @@
+// Package fleet runs one relay deployment for a fleet of tenant databases: a database (or a
+// schema's database) per tenant, or shards, many of them on one PostgreSQL server.
+//
+// A [Registry] says which tenant databases exist ([Static] from the stack's settings, [Table]
+// from a control table, so a tenant is added without a deploy); a [Fleet] reads it every
+// RegistryRefresh and runs an [outbox.Relay] for each tenant that has work, on a pool opened
+// for that turn and closed when the tenant is idle, so an idle tenant holds no connection.
+//
+// The guarantees, and the one place each is enforced:
+//   - Per-key order and every isolation guarantee hold per tenant exactly as for one database:
+//     each tenant's rows are claimed and published by an ordinary outbox.Relay on that tenant's
+//     own database (fleet.go, runTurn); the fleet adds no state the relay's correctness reads.
+//   - The connections of a fleet never exceed a server's budget: every pool is sized before it
+//     is opened and its connections are taken from that server's budget first (budget.go).
+//   - Fairness: the budget is granted first come, first served, a tenant holds at most
+//     Weight × ConnsPerWeight connections, and a tenant that still has work after its turn
+//     gives its connections back when another tenant waits (fleet.go, runTurn).
+//   - Liveness: every registered tenant is looked at directly at least every SweepInterval;
+//     the server-wide activity poll (pg_stat_database, one query per server per
+//     DetectInterval) only brings a tenant's turn sooner, it never decides that one is not due.
+//   - A failing tenant (unreachable, wrong password, broken schema) costs only its own turns:
+//     its error is recorded in its [TenantStatus] and it is retried with a backoff.
+//
+// Every message a fleet publishes carries its tenant's name in the header
+// [outbox.TenantHeader], so consumers can apply it in the tenant's own database.
+package fleet
