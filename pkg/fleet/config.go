@@ -48,7 +48,8 @@ type Config struct {
 	// Relay is the configuration of every tenant's relay: Publisher, Topics and the relay's
 	// settings; Tenant is set per tenant, Metrics and MetricsRecorder are the fleet's (per
 	// tenant, see TopTenants). IdleStop is ignored: IdleClose and Turn decide how long a
-	// tenant's relay runs. Pipelines defaults to 1 per tenant.
+	// tenant's relay runs. Pipelines is per unit of weight and defaults to 1: a tenant runs
+	// Weight × Pipelines pipelines (at most 16) on a pool of one connection more.
 	Relay outbox.RelayConfig
 	// Connect returns the pool configuration of a tenant's database; the fleet sets MaxConns
 	// and MinConns. Defaults to parsing Tenant.DatabaseURL; required for tenants given by
@@ -59,12 +60,9 @@ type Config struct {
 	// DefaultConnections.
 	ServerConnections map[string]int
 	// DefaultConnections is the budget of a server ServerConnections does not name. Defaults
-	// to DefaultServerConnections; at least ConnsPerWeight + 1.
+	// to DefaultServerConnections. A budget is at least Relay.Pipelines + 2: one tenant's
+	// pool and the server's activity poll.
 	DefaultConnections int
-	// ConnsPerWeight is the connections a tenant holds per unit of weight while it publishes.
-	// Defaults to Relay.Pipelines + 1 (a connection per pipeline and one for the relay's
-	// polls).
-	ConnsPerWeight int
 	// RegistryRefresh is how often Registry is read. Defaults to DefaultRegistryRefresh.
 	RegistryRefresh time.Duration
 	// SweepInterval is the longest a registered tenant goes without a turn. Defaults to
@@ -104,21 +102,17 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Relay.Pipelines == 0 {
 		c.Relay.Pipelines = 1
 	}
-	if c.ConnsPerWeight == 0 {
-		c.ConnsPerWeight = c.Relay.Pipelines + 1
-	}
-	if c.ConnsPerWeight < 2 {
-		errs = append(errs, fmt.Errorf("fleet: ConnsPerWeight %d: a relay needs at least 2 connections", c.ConnsPerWeight))
-	}
+	c.Relay = c.Relay.WithDefaults()
 	if c.DefaultConnections == 0 {
 		c.DefaultConnections = DefaultServerConnections
 	}
-	if c.DefaultConnections < c.ConnsPerWeight+1 {
-		errs = append(errs, fmt.Errorf("fleet: DefaultConnections %d is below ConnsPerWeight + 1 = %d (a tenant's pool and the server's activity poll)", c.DefaultConnections, c.ConnsPerWeight+1))
+	least := c.Relay.Pipelines + 2
+	if c.DefaultConnections < least {
+		errs = append(errs, fmt.Errorf("fleet: DefaultConnections %d is below Relay.Pipelines + 2 = %d (a tenant's pool and the server's activity poll)", c.DefaultConnections, least))
 	}
 	for s, n := range c.ServerConnections {
-		if n < c.ConnsPerWeight+1 {
-			errs = append(errs, fmt.Errorf("fleet: ServerConnections[%s] %d is below ConnsPerWeight + 1 = %d", s, n, c.ConnsPerWeight+1))
+		if n < least {
+			errs = append(errs, fmt.Errorf("fleet: ServerConnections[%s] %d is below Relay.Pipelines + 2 = %d", s, n, least))
 		}
 	}
 	setDur := func(d *time.Duration, def time.Duration, name string) {
@@ -177,6 +171,12 @@ func (c Config) budgetOf(server string) int {
 		return n
 	}
 	return c.DefaultConnections
+}
+
+// pipelinesOf is how many pipelines t's relay runs on server budget size: Weight × Pipelines,
+// at most 16 (the relay's bound) and at most what the budget leaves beside the activity poll.
+func (c Config) pipelinesOf(t Tenant, size int) int {
+	return max(1, min(t.Weight*c.Relay.Pipelines, 16, size-2))
 }
 
 // ShardOf is the shard of n a tenant name belongs to (FNV-1a of the name, modulo n): a

@@ -15,6 +15,11 @@ const (
 	ServiceInboxProcessor = "inbox-processor"
 	// ServiceAudit is the scheduled outbox → inbox audit's (the migrations function's schedule).
 	ServiceAudit = "audit"
+	// DimensionTenant names a fleet's tenant database (pkg/fleet): a fleet relay emits the
+	// relay's lag and publish metrics once with {Service=relay} summed over its tenants, and
+	// again with {Service=relay, Tenant=<name>} for its top tenants by backlog and
+	// {Service=relay, Tenant=_other} for the rest, so their number stays bounded.
+	DimensionTenant = "Tenant"
 )
 
 // Metric is the one definition of a sluice metric. The relay and the inbox build their
@@ -56,6 +61,7 @@ var (
 	processor = []string{ServiceInboxProcessor}
 	audit     = []string{ServiceAudit}
 	relayDims = []string{DimensionService}
+	fleetDims = []string{DimensionService, DimensionTenant}
 	inboxDims = []string{DimensionService, DimensionConsumer}
 )
 
@@ -98,6 +104,26 @@ var (
 	// OffloadedBytes counts the bytes of the payloads the claim check stored in S3.
 	OffloadedBytes = Metric{Name: "OffloadedBytes", Kind: Counter, Unit: Bytes, Services: relay, Dimensions: relayDims,
 		Doc: "bytes of the payloads the claim check stored in S3 (relays with a claim check)"}
+)
+
+// The fleet's metrics (pkg/fleet), emitted every RelayConfig.MetricsInterval with dimensions
+// {Service=relay}, and per tenant with {Service=relay, Tenant=<name or _other>}.
+var (
+	// FleetTenants is the number of tenant databases a fleet relay serves.
+	FleetTenants = Metric{Name: "FleetTenants", Kind: Gauge, Unit: Count, Services: relay, Dimensions: relayDims,
+		Doc: "tenant databases a fleet relay serves (pkg/fleet)"}
+	// FleetTenantsFailing is the number of tenants whose last turn failed.
+	FleetTenantsFailing = Metric{Name: "FleetTenantsFailing", Kind: Gauge, Unit: Count, Services: relay, Dimensions: relayDims,
+		Doc: "tenant databases whose last turn failed (unreachable, refused, broken schema); sluice status --fleet names them"}
+	// TenantOldestPendingAge is OutboxOldestPendingAge per tenant (the most among _other's).
+	TenantOldestPendingAge = Metric{Name: "TenantOldestPendingAgeSeconds", Kind: Gauge, Unit: Seconds, Services: relay, Dimensions: fleetDims,
+		Doc: "a tenant's oldest unpublished row's age (for Tenant=_other, the oldest of the tenants outside the top ones)"}
+	// TenantPending is OutboxPending per tenant (summed over _other's).
+	TenantPending = Metric{Name: "TenantPending", Kind: Gauge, Unit: Count, Services: relay, Dimensions: fleetDims,
+		Doc: "a tenant's unpublished, unquarantined rows (summed for Tenant=_other)"}
+	// TenantPublished is Published per tenant (summed over _other's).
+	TenantPublished = Metric{Name: "TenantPublished", Kind: Counter, Unit: Count, Services: relay, Dimensions: fleetDims,
+		Doc: "messages of a tenant the broker acknowledged (summed for Tenant=_other)"}
 )
 
 // The inbox's metrics, emitted per batch by a consumer ({Service=consumer, Consumer=<name>})
@@ -147,6 +173,7 @@ func All() []Metric {
 	return []Metric{
 		OutboxPending, OutboxOldestPendingAge, OutboxQuarantined, RelayHeartbeat, Published,
 		PublishFailures, DestinationsDown, OrderViolations, OldestTransactionAge, Offloaded, OffloadedBytes,
+		FleetTenants, FleetTenantsFailing, TenantOldestPendingAge, TenantPending, TenantPublished,
 		InboxProcessed, InboxSkipped, InboxDuplicates, InboxFailures, InboxStored, InboxDeadLetters, InboxParked,
 		CommitToApplyLatency, AuditMissingEvents, AuditUnpublishedEvents,
 	}

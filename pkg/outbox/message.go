@@ -24,7 +24,7 @@ const (
 )
 
 // reservedAttributes are the contract's attributes; headers may not reuse their names.
-var reservedAttributes = []string{wire.MessageID, wire.EventType, wire.AggregateType, wire.AggregateID, wire.CreatedAt, wire.Tenant}
+var reservedAttributes = []string{wire.MessageID, wire.EventType, wire.AggregateType, wire.AggregateID, wire.CreatedAt}
 
 // claimCheckAttributes mark a message whose payload is in S3 (the extended clients' names,
 // current and legacy); a header may not use them, or consumers would take its message for a
@@ -179,6 +179,9 @@ func (m Message) prepare(i int, maxPayload int) (Message, error) {
 	for _, k := range sortedKeys(m.Headers) {
 		if p := checkHeaderName(k); p != "" {
 			return fail("Headers["+k+"]", "name "+p)
+		}
+		if strings.EqualFold(k, wire.Tenant) {
+			return fail("Headers["+k+"]", "name is the tenant header a fleet relay sets (pkg/fleet) and cannot be written")
 		}
 		if p := checkAttrValue(m.Headers[k]); p != "" {
 			return fail("Headers["+k+"]", "value "+p)

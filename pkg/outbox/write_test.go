@@ -74,6 +74,7 @@ func TestWriteRejectsBadInputNamingTheField(t *testing.T) {
 		"header bad name":     {with(func(m *outbox.Message) { m.Headers = map[string]string{"bad name": "x"} }), "Headers[bad name]"},
 		"header AWS prefix":   {with(func(m *outbox.Message) { m.Headers = map[string]string{"AWS.trace": "x"} }), "Headers[AWS.trace]"},
 		"header reserved":     {with(func(m *outbox.Message) { m.Headers = map[string]string{"messageId": "x"} }), "Headers[messageId]"},
+		"header tenant":       {with(func(m *outbox.Message) { m.Headers = map[string]string{outbox.TenantHeader: "x"} }), "Headers[" + outbox.TenantHeader + "]"},
 		"header empty value":  {with(func(m *outbox.Message) { m.Headers = map[string]string{"traceparent": ""} }), "Headers[traceparent]"},
 		"header bad char":     {with(func(m *outbox.Message) { m.Headers = map[string]string{"x-a": "a\x01b"} }), "Headers[x-a]"},
 		"event type bad utf8": {with(func(m *outbox.Message) { m.EventType = "\xff" }), "EventType"},

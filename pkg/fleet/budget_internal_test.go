@@ -1,0 +1,87 @@
+package fleet
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestBudgetGrantsInArrivalOrderAndNeverAboveItsSize: a request that does not fit waits, later
+// requests do not pass it even when they would fit, and a request given up leaves the queue.
+func TestBudgetGrantsInArrivalOrderAndNeverAboveItsSize(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := newBudget(4)
+	require.NoError(t, b.acquire(ctx, 3))
+
+	big := make(chan struct{})
+	go func() {
+		require.NoError(t, b.acquire(ctx, 3)) // waits: 3 + 3 > 4
+		close(big)
+	}()
+	require.Eventually(t, b.waiting, 10*time.Second, time.Millisecond)
+
+	small := make(chan struct{})
+	go func() {
+		require.NoError(t, b.acquire(ctx, 1)) // would fit, but must not pass the waiting request
+		close(small)
+	}()
+	time.Sleep(20 * time.Millisecond)
+	select {
+	case <-small:
+		t.Fatal("a later request passed a waiting one")
+	default:
+	}
+
+	cctx, cancel := context.WithCancel(ctx)
+	gaveUp := make(chan error)
+	go func() { gaveUp <- b.acquire(cctx, 2) }()
+	cancel()
+	require.ErrorIs(t, <-gaveUp, context.Canceled)
+
+	b.release(3)
+	<-big
+	<-small
+	used, peak := b.usage()
+	require.Equal(t, 4, used)
+	require.Equal(t, 4, peak, "never above the size")
+	require.False(t, b.waiting(), "the request given up left the queue")
+}
+
+func TestTenantsAreCheckedTogether(t *testing.T) {
+	t.Parallel()
+	got, err := checkTenants([]Tenant{
+		{Name: "b", DatabaseURL: "postgres://u@db1:5433/b"},
+		{Name: "a", DatabaseURL: "postgres://u@db1/a", Weight: 3},
+		{Name: "Bad", DatabaseURL: "postgres://x/y"},
+		{Name: "c"},
+		{Name: "d", SecretARN: "arn:aws:secretsmanager:eu-west-1:1:secret:d"},
+		{Name: "e", DatabaseURL: "postgres://x/e", Weight: MaxWeight + 1},
+		{Name: "a", DatabaseURL: "postgres://u@db1/a2"},
+	})
+	require.ErrorContains(t, err, `tenant name "Bad"`)
+	require.ErrorContains(t, err, "tenant c: set exactly one of DatabaseURL and SecretARN")
+	require.ErrorContains(t, err, "tenant d: a tenant given by SecretARN needs Server")
+	require.ErrorContains(t, err, "tenant e: weight 101 is outside 1 to 100")
+	require.ErrorContains(t, err, "tenant a is listed twice")
+	require.Equal(t, []Tenant{
+		{Name: "a", DatabaseURL: "postgres://u@db1/a", Server: "db1:5432", Weight: 3},
+		{Name: "b", DatabaseURL: "postgres://u@db1:5433/b", Server: "db1:5433", Weight: 1},
+	}, got)
+}
+
+func TestShardsSplitTheFleet(t *testing.T) {
+	t.Parallel()
+	counts := make([]int, 4)
+	for i := range 1000 {
+		s := ShardOf("tenant-"+string(rune('a'+i%26))+time.Duration(i).String(), 4)
+		require.Equal(t, s, ShardOf("tenant-"+string(rune('a'+i%26))+time.Duration(i).String(), 4), "stable")
+		counts[s]++
+	}
+	for _, n := range counts {
+		require.Greater(t, n, 150, "each shard gets a share: %v", counts)
+	}
+	require.Zero(t, ShardOf("anything", 1))
+}

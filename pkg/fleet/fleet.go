@@ -1,0 +1,680 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sluicehq/sluice/pkg/outbox"
+)
+
+// Fleet runs a relay for each tenant database of its registry that has work. Make one with
+// New; Run serves the fleet until its context ends.
+type Fleet struct {
+	cfg Config
+	log *slog.Logger
+
+	mu      sync.Mutex
+	tenants map[string]*tenant // the registered tenants of this shard, by name
+	servers map[string]*server // by Tenant.Server
+	wg      sync.WaitGroup     // the tenants' and servers' goroutines
+}
+
+// New checks cfg (every problem at once) and returns a Fleet.
+func New(cfg Config) (*Fleet, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Fleet{cfg: cfg, log: cfg.Logger, tenants: map[string]*tenant{}, servers: map[string]*server{}}, nil
+}
+
+// TenantState is what a tenant's relay is doing.
+type TenantState string
+
+// The states of a tenant.
+const (
+	// StateIdle: no pool open; the tenant waits for writes, its sweep or the registry.
+	StateIdle TenantState = "idle"
+	// StateWaiting: the tenant has work and waits for its server's connections.
+	StateWaiting TenantState = "waiting"
+	// StateActive: the tenant's relay runs on an open pool.
+	StateActive TenantState = "active"
+	// StateFailing: the tenant's last turn failed (its LastError); it is retried with a backoff.
+	StateFailing TenantState = "failing"
+)
+
+// TenantStatus is one tenant's figures, as Status reports them.
+type TenantStatus struct {
+	Tenant Tenant
+	State  TenantState
+	// Published and Claimed count this Fleet's work for the tenant since Run started.
+	Published, Claimed int
+	// Turns counts the tenant's turns (a pool opened, a relay run, the pool closed).
+	Turns int
+	// Lag is the tenant's backlog as last read (at the end of a turn, at most once per
+	// Relay.MetricsInterval), and LagAt when.
+	Lag   outbox.Lag
+	LagAt time.Time
+	// LastError is the last turn's failure, empty after a turn that succeeded; Failures
+	// counts the failed turns in a row.
+	LastError string
+	Failures  int
+	// LastTurn is when the last turn ended.
+	LastTurn time.Time
+}
+
+// Status returns every registered tenant's status, the failing first, then by oldest pending
+// row, then by name.
+func (f *Fleet) Status() []TenantStatus {
+	f.mu.Lock()
+	out := make([]TenantStatus, 0, len(f.tenants))
+	for _, t := range f.tenants {
+		out = append(out, t.snapshot())
+	}
+	f.mu.Unlock()
+	SortWorstFirst(out)
+	return out
+}
+
+// SortWorstFirst orders statuses the failing first, then by oldest pending row, then by
+// pending rows, then by name.
+func SortWorstFirst(s []TenantStatus) {
+	slices.SortFunc(s, func(a, b TenantStatus) int {
+		if fa, fb := a.State == StateFailing, b.State == StateFailing; fa != fb {
+			if fa {
+				return -1
+			}
+			return 1
+		}
+		if a.Lag.OldestPendingAge != b.Lag.OldestPendingAge {
+			return cmpDesc(a.Lag.OldestPendingAge, b.Lag.OldestPendingAge)
+		}
+		if a.Lag.Pending != b.Lag.Pending {
+			return cmpDesc(a.Lag.Pending, b.Lag.Pending)
+		}
+		if a.Tenant.Name < b.Tenant.Name {
+			return -1
+		}
+		return 1
+	})
+}
+
+func cmpDesc[T int64 | time.Duration](a, b T) int {
+	if a > b {
+		return -1
+	}
+	return 1
+}
+
+// BudgetUsage returns, per server, the connections the fleet holds now and the most it held
+// at once (never above the server's budget).
+func (f *Fleet) BudgetUsage() map[string][2]int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[string][2]int{}
+	for name, s := range f.servers {
+		u, p := s.budget.usage()
+		out[name] = [2]int{u, p}
+	}
+	return out
+}
+
+// Run serves the fleet until ctx ends: it reads the registry every RegistryRefresh, and
+// returns once every tenant's last round finished and its pool closed. A registry that
+// cannot be read is logged and read again; the tenants already known keep being served.
+func (f *Fleet) Run(ctx context.Context) error {
+	defer f.wg.Wait()
+	defer f.stopAll()
+	var mwg sync.WaitGroup
+	mwg.Add(1)
+	go func() {
+		defer mwg.Done()
+		f.emitMetricsEvery(ctx)
+	}()
+	defer mwg.Wait()
+	for {
+		if err := f.refresh(ctx); err != nil && ctx.Err() == nil {
+			f.log.Error("fleet: read the registry; keeping the tenants known", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(f.cfg.RegistryRefresh):
+		}
+	}
+}
+
+// refresh reads the registry and makes the running tenants match it: new ones start, removed
+// (or changed) ones stop and close their pools.
+func (f *Fleet) refresh(ctx context.Context) error {
+	listed, err := f.cfg.Registry.Tenants(ctx)
+	if err != nil {
+		return err
+	}
+	listed, err = checkTenants(listed) // bad entries are reported and left out; good ones are served
+	if err != nil {
+		f.log.Error("fleet: registry entries left out", "error", err)
+	}
+	want := map[string]Tenant{}
+	for _, t := range listed {
+		if ShardOf(t.Name, f.cfg.Shards) == f.cfg.Shard {
+			want[t.Name] = t
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for name, t := range f.tenants {
+		if w, ok := want[name]; !ok || w != t.t {
+			t.stop()
+			delete(f.tenants, name)
+			f.servers[t.t.Server].remove(t)
+		}
+	}
+	for name, w := range want {
+		if _, ok := f.tenants[name]; ok {
+			continue
+		}
+		s := f.servers[w.Server]
+		if s == nil {
+			s = newServer(f, w.Server)
+			f.servers[w.Server] = s
+			f.wg.Add(1)
+			go func() {
+				defer f.wg.Done()
+				s.detect(ctx)
+			}()
+		}
+		t := newTenant(f, w, s)
+		s.add(t)
+		f.tenants[name] = t
+		f.wg.Add(1)
+		go func() {
+			defer f.wg.Done()
+			t.run(ctx)
+		}()
+	}
+	return nil
+}
+
+// stopAll stops every tenant (Run's end).
+func (f *Fleet) stopAll() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, t := range f.tenants {
+		t.stop()
+	}
+}
+
+// tenant is one tenant's worker: the only goroutine that opens its pool and runs its relay.
+type tenant struct {
+	f      *Fleet
+	t      Tenant
+	server *server
+	wake   chan struct{} // a hint that the tenant may have work (its server saw writes)
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu     sync.Mutex // guards status and database
+	status TenantStatus
+	// database is the tenant's database name on its server (from its connection settings),
+	// how its server's activity poll recognizes it.
+	database string
+}
+
+func newTenant(f *Fleet, t Tenant, s *server) *tenant {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &tenant{f: f, t: t, server: s, wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel,
+		status: TenantStatus{Tenant: t, State: StateIdle}}
+}
+
+func (t *tenant) stop() { t.cancel() }
+
+// poke wakes the tenant if it sleeps.
+func (t *tenant) poke() {
+	select {
+	case t.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (t *tenant) snapshot() TenantStatus {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.status
+}
+
+func (t *tenant) update(fn func(s *TenantStatus)) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	fn(&t.status)
+}
+
+// run is the tenant's loop: a turn at start, on every wake, at least every SweepInterval,
+// and again after a failure once its backoff ends.
+func (t *tenant) run(parent context.Context) {
+	ctx, cancel := context.WithCancel(parent)
+	defer cancel()
+	go func() {
+		select {
+		case <-t.ctx.Done(): // removed from the registry
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	cfg := t.f.cfg
+	wait := time.Duration(0) // the first turn comes at once
+	for {
+		timer := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return
+		case <-t.wake:
+		case <-timer.C:
+		}
+		timer.Stop()
+		more, err := t.turn(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			var n int
+			t.update(func(s *TenantStatus) {
+				s.State, s.LastError, s.LastTurn = StateFailing, err.Error(), time.Now()
+				s.Failures++
+				n = s.Failures
+			})
+			t.f.log.Warn("fleet: tenant turn failed", "tenant", t.t.Name, "failures", n, "error", err)
+			wait = backoff(n, cfg.SweepInterval)
+		case more:
+			wait = 0
+			t.poke() // straight back into its server's queue, behind those who waited
+		default:
+			wait = cfg.SweepInterval/2 + rand.N(cfg.SweepInterval/2+1) // sweeps spread over the interval
+		}
+	}
+}
+
+// backoff is the wait after n failed turns in a row: 1 s doubling, at most max.
+func backoff(n int, most time.Duration) time.Duration {
+	d := time.Second << min(n-1, 10)
+	return min(d, most)
+}
+
+// turn runs the tenant's relay on a pool opened for the turn: it takes the server's
+// connections first (and waits its turn for them), and closes the pool and gives them back
+// when the tenant is idle for IdleClose, or when another tenant waits and this one found
+// nothing to publish or used its Weight × Turn. It reports whether work was left.
+func (t *tenant) turn(ctx context.Context) (more bool, err error) {
+	cfg := t.f.cfg
+	pipelines := cfg.pipelinesOf(t.t, t.server.budget.size)
+	conns := pipelines + 1
+	t.update(func(s *TenantStatus) {
+		if s.State != StateFailing {
+			s.State = StateWaiting
+		}
+	})
+	if err := t.server.budget.acquire(ctx, conns); err != nil {
+		return false, nil // ctx ended
+	}
+	defer t.server.budget.release(conns)
+
+	pcfg, err := cfg.Connect(ctx, t.t)
+	if err != nil {
+		return false, fmt.Errorf("tenant %s: connection settings: %w", t.t.Name, err)
+	}
+	pcfg.MaxConns, pcfg.MinConns = int32(conns), 0
+	if pcfg.ConnConfig.RuntimeParams == nil {
+		pcfg.ConnConfig.RuntimeParams = map[string]string{}
+	}
+	pcfg.ConnConfig.RuntimeParams["application_name"] = "sluice-fleet-relay"
+	t.mu.Lock()
+	t.database = pcfg.ConnConfig.Database
+	t.mu.Unlock()
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return false, fmt.Errorf("tenant %s: open pool: %w", t.t.Name, err)
+	}
+	defer t.closePool(ctx, pool)
+
+	rcfg := cfg.Relay
+	rcfg.Tenant, rcfg.Pipelines = t.t.Name, pipelines
+	rcfg.Logger = cfg.Logger.With("tenant", t.t.Name)
+	relay, err := outbox.NewRelay(pool, rcfg)
+	if err != nil {
+		return false, fmt.Errorf("tenant %s: relay: %w", t.t.Name, err)
+	}
+	t.update(func(s *TenantStatus) { s.Turns++ })
+
+	start := time.Now()
+	lastWork := start
+	share := time.Duration(t.t.Weight) * cfg.Turn
+	for {
+		// The turn's share ends RunOnce early (its rounds finish) once another tenant waits.
+		rctx, stop := context.WithCancel(ctx)
+		yielded := make(chan struct{})
+		go func() {
+			defer close(yielded)
+			tick := time.NewTicker(max(cfg.Relay.PollInterval, 10*time.Millisecond))
+			defer tick.Stop()
+			for {
+				select {
+				case <-rctx.Done():
+					return
+				case <-tick.C:
+					if time.Since(start) >= share && t.server.budget.waiting() {
+						stop()
+						return
+					}
+				}
+			}
+		}()
+		st, err := relay.RunOnce(rctx)
+		shareUsed := rctx.Err() != nil && ctx.Err() == nil
+		stop()
+		<-yielded
+		t.update(func(s *TenantStatus) {
+			s.Published += st.Published
+			s.Claimed += st.Claimed
+			if err == nil || shareUsed {
+				s.State, s.LastError, s.Failures = StateActive, "", 0
+			}
+		})
+		if ctx.Err() != nil {
+			return false, nil
+		}
+		if err != nil && !shareUsed {
+			return false, fmt.Errorf("tenant %s: %w", t.t.Name, err)
+		}
+		t.readLag(ctx, pool)
+		if st.Claimed > 0 {
+			lastWork = time.Now()
+		}
+		if shareUsed {
+			t.idle()
+			return true, nil
+		}
+		if st.Claimed == 0 && (t.server.budget.waiting() || time.Since(lastWork) >= cfg.IdleClose) {
+			t.idle()
+			return false, nil
+		}
+		select { // the relay's own poll interval, or sooner when the server saw writes
+		case <-ctx.Done():
+			return false, nil
+		case <-t.wake:
+		case <-time.After(cfg.Relay.PollInterval):
+		}
+	}
+}
+
+// closePool closes the turn's pool and waits for its sessions to end on the server before the
+// turn gives its connections back to the budget.
+func (t *tenant) closePool(ctx context.Context, pool *pgxpool.Pool) {
+	var pids []uint32
+	for _, c := range pool.AcquireAllIdle(context.WithoutCancel(ctx)) {
+		pids = append(pids, c.Conn().PgConn().PID())
+		c.Release()
+	}
+	pool.Close()
+	t.server.awaitGone(context.WithoutCancel(ctx), pids)
+}
+
+func (t *tenant) idle() {
+	t.update(func(s *TenantStatus) {
+		s.State, s.LastTurn = StateIdle, time.Now()
+	})
+}
+
+// readLag reads the tenant's backlog on the turn's pool, at most once per MetricsInterval.
+func (t *tenant) readLag(ctx context.Context, pool *pgxpool.Pool) {
+	t.mu.Lock()
+	due := time.Since(t.status.LagAt) >= t.f.cfg.Relay.MetricsInterval
+	t.mu.Unlock()
+	if !due {
+		return
+	}
+	lag, err := outbox.LagOf(ctx, pool)
+	if err != nil {
+		t.f.log.Warn("fleet: read a tenant's lag", "tenant", t.t.Name, "error", err)
+		return
+	}
+	t.update(func(s *TenantStatus) { s.Lag, s.LagAt = lag, time.Now() })
+}
+
+// server is one PostgreSQL server of the fleet: its connection budget, and its activity
+// poll, which wakes the tenants whose databases saw writes.
+type server struct {
+	f      *Fleet
+	name   string
+	budget *budget
+
+	mu      sync.Mutex
+	tenants map[*tenant]bool
+
+	connMu sync.Mutex // guards the activity poll's connection
+	conn   *pgx.Conn
+	via    *tenant // whose settings conn was opened with
+}
+
+func newServer(f *Fleet, name string) *server {
+	return &server{f: f, name: name, budget: newBudget(f.cfg.budgetOf(name)), tenants: map[*tenant]bool{}}
+}
+
+func (s *server) add(t *tenant) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.tenants[t] = true
+}
+
+func (s *server) remove(t *tenant) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.tenants, t)
+}
+
+// members returns the server's tenants, and for each database name the tenants on it.
+func (s *server) members() ([]*tenant, map[string][]*tenant) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	all := make([]*tenant, 0, len(s.tenants))
+	byDB := map[string][]*tenant{}
+	for t := range s.tenants {
+		all = append(all, t)
+		t.mu.Lock()
+		if t.database != "" {
+			byDB[t.database] = append(byDB[t.database], t)
+		}
+		t.mu.Unlock()
+	}
+	return all, byDB
+}
+
+// activitySQL reads every database's write counters on the server: one query for all its
+// tenants. The counters are PostgreSQL's cumulative statistics, published by each backend
+// within about a second of its commit; they only hint, the tenants' sweeps do not depend on
+// them.
+const activitySQL = `SELECT datname, tup_inserted + tup_updated + tup_deleted FROM pg_stat_database WHERE datname IS NOT NULL`
+
+// detect polls the server's activity every DetectInterval on one connection (taken from the
+// budget) and wakes each tenant whose database's counters moved. It connects through one of
+// its tenants' settings and lets go of the connection when that tenant leaves.
+func (s *server) detect(ctx context.Context) {
+	last := map[string]int64{}
+	defer s.closeConn(ctx)
+	tick := time.NewTicker(s.f.cfg.DetectInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		all, byDB := s.members()
+		s.connMu.Lock()
+		via := s.via
+		s.connMu.Unlock()
+		if len(all) == 0 || (via != nil && !slices.Contains(all, via)) {
+			s.closeConn(ctx) // no connection to a removed tenant's database
+			if len(all) == 0 {
+				continue
+			}
+		}
+		seen, err := s.activity(ctx, all)
+		if err != nil {
+			continue // the tenants' sweeps carry on without the hint
+		}
+		for db, n := range seen {
+			if old, ok := last[db]; ok && n != old {
+				for _, t := range byDB[db] {
+					t.poke()
+				}
+			}
+		}
+		last = seen
+	}
+}
+
+// activity reads every database's write counters on the activity poll's connection,
+// connecting first when it has none.
+func (s *server) activity(ctx context.Context, all []*tenant) (map[string]int64, error) {
+	s.connMu.Lock()
+	connected := s.conn != nil
+	s.connMu.Unlock()
+	if !connected { // connect without the lock: the budget may make it wait for turns that use it
+		c, t, err := s.connect(ctx, all)
+		if err != nil {
+			return nil, err
+		}
+		s.connMu.Lock()
+		s.conn, s.via = c, t // detect is the only goroutine that sets them
+		s.connMu.Unlock()
+	}
+	s.connMu.Lock()
+	defer s.connMu.Unlock()
+	rows, err := s.conn.Query(ctx, activitySQL)
+	if err != nil {
+		s.closeConnLocked(ctx)
+		return nil, err
+	}
+	seen := map[string]int64{}
+	for rows.Next() {
+		var (
+			db string
+			n  int64
+		)
+		if rows.Scan(&db, &n) == nil {
+			seen[db] = n
+		}
+	}
+	rows.Close()
+	return seen, rows.Err()
+}
+
+func (s *server) closeConn(ctx context.Context) {
+	s.connMu.Lock()
+	defer s.connMu.Unlock()
+	s.closeConnLocked(ctx)
+}
+
+func (s *server) closeConnLocked(ctx context.Context) {
+	if s.conn != nil {
+		_ = s.conn.Close(context.WithoutCancel(ctx))
+		s.budget.release(1)
+		s.conn, s.via = nil, nil
+	}
+}
+
+// awaitGone waits until the server's sessions pids have ended (a closed connection's backend
+// ends a moment after the client let go), so that the budget given back is free on the server
+// too. It asks on the activity poll's connection; without one it waits a short grace.
+func (s *server) awaitGone(ctx context.Context, pids []uint32) {
+	if len(pids) == 0 {
+		return
+	}
+	ids := make([]int32, len(pids))
+	for i, p := range pids {
+		ids[i] = int32(p)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		s.connMu.Lock()
+		var (
+			n   int
+			err = errNoConn
+		)
+		if s.conn != nil {
+			err = s.conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)`, ids).Scan(&n)
+		}
+		s.connMu.Unlock()
+		if err != nil {
+			sleepCtx(ctx, 20*time.Millisecond)
+			return
+		}
+		if n == 0 {
+			return
+		}
+		sleepCtx(ctx, 2*time.Millisecond)
+	}
+}
+
+var errNoConn = errors.New("no activity connection")
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// connect opens the activity poll's connection through the first tenant (by name) whose
+// last turn did not fail, taking one connection of the budget.
+func (s *server) connect(ctx context.Context, all []*tenant) (*pgx.Conn, *tenant, error) {
+	slices.SortFunc(all, func(a, b *tenant) int {
+		fa, fb := a.snapshot().State == StateFailing, b.snapshot().State == StateFailing
+		switch {
+		case fa != fb && fa:
+			return 1
+		case fa != fb:
+			return -1
+		case a.t.Name < b.t.Name:
+			return -1
+		default:
+			return 1
+		}
+	})
+	if err := s.budget.acquire(ctx, 1); err != nil {
+		return nil, nil, err
+	}
+	var errs []error
+	for _, t := range all[:min(3, len(all))] {
+		pcfg, err := s.f.cfg.Connect(ctx, t.t)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		cc := pcfg.ConnConfig
+		if cc.RuntimeParams == nil {
+			cc.RuntimeParams = map[string]string{}
+		}
+		cc.RuntimeParams["application_name"] = "sluice-fleet-activity"
+		conn, err := pgx.ConnectConfig(ctx, cc)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		return conn, t, nil
+	}
+	s.budget.release(1)
+	return nil, nil, errors.Join(errs...)
+}

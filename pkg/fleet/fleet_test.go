@@ -1,0 +1,305 @@
+package fleet_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sns"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/internal/localaws"
+	"github.com/sluicehq/sluice/internal/localrun"
+	"github.com/sluicehq/sluice/internal/testdb"
+	"github.com/sluicehq/sluice/internal/testwait"
+	"github.com/sluicehq/sluice/pkg/fleet"
+	"github.com/sluicehq/sluice/pkg/outbox"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+// bundle is one test's FIFO pipeline on the local SNS/SQS and its fleet's relay settings.
+type bundle struct {
+	sqsc  *sqs.Client
+	pipe  localrun.Pipeline
+	relay outbox.RelayConfig
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	ctx := context.Background()
+	cfg := localaws.TestConfig(t)
+	snsc, sqsc := sns.NewFromConfig(cfg), sqs.NewFromConfig(cfg)
+	p, err := localrun.CreatePipeline(ctx, snsc, sqsc, localrun.PipelineOptions{
+		Name: fmt.Sprintf("fleet-%d", time.Now().UnixNano()%1e9), FIFO: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { p.Delete(context.WithoutCancel(ctx), snsc, sqsc) })
+	return &bundle{sqsc: sqsc, pipe: p, relay: outbox.RelayConfig{
+		Publisher: outbox.NewSNSPublisher(snsc), Topics: map[string]string{"orders": p.TopicARN}}}
+}
+
+// tenantDB is a tenant's migrated database.
+type tenantDB struct {
+	name string
+	url  string
+	pool *pgxpool.Pool
+}
+
+func newTenantDB(t *testing.T, name string) tenantDB {
+	t.Helper()
+	url := testdb.URL(t)
+	pool, err := pgxpool.New(context.Background(), url)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return tenantDB{name: name, url: url, pool: pool}
+}
+
+func (d tenantDB) tenant() fleet.Tenant { return fleet.Tenant{Name: d.name, DatabaseURL: d.url} }
+
+// write commits n events over keys k-0..k-(keys-1), each payload numbering its key's events
+// from first on.
+func (d tenantDB) write(t *testing.T, n, keys, first int) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := d.pool.Begin(ctx)
+	require.NoError(t, err)
+	var msgs []outbox.Message
+	for i := range n {
+		key := fmt.Sprintf("k-%d", i%keys)
+		msgs = append(msgs, outbox.Message{Topic: "orders", EventType: "OrderCreated", AggregateID: key,
+			Payload: json.RawMessage(fmt.Sprintf(`{"seq":%d}`, first+i/keys))})
+	}
+	_, err = outbox.Write(ctx, tx, msgs...)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+}
+
+func (d tenantDB) pending(t *testing.T) int {
+	t.Helper()
+	var n int
+	require.NoError(t, d.pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox_event WHERE published_at IS NULL`).Scan(&n))
+	return n
+}
+
+// runFleet runs a fleet until the test ends.
+func runFleet(t *testing.T, cfg fleet.Config) *fleet.Fleet {
+	t.Helper()
+	f, err := fleet.New(cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	return f
+}
+
+// delivery is one message as a consumer receives it.
+type delivery struct {
+	tenant, key string
+	seq         int
+}
+
+// receive takes every message in the queue (deleting it) until want distinct ones (by
+// messageId) arrived.
+func (b *bundle) receive(t *testing.T, want int) []delivery {
+	t.Helper()
+	seen := map[string]bool{}
+	var got []delivery
+	testwait.Progress(t, "every message received", func() (int, bool) {
+		out, err := b.sqsc.ReceiveMessage(context.Background(), &sqs.ReceiveMessageInput{QueueUrl: aws.String(b.pipe.QueueURL),
+			MaxNumberOfMessages: 10, WaitTimeSeconds: 1, MessageAttributeNames: []string{"All"},
+			MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameAll}})
+		require.NoError(t, err)
+		for _, m := range out.Messages {
+			id := aws.ToString(m.MessageAttributes["messageId"].StringValue)
+			if !seen[id] {
+				seen[id] = true
+				var body struct{ Seq int }
+				require.NoError(t, json.Unmarshal([]byte(aws.ToString(m.Body)), &body))
+				tenant := m.MessageAttributes[outbox.TenantHeader]
+				require.NotNil(t, tenant.StringValue, "every message names its tenant")
+				got = append(got, delivery{tenant: aws.ToString(tenant.StringValue),
+					key: aws.ToString(m.MessageAttributes["aggregateId"].StringValue), seq: body.Seq})
+			}
+			_, err := b.sqsc.DeleteMessage(context.Background(), &sqs.DeleteMessageInput{QueueUrl: aws.String(b.pipe.QueueURL), ReceiptHandle: m.ReceiptHandle})
+			require.NoError(t, err)
+		}
+		return len(got), len(got) >= want
+	})
+	return got
+}
+
+// requireInOrder checks that each tenant's keys arrived in write order, every event once.
+func requireInOrder(t *testing.T, got []delivery, perTenant map[string]int) {
+	t.Helper()
+	last := map[string]int{}
+	count := map[string]int{}
+	for _, d := range got {
+		k := d.tenant + "/" + d.key
+		if prev, ok := last[k]; ok {
+			require.Equal(t, prev+1, d.seq, "%s: events of a key in write order", k)
+		}
+		last[k] = d.seq
+		count[d.tenant]++
+	}
+	require.Equal(t, perTenant, count)
+}
+
+// sampleConnections records the most connections the fleet held on the databases at once, as
+// pg_stat_activity shows them, until the returned stop is called.
+func sampleConnections(t *testing.T, admin *pgxpool.Pool, databases []string) (stop func() int) {
+	t.Helper()
+	var (
+		mu   sync.Mutex
+		most int
+	)
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		for {
+			var n int
+			if admin.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'sluice-fleet-%' AND datname = ANY($1)`, databases).Scan(&n) == nil {
+				mu.Lock()
+				most = max(most, n)
+				mu.Unlock()
+			}
+			select {
+			case <-done:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}()
+	return func() int {
+		close(done)
+		<-finished
+		mu.Lock()
+		defer mu.Unlock()
+		return most
+	}
+}
+
+// TestFleetPublishesEveryTenantInOrderWithinTheBudget: three tenant databases on one server
+// and two broken ones (a server that does not answer, a database without sluice's tables).
+// Every event of the healthy tenants arrives once, named by its tenant, each key in order;
+// the broken ones show as failing and cost the others nothing; the connections on the server
+// never exceed its budget, as pg_stat_activity shows them.
+func TestFleetPublishesEveryTenantInOrderWithinTheBudget(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	dbs := []tenantDB{newTenantDB(t, "acme"), newTenantDB(t, "globex"), newTenantDB(t, "initech")}
+	for _, d := range dbs {
+		d.write(t, 120, 6, 0)
+	}
+	reg := fleet.Static{
+		{Name: "unreachable", DatabaseURL: "postgres://nobody@127.0.0.1:1/none?connect_timeout=2"},
+		{Name: "no-schema", DatabaseURL: testdb.EmptyURL(t)},
+	}
+	for _, d := range dbs {
+		reg = append(reg, d.tenant())
+	}
+	var names []string // the databases on the test server
+	for _, tn := range reg[1:] {
+		cfg, err := pgconn.ParseConfig(tn.DatabaseURL)
+		require.NoError(t, err)
+		names = append(names, cfg.Database)
+	}
+	admin, err := pgxpool.New(context.Background(), testdb.ServerURL(t))
+	require.NoError(t, err)
+	t.Cleanup(admin.Close)
+	stop := sampleConnections(t, admin, names)
+
+	const budget = 4 // one tenant's pool (2) and the activity poll (1): tenants take turns
+	f := runFleet(t, fleet.Config{Registry: reg, Relay: b.relay, DefaultConnections: budget,
+		SweepInterval: time.Second, RegistryRefresh: time.Hour})
+	got := b.receive(t, 360)
+	requireInOrder(t, got, map[string]int{"acme": 120, "globex": 120, "initech": 120})
+	for _, d := range dbs {
+		require.Zero(t, d.pending(t), d.name)
+	}
+
+	testwait.Until(t, "both broken tenants failing", func() bool {
+		failing := map[string]string{}
+		for _, s := range f.Status() {
+			if s.State == fleet.StateFailing {
+				failing[s.Tenant.Name] = s.LastError
+			}
+		}
+		return strings.Contains(failing["no-schema"], "outbox") && failing["unreachable"] != ""
+	})
+	st := f.Status()
+	require.Equal(t, fleet.StateFailing, st[0].State, "the failing tenants sort first")
+	require.Equal(t, fleet.StateFailing, st[1].State)
+
+	for server, u := range f.BudgetUsage() {
+		require.LessOrEqual(t, u[1], budget, "the budget of %s", server)
+	}
+	require.LessOrEqual(t, stop(), budget, "the fleet's connections on the server, as pg_stat_activity counted them")
+}
+
+// TestRegistryChangesTakeEffect: a tenant added to the control table is served from the next
+// registry read, and one removed gets no more connections: its new rows stay unpublished.
+func TestRegistryChangesTakeEffect(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	control := testdb.Pool(t)
+	require.NoError(t, fleet.CreateRegistryTable(ctx, control))
+	a, c := newTenantDB(t, "alpha"), newTenantDB(t, "bravo")
+	require.NoError(t, fleet.AddTenant(ctx, control, a.tenant()))
+	runFleet(t, fleet.Config{Registry: fleet.Table{DB: control}, Relay: b.relay, RegistryRefresh: 200 * time.Millisecond,
+		IdleClose: 100 * time.Millisecond})
+
+	a.write(t, 10, 2, 0)
+	c.write(t, 10, 2, 0)
+	requireInOrder(t, b.receive(t, 10), map[string]int{"alpha": 10})
+	require.Equal(t, 10, c.pending(t), "not registered: not served")
+
+	require.NoError(t, fleet.AddTenant(ctx, control, c.tenant()))
+	requireInOrder(t, b.receive(t, 10), map[string]int{"bravo": 10})
+
+	removed, err := fleet.RemoveTenant(ctx, control, "alpha")
+	require.NoError(t, err)
+	require.True(t, removed)
+	testwait.Until(t, "no connection to the removed tenant's database", func() bool {
+		var n int
+		require.NoError(t, a.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name LIKE 'sluice-fleet-%'`).Scan(&n))
+		return n == 0
+	})
+	a.write(t, 5, 1, 100)
+	c.write(t, 4, 2, 5)
+	requireInOrder(t, b.receive(t, 4), map[string]int{"bravo": 4})
+	require.Equal(t, 5, a.pending(t), "removed: its rows stay for whoever serves it next")
+}
+
+// TestABackloggedTenantYieldsToAWaitingOne: with room for one tenant at a time, a tenant with a
+// large backlog gives its connections up after its turn when another waits, so the quiet
+// tenant's event is published while the backlog is still being drained.
+func TestABackloggedTenantYieldsToAWaitingOne(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	hot, quiet := newTenantDB(t, "hot"), newTenantDB(t, "quiet")
+	_, err := hot.pool.Exec(context.Background(), `INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload)
+		SELECT gen_random_uuid(), 'orders', 'order', 'o-' || g, 'OrderCreated', 'k-' || (g % 100), '{"seq": 0}' FROM generate_series(1, 40000) g`)
+	require.NoError(t, err)
+	runFleet(t, fleet.Config{Registry: fleet.Static{hot.tenant(), quiet.tenant()}, Relay: b.relay,
+		DefaultConnections: 4, Turn: 50 * time.Millisecond, DetectInterval: 20 * time.Millisecond})
+	testwait.Until(t, "the hot tenant publishing", func() bool { return hot.pending(t) < 40000 })
+	quiet.write(t, 1, 1, 0)
+	testwait.Until(t, "the quiet tenant's event published", func() bool { return quiet.pending(t) == 0 })
+	require.Positive(t, hot.pending(t), "published while the hot tenant still had a backlog")
+}
