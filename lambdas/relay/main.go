@@ -17,6 +17,10 @@
 // records a span per PublishBatch call as JSON lines in the log (pkg/lambdatrace;
 // docs/tracing.md for OTLP and X-Ray).
 //
+// Fleet mode: with SLUICE_FLEET_TENANTS, SLUICE_FLEET_REGISTRY_URL or
+// SLUICE_FLEET_REGISTRY_SECRET_ARN set, one function serves a fleet of tenant databases
+// (pkg/fleet; the variables in pkg/lambdaenv/fleet.go) instead of DATABASE_URL's.
+//
 // Build: GOOS=linux GOARCH=arm64 CGO_ENABLED=0 go build -tags lambda.norpc -trimpath -o bin/relay/bootstrap ./lambdas/relay
 package main
 
@@ -39,6 +43,10 @@ import (
 
 func main() {
 	log := lambdaenv.Logger(os.Getenv, "relay")
+	if lambdaenv.FleetEnabled(os.Getenv) {
+		startFleet(log)
+		return
+	}
 	h, pool, stopTracing, err := wire(context.Background(), os.Getenv, log)
 	if err != nil {
 		log.Error("relay cold start failed", "error", err)

@@ -131,9 +131,20 @@ func (f *Fleet) BudgetUsage() map[string][2]int {
 // Run serves the fleet until ctx ends: it reads the registry every RegistryRefresh, and
 // returns once every tenant's last round finished and its pool closed. A registry that
 // cannot be read is logged and read again; the tenants already known keep being served.
+// Run may be called again after it returned (a relay Lambda calls it once per invocation):
+// what the Fleet learnt (when each tenant was last looked at, its servers' activity counters)
+// carries over, so a tenant swept by the last run is not swept again at once. Run must not be
+// called while another Run of the same Fleet runs.
 func (f *Fleet) Run(ctx context.Context) error {
 	defer f.wg.Wait()
-	defer f.stopAll()
+	f.mu.Lock()
+	for _, s := range f.servers {
+		f.startServer(ctx, s)
+	}
+	for _, t := range f.tenants {
+		f.startTenant(ctx, t)
+	}
+	f.mu.Unlock()
 	var mwg sync.WaitGroup
 	mwg.Add(1)
 	go func() {
@@ -156,11 +167,11 @@ func (f *Fleet) Run(ctx context.Context) error {
 // refresh reads the registry and makes the running tenants match it: new ones start, removed
 // (or changed) ones stop and close their pools.
 func (f *Fleet) refresh(ctx context.Context) error {
-	listed, err := f.cfg.Registry.Tenants(ctx)
-	if err != nil {
-		return err
+	listed, readErr := f.cfg.Registry.Tenants(ctx)
+	if readErr != nil && len(listed) == 0 {
+		return readErr
 	}
-	listed, err = checkTenants(listed) // bad entries are reported and left out; good ones are served
+	listed, err := checkTenants(listed) // bad entries are reported and left out; good ones are served
 	if err != nil {
 		f.log.Error("fleet: registry entries left out", "error", err)
 	}
@@ -173,6 +184,9 @@ func (f *Fleet) refresh(ctx context.Context) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for name, t := range f.tenants {
+		if readErr != nil {
+			break // part of the registry is unread: add what was read, remove nothing
+		}
 		if w, ok := want[name]; !ok || w != t.t {
 			t.stop()
 			delete(f.tenants, name)
@@ -187,31 +201,30 @@ func (f *Fleet) refresh(ctx context.Context) error {
 		if s == nil {
 			s = newServer(f, w.Server)
 			f.servers[w.Server] = s
-			f.wg.Add(1)
-			go func() {
-				defer f.wg.Done()
-				s.detect(ctx)
-			}()
+			f.startServer(ctx, s)
 		}
 		t := newTenant(f, w, s)
 		s.add(t)
 		f.tenants[name] = t
-		f.wg.Add(1)
-		go func() {
-			defer f.wg.Done()
-			t.run(ctx)
-		}()
+		f.startTenant(ctx, t)
 	}
-	return nil
+	return readErr
 }
 
-// stopAll stops every tenant (Run's end).
-func (f *Fleet) stopAll() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for _, t := range f.tenants {
-		t.stop()
-	}
+func (f *Fleet) startServer(ctx context.Context, s *server) {
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		s.detect(ctx)
+	}()
+}
+
+func (f *Fleet) startTenant(ctx context.Context, t *tenant) {
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		t.run(ctx)
+	}()
 }
 
 // tenant is one tenant's worker: the only goroutine that opens its pool and runs its relay.
@@ -271,7 +284,10 @@ func (t *tenant) run(parent context.Context) {
 		}
 	}()
 	cfg := t.f.cfg
-	wait := time.Duration(0) // the first turn comes at once
+	wait := time.Duration(0) // a new tenant's first turn comes at once; a known one's when its sweep is due
+	if last := t.snapshot().LastTurn; !last.IsZero() {
+		wait = max(0, cfg.SweepInterval-time.Since(last))
+	}
 	for {
 		timer := time.NewTimer(wait)
 		select {
@@ -463,6 +479,9 @@ type server struct {
 	connMu sync.Mutex // guards the activity poll's connection
 	conn   *pgx.Conn
 	via    *tenant // whose settings conn was opened with
+	// counters are the databases' write counters as the last poll read them (owned by detect;
+	// kept between runs).
+	counters map[string]int64
 }
 
 func newServer(f *Fleet, name string) *server {
@@ -508,7 +527,8 @@ const activitySQL = `SELECT datname, tup_inserted + tup_updated + tup_deleted FR
 // budget) and wakes each tenant whose database's counters moved. It connects through one of
 // its tenants' settings and lets go of the connection when that tenant leaves.
 func (s *server) detect(ctx context.Context) {
-	last := map[string]int64{}
+	last := s.counters // from the last Run: writes between two runs wake their tenants
+	defer func() { s.counters = last }()
 	defer s.closeConn(ctx)
 	tick := time.NewTicker(s.f.cfg.DetectInterval)
 	defer tick.Stop()

@@ -186,3 +186,25 @@ func RemoveTenant(ctx context.Context, db Execer, name string) (bool, error) {
 	}
 	return tag.RowsAffected() == 1, nil
 }
+
+// Registries is a Registry of several: the tenants of each, in order (a name listed twice is
+// reported and served once, from the first).
+type Registries []Registry
+
+// Tenants returns every registry's tenants; when some cannot be read, it returns the others'
+// with the errors (a Fleet then adds what it got and removes nothing).
+func (rs Registries) Tenants(ctx context.Context) ([]Tenant, error) {
+	var (
+		all  []Tenant
+		errs []error
+	)
+	for _, r := range rs {
+		ts, err := r.Tenants(ctx)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		all = append(all, ts...)
+	}
+	return all, errors.Join(errs...)
+}

@@ -1,5 +1,19 @@
 package lambdaenv
 
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sluicehq/sluice/pkg/fleet"
+)
+
 // The fleet's variables: a relay (or consumer) function serves a fleet of tenant databases
 // (pkg/fleet) instead of one when FleetTenants or FleetRegistrySecretARN/FleetRegistryURL is
 // set.
@@ -24,3 +38,135 @@ const (
 	// so N functions (each with its own schedule) split a large fleet. Defaults to "0/1".
 	FleetShard = "SLUICE_FLEET_SHARD"
 )
+
+// FleetEnabled reports whether the environment asks for a fleet (FleetTenants,
+// FleetRegistryURL or FleetRegistrySecretARN set).
+func FleetEnabled(getenv Getenv) bool {
+	return getenv(FleetTenants) != "" || getenv(FleetRegistryURL) != "" || getenv(FleetRegistrySecretARN) != ""
+}
+
+// FleetTenantsFrom reads FleetTenants: the static registry (empty when unset).
+func FleetTenantsFrom(getenv Getenv) (fleet.Static, error) {
+	raw := getenv(FleetTenants)
+	if raw == "" {
+		return nil, nil
+	}
+	var ts fleet.Static
+	dec := json.NewDecoder(strings.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&ts); err != nil {
+		return nil, fmt.Errorf("%s: want a JSON array of {\"name\", \"databaseUrl\" or \"secretArn\", \"server\", \"weight\"}: %w", FleetTenants, err)
+	}
+	return ts, nil
+}
+
+// FleetRegistry returns the registry the environment describes: FleetTenants and, with
+// FleetRegistryURL or FleetRegistrySecretARN, the control database's table (read on a pool of
+// one connection, which close closes). secrets reads the control database's secret.
+func FleetRegistry(ctx context.Context, getenv Getenv, secrets SecretGetter) (reg fleet.Registry, close func(), err error) {
+	static, err := FleetTenantsFrom(getenv)
+	if err != nil {
+		return nil, nil, err
+	}
+	url := getenv(FleetRegistryURL)
+	if url == "" && getenv(FleetRegistrySecretARN) != "" {
+		if secrets == nil {
+			return nil, nil, errors.New("a Secrets Manager client is needed to read " + FleetRegistrySecretARN)
+		}
+		s, err := readSecret(ctx, secrets, getenv(FleetRegistrySecretARN), "")
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", FleetRegistrySecretARN, err)
+		}
+		url = s.url(getenv)
+	}
+	if url == "" {
+		return static, func() {}, nil
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, nil, fmt.Errorf("fleet registry database URL: %w", err)
+	}
+	cfg.MaxConns, cfg.MinConns = 1, 0
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("fleet registry database: %w", err)
+	}
+	return fleet.Registries{static, fleet.Table{DB: pool}}, pool.Close, nil
+}
+
+// FleetConnector returns the fleet's Config.Connect: a tenant's DatabaseURL as it is, or the
+// host, port and dbname of its SecretARN's RDS secret with DATABASE_SSLMODE and
+// DATABASE_SSLROOTCERT, as for DATABASE_SECRET_ARN. A secret is read once per tenant and its
+// credentials are kept as OpenPool keeps them: re-read after a failed connection attempt (at
+// most every DATABASE_SECRET_REFRESH), AWSPENDING tried during a rotation; turns do not each
+// call Secrets Manager.
+func FleetConnector(getenv Getenv, secrets SecretGetter) func(context.Context, fleet.Tenant) (*pgxpool.Config, error) {
+	var (
+		mu    sync.Mutex
+		creds = map[string]*secretCredentials{} // by secret ARN
+	)
+	return func(ctx context.Context, t fleet.Tenant) (*pgxpool.Config, error) {
+		if t.DatabaseURL != "" {
+			cfg, err := pgxpool.ParseConfig(t.DatabaseURL)
+			if err != nil {
+				return nil, fmt.Errorf("tenant %s: database URL: %w", t.Name, err)
+			}
+			return cfg, nil
+		}
+		if secrets == nil {
+			return nil, errors.New("a Secrets Manager client is needed to read tenant " + t.Name + "'s secret")
+		}
+		mu.Lock()
+		c := creds[t.SecretARN]
+		mu.Unlock()
+		if c == nil {
+			refresh, err := Duration(getenv, DatabaseSecretRefresh, DefaultSecretRefresh)
+			if err != nil {
+				return nil, err
+			}
+			s, err := readSecret(ctx, secrets, t.SecretARN, "")
+			if err != nil {
+				return nil, fmt.Errorf("tenant %s: %w", t.Name, err)
+			}
+			c = &secretCredentials{secrets: secrets, arn: t.SecretARN, minInterval: refresh, current: s, readAt: time.Now()}
+			mu.Lock()
+			creds[t.SecretARN] = c
+			mu.Unlock()
+		}
+		c.mu.Lock()
+		url := c.current.url(getenv)
+		c.mu.Unlock()
+		cfg, err := pgxpool.ParseConfig(url)
+		if err != nil {
+			return nil, fmt.Errorf("tenant %s: database URL from its secret: %w", t.Name, err)
+		}
+		cfg.BeforeConnect, cfg.AfterConnect = c.beforeConnect, c.afterConnect
+		return cfg, nil
+	}
+}
+
+// FleetConfig reads the fleet's settings: the registry (FleetRegistry), the connection
+// budgets (FleetServerConnections, FleetDefaultServerConnections) and the shard (FleetShard).
+// Relay, MetricsRecorder and Logger are left to the caller. close closes the registry's pool.
+func FleetConfig(ctx context.Context, getenv Getenv, secrets SecretGetter) (cfg fleet.Config, close func(), err error) {
+	var errs []error
+	if raw := getenv(FleetServerConnections); raw != "" {
+		if err := json.Unmarshal([]byte(raw), &cfg.ServerConnections); err != nil {
+			errs = append(errs, fmt.Errorf("%s: want a JSON object of server name to connections: %w", FleetServerConnections, err))
+		}
+	}
+	if cfg.DefaultConnections, err = positiveInt(getenv, FleetDefaultServerConnections, fleet.DefaultServerConnections); err != nil {
+		errs = append(errs, err)
+	}
+	if raw := getenv(FleetShard); raw != "" {
+		if _, err := fmt.Sscanf(raw, "%d/%d", &cfg.Shard, &cfg.Shards); err != nil || cfg.Shards < 1 || cfg.Shard < 0 || cfg.Shard >= cfg.Shards {
+			errs = append(errs, fmt.Errorf("%s %q: want I/N with 0 ≤ I < N", FleetShard, raw))
+		}
+	}
+	if len(errs) > 0 {
+		return cfg, nil, errors.Join(errs...)
+	}
+	cfg.Connect = FleetConnector(getenv, secrets)
+	cfg.Registry, close, err = FleetRegistry(ctx, getenv, secrets)
+	return cfg, close, err
+}
