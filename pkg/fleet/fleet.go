@@ -288,6 +288,7 @@ func (t *tenant) run(parent context.Context) {
 	if last := t.snapshot().LastTurn; !last.IsZero() {
 		wait = max(0, cfg.SweepInterval-time.Since(last))
 	}
+	fruitless := 0 // turns in a row that claimed nothing
 	for {
 		timer := time.NewTimer(wait)
 		select {
@@ -298,7 +299,13 @@ func (t *tenant) run(parent context.Context) {
 		case <-timer.C:
 		}
 		timer.Stop()
-		more, err := t.turn(ctx)
+		claimed := t.snapshot().Claimed
+		more, retrying, err := t.turn(ctx)
+		if t.snapshot().Claimed > claimed {
+			fruitless = 0
+		} else {
+			fruitless++
+		}
 		switch {
 		case ctx.Err() != nil:
 			return
@@ -314,11 +321,18 @@ func (t *tenant) run(parent context.Context) {
 		case more:
 			wait = 0
 			t.poke() // straight back into its server's queue, behind those who waited
+		case retrying: // rows in backoff: look again soon (no write will wake it), less often while nothing comes of it
+			wait = min(cfg.SweepInterval, retryLook<<min(fruitless, 10))
 		default:
 			wait = cfg.SweepInterval/2 + rand.N(cfg.SweepInterval/2+1) // sweeps spread over the interval
 		}
 	}
 }
+
+// retryLook is how soon a tenant whose last turn left unpublished rows it could not claim (in
+// backoff after a failed publish) is looked at again: their backoff ends without a write that
+// would wake it.
+const retryLook = time.Second
 
 // backoff is the wait after n failed turns in a row: 1 s doubling, at most max.
 func backoff(n int, most time.Duration) time.Duration {
@@ -329,8 +343,9 @@ func backoff(n int, most time.Duration) time.Duration {
 // turn runs the tenant's relay on a pool opened for the turn: it takes the server's
 // connections first (and waits its turn for them), and closes the pool and gives them back
 // when the tenant is idle for IdleClose, or when another tenant waits and this one found
-// nothing to publish or used its Weight × Turn. It reports whether work was left.
-func (t *tenant) turn(ctx context.Context) (more bool, err error) {
+// nothing to publish or used its Weight × Turn. It reports whether work was left, and whether
+// the last round left rows to retry after a backoff.
+func (t *tenant) turn(ctx context.Context) (more, retrying bool, err error) {
 	cfg := t.f.cfg
 	pipelines := cfg.pipelinesOf(t.t, t.server.budget.size)
 	conns := pipelines + 1
@@ -340,13 +355,13 @@ func (t *tenant) turn(ctx context.Context) (more bool, err error) {
 		}
 	})
 	if err := t.server.budget.acquire(ctx, conns); err != nil {
-		return false, nil // ctx ended
+		return false, false, nil // ctx ended
 	}
 	defer t.server.budget.release(conns)
 
 	pcfg, err := cfg.Connect(ctx, t.t)
 	if err != nil {
-		return false, fmt.Errorf("tenant %s: connection settings: %w", t.t.Name, err)
+		return false, false, fmt.Errorf("tenant %s: connection settings: %w", t.t.Name, err)
 	}
 	pcfg.MaxConns, pcfg.MinConns = int32(conns), 0
 	if pcfg.ConnConfig.RuntimeParams == nil {
@@ -358,7 +373,7 @@ func (t *tenant) turn(ctx context.Context) (more bool, err error) {
 	t.mu.Unlock()
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		return false, fmt.Errorf("tenant %s: open pool: %w", t.t.Name, err)
+		return false, false, fmt.Errorf("tenant %s: open pool: %w", t.t.Name, err)
 	}
 	defer t.closePool(ctx, pool)
 
@@ -367,7 +382,7 @@ func (t *tenant) turn(ctx context.Context) (more bool, err error) {
 	rcfg.Logger = cfg.Logger.With("tenant", t.t.Name)
 	relay, err := outbox.NewRelay(pool, rcfg)
 	if err != nil {
-		return false, fmt.Errorf("tenant %s: relay: %w", t.t.Name, err)
+		return false, false, fmt.Errorf("tenant %s: relay: %w", t.t.Name, err)
 	}
 	t.update(func(s *TenantStatus) { s.Turns++ })
 
@@ -406,10 +421,10 @@ func (t *tenant) turn(ctx context.Context) (more bool, err error) {
 			}
 		})
 		if ctx.Err() != nil {
-			return false, nil
+			return false, false, nil
 		}
 		if err != nil && !shareUsed {
-			return false, fmt.Errorf("tenant %s: %w", t.t.Name, err)
+			return false, false, fmt.Errorf("tenant %s: %w", t.t.Name, err)
 		}
 		t.readLag(ctx, pool)
 		if st.Claimed > 0 {
@@ -417,19 +432,29 @@ func (t *tenant) turn(ctx context.Context) (more bool, err error) {
 		}
 		if shareUsed {
 			t.idle()
-			return true, nil
+			return true, false, nil
 		}
 		if st.Claimed == 0 && (t.server.budget.waiting() || time.Since(lastWork) >= cfg.IdleClose) {
 			t.idle()
-			return false, nil
+			// Rows left pending now are not claimable (in backoff, behind a quarantined row,
+			// of a destination backing off): no write will wake the tenant when they are due.
+			return false, pendingLeft(ctx, pool), nil
 		}
 		select { // the relay's own poll interval, or sooner when the server saw writes
 		case <-ctx.Done():
-			return false, nil
+			return false, false, nil
 		case <-t.wake:
 		case <-time.After(cfg.Relay.PollInterval):
 		}
 	}
+}
+
+// pendingLeft reports whether the tenant's outbox has unpublished, unquarantined rows (one
+// lookup in the index of unpublished rows).
+func pendingLeft(ctx context.Context, pool *pgxpool.Pool) bool {
+	var left bool
+	err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox_event WHERE published_at IS NULL AND quarantined_at IS NULL)`).Scan(&left)
+	return err == nil && left
 }
 
 // closePool closes the turn's pool and waits for its sessions to end on the server before the
