@@ -157,12 +157,14 @@ func headerOrder(h map[string]string) []string {
 	}
 	rank := func(k string) int {
 		switch k {
-		case wire.Traceparent:
+		case wire.Tenant: // a fleet's consumers route by it: the last header ever dropped
 			return 0
-		case wire.Tracestate:
+		case wire.Traceparent:
 			return 1
+		case wire.Tracestate:
+			return 2
 		}
-		return 2
+		return 3
 	}
 	sort.Slice(keys, func(i, j int) bool {
 		if rank(keys[i]) != rank(keys[j]) {
