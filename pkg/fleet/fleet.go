@@ -123,7 +123,7 @@ func (f *Fleet) BudgetUsage() map[string][2]int {
 	out := map[string][2]int{}
 	for name, s := range f.servers {
 		u, p := s.budget.usage()
-		out[name] = [2]int{u, p}
+		out[name] = [2]int{u + 1, p + 1} // and the activity poll's reserved connection
 	}
 	return out
 }
@@ -136,6 +136,7 @@ func (f *Fleet) BudgetUsage() map[string][2]int {
 // carries over, so a tenant swept by the last run is not swept again at once. Run must not be
 // called while another Run of the same Fleet runs.
 func (f *Fleet) Run(ctx context.Context) error {
+	defer f.closeObservers() // after every goroutine ended: none can open one again
 	defer f.wg.Wait()
 	f.mu.Lock()
 	for _, s := range f.servers {
@@ -209,6 +210,15 @@ func (f *Fleet) refresh(ctx context.Context) error {
 		f.startTenant(ctx, t)
 	}
 	return readErr
+}
+
+// closeObservers closes the servers' activity poll connections (Run's end).
+func (f *Fleet) closeObservers() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, s := range f.servers {
+		s.closeConn(context.Background())
+	}
 }
 
 func (f *Fleet) startServer(ctx context.Context, s *server) {
@@ -347,7 +357,7 @@ func backoff(n int, most time.Duration) time.Duration {
 // the last round left rows to retry after a backoff.
 func (t *tenant) turn(ctx context.Context) (more, retrying bool, err error) {
 	cfg := t.f.cfg
-	pipelines := cfg.pipelinesOf(t.t, t.server.budget.size)
+	pipelines := cfg.pipelinesOf(t.t, t.server.size)
 	conns := pipelines + 1
 	t.update(func(s *TenantStatus) {
 		if s.State != StateFailing {
@@ -466,7 +476,7 @@ func (t *tenant) closePool(ctx context.Context, pool *pgxpool.Pool) {
 		c.Release()
 	}
 	pool.Close()
-	t.server.awaitGone(context.WithoutCancel(ctx), pids)
+	t.server.awaitGone(ctx, pids)
 }
 
 func (t *tenant) idle() {
@@ -496,7 +506,8 @@ func (t *tenant) readLag(ctx context.Context, pool *pgxpool.Pool) {
 type server struct {
 	f      *Fleet
 	name   string
-	budget *budget
+	size   int     // the server's connection budget
+	budget *budget // the tenants' share of it: size less the activity poll's connection
 
 	mu      sync.Mutex
 	tenants map[*tenant]bool
@@ -510,7 +521,9 @@ type server struct {
 }
 
 func newServer(f *Fleet, name string) *server {
-	return &server{f: f, name: name, budget: newBudget(f.cfg.budgetOf(name)), tenants: map[*tenant]bool{}}
+	size := f.cfg.budgetOf(name)
+	// One connection of the budget is the activity poll's, reserved: the tenants share the rest.
+	return &server{f: f, name: name, size: size, budget: newBudget(size - 1), tenants: map[*tenant]bool{}}
 }
 
 func (s *server) add(t *tenant) {
@@ -592,19 +605,10 @@ func (s *server) detect(ctx context.Context) {
 // connecting first when it has none.
 func (s *server) activity(ctx context.Context, all []*tenant) (map[string]int64, error) {
 	s.connMu.Lock()
-	connected := s.conn != nil
-	s.connMu.Unlock()
-	if !connected { // connect without the lock: the budget may make it wait for turns that use it
-		c, t, err := s.connect(ctx, all)
-		if err != nil {
-			return nil, err
-		}
-		s.connMu.Lock()
-		s.conn, s.via = c, t // detect is the only goroutine that sets them
-		s.connMu.Unlock()
-	}
-	s.connMu.Lock()
 	defer s.connMu.Unlock()
+	if err := s.connectLocked(ctx, all); err != nil {
+		return nil, err
+	}
 	rows, err := s.conn.Query(ctx, activitySQL)
 	if err != nil {
 		s.closeConnLocked(ctx)
@@ -633,14 +637,14 @@ func (s *server) closeConn(ctx context.Context) {
 func (s *server) closeConnLocked(ctx context.Context) {
 	if s.conn != nil {
 		_ = s.conn.Close(context.WithoutCancel(ctx))
-		s.budget.release(1)
 		s.conn, s.via = nil, nil
 	}
 }
 
 // awaitGone waits until the server's sessions pids have ended (a closed connection's backend
 // ends a moment after the client let go), so that the budget given back is free on the server
-// too. It asks on the activity poll's connection; without one it waits a short grace.
+// too. It asks on the activity poll's connection, opening it if needed while ctx lasts; without
+// one it waits a short grace.
 func (s *server) awaitGone(ctx context.Context, pids []uint32) {
 	if len(pids) == 0 {
 		return
@@ -649,29 +653,30 @@ func (s *server) awaitGone(ctx context.Context, pids []uint32) {
 	for i, p := range pids {
 		ids[i] = int32(p)
 	}
+	qctx := context.WithoutCancel(ctx) // the turn's sessions are awaited even as the run ends
 	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) && ctx.Err() == nil {
+	for time.Now().Before(deadline) {
+		all, _ := s.members()
 		s.connMu.Lock()
-		var (
-			n   int
-			err = errNoConn
-		)
-		if s.conn != nil {
-			err = s.conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)`, ids).Scan(&n)
+		var n int
+		err := errors.New("no activity connection")
+		if s.conn != nil || ctx.Err() == nil {
+			err = s.connectLocked(qctx, all)
+		}
+		if err == nil {
+			err = s.conn.QueryRow(qctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)`, ids).Scan(&n)
 		}
 		s.connMu.Unlock()
 		if err != nil {
-			sleepCtx(ctx, 20*time.Millisecond)
+			sleepCtx(qctx, 20*time.Millisecond)
 			return
 		}
 		if n == 0 {
 			return
 		}
-		sleepCtx(ctx, 2*time.Millisecond)
+		sleepCtx(qctx, 2*time.Millisecond)
 	}
 }
-
-var errNoConn = errors.New("no activity connection")
 
 func sleepCtx(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)
@@ -682,9 +687,16 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	}
 }
 
-// connect opens the activity poll's connection through the first tenant (by name) whose
-// last turn did not fail, taking one connection of the budget.
-func (s *server) connect(ctx context.Context, all []*tenant) (*pgx.Conn, *tenant, error) {
+// connectLocked opens the activity poll's connection, when it has none, through the first
+// tenant (by name) whose last turn did not fail; connMu is held. The connection is the one of
+// the server's budget reserved for it.
+func (s *server) connectLocked(ctx context.Context, all []*tenant) error {
+	if s.conn != nil {
+		return nil
+	}
+	if len(all) == 0 {
+		return errors.New("no tenant to connect through")
+	}
 	slices.SortFunc(all, func(a, b *tenant) int {
 		fa, fb := a.snapshot().State == StateFailing, b.snapshot().State == StateFailing
 		switch {
@@ -698,9 +710,6 @@ func (s *server) connect(ctx context.Context, all []*tenant) (*pgx.Conn, *tenant
 			return 1
 		}
 	})
-	if err := s.budget.acquire(ctx, 1); err != nil {
-		return nil, nil, err
-	}
 	var errs []error
 	for _, t := range all[:min(3, len(all))] {
 		pcfg, err := s.f.cfg.Connect(ctx, t.t)
@@ -718,8 +727,8 @@ func (s *server) connect(ctx context.Context, all []*tenant) (*pgx.Conn, *tenant
 			errs = append(errs, err)
 			continue
 		}
-		return conn, t, nil
+		s.conn, s.via = conn, t
+		return nil
 	}
-	s.budget.release(1)
-	return nil, nil, errors.Join(errs...)
+	return errors.Join(errs...)
 }
