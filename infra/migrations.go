@@ -111,11 +111,11 @@ type Migrations interface {
 
 type migrations struct {
 	constructs.Construct
-	fn       awslambda.Function
-	res      awscdk.CustomResource
-	rule     awsevents.Rule
-	roles    []any
-	budget   *connectionBudget
+	fn     awslambda.Function
+	res    awscdk.CustomResource
+	rule   awsevents.Rule
+	roles  []any
+	budget *connectionBudget
 	// schedule and the partition settings, as the maintenance runs them (OutboxProps may set
 	// the outbox's later).
 	schedule                        time.Duration
@@ -202,6 +202,7 @@ func (m *migrations) checkInboxRetention(consumer string, queue, dlq time.Durati
 	}
 	return nil
 }
+
 // UseConnections books connections of the database's server (ConnectionBudget).
 func (m *migrations) UseConnections(what string, n int) { m.budget.UseConnections(what, n) }
 
@@ -293,7 +294,7 @@ func NewMigrations(scope constructs.Construct, id string, props *MigrationsProps
 
 	m := &migrations{budget: &connectionBudget{max: p.MaxConnections, reserved: p.ReservedConnections,
 		remedy: "Lower a function's maximum concurrency or its pool size (Database.MaxConns), route consumers through an RDS Proxy, or raise max_connections (MigrationsProps.MaxConnections, a larger instance)"},
-		schedule: p.MaintenanceSchedule,
+		schedule:        p.MaintenanceSchedule,
 		outboxRetention: p.OutboxRetention, outboxInterval: p.OutboxPartitionInterval,
 		inboxRetention: p.InboxRetention, inboxInterval: p.InboxPartitionInterval, proxies: map[string]bool{}}
 	env, _ := maintenanceEnvironment(p.OutboxRetention, p.OutboxPartitionInterval, p.InboxRetention, p.InboxPartitionInterval) // validated
