@@ -143,8 +143,11 @@ func (p *MonitoringProps) validate() error {
 	if p.OldestPendingAge < 0 {
 		errs = append(errs, fmt.Errorf("OldestPendingAge must not be negative, got %s", p.OldestPendingAge))
 	}
-	if p.HeartbeatMissingMinutes < 0 || p.FleetTenantsFailingMinutes < 0 {
-		errs = append(errs, fmt.Errorf("HeartbeatMissingMinutes and FleetTenantsFailingMinutes must not be negative, got %d and %d", p.HeartbeatMissingMinutes, p.FleetTenantsFailingMinutes))
+	if p.HeartbeatMissingMinutes < 0 {
+		errs = append(errs, fmt.Errorf("HeartbeatMissingMinutes must not be negative, got %d", p.HeartbeatMissingMinutes))
+	}
+	if p.FleetTenantsFailingMinutes < 0 {
+		errs = append(errs, fmt.Errorf("FleetTenantsFailingMinutes must not be negative, got %d", p.FleetTenantsFailingMinutes))
 	}
 	if p.QueueOldestMessageAge < 0 {
 		errs = append(errs, fmt.Errorf("QueueOldestMessageAge must not be negative, got %s", p.QueueOldestMessageAge))
