@@ -14,6 +14,7 @@ import (
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsec2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awskms"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
@@ -94,6 +95,12 @@ func (d Database) validate() error {
 	if d.MaxConns < 0 {
 		errs = append(errs, fmt.Errorf("Database.MaxConns must not be negative, got %d", d.MaxConns))
 	}
+	return errors.Join(append(errs, d.validateTLS())...)
+}
+
+// validateTLS checks the sslmode and, for the verifying modes, the CA bundle.
+func (d Database) validateTLS() error {
+	var errs []error
 	switch mode := d.sslMode(); mode {
 	case "verify-full", "verify-ca":
 		if err := checkCABundle(d.CABundle); err != nil {
@@ -152,8 +159,12 @@ type goFunctionProps struct {
 	reservedConcurrency int // 0: unreserved
 	network             Network
 	database            Database
-	// secret is the secret the function logs in with; defaults to database.Secret.
+	// secret is the secret the function logs in with; defaults to database.Secret. Neither (a
+	// fleet's relay, which reads each tenant's secret) leaves SLUICE_DATABASE_SECRET_ARN unset.
 	secret awssecretsmanager.ISecret
+	// role is the function's execution role, shared with others (a fleet's shards); defaults to
+	// a role of its own. A shared role carries the managed policies newRelayRole gives it.
+	role awsiam.IRole
 	// via is what the function connects to instead of database.Connections (an RDS Proxy).
 	via          awsec2.IConnectable
 	environment  map[string]*string
@@ -193,6 +204,7 @@ func newGoFunction(scope constructs.Construct, id string, p goFunctionProps) aws
 	})
 	subnets, sgs, ownSG := placement(scope, id, p.network, p.description)
 	props := &awslambda.FunctionProps{
+		Role:           p.role,
 		Description:    jsii.String("sluice " + p.description),
 		Runtime:        awslambda.Runtime_PROVIDED_AL2023(),
 		Architecture:   awslambda.Architecture_ARM_64(),
@@ -213,7 +225,9 @@ func newGoFunction(scope constructs.Construct, id string, p goFunctionProps) aws
 		props.ReservedConcurrentExecutions = jsii.Number(float64(p.reservedConcurrency))
 	}
 	fn := awslambda.NewFunction(scope, jsii.String(id), props)
-	secret.GrantRead(fn, nil)
+	if secret != nil {
+		secret.GrantRead(fn, nil)
+	}
 	allowDatabaseAndAPIs(fn, p.database, p.via, ownSG, p.network, p.description, p.s3, p.httpsAnywhere)
 	return fn
 }
@@ -222,9 +236,11 @@ func newGoFunction(scope constructs.Construct, id string, p goFunctionProps) aws
 // logs in with, the TLS mode, the pool's size when set, and GOMEMLIMIT for memoryMB.
 func processEnvironment(secret awssecretsmanager.ISecret, database Database, memoryMB int) map[string]*string {
 	env := map[string]*string{
-		lambdaenv.DatabaseSecretARN: secret.SecretArn(),
-		lambdaenv.DatabaseSSLMode:   jsii.String(database.sslMode()),
-		"GOMEMLIMIT":                jsii.String(GoMemLimit(memoryMB)),
+		lambdaenv.DatabaseSSLMode: jsii.String(database.sslMode()),
+		"GOMEMLIMIT":              jsii.String(GoMemLimit(memoryMB)),
+	}
+	if secret != nil {
+		env[lambdaenv.DatabaseSecretARN] = secret.SecretArn()
 	}
 	if database.MaxConns > 0 {
 		env[lambdaenv.DatabaseMaxConns] = jsii.String(fmt.Sprint(database.MaxConns))

@@ -6,6 +6,9 @@
 //
 //   - [NewOutbox]: the SNS topic (standard or FIFO, KMS-encrypted) and the relay Lambda that an
 //     EventBridge schedule starts every minute.
+//   - [NewOutboxFleet]: the same topic and destinations, and Shards relay Lambdas (each with its
+//     own schedule) serving a fleet of tenant databases (pkg/fleet), whose connections are
+//     checked per database server at synth.
 //   - [NewConsumer]: an SQS queue with its DLQ, a raw-delivery SNS subscription with its own DLQ,
 //     and the consumer Lambda behind an event source mapping with ReportBatchItemFailures.
 //   - [NewEventBridgeDestination], [NewKinesisDestination], [NewMskDestination]: a bus, a stream

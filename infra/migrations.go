@@ -96,10 +96,10 @@ type Migrations interface {
 	Function() awslambda.IFunction
 	// Resource is the custom resource.
 	Resource() awscdk.CustomResource
-	// UseConnections books connections of the database for what (e.g. "relay: 6 × 4"); the
-	// constructs book their functions themselves. With MigrationsProps.MaxConnections it panics,
-	// showing the arithmetic, once the bookings reach MaxConnections − ReservedConnections.
-	UseConnections(what string, connections int)
+	// ConnectionBudget is the budget of the database's server: UseConnections books
+	// connections of it. With MigrationsProps.MaxConnections it panics, showing the
+	// arithmetic, once the bookings reach MaxConnections − ReservedConnections.
+	ConnectionBudget
 	// MaintenanceSchedule is the EventBridge rule that invokes Function to maintain the tables'
 	// partitions (MigrationsProps.MaintenanceSchedule).
 	MaintenanceSchedule() awsevents.Rule
@@ -111,13 +111,11 @@ type Migrations interface {
 
 type migrations struct {
 	constructs.Construct
-	fn       awslambda.Function
-	res      awscdk.CustomResource
-	rule     awsevents.Rule
-	roles    []any
-	bookings []booking
-	max      int
-	reserved int
+	fn     awslambda.Function
+	res    awscdk.CustomResource
+	rule   awsevents.Rule
+	roles  []any
+	budget *connectionBudget
 	// schedule and the partition settings, as the maintenance runs them (OutboxProps may set
 	// the outbox's later).
 	schedule                        time.Duration
@@ -127,11 +125,6 @@ type migrations struct {
 	proxies map[string]bool
 	// audited are the consumers the scheduled maintenance audits.
 	audited []string
-}
-
-type booking struct {
-	what string
-	n    int
 }
 
 func (m *migrations) Function() awslambda.IFunction       { return m.fn }
@@ -146,11 +139,11 @@ func (m *migrations) bookProxy(proxy constructs.IConstruct, percent int) {
 		return
 	}
 	m.proxies[path] = true
-	if m.max == 0 {
+	if max := m.budget.max; max == 0 {
 		m.UseConnections(fmt.Sprintf("RDS Proxy %s %d%% of max_connections (not set)", path, percent), 0)
-		return
+	} else {
+		m.UseConnections(fmt.Sprintf("RDS Proxy %s %d%% of max_connections %d", path, percent, max), max*percent/100)
 	}
-	m.UseConnections(fmt.Sprintf("RDS Proxy %s %d%% of max_connections %d", path, percent, m.max), m.max*percent/100)
 }
 
 // checkOutboxPartitions reports what OutboxProps' partition settings would conflict with.
@@ -209,23 +202,9 @@ func (m *migrations) checkInboxRetention(consumer string, queue, dlq time.Durati
 	}
 	return nil
 }
-func (m *migrations) UseConnections(what string, n int) {
-	m.bookings = append(m.bookings, booking{what, n})
-	if m.max == 0 {
-		return
-	}
-	total := 0
-	terms := make([]string, len(m.bookings))
-	for i, b := range m.bookings {
-		total += b.n
-		terms[i] = fmt.Sprintf("%s = %d", b.what, b.n)
-	}
-	if budget := m.max - m.reserved; total >= budget {
-		panic(fmt.Errorf("sluice: the functions may open more database connections than the server allows:\n  %s\n  total %d, but max_connections %d − %d reserved = %d must stay above it.\n"+
-			"Lower a function's maximum concurrency or its pool size (Database.MaxConns), route consumers through an RDS Proxy, or raise max_connections (MigrationsProps.MaxConnections, a larger instance)",
-			strings.Join(terms, "\n  + "), total, m.max, m.reserved, budget))
-	}
-}
+
+// UseConnections books connections of the database's server (ConnectionBudget).
+func (m *migrations) UseConnections(what string, n int) { m.budget.UseConnections(what, n) }
 
 // addRole adds a function's role to the custom resource's Roles property and lets the handler
 // read the role's secret (to set its password) and write it (to add the database endpoint).
@@ -313,7 +292,9 @@ func NewMigrations(scope constructs.Construct, id string, props *MigrationsProps
 	p := props.withDefaults()
 	invalid("Migrations", id, p.validate())
 
-	m := &migrations{max: p.MaxConnections, reserved: p.ReservedConnections, schedule: p.MaintenanceSchedule,
+	m := &migrations{budget: &connectionBudget{max: p.MaxConnections, reserved: p.ReservedConnections,
+		remedy: "Lower a function's maximum concurrency or its pool size (Database.MaxConns), route consumers through an RDS Proxy, or raise max_connections (MigrationsProps.MaxConnections, a larger instance)"},
+		schedule:        p.MaintenanceSchedule,
 		outboxRetention: p.OutboxRetention, outboxInterval: p.OutboxPartitionInterval,
 		inboxRetention: p.InboxRetention, inboxInterval: p.InboxPartitionInterval, proxies: map[string]bool{}}
 	env, _ := maintenanceEnvironment(p.OutboxRetention, p.OutboxPartitionInterval, p.InboxRetention, p.InboxPartitionInterval) // validated

@@ -26,6 +26,14 @@ import (
 type MonitoringProps struct {
 	// Outbox is the outbox to watch. Optional.
 	Outbox Outbox
+	// Fleet is the outbox fleet to watch: the relay alarms over the aggregate of its tenants
+	// (Metrics Insights queries over the {Service=relay, Tenant} series, keys prefixed
+	// "Fleet"), FleetTenantsFailing, a missing fleet heartbeat, and each shard's Lambda errors
+	// and throttles ("FleetShard0RelayErrors", ...). Optional.
+	Fleet OutboxFleet
+	// FleetTenantsFailingMinutes is how many consecutive minutes with a failing tenant
+	// (FleetTenantsFailing > 0) raise the FleetTenantsFailing alarm. Defaults to 5.
+	FleetTenantsFailingMinutes int
 	// Consumers are the consumers to watch. Optional.
 	Consumers []Consumer
 	// Migrations adds the alarm on its function's errors: the scheduled partition maintenance
@@ -114,6 +122,7 @@ func (p *MonitoringProps) withDefaults() MonitoringProps {
 	out := *p
 	out.OldestPendingAge = orDefault(out.OldestPendingAge, 5*time.Minute)
 	out.HeartbeatMissingMinutes = orDefault(out.HeartbeatMissingMinutes, 3)
+	out.FleetTenantsFailingMinutes = orDefault(out.FleetTenantsFailingMinutes, 5)
 	out.QueueOldestMessageAge = orDefault(out.QueueOldestMessageAge, 5*time.Minute)
 	out.IteratorAge = orDefault(out.IteratorAge, 5*time.Minute)
 	out.OffsetLag = orDefault(out.OffsetLag, 10000)
@@ -136,6 +145,9 @@ func (p *MonitoringProps) validate() error {
 	}
 	if p.HeartbeatMissingMinutes < 0 {
 		errs = append(errs, fmt.Errorf("HeartbeatMissingMinutes must not be negative, got %d", p.HeartbeatMissingMinutes))
+	}
+	if p.FleetTenantsFailingMinutes < 0 {
+		errs = append(errs, fmt.Errorf("FleetTenantsFailingMinutes must not be negative, got %d", p.FleetTenantsFailingMinutes))
 	}
 	if p.QueueOldestMessageAge < 0 {
 		errs = append(errs, fmt.Errorf("QueueOldestMessageAge must not be negative, got %s", p.QueueOldestMessageAge))
@@ -172,8 +184,8 @@ func (p *MonitoringProps) validate() error {
 			errs = append(errs, errors.New("Database thresholds must not be negative"))
 		}
 	}
-	if p.Outbox == nil && len(p.Consumers) == 0 && p.Migrations == nil {
-		errs = append(errs, errors.New("nothing to monitor: set Outbox, Consumers or Migrations"))
+	if p.Outbox == nil && p.Fleet == nil && len(p.Consumers) == 0 && p.Migrations == nil {
+		errs = append(errs, errors.New("nothing to monitor: set Outbox, Fleet, Consumers or Migrations"))
 	}
 	return errors.Join(errs...)
 }
@@ -251,20 +263,28 @@ func NewMonitoring(scope constructs.Construct, id string, props *MonitoringProps
 		return awscloudwatch.NewGraphWidget(gp)
 	}
 
-	if o := p.Outbox; o != nil {
-		age := RelayMetric(metrics.OutboxOldestPendingAge, "Maximum")
-		alarm("OutboxOldestPendingAge", fmt.Sprintf("The oldest unpublished outbox row is older than %s: rows are committed but not published.", p.OldestPendingAge),
+	// relayAlarms are the alarms on what relays report, for one outbox (prefix "", metric
+	// RelayMetric) or over a fleet's tenants (prefix "Fleet", FleetRelayMetric); where names
+	// the rows' databases in the descriptions. It returns the oldest pending age.
+	relayAlarms := func(prefix, where string, metric func(metrics.Metric, string) awscloudwatch.IMetric) awscloudwatch.IMetric {
+		age := metric(metrics.OutboxOldestPendingAge, "Maximum")
+		alarm(prefix+"OutboxOldestPendingAge", fmt.Sprintf("The oldest unpublished outbox row%s is older than %s: rows are committed but not published.", where, p.OldestPendingAge),
 			age, gt, p.OldestPendingAge.Seconds(), 2, notBreaching)
+		alarm(prefix+"OutboxQuarantined", fmt.Sprintf("Quarantined outbox rows%s: they block their partition key until retried.", where),
+			metric(metrics.OutboxQuarantined, "Maximum"), gt, 0, 1, notBreaching)
+		alarm(prefix+"RelayDestinationsDown", "A relay backs off a whole destination (every publish to it fails: SNS, EventBridge or Kinesis throttling, an outage, a denied key, unreachable Kafka brokers) for 5 minutes.",
+			metric(metrics.DestinationsDown, "Maximum"), gt, 0, 5, notBreaching)
+		alarm(prefix+"RelayOrderViolations", "A destination acknowledged a row after failing an earlier row of its key in the same call: that key's events may have been delivered out of order (the relay's error log names the rows).",
+			metric(metrics.OrderViolations, "Sum"), gt, 0, 1, notBreaching)
+		alarm(prefix+"OldestTransactionAge", fmt.Sprintf("A transaction%s has held a snapshot for over 10 minutes: VACUUM cannot clean up behind it and the outbox's index fills with dead entries (sluice status names it).", where),
+			metric(metrics.OldestTransactionAge, "Maximum"), gt, 600, 2, notBreaching)
+		return age
+	}
+
+	if o := p.Outbox; o != nil {
+		age := relayAlarms("", "", func(m metrics.Metric, stat string) awscloudwatch.IMetric { return RelayMetric(m, stat) })
 		alarm("RelayHeartbeatMissing", fmt.Sprintf("No relay heartbeat for %d minutes: no relay is running (missing data counts as breaching).", p.HeartbeatMissingMinutes),
 			RelayMetric(metrics.RelayHeartbeat, "Sum"), awscloudwatch.ComparisonOperator_LESS_THAN_THRESHOLD, 1, p.HeartbeatMissingMinutes, awscloudwatch.TreatMissingData_BREACHING)
-		alarm("OutboxQuarantined", "Quarantined outbox rows: they block their partition key until retried.",
-			RelayMetric(metrics.OutboxQuarantined, "Maximum"), gt, 0, 1, notBreaching)
-		alarm("RelayDestinationsDown", "A relay backs off a whole destination (every publish to it fails: SNS, EventBridge or Kinesis throttling, an outage, a denied key, unreachable Kafka brokers) for 5 minutes.",
-			RelayMetric(metrics.DestinationsDown, "Maximum"), gt, 0, 5, notBreaching)
-		alarm("RelayOrderViolations", "A destination acknowledged a row after failing an earlier row of its key in the same call: that key's events may have been delivered out of order (the relay's error log names the rows).",
-			RelayMetric(metrics.OrderViolations, "Sum"), gt, 0, 1, notBreaching)
-		alarm("OldestTransactionAge", "A transaction has held a snapshot for over 10 minutes: VACUUM cannot clean up behind it and the outbox's index fills with dead entries (sluice status names it).",
-			RelayMetric(metrics.OldestTransactionAge, "Maximum"), gt, 600, 2, notBreaching)
 		if fn := o.Relay(); fn != nil {
 			lambdaAlarms("Relay", "Relay", fn)
 		} else if svc := o.RelayService(); svc != nil {
@@ -296,6 +316,31 @@ func NewMonitoring(scope constructs.Construct, id string, props *MonitoringProps
 				graph("Relay service CPU and memory (%)", []awscloudwatch.IMetric{svc.MetricCpuUtilization(nil), svc.MetricMemoryUtilization(nil)}, nil))
 		}
 		dash.AddWidgets(relayHealth...)
+	}
+
+	if f := p.Fleet; f != nil {
+		age := relayAlarms("Fleet", " of a fleet tenant", FleetRelayMetric)
+		alarm("FleetTenantsFailing", fmt.Sprintf("A fleet tenant has failed for %d minutes (unreachable, wrong password, broken schema): its rows are not published; the relay's log names it and its error.", p.FleetTenantsFailingMinutes),
+			RelayMetric(fleetTenantsFailing, "Maximum"), gt, 0, p.FleetTenantsFailingMinutes, notBreaching)
+		alarm("FleetHeartbeatMissing", fmt.Sprintf("No fleet relay has reported for %d minutes: no shard is running (missing data counts as breaching).", p.HeartbeatMissingMinutes),
+			RelayMetric(fleetTenants, "SampleCount"), awscloudwatch.ComparisonOperator_LESS_THAN_THRESHOLD, 1, p.HeartbeatMissingMinutes, awscloudwatch.TreatMissingData_BREACHING)
+		health := make([]awscloudwatch.IMetric, 0, 2*len(f.Relays()))
+		for i, fn := range f.Relays() {
+			lambdaAlarms(fmt.Sprintf("FleetShard%dRelay", i), fmt.Sprintf("Fleet relay shard %d", i), fn)
+			health = append(health, fn.MetricErrors(fiveMin), fn.MetricThrottles(fiveMin))
+		}
+		byTenant := awscloudwatch.NewMathExpression(&awscloudwatch.MathExpressionProps{
+			Expression: jsii.String(fmt.Sprintf(`SEARCH('{%s,%s,%s} %s="%s" MetricName="%s"', 'Maximum', 60)`, metrics.Namespace, metrics.DimensionService, dimensionTenant,
+				metrics.DimensionService, metrics.ServiceRelay, metrics.OutboxOldestPendingAge.Name)),
+			Label:  jsii.String(""),
+			Period: awscdk.Duration_Minutes(jsii.Number(1)),
+		})
+		dash.AddWidgets(
+			graph("Fleet oldest pending age, all tenants (s)", []awscloudwatch.IMetric{age}, jsii.Number(p.OldestPendingAge.Seconds())),
+			graph("Fleet oldest pending age by tenant (s)", []awscloudwatch.IMetric{byTenant}, nil),
+			graph("Fleet tenants and failing tenants", []awscloudwatch.IMetric{RelayMetric(fleetTenants, "Maximum"), RelayMetric(fleetTenantsFailing, "Maximum")}, nil),
+			graph("Fleet relay errors and throttles", health, nil),
+		)
 	}
 
 	for _, c := range p.Consumers {

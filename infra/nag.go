@@ -1,7 +1,6 @@
 package infra
 
 import (
-	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
 	"github.com/aws/constructs-go/constructs/v10"
 	"github.com/aws/jsii-runtime-go"
 	"github.com/cdklabs/cdk-nag-go/cdknag/v2"
@@ -22,8 +21,9 @@ func suppress(c constructs.IConstruct, id, reason string, appliesTo ...string) {
 	cdknag.NagSuppressions_AddResourceSuppressions(c, &[]*cdknag.NagPackSuppression{s}, jsii.Bool(true))
 }
 
-// suppressLambdaFindings suppresses the findings every sluice Lambda in a VPC has.
-func suppressLambdaFindings(fn awslambda.Function) {
+// suppressLambdaFindings suppresses the findings every sluice Lambda in a VPC has, on the
+// function or on the role several functions share.
+func suppressLambdaFindings(fn constructs.IConstruct) {
 	suppress(fn, "AwsSolutions-IAM4",
 		"AWSLambdaBasicExecutionRole (write the function's own logs) and AWSLambdaVPCAccessExecutionRole "+
 			"(manage the function's ENIs, whose EC2 actions only exist on Resource *) are the AWS-maintained minimum for a Lambda in a VPC; "+

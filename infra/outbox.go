@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
-	"sort"
 	"strings"
 	"time"
 
@@ -195,8 +194,28 @@ func (p *OutboxProps) withDefaults() OutboxProps {
 }
 
 func (p *OutboxProps) validate() error {
-	var errs []error
-	errs = append(errs, p.Network.validate(), p.Database.validate())
+	errs := []error{p.Database.validate(), p.validateRelay()}
+	switch {
+	case p.Migrations == nil && !p.UseDatabaseSecret:
+		errs = append(errs, errors.New("Migrations is not set, so the relay would log in with Database.Secret (the owner's or master credentials): "+
+			"set Migrations to give the relay a role of its own (recommended), or UseDatabaseSecret to log in with Database.Secret knowingly"))
+	case p.Migrations != nil && p.UseDatabaseSecret:
+		errs = append(errs, errors.New("UseDatabaseSecret and Migrations exclude each other: with Migrations the relay logs in with its own role"))
+	case p.Migrations != nil:
+		if m, ok := p.Migrations.(*migrations); ok {
+			if err := m.checkOutboxPartitions(p.OutboxRetention, p.OutboxPartitionInterval); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// validateRelay checks what every relay deployment shares, one database's (Outbox) or a
+// fleet's (OutboxFleet): the network, the relay's function or service, its settings, topics
+// and destinations.
+func (p *OutboxProps) validateRelay() error {
+	errs := []error{p.Network.validate()}
 	if p.RelayService == nil {
 		errs = append(errs, checkAssetDir("RelayCodeDir", p.RelayCodeDir))
 	} else {
@@ -232,19 +251,6 @@ func (p *OutboxProps) validate() error {
 			errs = append(errs, fmt.Errorf("OutboxPartitionInterval: %w", err))
 		}
 	}
-	switch {
-	case p.Migrations == nil && !p.UseDatabaseSecret:
-		errs = append(errs, errors.New("Migrations is not set, so the relay would log in with Database.Secret (the owner's or master credentials): "+
-			"set Migrations to give the relay a role of its own (recommended), or UseDatabaseSecret to log in with Database.Secret knowingly"))
-	case p.Migrations != nil && p.UseDatabaseSecret:
-		errs = append(errs, errors.New("UseDatabaseSecret and Migrations exclude each other: with Migrations the relay logs in with its own role"))
-	case p.Migrations != nil:
-		if m, ok := p.Migrations.(*migrations); ok {
-			if err := m.checkOutboxPartitions(p.OutboxRetention, p.OutboxPartitionInterval); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	}
 	seen := map[string]bool{}
 	for _, t := range p.LogicalTopics {
 		if t == "" {
@@ -277,64 +283,8 @@ func NewOutbox(scope constructs.Construct, id string, props *OutboxProps) Outbox
 	constructs.NewConstruct_Override(o, scope, &id) // o itself is the jsii construct, so it can be passed to CDK APIs
 	this := o
 
-	// The outbox's own topic exists only when a row can go to it: a logical topic mapped to it,
-	// or the default destination. A relay whose every destination is another kind (EventBridge,
-	// Kinesis, MSK, other topics) gets no topic, key or SNS permission.
-	if p.DefaultDestination == nil || len(p.LogicalTopics) > 0 || p.DefaultToTopic {
-		o.key = p.TopicKey
-		if o.key == nil {
-			o.key = newKey(this, "TopicKey", "sluice outbox topic encryption")
-		}
-		topicProps := &awssns.TopicProps{
-			Fifo:       jsii.Bool(p.Fifo),
-			MasterKey:  o.key,
-			EnforceSSL: jsii.Bool(true),
-		}
-		if p.TopicName != "" {
-			name := p.TopicName
-			if p.Fifo && (len(name) < 5 || name[len(name)-5:] != ".fifo") {
-				name += ".fifo"
-			}
-			topicProps.TopicName = jsii.String(name)
-		}
-		o.topic = awssns.NewTopic(this, jsii.String("Topic"), topicProps)
-	}
-
-	topicMap := map[string]any{}
-	for _, t := range p.LogicalTopics {
-		topicMap[t] = o.topic.TopicArn()
-	}
-	extra := make([]string, 0, len(p.ExtraTopics))
-	for name := range p.ExtraTopics {
-		extra = append(extra, name)
-	}
-	sort.Strings(extra)
-	for _, name := range extra {
-		topicMap[name] = p.ExtraTopics[name].TopicArn()
-	}
-	for name, d := range p.Destinations {
-		topicMap[name] = d.Address()
-	}
-	env := map[string]*string{
-		lambdaenv.TopicARNs: awscdk.Stack_Of(this).ToJsonString(topicMap, nil),
-	}
-	switch {
-	case p.DefaultDestination != nil:
-		env[lambdaenv.DefaultTopicARN] = p.DefaultDestination.Address()
-	case len(p.LogicalTopics) == 0 || p.DefaultToTopic:
-		env[lambdaenv.DefaultTopicARN] = o.topic.TopicArn()
-	}
-	if p.RelayStopBefore > 0 {
-		env[lambdaenv.RelayStopBefore] = jsii.String(p.RelayStopBefore.String())
-	}
-	memoryMB := p.RelayMemoryMB
-	if p.RelayService != nil {
-		memoryMB = p.RelayService.withDefaults().MemoryMiB
-	}
-	settings, _ := relayEnvironment(p.Relay, memoryMB) // validated above
-	for _, k := range sortedKeys(settings) {
-		env[k] = jsii.String(settings[k])
-	}
+	o.topic, o.key = newRelayTopic(this, &p)
+	env := relayRouting(this, &p, o.topic)
 	if p.Migrations == nil {
 		// Logged in as Database.Secret's user (UseDatabaseSecret), the relay maintains a
 		// partitioned outbox itself: setting the interval is what asks it to.
@@ -366,74 +316,151 @@ func NewOutbox(scope constructs.Construct, id string, props *OutboxProps) Outbox
 			rs.service.Node().AddDependency(p.Migrations.Resource())
 		}
 	} else {
-		o.relay = o.newRelayFunction(&p, env, roleSecret)
+		if p.Migrations != nil {
+			p.Migrations.UseConnections(fmt.Sprintf("relay %d (reserved concurrency) × %d (pool)", p.RelayReservedConcurrency, p.Database.maxConns()),
+				p.RelayReservedConcurrency*p.Database.maxConns())
+		}
+		o.relay, o.schedule = newRelayFunction(this, &p, goFunctionProps{
+			description: "outbox relay",
+			secret:      roleSecret,
+			network:     p.Network,
+			database:    p.Database,
+			environment: env,
+		})
+		if p.Migrations != nil {
+			o.relay.Node().AddDependency(p.Migrations.Resource())
+		}
 		host = lambdaRelay{o.relay}
 	}
-	if p.ClaimCheck != nil {
-		p.ClaimCheck.attachRelay(host)
-	}
-	if o.topic != nil {
-		o.topic.GrantPublish(host.Grantee())
-		// Only the relay (and the listed publishers) may publish.
-		o.topic.AddToResourcePolicy(onlyTheRelay("OnlyTheRelayPublishes", host, p.Publishers, o.topic.TopicArn(), "sns:Publish"))
-		// Only the stack's own subscriptions (and the listed Subscribers) may subscribe: whoever
-		// may call sns:Subscribe would otherwise receive every event. The endpoints are read from
-		// the stack's subscriptions to the topic when the template is synthesized, so consumers
-		// created after the outbox are included.
-		o.topic.AddToResourcePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
-			Sid:        jsii.String("OnlyTheStacksSubscriptions"),
-			Effect:     awsiam.Effect_DENY,
-			Principals: &[]awsiam.IPrincipal{awsiam.NewAnyPrincipal()},
-			Actions:    jsii.Strings("sns:Subscribe"),
-			Resources:  &[]*string{o.topic.TopicArn()},
-			Conditions: &map[string]any{"StringNotEquals": map[string]any{
-				"sns:Endpoint": awscdk.Lazy_List(&topicSubscribers{stack: awscdk.Stack_Of(this), topic: o.topic.TopicArn(), extra: p.Subscribers}, nil),
-			}},
-		}))
-	}
-	for _, name := range extra {
-		p.ExtraTopics[name].GrantPublish(host.Grantee())
-	}
-	bindDestinations(host, &p)
+	attachRelay(this, &p, o.topic, host)
 	if o.relay != nil {
-		suppress(o.relay, "AwsSolutions-IAM5",
-			"Publishing to a KMS-encrypted SNS topic needs kms:GenerateDataKey* (GenerateDataKey and its variants); "+
-				"the statement is limited to the topic keys' ARNs, as Topic.GrantPublish writes it.",
-			"Action::kms:GenerateDataKey*")
+		suppressTopicKeyGrant(o.relay)
 	}
 	return o
 }
 
-// newRelayFunction creates the relay Lambda, its booking in the connection budget and the
-// one-minute schedule that starts it.
-func (o *outbox) newRelayFunction(p *OutboxProps, env map[string]*string, roleSecret awssecretsmanager.ISecret) awslambda.Function {
-	if p.Migrations != nil {
-		p.Migrations.UseConnections(fmt.Sprintf("relay %d (reserved concurrency) × %d (pool)", p.RelayReservedConcurrency, p.Database.maxConns()),
-			p.RelayReservedConcurrency*p.Database.maxConns())
+// newRelayTopic creates the outbox's own topic and its key (unless OutboxProps.TopicKey), when
+// a row can go to it; nil, nil otherwise.
+func newRelayTopic(this constructs.Construct, p *OutboxProps) (awssns.ITopic, awskms.IKey) {
+	// The outbox's own topic exists only when a row can go to it: a logical topic mapped to it,
+	// or the default destination. A relay whose every destination is another kind (EventBridge,
+	// Kinesis, MSK, other topics) gets no topic, key or SNS permission.
+	if p.DefaultDestination != nil && len(p.LogicalTopics) == 0 && !p.DefaultToTopic {
+		return nil, nil
 	}
-	fn := newGoFunction(o, "Relay", goFunctionProps{
-		secret:              roleSecret,
-		description:         "outbox relay",
-		codeDir:             p.RelayCodeDir,
-		timeout:             p.RelayTimeout,
-		memoryMB:            p.RelayMemoryMB,
-		reservedConcurrency: p.RelayReservedConcurrency,
-		s3:                  claimCheckS3(p.ClaimCheck != nil, "the claim check's payloads"),
-		network:             p.Network,
-		database:            p.Database,
-		environment:         env,
-		logRetention:        p.LogRetention,
-	})
+	key := p.TopicKey
+	if key == nil {
+		key = newKey(this, "TopicKey", "sluice outbox topic encryption")
+	}
+	topicProps := &awssns.TopicProps{
+		Fifo:       jsii.Bool(p.Fifo),
+		MasterKey:  key,
+		EnforceSSL: jsii.Bool(true),
+	}
+	if p.TopicName != "" {
+		name := p.TopicName
+		if p.Fifo && (len(name) < 5 || name[len(name)-5:] != ".fifo") {
+			name += ".fifo"
+		}
+		topicProps.TopicName = jsii.String(name)
+	}
+	return awssns.NewTopic(this, jsii.String("Topic"), topicProps), key
+}
+
+// relayRouting is the relay's environment for routing rows (the logical topics' addresses and
+// the default destination) and its settings, as every relay of p reads it.
+func relayRouting(this constructs.Construct, p *OutboxProps, topic awssns.ITopic) map[string]*string {
+	topicMap := map[string]any{}
+	for _, t := range p.LogicalTopics {
+		topicMap[t] = topic.TopicArn()
+	}
+	for _, name := range sortedKeys(p.ExtraTopics) {
+		topicMap[name] = p.ExtraTopics[name].TopicArn()
+	}
+	for name, d := range p.Destinations {
+		topicMap[name] = d.Address()
+	}
+	env := map[string]*string{
+		lambdaenv.TopicARNs: awscdk.Stack_Of(this).ToJsonString(topicMap, nil),
+	}
+	switch {
+	case p.DefaultDestination != nil:
+		env[lambdaenv.DefaultTopicARN] = p.DefaultDestination.Address()
+	case len(p.LogicalTopics) == 0 || p.DefaultToTopic:
+		env[lambdaenv.DefaultTopicARN] = topic.TopicArn()
+	}
+	if p.RelayStopBefore > 0 {
+		env[lambdaenv.RelayStopBefore] = jsii.String(p.RelayStopBefore.String())
+	}
+	memoryMB := p.RelayMemoryMB
+	if p.RelayService != nil {
+		memoryMB = p.RelayService.withDefaults().MemoryMiB
+	}
+	settings, _ := relayEnvironment(p.Relay, memoryMB) // validated with the props
+	for _, k := range sortedKeys(settings) {
+		env[k] = jsii.String(settings[k])
+	}
+	return env
+}
+
+// attachRelay gives the relay (host) what it publishes with: the claim check, the topic (whose
+// policy then denies publishing to anyone else), the extra topics and the destinations.
+func attachRelay(this constructs.Construct, p *OutboxProps, topic awssns.ITopic, host relayHost) {
+	if p.ClaimCheck != nil {
+		p.ClaimCheck.attachRelay(host)
+	}
+	if topic != nil {
+		topic.GrantPublish(host.Grantee())
+		// Only the relay (and the listed publishers) may publish.
+		topic.AddToResourcePolicy(onlyTheRelay("OnlyTheRelayPublishes", host, p.Publishers, topic.TopicArn(), "sns:Publish"))
+		// Only the stack's own subscriptions (and the listed Subscribers) may subscribe: whoever
+		// may call sns:Subscribe would otherwise receive every event. The endpoints are read from
+		// the stack's subscriptions to the topic when the template is synthesized, so consumers
+		// created after the outbox are included.
+		topic.AddToResourcePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Sid:        jsii.String("OnlyTheStacksSubscriptions"),
+			Effect:     awsiam.Effect_DENY,
+			Principals: &[]awsiam.IPrincipal{awsiam.NewAnyPrincipal()},
+			Actions:    jsii.Strings("sns:Subscribe"),
+			Resources:  &[]*string{topic.TopicArn()},
+			Conditions: &map[string]any{"StringNotEquals": map[string]any{
+				"sns:Endpoint": awscdk.Lazy_List(&topicSubscribers{stack: awscdk.Stack_Of(this), topic: topic.TopicArn(), extra: p.Subscribers}, nil),
+			}},
+		}))
+	}
+	for _, name := range sortedKeys(p.ExtraTopics) {
+		p.ExtraTopics[name].GrantPublish(host.Grantee())
+	}
+	bindDestinations(host, p)
+}
+
+// suppressTopicKeyGrant records why the relay's kms:GenerateDataKey* is acceptable.
+func suppressTopicKeyGrant(c constructs.IConstruct) {
+	suppress(c, "AwsSolutions-IAM5",
+		"Publishing to a KMS-encrypted SNS topic needs kms:GenerateDataKey* (GenerateDataKey and its variants); "+
+			"the statement is limited to the topic keys' ARNs, as Topic.GrantPublish writes it.",
+		"Action::kms:GenerateDataKey*")
+}
+
+// newRelayFunction creates a relay Lambda in scope ("Relay") and the one-minute schedule that
+// starts it ("RelaySchedule"): an Outbox's relay, or each shard's of an OutboxFleet. f says
+// how it logs in, where it runs and its environment; p gives the rest. The caller books its
+// connections.
+func newRelayFunction(scope constructs.Construct, p *OutboxProps, f goFunctionProps) (awslambda.Function, awsevents.Rule) {
+	f.codeDir = p.RelayCodeDir
+	f.timeout = p.RelayTimeout
+	f.memoryMB = p.RelayMemoryMB
+	f.reservedConcurrency = p.RelayReservedConcurrency
+	f.s3 = claimCheckS3(p.ClaimCheck != nil, "the claim check's payloads")
+	f.logRetention = p.LogRetention
+	fn := newGoFunction(scope, "Relay", f)
 	// The schedule starts a fresh invocation every minute; retrying a failed one would only add
 	// a duplicate poller.
 	fn.ConfigureAsyncInvoke(&awslambda.EventInvokeConfigOptions{
 		RetryAttempts: jsii.Number(0),
 		MaxEventAge:   awscdk.Duration_Minutes(jsii.Number(1)),
 	})
-	if p.Migrations != nil {
-		fn.Node().AddDependency(p.Migrations.Resource())
-	}
-	o.schedule = awsevents.NewRule(o, jsii.String("RelaySchedule"), &awsevents.RuleProps{
+	schedule := awsevents.NewRule(scope, jsii.String("RelaySchedule"), &awsevents.RuleProps{
 		Description: jsii.String("Starts a sluice relay invocation every minute; invocations overlap."),
 		Schedule:    awsevents.Schedule_Rate(awscdk.Duration_Minutes(jsii.Number(RelaySchedule.Minutes()))),
 		Targets: &[]awsevents.IRuleTarget{awseventstargets.NewLambdaFunction(fn, &awseventstargets.LambdaFunctionProps{
@@ -442,7 +469,7 @@ func (o *outbox) newRelayFunction(p *OutboxProps, env map[string]*string, roleSe
 		})},
 	})
 	suppressLambdaFindings(fn)
-	return fn
+	return fn, schedule
 }
 
 // topicSubscribers produces the endpoints allowed to subscribe to an outbox topic: those of the

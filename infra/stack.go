@@ -129,7 +129,24 @@ type SluiceStackProps struct {
 	// ClaimCheck, when set, creates the claim check's bucket (NewClaimCheck) for payloads
 	// above the topic's limit, written by the relay and read by the consumer. Defaults to none.
 	ClaimCheck *ClaimCheckProps
+	// Fleet, when above 0, adds an OutboxFleet (NewOutboxFleet) of this many tenant databases
+	// on the stack's own database instance, with a topic of its own: tenant I (tenant-I) gets
+	// a secret for role sluice_tenant_I and database tenant_I with a generated password,
+	// which the operator creates and migrates after the deploy (docs/deploy.md, "Deploying a
+	// fleet"). The fleet's relays book ExampleFleetRelayConnections per instance on the
+	// instance's connection budget, beside the stack's other functions. At most
+	// MaxExampleFleet. Defaults to 0: no fleet.
+	Fleet int
+	// FleetShards is the fleet's OutboxFleetProps.Shards. Defaults to 1.
+	FleetShards int
 }
+
+// MaxExampleFleet is the largest SluiceStackProps.Fleet.
+const MaxExampleFleet = 50
+
+// ExampleFleetRelayConnections is the example fleet's FleetServer.RelayConnections on the
+// stack's database instance.
+const ExampleFleetRelayConnections = 10
 
 // DefaultMaxConnections is max_connections of the example's default t4g.small (2 GiB): RDS's
 // own default, LEAST(DBInstanceClassMemory/9531392, 5000), is about 190-225 on that class; 200
@@ -150,10 +167,13 @@ type SluiceStack interface {
 	Monitoring() Monitoring
 	// DatabaseSecret holds the database credentials.
 	DatabaseSecret() awssecretsmanager.ISecret
+	// Fleet is the outbox fleet with SluiceStackProps.Fleet; nil otherwise.
+	Fleet() OutboxFleet
 }
 
 type sluiceStack struct {
 	awscdk.Stack
+	fleet      OutboxFleet
 	outbox     Outbox
 	consumer   Consumer
 	migrations Migrations
@@ -166,6 +186,7 @@ func (s *sluiceStack) Consumer() Consumer                        { return s.cons
 func (s *sluiceStack) Migrations() Migrations                    { return s.migrations }
 func (s *sluiceStack) Monitoring() Monitoring                    { return s.monitoring }
 func (s *sluiceStack) DatabaseSecret() awssecretsmanager.ISecret { return s.secret }
+func (s *sluiceStack) Fleet() OutboxFleet                        { return s.fleet }
 
 // NewSluiceStack creates the example stack. It panics on invalid props.
 func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackProps) SluiceStack {
@@ -200,6 +221,15 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 	}
 	if d := p.Database; d != nil && d.InstanceIdentifier != "" && d.MaxConnections == 0 {
 		errs = append(errs, errors.New("Database.InstanceIdentifier needs Database.MaxConnections (the connections alarm is a share of it)"))
+	}
+	if p.Fleet < 0 || p.Fleet > MaxExampleFleet {
+		errs = append(errs, fmt.Errorf("Fleet must be between 0 and %d tenants, got %d", MaxExampleFleet, p.Fleet))
+	}
+	if p.Fleet > 0 && p.Database != nil {
+		errs = append(errs, errors.New("Fleet puts its tenant databases on the stack's own database instance: leave Database unset"))
+	}
+	if p.FleetShards != 0 && p.Fleet == 0 {
+		errs = append(errs, errors.New("FleetShards needs Fleet"))
 	}
 	errs = append(errs, checkExampleDestination(&p)...)
 	invalid("SluiceStack", id, errs...)
@@ -321,8 +351,12 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 		consumerProps.Proxy, consumerProps.ProxyMaxConnectionsPercent = newConsumerProxy(stack, network, ownInstance, role)
 	}
 	s.consumer = NewConsumer(stack, "Consumer", consumerProps)
+	if p.Fleet > 0 {
+		s.fleet = newExampleFleet(stack, network, db, ownInstance, s.migrations, &p)
+	}
 
 	mon := &MonitoringProps{
+		Fleet:              s.fleet,
 		Outbox:             s.outbox,
 		Consumers:          []Consumer{s.consumer},
 		Migrations:         s.migrations,
@@ -340,6 +374,9 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 		var topics []*string
 		if t := s.outbox.Topic(); t != nil {
 			topics = append(topics, t.TopicArn())
+		}
+		if s.fleet != nil && s.fleet.Topic() != nil {
+			topics = append(topics, s.fleet.Topic().TopicArn())
 		}
 		var bucket awss3.IBucket
 		if claim != nil {
@@ -380,7 +417,49 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 	if claim != nil {
 		out("ClaimCheckBucket", "S3 bucket of the claim check's payloads", claim.Bucket().BucketName())
 	}
+	if f := s.fleet; f != nil {
+		out("FleetTopicArn", "SNS topic the fleet's relays publish to", f.Topic().TopicArn())
+		for i, fn := range f.Relays() {
+			out(fmt.Sprintf("FleetShard%dFunctionName", i), fmt.Sprintf("Fleet relay Lambda of shard %d", i), fn.FunctionName())
+		}
+	}
 	return s
+}
+
+// exampleFleetServer is the example fleet's name for the stack's database instance.
+const exampleFleetServer = "example"
+
+// newExampleFleet adds SluiceStackProps.Fleet tenant databases on the stack's own instance
+// and the OutboxFleet serving them. Each tenant's secret (role sluice_tenant_I, database
+// tenant_I, a generated password) is attached to the instance for its host and port; the
+// operator creates the role and the database with that password and migrates it (sluice
+// migrate), after which the fleet serves it. The fleet books its relays on the migrations'
+// budget: one instance, one max_connections.
+func newExampleFleet(stack awscdk.Stack, network Network, db Database, instance awsrds.DatabaseInstance, mig Migrations, p *SluiceStackProps) OutboxFleet {
+	tenants := make([]FleetTenant, p.Fleet)
+	for i := range tenants {
+		n := i + 1
+		secret := awsrds.NewDatabaseSecret(stack, jsii.String(fmt.Sprintf("FleetTenant%dSecret", n)), &awsrds.DatabaseSecretProps{
+			Username: jsii.String(fmt.Sprintf("sluice_tenant_%d", n)),
+			Dbname:   jsii.String(fmt.Sprintf("tenant_%d", n)),
+		})
+		suppress(secret, "AwsSolutions-SMG4",
+			"The example's tenant secrets hold the passwords of roles the operator creates after the deploy (docs/deploy.md, Deploying a fleet): "+
+				"a rotation scheduled before the role exists would fail. A production fleet's tenant secrets come with its tenant databases, rotated there.")
+		tenants[i] = FleetTenant{Name: fmt.Sprintf("tenant-%d", n), Secret: secret.Attach(instance), Server: exampleFleetServer}
+	}
+	return NewOutboxFleet(stack, "Fleet", &OutboxFleetProps{
+		OutboxProps: OutboxProps{
+			RelayCodeDir: p.RelayCodeDir,
+			Network:      network,
+			Database:     Database{CABundle: db.CABundle, SSLMode: db.SSLMode},
+			Fifo:         p.Fifo,
+			Relay:        p.Relay,
+		},
+		Tenants: tenants,
+		Servers: []FleetServer{{Name: exampleFleetServer, Budget: mig, RelayConnections: ExampleFleetRelayConnections, Connections: instance}},
+		Shards:  p.FleetShards,
+	})
 }
 
 // newNetwork creates the VPC: isolated subnets for the database, private subnets for the

@@ -74,3 +74,13 @@ func TestStackPropsFromContext(t *testing.T) {
 		require.ErrorContains(t, err, want)
 	}
 }
+
+// -c fleet=N and -c fleetShards=S reach the stack's Fleet and FleetShards.
+func TestFleetContext(t *testing.T) {
+	p, err := stackProps(context(map[string]string{"alarmDestination": "none", "fleet": "3", "fleetShards": "2"}), context(nil))
+	require.NoError(t, err)
+	require.Equal(t, 3, p.Fleet)
+	require.Equal(t, 2, p.FleetShards)
+	_, err = stackProps(context(map[string]string{"fleet": "three"}), context(nil))
+	require.ErrorContains(t, err, "context fleet")
+}

@@ -1,0 +1,309 @@
+package infra_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/assertions"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsec2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awssecretsmanager"
+	"github.com/aws/jsii-runtime-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/infra"
+	"github.com/sluicehq/sluice/pkg/fleet"
+	"github.com/sluicehq/sluice/pkg/lambdaenv"
+)
+
+// fleetBundle is a stack with an imported VPC, two servers (one with the migrations of a
+// database on it, one of its own) and a fleet's tenant secrets (imported, complete ARNs).
+type fleetBundle struct {
+	stack   awscdk.Stack
+	network infra.Network
+	mig     infra.Migrations
+	secrets map[string]awssecretsmanager.ISecret
+	control awssecretsmanager.ISecret
+	relay   string
+	ca      string
+}
+
+func fleetSetup(t *testing.T, tenants ...string) *fleetBundle {
+	t.Helper()
+	app := awscdk.NewApp(nil)
+	stack := awscdk.NewStack(app, jsii.String("Fleet"), nil)
+	vpc := awsec2.Vpc_FromVpcAttributes(stack, jsii.String("Vpc"), &awsec2.VpcAttributes{
+		VpcId: jsii.String("vpc-0123456789abcdef0"), AvailabilityZones: jsii.Strings("eu-west-1a"), PrivateSubnetIds: jsii.Strings("subnet-a"),
+	})
+	b := &fleetBundle{stack: stack, network: infra.Network{Vpc: vpc}, secrets: map[string]awssecretsmanager.ISecret{}, relay: assetDir(t, "relay"), ca: caBundle(t)}
+	imported := func(id, name string) awssecretsmanager.ISecret {
+		return awssecretsmanager.Secret_FromSecretCompleteArn(stack, jsii.String(id),
+			jsii.String("arn:aws:secretsmanager:eu-west-1:111111111111:secret:"+name+"-AbCdEf"))
+	}
+	main := imported("MainSecret", "main")
+	b.mig = infra.NewMigrations(stack, "Migrations", &infra.MigrationsProps{CodeDir: assetDir(t, "migrate"), Network: b.network,
+		Database: infra.Database{Secret: main, CABundle: b.ca}, MaxConnections: 200, ReservedConnections: 10})
+	for _, n := range tenants {
+		b.secrets[n] = imported("Tenant-"+n, "tenants/"+n)
+	}
+	b.control = imported("Control", "control")
+	return b
+}
+
+// fleetProps is a fleet of b's tenants: those named "big-*" on server big (its own budget of
+// 300), the rest on server main (the migrations' budget), with the control table on main.
+func (b *fleetBundle) fleetProps(shards int) *infra.OutboxFleetProps {
+	var tenants []infra.FleetTenant
+	names := make([]string, 0, len(b.secrets))
+	for n := range b.secrets {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		server := "main"
+		if strings.HasPrefix(n, "big-") {
+			server = "big"
+		}
+		tenants = append(tenants, infra.FleetTenant{Name: n, Secret: b.secrets[n], Server: server})
+	}
+	return &infra.OutboxFleetProps{
+		OutboxProps: infra.OutboxProps{RelayCodeDir: b.relay, Network: b.network, Database: infra.Database{CABundle: b.ca}},
+		Tenants:     tenants,
+		Servers: []infra.FleetServer{
+			{Name: "main", Budget: b.mig, RelayConnections: 5},
+			{Name: "big", MaxConnections: 300, RelayConnections: 8},
+		},
+		Registry: &infra.FleetRegistry{Secret: b.control, Server: "main", TenantSecretsPrefix: "tenants/"},
+		Shards:   shards,
+	}
+}
+
+// The fleet's template: one relay function per shard, each with its own schedule, the shared
+// role, its shard and its own tenants only, the servers' per-instance connections and the
+// control table; every tenant's secret readable, the control table's tenants' secrets by
+// their prefix only; no database secret of its own. The alarms watch the fleet as a whole.
+// cdk-nag finds nothing unexplained.
+func TestFleetShardsTemplate(t *testing.T) {
+	names := []string{"acme", "globex", "initech", "umbrella", "big-hooli", "big-soylent", "stark", "wayne"}
+	b := fleetSetup(t, names...)
+	withNag(b.stack)
+	f := infra.NewOutboxFleet(b.stack, "Fleet", b.fleetProps(3))
+	mon := infra.NewMonitoring(b.stack, "Monitoring", &infra.MonitoringProps{Fleet: f, NoAlarmDestination: true})
+	require.Len(t, f.Relays(), 3)
+	require.Len(t, f.Schedules(), 3)
+
+	tmpl := assertions.Template_FromStack(b.stack, nil)
+	fns := resources(tmpl, "AWS::Lambda::Function")
+	shards := map[string]map[string]any{}
+	for _, fn := range fns {
+		if e := env(fn); e[lambdaenv.FleetShard] != nil {
+			shards[e[lambdaenv.FleetShard].(string)] = fn
+		}
+	}
+	require.Len(t, shards, 3)
+	roles := map[string]bool{}
+	served := map[string]int{}
+	for i := range 3 {
+		fn := shards[fmt.Sprintf("%d/3", i)]
+		require.NotNil(t, fn, "shard %d/3", i)
+		e := env(fn)
+		roles[refID(props(fn)["Role"])] = true
+		require.NotContains(t, e, lambdaenv.DatabaseSecretARN, "a fleet relay logs in with each tenant's secret")
+		require.JSONEq(t, `{"big":8,"main":5}`, e[lambdaenv.FleetServerConnections].(string))
+		require.Equal(t, "Control", refIDOrArn(e[lambdaenv.FleetRegistrySecretARN]))
+		for _, tn := range tenantsOf(t, b.stack, e[lambdaenv.FleetTenants]) {
+			require.Equal(t, i, fleet.ShardOf(tn.Name, 3), "tenant %s is in shard %d's list", tn.Name, i)
+			require.Equal(t, 1, tn.Weight)
+			require.Contains(t, tn.SecretARN, "secret:tenants/"+tn.Name+"-")
+			served[tn.Name]++
+		}
+	}
+	require.Len(t, roles, 1, "the shards share one role")
+	for _, n := range names {
+		require.Equal(t, 1, served[n], "tenant %s is served by exactly one shard", n)
+	}
+	// A schedule per shard, each starting its own function.
+	rules := resources(tmpl, "AWS::Events::Rule")
+	targets := map[string]bool{}
+	for _, r := range rules {
+		if props(r)["ScheduleExpression"] == "rate(1 minute)" {
+			targets[refID(props(r)["Targets"].([]any)[0].(map[string]any)["Arn"])] = true
+		}
+	}
+	for _, fn := range shards {
+		found := false
+		for id, f := range fns {
+			if fmt.Sprint(f) == fmt.Sprint(fn) && targets[id] {
+				found = true
+			}
+		}
+		require.True(t, found, "a schedule starts each shard")
+	}
+
+	// The role reads every tenant's secret, each by its ARN, and the control table's tenants'
+	// secrets by their prefix.
+	policy, _ := json.Marshal(resources(tmpl, "AWS::IAM::Policy"))
+	for _, n := range names {
+		require.Contains(t, string(policy), "secret:tenants/"+n+"-AbCdEf")
+	}
+	require.Contains(t, string(policy), ":secret:tenants/*")
+	requireNoWildcardGrants(t, tmpl)
+
+	// The fleet's alarms: the relay's over the aggregate of the tenants, the failing tenants,
+	// the heartbeat, each shard's errors.
+	for _, key := range []string{"FleetOutboxOldestPendingAge", "FleetTenantsFailing", "FleetHeartbeatMissing", "FleetShard2RelayErrors"} {
+		require.Contains(t, mon.Alarms(), key)
+	}
+	alarms, _ := json.Marshal(resources(tmpl, "AWS::CloudWatch::Alarm"))
+	require.Contains(t, string(alarms), `SELECT MAX(OutboxOldestPendingAgeSeconds) FROM SCHEMA(\"Sluice\", Service, Tenant) WHERE Service = 'relay'`)
+	require.Contains(t, string(alarms), `"MetricName":"FleetTenantsFailing"`)
+	requireNoNagErrors(t, b.stack)
+}
+
+// Synthesis fails when the shards' connections exceed a server's budget, naming the server
+// and the arithmetic, whether the server's budget is its own or the migrations' of a
+// database on it.
+func TestFleetConnectionBudgetNamesTheServer(t *testing.T) {
+	build := func(shards, bigConns, mainConns int) (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err, _ = r.(error)
+			}
+		}()
+		b := fleetSetup(t, "acme", "globex", "big-hooli", "big-soylent", "big-stark", "big-wayne")
+		p := b.fleetProps(shards)
+		p.Servers[0].RelayConnections, p.Servers[1].RelayConnections = mainConns, bigConns
+		infra.NewOutboxFleet(b.stack, "Fleet", p)
+		return nil
+	}
+	// big: 2 shards × 6 (reserved concurrency) × 20 = 240 < 300 − 15; main: 2 + 2 × 6 × 5 + 2 × 6 × 1 = 74 < 190.
+	require.NoError(t, build(2, 20, 5))
+	// big: 3 × 6 × 20 = 360 ≥ 285.
+	err := build(3, 20, 5)
+	require.Error(t, err)
+	require.ErrorContains(t, err, "than the server big allows")
+	require.ErrorContains(t, err, "fleet Fleet relays 3 (shards serving server big) × 6 (reserved concurrency) × 20 (connections per instance) = 360")
+	require.ErrorContains(t, err, "total 360, but max_connections 300 − 15 reserved = 285")
+	// main, the migrations' server: 2 + 2 × 6 × 15 = 182, + the control table's 2 × 6 = 194 ≥ 190.
+	err = build(2, 8, 15)
+	require.Error(t, err)
+	require.ErrorContains(t, err, "migrations 2 (a deploy and a scheduled partition maintenance) × 1 = 2")
+	require.ErrorContains(t, err, "fleet Fleet relays 2 (shards serving server main) × 6 (reserved concurrency) × 15 (connections per instance) = 180")
+	require.ErrorContains(t, err, "fleet Fleet control table 2 (shards) × 6 (reserved concurrency) × 1 (connection) = 12")
+	require.ErrorContains(t, err, "total 194, but max_connections 200 − 10 reserved = 190")
+}
+
+// Without a control table only the shards of a server's static tenants book its connections.
+func TestFleetStaticTenantsBookTheirShardsOnly(t *testing.T) {
+	b := fleetSetup(t, "big-hooli")
+	p := b.fleetProps(4)
+	p.Registry = nil
+	p.Servers[1].MaxConnections, p.Servers[1].RelayConnections = 100, 12 // one shard: 6 × 12 = 72 < 85; four would not fit
+	require.NotPanics(t, func() { infra.NewOutboxFleet(b.stack, "Fleet", p) })
+}
+
+// Props a fleet cannot use are refused, every problem at once.
+func TestFleetValidation(t *testing.T) {
+	b := fleetSetup(t, "acme")
+	p := b.fleetProps(0)
+	p.Migrations = b.mig
+	p.Database.Secret = b.control
+	p.Tenants = append(p.Tenants, infra.FleetTenant{Name: "Not_A_Name", Secret: b.control, Server: "elsewhere", Weight: 101},
+		infra.FleetTenant{Name: "acme", Secret: b.control, Server: "main"})
+	p.Servers = append(p.Servers, infra.FleetServer{Name: "nobudget"}, infra.FleetServer{Name: "big", MaxConnections: 10})
+	p.Servers[0].RelayConnections = 2
+	p.Registry.TenantSecretsPrefix = "tenant"
+	p.Shards = infra.MaxFleetShards + 1
+	err := func() (err error) {
+		defer func() { err, _ = recover().(error) }()
+		infra.NewOutboxFleet(b.stack, "Fleet", p)
+		return nil
+	}()
+	require.Error(t, err)
+	for _, want := range []string{
+		"Database.Secret must be unset", "Migrations must be unset", "Shards must be between 1 and 64",
+		`name "Not_A_Name"`, `server "elsewhere" is not in Servers`, "Weight 101 is outside 1 to 100", "tenant acme is listed twice",
+		"server nobudget: MaxConnections is required", "server big is listed twice", "server main: RelayConnections 2 is below 3",
+		`TenantSecretsPrefix "tenant" must end in '/' or '-'`,
+	} {
+		require.ErrorContains(t, err, want)
+	}
+}
+
+// The example stack with -c fleet=3: tenant secrets on its own instance, the fleet's relays
+// booked on the instance's budget beside the stack's functions; cdk-nag and cfn-lint clean.
+// Shards beyond what the instance's max_connections allows fail synthesis.
+func TestFleetExampleStack(t *testing.T) {
+	dir := t.TempDir()
+	app := awscdk.NewApp(&awscdk.AppProps{Outdir: jsii.String(dir)})
+	p := &infra.SluiceStackProps{NoAlarmDestination: true, Fleet: 3, FleetShards: 2,
+		RelayCodeDir: assetDir(t, "relay"), ConsumerCodeDir: assetDir(t, "consumer"), MigrateCodeDir: assetDir(t, "migrate"), CABundle: caBundle(t)}
+	s := infra.NewSluiceStack(app, "SluiceFleet", p)
+	withNag(s)
+	require.NotNil(t, s.Fleet())
+	require.Len(t, s.Fleet().Relays(), 2)
+	tmpl := assertions.Template_FromStack(s, nil)
+	requireNoNagErrors(t, s)
+	requireNoWildcardGrants(t, tmpl)
+	secrets := 0
+	for _, r := range resources(tmpl, "AWS::SecretsManager::Secret") {
+		gen, _ := props(r)["GenerateSecretString"].(map[string]any)
+		if tpl, _ := gen["SecretStringTemplate"].(string); strings.Contains(tpl, `"username":"sluice_tenant_`) {
+			require.Contains(t, tpl, `"dbname":"tenant_`)
+			secrets++
+		}
+	}
+	require.Equal(t, 3, secrets)
+	require.Contains(t, s.Monitoring().Alarms(), "FleetTenantsFailing")
+	app.Synth(nil)
+	templates, err := filepath.Glob(filepath.Join(dir, "*.template.json"))
+	require.NoError(t, err)
+	requireCfnLintClean(t, templates)
+
+	// 2 + relay 6 × 4 + consumer 5 × 4 + processor 1 × 4 = 50, and at least one shard's
+	// 6 × 10 = 60: 110 ≥ max_connections 120 − 15.
+	err = func() (err error) {
+		defer func() { err, _ = recover().(error) }()
+		p := *p
+		p.MaxConnections = 120
+		infra.NewSluiceStack(awscdk.NewApp(nil), "SluiceFleetTooSmall", &p)
+		return nil
+	}()
+	require.ErrorContains(t, err, "than the server allows")
+	require.ErrorContains(t, err, "(shards serving server example)")
+}
+
+// tenantsOf decodes a SLUICE_FLEET_TENANTS value (a token of the stack's JSON) with the
+// stack's values resolved.
+func tenantsOf(t *testing.T, stack awscdk.Stack, v any) []fleet.Tenant {
+	t.Helper()
+	if v == nil {
+		return nil
+	}
+	s, ok := v.(string)
+	if !ok {
+		b, _ := json.Marshal(v)
+		s = string(b)
+	}
+	var out []fleet.Tenant
+	require.NoError(t, json.Unmarshal([]byte(s), &out), "SLUICE_FLEET_TENANTS %s", s)
+	return out
+}
+
+// refIDOrArn returns the logical id a reference points at, or for an imported secret's literal
+// ARN its name without the suffix, capitalized as the test's construct ids are.
+func refIDOrArn(v any) string {
+	if id := refID(v); id != "" {
+		return id
+	}
+	s, _ := v.(string)
+	if i := strings.Index(s, ":secret:"); i >= 0 {
+		name := strings.TrimSuffix(s[i+len(":secret:"):], "-AbCdEf")
+		return strings.ToUpper(name[:1]) + name[1:]
+	}
+	return s
+}
