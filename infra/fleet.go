@@ -4,8 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
 	"strings"
+	"time"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsec2"
@@ -91,7 +91,8 @@ type OutboxFleetProps struct {
 	// OutboxProps configure the topic, the destinations and each shard's relay Lambda as they
 	// do an Outbox's: RelayCodeDir and Network are required; the topic, LogicalTopics,
 	// ExtraTopics, Destinations, DefaultDestination, Publishers, Subscribers, ClaimCheck,
-	// RelayTimeout, RelayStopBefore, RelayReservedConcurrency (per shard), RelayMemoryMB,
+	// RelayTimeout (1 minute by default for a fleet), RelayStopBefore, RelayReservedConcurrency
+	// (per shard), RelayMemoryMB,
 	// Relay and LogRetention apply. Database gives only the TLS settings every tenant
 	// database is reached with (SSLMode, CABundle). Database.Secret, Database.Connections,
 	// Database.MaxConns, Migrations, UseDatabaseSecret, DatabaseRole, RelayService,
@@ -158,16 +159,17 @@ func (f *outboxFleet) Schedules() []awsevents.Rule   { return f.schedules }
 func (f *outboxFleet) Role() awsiam.IRole            { return f.role }
 func (f *outboxFleet) Fifo() bool                    { return f.fifo }
 
-// fleetTenantName is fleet.Tenant.Name's rule (pkg/fleet checks it at run time; synthesis
-// refuses a name the relay would).
-var fleetTenantName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
-
 // lambdaEnvironmentLimit is Lambda's limit on a function's environment (keys and values).
 const lambdaEnvironmentLimit = 4096
 
 func (p *OutboxFleetProps) withDefaults() OutboxFleetProps {
 	out := *p
-	out.OutboxProps = p.OutboxProps.withDefaults()
+	if out.RelayTimeout == 0 {
+		// A shard's invocations overlap for RelayTimeout − 1 minute, each running its own Fleet
+		// with its own budget: one minute keeps a shard to one at a time (two at a boundary).
+		out.RelayTimeout = time.Minute
+	}
+	out.OutboxProps = out.OutboxProps.withDefaults()
 	out.DatabaseRole = "" // an Outbox's default; a fleet's relays have no role of their own
 	out.Shards = orDefault(out.Shards, 1)
 	out.Tenants = append([]FleetTenant(nil), p.Tenants...)
@@ -237,8 +239,8 @@ func (p *OutboxFleetProps) validate(raw *OutboxFleetProps) error {
 	}
 	names := map[string]bool{}
 	for i, t := range p.Tenants {
-		if !fleetTenantName.MatchString(t.Name) {
-			errs = append(errs, fmt.Errorf("Tenants[%d]: name %q: want 1 to 63 characters of a-z, 0-9, '-' and '_', starting with a letter or digit", i, t.Name))
+		if err := fleet.CheckName(t.Name); err != nil {
+			errs = append(errs, fmt.Errorf("Tenants[%d]: %w", i, err))
 		}
 		if names[t.Name] {
 			errs = append(errs, fmt.Errorf("tenant %s is listed twice", t.Name))

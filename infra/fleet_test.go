@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"time"
 	"testing"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
@@ -71,7 +72,9 @@ func (b *fleetBundle) fleetProps(shards int) *infra.OutboxFleetProps {
 		tenants = append(tenants, infra.FleetTenant{Name: n, Secret: b.secrets[n], Server: server})
 	}
 	return &infra.OutboxFleetProps{
-		OutboxProps: infra.OutboxProps{RelayCodeDir: b.relay, Network: b.network, Database: infra.Database{CABundle: b.ca}},
+		// A 5-minute timeout (a fleet's default is 1): 6 overlapping instances per shard make the
+		// budget's arithmetic below.
+		OutboxProps: infra.OutboxProps{RelayCodeDir: b.relay, Network: b.network, Database: infra.Database{CABundle: b.ca}, RelayTimeout: 5 * time.Minute},
 		Tenants:     tenants,
 		Servers: []infra.FleetServer{
 			{Name: "main", Budget: b.mig, RelayConnections: 5},
@@ -159,7 +162,7 @@ func TestFleetShardsTemplate(t *testing.T) {
 		require.Contains(t, mon.Alarms(), key)
 	}
 	alarms, _ := json.Marshal(resources(tmpl, "AWS::CloudWatch::Alarm"))
-	require.Contains(t, string(alarms), `SELECT MAX(OutboxOldestPendingAgeSeconds) FROM SCHEMA(\"Sluice\", Service, Tenant) WHERE Service = 'relay'`)
+	require.Contains(t, string(alarms), `SELECT MAX(TenantOldestPendingAgeSeconds) FROM SCHEMA(\"Sluice\", Service, Tenant) WHERE Service = 'relay'`)
 	require.Contains(t, string(alarms), `"MetricName":"FleetTenantsFailing"`)
 	requireNoNagErrors(t, b.stack)
 }
@@ -265,11 +268,11 @@ func TestFleetExampleStack(t *testing.T) {
 	requireCfnLintClean(t, templates)
 
 	// 2 + relay 6 × 4 + consumer 5 × 4 + processor 1 × 4 = 50, and at least one shard's
-	// 6 × 10 = 60: 110 ≥ max_connections 120 − 15.
+	// A shard's 2 instances (a 1-minute timeout) × 10 = 20: 70 ≥ max_connections 80 − 15.
 	err = func() (err error) {
 		defer func() { err, _ = recover().(error) }()
 		p := *p
-		p.MaxConnections = 120
+		p.MaxConnections = 80
 		infra.NewSluiceStack(awscdk.NewApp(nil), "SluiceFleetTooSmall", &p)
 		return nil
 	}()

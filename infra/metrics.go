@@ -31,27 +31,9 @@ func ProcessorMetric(consumer string, m metrics.Metric, statistic string) awsclo
 	return cloudWatchMetric(m, metrics.ServiceInboxProcessor, consumer, statistic)
 }
 
-// dimensionTenant is the dimension a fleet adds to its tenants' relay metrics: the tenant's
-// name for the top tenants by backlog, fleet.OtherTenants for the sum of the rest.
-//
-// It, fleetTenants and fleetTenantsFailing stand here until pkg/metrics defines them beside
-// the relay's metrics; then they are taken from there (one definition per name).
-const dimensionTenant = "Tenant"
-
-// The fleet's own metrics, emitted by every running fleet relay with dimensions
-// {Service=relay}.
-var (
-	// fleetTenants is the number of tenants a fleet relay serves.
-	fleetTenants = metrics.Metric{Name: "FleetTenants", Kind: metrics.Gauge, Unit: metrics.Count, Services: []string{metrics.ServiceRelay},
-		Dimensions: []string{metrics.DimensionService}, Doc: "tenants a fleet relay serves"}
-	// fleetTenantsFailing is the number of those whose last turn failed.
-	fleetTenantsFailing = metrics.Metric{Name: "FleetTenantsFailing", Kind: metrics.Gauge, Unit: metrics.Count, Services: []string{metrics.ServiceRelay},
-		Dimensions: []string{metrics.DimensionService}, Doc: "tenants of a fleet relay whose last turn failed"}
-)
-
-// FleetRelayMetric returns m, one of the relay's metrics defined in pkg/metrics, over every
-// tenant of a fleet: a CloudWatch Metrics Insights query over the {Service=relay, Tenant}
-// series with the statistic's function ("Maximum" → MAX, "Sum" → SUM, "Minimum" → MIN,
+// FleetRelayMetric returns m, one of a fleet's per-tenant metrics defined in pkg/metrics
+// (metrics.TenantOldestPendingAge, ...), over every tenant of a fleet: a CloudWatch Metrics
+// Insights query over the {Service=relay, Tenant} series with the statistic's function ("Maximum" → MAX, "Sum" → SUM, "Minimum" → MIN,
 // "Average" → AVG, "SampleCount" → COUNT), over one-minute periods. An alarm may watch it.
 func FleetRelayMetric(m metrics.Metric, statistic string) awscloudwatch.IMetric {
 	fn, ok := map[string]string{"Maximum": "MAX", "Sum": "SUM", "Minimum": "MIN", "Average": "AVG", "SampleCount": "COUNT"}[statistic]
@@ -60,7 +42,7 @@ func FleetRelayMetric(m metrics.Metric, statistic string) awscloudwatch.IMetric 
 	}
 	return awscloudwatch.NewMathExpression(&awscloudwatch.MathExpressionProps{
 		Expression: jsii.String(fmt.Sprintf(`SELECT %s(%s) FROM SCHEMA(%q, %s, %s) WHERE %s = '%s'`, fn, m.Name, metrics.Namespace,
-			metrics.DimensionService, dimensionTenant, metrics.DimensionService, metrics.ServiceRelay)),
+			metrics.DimensionService, metrics.DimensionTenant, metrics.DimensionService, metrics.ServiceRelay)),
 		Label:  jsii.String(m.Name + " (all tenants)"),
 		Period: awscdk.Duration_Minutes(jsii.Number(1)),
 	})

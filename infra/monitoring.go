@@ -263,9 +263,9 @@ func NewMonitoring(scope constructs.Construct, id string, props *MonitoringProps
 		return awscloudwatch.NewGraphWidget(gp)
 	}
 
-	// relayAlarms are the alarms on what relays report, for one outbox (prefix "", metric
-	// RelayMetric) or over a fleet's tenants (prefix "Fleet", FleetRelayMetric); where names
-	// the rows' databases in the descriptions. It returns the oldest pending age.
+	// relayAlarms are the alarms on what an outbox's relays report (prefix "", metric
+	// RelayMetric); where names the rows' databases in the descriptions. It returns the oldest
+	// pending age.
 	relayAlarms := func(prefix, where string, metric func(metrics.Metric, string) awscloudwatch.IMetric) awscloudwatch.IMetric {
 		age := metric(metrics.OutboxOldestPendingAge, "Maximum")
 		alarm(prefix+"OutboxOldestPendingAge", fmt.Sprintf("The oldest unpublished outbox row%s is older than %s: rows are committed but not published.", where, p.OldestPendingAge),
@@ -319,26 +319,31 @@ func NewMonitoring(scope constructs.Construct, id string, props *MonitoringProps
 	}
 
 	if f := p.Fleet; f != nil {
-		age := relayAlarms("Fleet", " of a fleet tenant", FleetRelayMetric)
+		// A fleet emits its tenants' figures (metrics.Tenant*), never the single relay's names.
+		age := FleetRelayMetric(metrics.TenantOldestPendingAge, "Maximum")
+		alarm("FleetOutboxOldestPendingAge", fmt.Sprintf("The oldest unpublished outbox row of a fleet tenant is older than %s: rows are committed but not published (the dashboard shows which tenant).", p.OldestPendingAge),
+			age, gt, p.OldestPendingAge.Seconds(), 2, notBreaching)
+		alarm("FleetOutboxQuarantined", "Quarantined outbox rows in a fleet tenant: they block their partition key until retried (sluice status --fleet names the tenant).",
+			FleetRelayMetric(metrics.TenantQuarantined, "Maximum"), gt, 0, 1, notBreaching)
 		alarm("FleetTenantsFailing", fmt.Sprintf("A fleet tenant has failed for %d minutes (unreachable, wrong password, broken schema): its rows are not published; the relay's log names it and its error.", p.FleetTenantsFailingMinutes),
-			RelayMetric(fleetTenantsFailing, "Maximum"), gt, 0, p.FleetTenantsFailingMinutes, notBreaching)
+			RelayMetric(metrics.FleetTenantsFailing, "Maximum"), gt, 0, p.FleetTenantsFailingMinutes, notBreaching)
 		alarm("FleetHeartbeatMissing", fmt.Sprintf("No fleet relay has reported for %d minutes: no shard is running (missing data counts as breaching).", p.HeartbeatMissingMinutes),
-			RelayMetric(fleetTenants, "SampleCount"), awscloudwatch.ComparisonOperator_LESS_THAN_THRESHOLD, 1, p.HeartbeatMissingMinutes, awscloudwatch.TreatMissingData_BREACHING)
+			RelayMetric(metrics.FleetTenants, "SampleCount"), awscloudwatch.ComparisonOperator_LESS_THAN_THRESHOLD, 1, p.HeartbeatMissingMinutes, awscloudwatch.TreatMissingData_BREACHING)
 		health := make([]awscloudwatch.IMetric, 0, 2*len(f.Relays()))
 		for i, fn := range f.Relays() {
 			lambdaAlarms(fmt.Sprintf("FleetShard%dRelay", i), fmt.Sprintf("Fleet relay shard %d", i), fn)
 			health = append(health, fn.MetricErrors(fiveMin), fn.MetricThrottles(fiveMin))
 		}
 		byTenant := awscloudwatch.NewMathExpression(&awscloudwatch.MathExpressionProps{
-			Expression: jsii.String(fmt.Sprintf(`SEARCH('{%s,%s,%s} %s="%s" MetricName="%s"', 'Maximum', 60)`, metrics.Namespace, metrics.DimensionService, dimensionTenant,
-				metrics.DimensionService, metrics.ServiceRelay, metrics.OutboxOldestPendingAge.Name)),
+			Expression: jsii.String(fmt.Sprintf(`SEARCH('{%s,%s,%s} %s="%s" MetricName="%s"', 'Maximum', 60)`, metrics.Namespace, metrics.DimensionService, metrics.DimensionTenant,
+				metrics.DimensionService, metrics.ServiceRelay, metrics.TenantOldestPendingAge.Name)),
 			Label:  jsii.String(""),
 			Period: awscdk.Duration_Minutes(jsii.Number(1)),
 		})
 		dash.AddWidgets(
 			graph("Fleet oldest pending age, all tenants (s)", []awscloudwatch.IMetric{age}, jsii.Number(p.OldestPendingAge.Seconds())),
 			graph("Fleet oldest pending age by tenant (s)", []awscloudwatch.IMetric{byTenant}, nil),
-			graph("Fleet tenants and failing tenants", []awscloudwatch.IMetric{RelayMetric(fleetTenants, "Maximum"), RelayMetric(fleetTenantsFailing, "Maximum")}, nil),
+			graph("Fleet tenants and failing tenants", []awscloudwatch.IMetric{RelayMetric(metrics.FleetTenants, "Maximum"), RelayMetric(metrics.FleetTenantsFailing, "Maximum")}, nil),
 			graph("Fleet relay errors and throttles", health, nil),
 		)
 	}

@@ -27,56 +27,46 @@ func (f *Fleet) emitMetricsEvery(ctx context.Context) {
 	}
 }
 
-// emitMetrics records the fleet's totals with {Service=relay} (so the single relay's alarms
-// watch the whole fleet) and the per-tenant figures: the TopTenants worst tenants by name,
-// the rest together as OtherTenants, so the number of metrics stays bounded however large the
-// fleet.
+// emitMetrics records FleetTenants and FleetTenantsFailing with {Service=relay} and the
+// per-tenant figures: the TopTenants worst tenants by name, the rest together as
+// OtherTenants, so the number of metrics stays bounded however large the fleet.
 func (f *Fleet) emitMetrics(ctx context.Context, published map[string]int) {
 	st := f.Status() // worst first
-	var (
-		failing, pending int
-		oldest           time.Duration
-		total            int
-	)
+	failing := 0
 	type figures struct {
-		pending   int64
-		oldest    time.Duration
-		published int
+		pending, quarantined int64
+		oldest               time.Duration
+		published            int
 	}
 	other := figures{}
 	rec := f.cfg.MetricsRecorder
+	record := func(tenant string, fig figures) {
+		rec.Record(ctx, metrics.Dimensions{metrics.DimensionService: metrics.ServiceRelay, metrics.DimensionTenant: tenant},
+			metrics.TenantOldestPendingAge.Measure(fig.oldest.Seconds()),
+			metrics.TenantPending.Measure(float64(fig.pending)),
+			metrics.TenantQuarantined.Measure(float64(fig.quarantined)),
+			metrics.TenantPublished.Measure(float64(fig.published)))
+	}
 	for i, s := range st {
 		delta := s.Published - published[s.Tenant.Name]
 		published[s.Tenant.Name] = s.Published
-		total += delta
-		pending += int(s.Lag.Pending)
-		oldest = max(oldest, s.Lag.OldestPendingAge)
 		if s.State == StateFailing {
 			failing++
 		}
-		fig := figures{pending: s.Lag.Pending, oldest: s.Lag.OldestPendingAge, published: delta}
+		fig := figures{pending: s.Lag.Pending, quarantined: s.Lag.Quarantined, oldest: s.Lag.OldestPendingAge, published: delta}
 		if i >= f.cfg.TopTenants {
 			other.pending += fig.pending
+			other.quarantined += fig.quarantined
 			other.oldest = max(other.oldest, fig.oldest)
 			other.published += fig.published
 			continue
 		}
-		rec.Record(ctx, metrics.Dimensions{metrics.DimensionService: metrics.ServiceRelay, metrics.DimensionTenant: s.Tenant.Name},
-			metrics.TenantOldestPendingAge.Measure(fig.oldest.Seconds()),
-			metrics.TenantPending.Measure(float64(fig.pending)),
-			metrics.TenantPublished.Measure(float64(fig.published)))
+		record(s.Tenant.Name, fig)
 	}
 	if len(st) > f.cfg.TopTenants {
-		rec.Record(ctx, metrics.Dimensions{metrics.DimensionService: metrics.ServiceRelay, metrics.DimensionTenant: OtherTenants},
-			metrics.TenantOldestPendingAge.Measure(other.oldest.Seconds()),
-			metrics.TenantPending.Measure(float64(other.pending)),
-			metrics.TenantPublished.Measure(float64(other.published)))
+		record(OtherTenants, other)
 	}
 	rec.Record(ctx, metrics.Dimensions{metrics.DimensionService: metrics.ServiceRelay},
-		metrics.RelayHeartbeat.Measure(1),
 		metrics.FleetTenants.Measure(float64(len(st))),
-		metrics.FleetTenantsFailing.Measure(float64(failing)),
-		metrics.Published.Measure(float64(total)),
-		metrics.OutboxPending.Measure(float64(pending)),
-		metrics.OutboxOldestPendingAge.Measure(oldest.Seconds()))
+		metrics.FleetTenantsFailing.Measure(float64(failing)))
 }

@@ -39,10 +39,19 @@ const MaxWeight = 100
 
 var tenantName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
 
+// CheckName returns why name cannot be a tenant's name, or nil (the CDK constructs refuse at
+// synthesis what the relay would at run time).
+func CheckName(name string) error {
+	if !tenantName.MatchString(name) {
+		return fmt.Errorf("tenant name %q: want 1 to 63 characters of a-z, 0-9, '-' and '_', starting with a letter or digit", name)
+	}
+	return nil
+}
+
 // withDefaults returns t with its Weight and Server filled, or an error naming what is wrong.
 func (t Tenant) withDefaults() (Tenant, error) {
-	if !tenantName.MatchString(t.Name) {
-		return t, fmt.Errorf("tenant name %q: want 1 to 63 characters of a-z, 0-9, '-' and '_', starting with a letter or digit", t.Name)
+	if err := CheckName(t.Name); err != nil {
+		return t, err
 	}
 	if (t.DatabaseURL == "") == (t.SecretARN == "") {
 		return t, fmt.Errorf("tenant %s: set exactly one of DatabaseURL and SecretARN", t.Name)

@@ -15,10 +15,10 @@ const (
 	ServiceInboxProcessor = "inbox-processor"
 	// ServiceAudit is the scheduled outbox → inbox audit's (the migrations function's schedule).
 	ServiceAudit = "audit"
-	// DimensionTenant names a fleet's tenant database (pkg/fleet): a fleet relay emits the
-	// relay's lag and publish metrics once with {Service=relay} summed over its tenants, and
-	// again with {Service=relay, Tenant=<name>} for its top tenants by backlog and
-	// {Service=relay, Tenant=_other} for the rest, so their number stays bounded.
+	// DimensionTenant names a fleet's tenant database (pkg/fleet): a fleet relay emits its
+	// tenants' lag and publish metrics (Tenant*) with {Service=relay, Tenant=<name>} for its top
+	// tenants by backlog and {Service=relay, Tenant=_other} for the rest, so their number stays
+	// bounded.
 	DimensionTenant = "Tenant"
 )
 
@@ -106,8 +106,10 @@ var (
 		Doc: "bytes of the payloads the claim check stored in S3 (relays with a claim check)"}
 )
 
-// The fleet's metrics (pkg/fleet), emitted every RelayConfig.MetricsInterval with dimensions
-// {Service=relay}, and per tenant with {Service=relay, Tenant=<name or _other>}.
+// The fleet's metrics (pkg/fleet), emitted every RelayConfig.MetricsInterval: FleetTenants and
+// FleetTenantsFailing with dimensions {Service=relay}, the Tenant* ones per tenant with
+// {Service=relay, Tenant=<name or _other>}. A fleet relay emits none of the single relay's
+// metrics, so that the alarms of an outbox in the same account never see a fleet's tenants.
 var (
 	// FleetTenants is the number of tenant databases a fleet relay serves.
 	FleetTenants = Metric{Name: "FleetTenants", Kind: Gauge, Unit: Count, Services: relay, Dimensions: relayDims,
@@ -121,6 +123,9 @@ var (
 	// TenantPending is OutboxPending per tenant (summed over _other's).
 	TenantPending = Metric{Name: "TenantPending", Kind: Gauge, Unit: Count, Services: relay, Dimensions: fleetDims,
 		Doc: "a tenant's unpublished, unquarantined rows (summed for Tenant=_other)"}
+	// TenantQuarantined is OutboxQuarantined per tenant (summed over _other's).
+	TenantQuarantined = Metric{Name: "TenantQuarantined", Kind: Gauge, Unit: Count, Services: relay, Dimensions: fleetDims,
+		Doc: "a tenant's quarantined outbox rows (summed for Tenant=_other)"}
 	// TenantPublished is Published per tenant (summed over _other's).
 	TenantPublished = Metric{Name: "TenantPublished", Kind: Counter, Unit: Count, Services: relay, Dimensions: fleetDims,
 		Doc: "messages of a tenant the broker acknowledged (summed for Tenant=_other)"}
@@ -173,7 +178,7 @@ func All() []Metric {
 	return []Metric{
 		OutboxPending, OutboxOldestPendingAge, OutboxQuarantined, RelayHeartbeat, Published,
 		PublishFailures, DestinationsDown, OrderViolations, OldestTransactionAge, Offloaded, OffloadedBytes,
-		FleetTenants, FleetTenantsFailing, TenantOldestPendingAge, TenantPending, TenantPublished,
+		FleetTenants, FleetTenantsFailing, TenantOldestPendingAge, TenantPending, TenantQuarantined, TenantPublished,
 		InboxProcessed, InboxSkipped, InboxDuplicates, InboxFailures, InboxStored, InboxDeadLetters, InboxParked,
 		CommitToApplyLatency, AuditMissingEvents, AuditUnpublishedEvents,
 	}
