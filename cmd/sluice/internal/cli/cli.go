@@ -309,6 +309,11 @@ func (a *app) openPool(ctx context.Context, u string) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, usagef("database URL %s: %v", redact(u), unwrapParse(err))
 	}
+	return openPoolConfig(ctx, cfg, u)
+}
+
+// openPoolConfig opens and pings a pool of cfg, u being its URL (shown without its password).
+func openPoolConfig(ctx context.Context, cfg *pgxpool.Config, u string) (*pgxpool.Pool, error) {
 	if cfg.ConnConfig.ConnectTimeout == 0 || cfg.ConnConfig.ConnectTimeout > 10*time.Second {
 		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
 	}

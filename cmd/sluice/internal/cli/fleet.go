@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -42,77 +42,82 @@ func (s *fleetSource) flags(fs *pflag.FlagSet) {
 			lambdaenv.FleetTenants))
 }
 
-// tenants lists the fleet's tenants, sorted by name: --fleet-tenants, else --fleet-registry,
-// else SLUICE_FLEET_REGISTRY_URL or SLUICE_FLEET_REGISTRY_SECRET_ARN, else SLUICE_FLEET_TENANTS.
+// fleetTenants lists the fleet's tenants in name order, from the registries the fleet's
+// Lambdas read (lambdaenv.FleetRegistry: the static list and the control table, both when both
+// are set), each flag standing in for its variable: --fleet-tenants for SLUICE_FLEET_TENANTS,
+// --fleet-registry for SLUICE_FLEET_REGISTRY_URL. A tenant listed twice is taken from its
+// first listing, as the relay does, with a note on stderr.
 func (a *app) fleetTenants(ctx context.Context, src fleetSource) ([]fleet.Tenant, error) {
-	if src.tenantsFile != "" && src.registryURL != "" {
-		return nil, usagef("--fleet-tenants and --fleet-registry name two fleets: pass one")
+	getenv := a.io.Getenv
+	if src.tenantsFile != "" || src.registryURL != "" {
+		var static string
+		if src.tenantsFile != "" {
+			var data []byte
+			var err error
+			if src.tenantsFile == "-" {
+				data, err = io.ReadAll(a.io.In)
+			} else {
+				data, err = os.ReadFile(src.tenantsFile)
+			}
+			if err != nil {
+				return nil, usagef("--fleet-tenants: %v", err)
+			}
+			static = string(data)
+			if strings.TrimSpace(static) == "" {
+				return nil, usagef("--fleet-tenants %s is empty: want a JSON array of tenants", src.tenantsFile)
+			}
+			if _, err := lambdaenv.FleetTenantsFrom(func(string) string { return static }); err != nil {
+				return nil, usagef("--fleet-tenants %s: %v", src.tenantsFile, err)
+			}
+		}
+		getenv = func(k string) string {
+			switch {
+			case k == lambdaenv.FleetTenants && src.tenantsFile != "":
+				return static
+			case k == lambdaenv.FleetRegistryURL && src.registryURL != "":
+				return src.registryURL
+			}
+			return a.io.Getenv(k)
+		}
 	}
-	if src.tenantsFile != "" {
-		var data []byte
+	if !lambdaenv.FleetEnabled(getenv) {
+		return nil, usagef("no fleet: pass --fleet-registry URL or --fleet-tenants FILE (or set $%s, $%s or $%s)",
+			lambdaenv.FleetRegistryURL, lambdaenv.FleetRegistrySecretARN, lambdaenv.FleetTenants)
+	}
+	if _, err := lambdaenv.FleetTenantsFrom(getenv); err != nil {
+		return nil, usageError{err}
+	}
+	var secrets lambdaenv.SecretGetter
+	if getenv(lambdaenv.FleetRegistryURL) == "" && getenv(lambdaenv.FleetRegistrySecretARN) != "" {
 		var err error
-		if src.tenantsFile == "-" {
-			data, err = io.ReadAll(a.io.In)
-		} else {
-			data, err = os.ReadFile(src.tenantsFile)
+		if secrets, err = a.secretsClient(ctx); err != nil {
+			return nil, err
 		}
-		if err != nil {
-			return nil, usagef("--fleet-tenants: %v", err)
-		}
-		return parseTenants(data, "--fleet-tenants "+src.tenantsFile)
 	}
-	envTenants := a.io.Getenv(lambdaenv.FleetTenants)
-	hasRegistry := src.registryURL != "" || a.io.Getenv(lambdaenv.FleetRegistryURL) != "" || a.io.Getenv(lambdaenv.FleetRegistrySecretARN) != ""
-	if !hasRegistry {
-		if envTenants == "" {
-			return nil, usagef("no fleet: pass --fleet-registry URL or --fleet-tenants FILE (or set $%s, $%s or $%s)",
-				lambdaenv.FleetRegistryURL, lambdaenv.FleetRegistrySecretARN, lambdaenv.FleetTenants)
-		}
-		return parseTenants([]byte(envTenants), "$"+lambdaenv.FleetTenants)
-	}
-	if src.registryURL == "" && envTenants != "" {
-		return nil, usagef("both $%s and a fleet registry are set: pass --fleet-tenants or --fleet-registry to choose", lambdaenv.FleetTenants)
-	}
-	pool, err := a.registryDB(ctx, src)
+	// The registry's pool has no timeout of its own: an unreachable control database fails
+	// here rather than hanging the command.
+	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	reg, closeReg, err := lambdaenv.FleetRegistry(rctx, getenv, secrets)
 	if err != nil {
 		return nil, err
 	}
-	defer pool.Close()
-	ts, err := fleet.Table{DB: pool}.Tenants(ctx)
+	defer closeReg()
+	all, err := reg.Tenants(rctx)
 	if err != nil {
 		return nil, registryError(err)
 	}
-	slices.SortFunc(ts, func(x, y fleet.Tenant) int { return strings.Compare(x.Name, y.Name) })
-	return ts, nil
-}
-
-// parseTenants reads a JSON array of tenants, the format of SLUICE_FLEET_TENANTS, and checks
-// what the CLI relies on: every tenant has a name of its own and one way to reach its
-// database. The rest (name syntax, weight) is the fleet's to check.
-func parseTenants(data []byte, source string) ([]fleet.Tenant, error) {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
 	var ts []fleet.Tenant
-	if err := dec.Decode(&ts); err != nil {
-		return nil, usagef(`%s: want a JSON array of {"name","databaseUrl"} or {"name","secretArn","server"}: %v`, source, err)
-	}
-	var errs []string
 	seen := map[string]bool{}
-	for i, t := range ts {
-		switch {
-		case t.Name == "":
-			errs = append(errs, fmt.Sprintf("tenant %d has no name", i+1))
-		case seen[t.Name]:
-			errs = append(errs, fmt.Sprintf("tenant %s is listed twice", t.Name))
-		case (t.DatabaseURL == "") == (t.SecretARN == ""):
-			errs = append(errs, fmt.Sprintf("tenant %s: set exactly one of databaseUrl and secretArn", t.Name))
+	for _, t := range all {
+		if seen[t.Name] {
+			fmt.Fprintf(a.io.Err, "note: tenant %s is listed twice; its first listing is used, as the relay does\n", t.Name)
+			continue
 		}
 		seen[t.Name] = true
+		ts = append(ts, t)
 	}
-	if len(errs) > 0 {
-		return nil, usagef("%s: %s", source, strings.Join(errs, "; "))
-	}
-	slices.SortFunc(ts, func(x, y fleet.Tenant) int { return strings.Compare(x.Name, y.Name) })
+	slices.SortStableFunc(ts, func(x, y fleet.Tenant) int { return strings.Compare(x.Name, y.Name) })
 	return ts, nil
 }
 
@@ -133,7 +138,18 @@ func (a *app) registryDB(ctx context.Context, src fleetSource) (*pgxpool.Pool, e
 		if err != nil {
 			return nil, err
 		}
-		if u, err = lambdaenv.DatabaseURLFrom(ctx, secretEnv(a.io.Getenv, arn), secrets); err != nil {
+		// The control database's secret is read as the relay reads it (lambdaenv.FleetRegistry):
+		// as DATABASE_SECRET_ARN's, with the same DATABASE_* settings.
+		registryEnv := func(k string) string {
+			switch k {
+			case lambdaenv.DatabaseSecretARN:
+				return arn
+			case lambdaenv.DatabaseURL:
+				return ""
+			}
+			return a.io.Getenv(k)
+		}
+		if u, err = lambdaenv.DatabaseURLFrom(ctx, registryEnv, secrets); err != nil {
 			return nil, fmt.Errorf("fleet registry: %w", err)
 		}
 	}
@@ -151,24 +167,7 @@ func registryError(err error) error {
 	if errors.As(err, &pg) && pg.Code == "42P01" {
 		return fmt.Errorf("the fleet registry table %s does not exist in the control database (create it with `sluice fleet init`)", fleet.RegistryTable)
 	}
-	return err
-}
-
-// secretEnv is the environment with DATABASE_SECRET_ARN set to arn, as if it named the only
-// database: the secret is read and turned into a URL exactly as for DATABASE_SECRET_ARN
-// (lambdaenv.DatabaseURLFrom, with DATABASE_SSLMODE and DATABASE_SSLROOTCERT), except that
-// DATABASE_HOST and DATABASE_PORT, which redirect the service's own database (to an RDS
-// Proxy), do not apply: each secret names its own server.
-func secretEnv(getenv lambdaenv.Getenv, arn string) lambdaenv.Getenv {
-	return func(k string) string {
-		switch k {
-		case lambdaenv.DatabaseSecretARN:
-			return arn
-		case lambdaenv.DatabaseURL, lambdaenv.DatabaseHost, lambdaenv.DatabasePort:
-			return ""
-		}
-		return getenv(k)
-	}
+	return fmt.Errorf("fleet registry: %w", err)
 }
 
 // secretsClient builds a Secrets Manager client from the invocation's AWS configuration.
@@ -183,36 +182,36 @@ func (a *app) secretsClient(ctx context.Context) (lambdaenv.SecretGetter, error)
 	return secretsmanager.NewFromConfig(cfg), nil
 }
 
-// tenantOpener opens tenant databases; it is safe for concurrent use once built.
+// tenantOpener opens tenant databases as the relay reaches them (lambdaenv.FleetConnector);
+// it is safe for concurrent use.
 type tenantOpener struct {
-	a       *app
-	secrets lambdaenv.SecretGetter // nil when no tenant is given by a secret
+	connect func(context.Context, fleet.Tenant) (*pgxpool.Config, error)
 }
 
 // tenantOpener prepares what opening the tenants needs (a Secrets Manager client when one of
 // them is given by a secret), before any runs concurrently.
 func (a *app) tenantOpener(ctx context.Context, tenants []fleet.Tenant) (*tenantOpener, error) {
-	o := &tenantOpener{a: a}
-	if slices.ContainsFunc(tenants, func(t fleet.Tenant) bool { return t.SecretARN != "" }) {
+	var secrets lambdaenv.SecretGetter
+	if slices.ContainsFunc(tenants, func(t fleet.Tenant) bool { return t.DatabaseURL == "" && t.SecretARN != "" }) {
 		s, err := a.secretsClient(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("tenants given by secretArn need Secrets Manager: %w", err)
 		}
-		o.secrets = s
+		secrets = s
 	}
-	return o, nil
+	return &tenantOpener{connect: lambdaenv.FleetConnector(a.io.Getenv, secrets)}, nil
 }
 
 // open opens and pings a pool on t's database; the caller closes it.
 func (o *tenantOpener) open(ctx context.Context, t fleet.Tenant) (*pgxpool.Pool, error) {
-	u := t.DatabaseURL
-	if u == "" {
-		var err error
-		if u, err = lambdaenv.DatabaseURLFrom(ctx, secretEnv(o.a.io.Getenv, t.SecretARN), o.secrets); err != nil {
-			return nil, err
-		}
+	if (t.DatabaseURL == "") == (t.SecretARN == "") {
+		return nil, errors.New("set exactly one of databaseUrl and secretArn (the relay leaves this tenant out)")
 	}
-	return o.a.openPool(ctx, u)
+	cfg, err := o.connect(ctx, t)
+	if err != nil {
+		return nil, unwrapParse(err)
+	}
+	return openPoolConfig(ctx, cfg, cfg.ConnConfig.ConnString())
 }
 
 // noDatabaseURL refuses --database-url where it would be ignored: the fleet's commands reach
@@ -229,11 +228,12 @@ func (a *app) fleetCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "fleet",
 		Short: "List, add and remove the tenant databases of a fleet (one relay deployment for many databases)",
-		Long: `A fleet is a set of tenant databases served by one relay deployment. Its registry is either a
-static list (the stack's SLUICE_FLEET_TENANTS, or --fleet-tenants FILE here) or the control table
-` + fleet.RegistryTable + ` in a control database (--fleet-registry URL, else
-$SLUICE_FLEET_REGISTRY_URL or the secret named by $SLUICE_FLEET_REGISTRY_SECRET_ARN): a tenant
-added there is served within the relay's registry refresh, without a deploy.
+		Long: `A fleet is a set of tenant databases served by one relay deployment. Its tenants are listed by
+a static list (the stack's SLUICE_FLEET_TENANTS, or --fleet-tenants FILE here), by the control
+table ` + fleet.RegistryTable + ` in a control database (--fleet-registry URL, else
+$SLUICE_FLEET_REGISTRY_URL or the secret named by $SLUICE_FLEET_REGISTRY_SECRET_ARN), or by
+both, as the relay reads them. A tenant added to the table is served within the relay's
+registry refresh, without a deploy.
 
 "sluice migrate --fleet" migrates every tenant and "sluice status --fleet" shows each tenant's
 backlog, worst first.`,
@@ -302,10 +302,10 @@ Migrate the new tenant's database before or right after adding it: sluice migrat
 			return nil
 		},
 	}
-	addCmd.Flags().StringVar(&add.DatabaseURL, "url", "", "the tenant database's PostgreSQL URL")
-	addCmd.Flags().StringVar(&add.SecretARN, "secret-arn", "", "the RDS Secrets Manager secret of the tenant database")
-	addCmd.Flags().StringVar(&add.Server, "server", "", "the tenant's PostgreSQL server (default the URL's host:port; required with --secret-arn)")
-	addCmd.Flags().IntVar(&add.Weight, "weight", 0, fmt.Sprintf("the tenant's share of its server, 1 to %d (default 1)", fleet.MaxWeight))
+	addCmd.Flags().StringVar(&add.DatabaseURL, "url", "", "the tenant database's PostgreSQL `URL`")
+	addCmd.Flags().StringVar(&add.SecretARN, "secret-arn", "", "the `ARN` of the tenant database's RDS Secrets Manager secret")
+	addCmd.Flags().StringVar(&add.Server, "server", "", "the `NAME` of the tenant's PostgreSQL server (default the URL's host:port; required with --secret-arn)")
+	addCmd.Flags().IntVar(&add.Weight, "weight", 0, fmt.Sprintf("the tenant's share of its server, `N` from 1 to %d (default 1)", fleet.MaxWeight))
 
 	removeCmd := &cobra.Command{
 		Use:   "remove NAME",
@@ -338,9 +338,10 @@ pending until the tenant is added again.`,
 	listCmd := &cobra.Command{
 		Use:   "list",
 		Short: "List the fleet's tenants in name order",
-		Long: `List the fleet's tenants in name order (the registry table's enabled rows, or the static list of
---fleet-tenants or $SLUICE_FLEET_TENANTS), with their server, weight and database; passwords
-in URLs are masked. --json prints the tenants in the format of SLUICE_FLEET_TENANTS.`,
+		Long: `List the fleet's tenants in name order (the static list of --fleet-tenants or
+$SLUICE_FLEET_TENANTS and the registry table's enabled rows), with their server, weight and
+database; passwords in URLs are masked. --json prints the tenants in the format of
+SLUICE_FLEET_TENANTS.`,
 		Example: `  sluice fleet list
   sluice fleet list --json | jq -r '.[].name'`,
 		Args: cobra.NoArgs,

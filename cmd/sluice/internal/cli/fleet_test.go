@@ -132,8 +132,6 @@ func TestMigrateFleetBadInputIsOneLine(t *testing.T) {
 	b := setupFleet(t, fleet.Tenant{Name: "acme", DatabaseURL: empty})
 	bad := filepath.Join(t.TempDir(), "bad.json")
 	require.NoError(t, os.WriteFile(bad, []byte(`[{"name":"a","database_url":"postgres://x"}]`), 0o600))
-	twice := filepath.Join(t.TempDir(), "twice.json")
-	require.NoError(t, os.WriteFile(twice, []byte(`[{"name":"a","databaseUrl":"postgres://x"},{"name":"a","secretArn":"arn:x"}]`), 0o600))
 	for _, c := range []struct {
 		args []string
 		want string
@@ -144,9 +142,8 @@ func TestMigrateFleetBadInputIsOneLine(t *testing.T) {
 		{[]string{"migrate", "--fleet-tenants", b.file}, "--fleet-tenants needs --fleet"},
 		{[]string{"migrate", "up", "--from", "acme"}, "--from needs --fleet"},
 		{[]string{"migrate", "--fleet", "--fleet-tenants", b.file, "--database-url", empty}, "--database-url names one database"},
-		{[]string{"migrate", "--fleet", "--fleet-tenants", b.file, "--fleet-registry", empty}, "--fleet-tenants and --fleet-registry name two fleets"},
 		{[]string{"migrate", "--fleet", "--fleet-tenants", bad}, `unknown field "database_url"`},
-		{[]string{"migrate", "--fleet", "--fleet-tenants", twice}, "tenant a is listed twice"},
+		{[]string{"status", "--fleet", "--fleet-tenants", "-"}, "--fleet-tenants - is empty"}, // stdin is empty
 		{[]string{"migrate", "--fleet", "--fleet-tenants", filepath.Join(t.TempDir(), "missing.json")}, "no such file"},
 		{[]string{"status", "--fleet", "--fleet-tenants", b.file, "--queue", "http://localhost:4566/000000000000/q"}, "--queue is not read per tenant"},
 		{[]string{"status", "--timeout", "5s"}, "--timeout needs --fleet"},
@@ -270,6 +267,17 @@ func TestFleetRegistryAddListRemove(t *testing.T) {
 	requireOneLineError(t, r, cli.ExitError, "1 of 2 tenants failing: globex")
 	require.Regexp(t, `(?m)^acme\s+0\s`, r.out)
 
+	// A static list beside the table, as the relay serves both: a name in both is taken from
+	// its first listing, the static one, with a note.
+	static := setupFleet(t, fleet.Tenant{Name: "acme", DatabaseURL: unreachableURL}, fleet.Tenant{Name: "initech", DatabaseURL: tenant.url})
+	r = b.run(t, "fleet", "list", "--fleet-tenants", static.file)
+	require.Equal(t, 0, r.code, r.err)
+	require.Equal(t, "note: tenant acme is listed twice; its first listing is used, as the relay does\n", r.err)
+	require.Regexp(t, `(?m)^acme\s+-\s+1\s+postgres://sluice:xxxxx@127.0.0.1:1/`, r.out)
+	require.Regexp(t, `(?m)^globex\s`, r.out)
+	require.Regexp(t, `(?m)^initech\s`, r.out)
+	require.Contains(t, r.out, "3 tenants")
+
 	require.Contains(t, b.ok(t, "fleet", "remove", "globex"), "removed tenant globex")
 	requireOneLineError(t, b.run(t, "fleet", "remove", "globex"), cli.ExitError, "no tenant globex in the fleet registry")
 	out = b.ok(t, "fleet", "list")
@@ -279,15 +287,14 @@ func TestFleetRegistryAddListRemove(t *testing.T) {
 }
 
 // TestFleetTenantBySecretARN: a tenant given by secretArn is reached through its RDS secret
-// as DATABASE_SECRET_ARN is (sslmode from DATABASE_SSLMODE), but DATABASE_HOST, which
-// redirects the service's own database, does not apply to it.
+// as the relay reaches it (sslmode from DATABASE_SSLMODE), the list coming from
+// SLUICE_FLEET_TENANTS as the relay gets it.
 func TestFleetTenantBySecretARN(t *testing.T) {
 	t.Parallel()
 	empty := testdb.EmptyURL(t)
 	const arn = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:acme"
 	b := setupFleet(t, fleet.Tenant{Name: "acme", SecretARN: arn, Server: "db-1"})
 	b.env["DATABASE_SSLMODE"] = "disable"
-	b.env["DATABASE_HOST"] = "192.0.2.1" // would time out if it applied
 	b.env["SLUICE_FLEET_TENANTS"] = mustRead(t, b.file)
 	hooks := &cli.Hooks{Secrets: secretsOf{arn: rdsSecretOf(t, empty)}}
 	r := b.runWith(t, context.Background(), hooks, "migrate", "--fleet")

@@ -201,14 +201,14 @@ func (f *fleetMigrateFlags) register(fs *pflag.FlagSet) {
 
 const fleetMigrateHelp = `
 
-With --fleet, every tenant database of the fleet (--fleet-registry or --fleet-tenants, else the
-SLUICE_FLEET_* variables the fleet's Lambdas read) is migrated in name order, --parallel at a
-time, printing a line per tenant as it is done: "[k/N] tenant: from → to". A tenant that fails
-(unreachable, wrong password, a failing migration) is recorded and the others are still
-migrated; the command then ends with exit code 1 naming the failed tenants. Run it again to
-resume: a tenant already at the latest version costs only a connection and a read of its
-version. --from NAME starts at a tenant; --dry-run shows what would be applied and changes
-nothing (not even the version table).`
+With --fleet, every tenant database of the fleet (--fleet-registry and --fleet-tenants
+standing in for the SLUICE_FLEET_* variables the fleet's Lambdas read) is migrated in name
+order, --parallel at a time, printing a line per tenant as it is done: "[k/N] tenant: from →
+to". A tenant that fails (unreachable, wrong password, a failing migration) is recorded and the
+others are still migrated; the command then ends with exit code 1 naming the failed tenants.
+Run it again to resume: a tenant already at the latest version costs only a connection and a
+read of its version. --from NAME starts at a tenant; --dry-run shows what would be applied and
+changes nothing (not even the version table).`
 
 const fleetMigrateExample = `
   sluice migrate --fleet --fleet-registry postgres://sluice@control/fleet --dry-run

@@ -139,13 +139,13 @@ outbox.quarantined, outbox.published_last_minute, outbox.offload, inbox[], datab
 database.oldest_transaction, database.horizon_xid_age, database.replication_hold, queues[]) for
 scripts and checks.
 
-With --fleet, it reads every tenant database of the fleet (--fleet-registry or --fleet-tenants,
-else the SLUICE_FLEET_* variables the fleet's Lambdas read), --parallel at a time, and prints a
-line per tenant, worst first: failing tenants (unreachable, wrong password, no sluice tables, no
-answer within --timeout) with their error, then by oldest pending row, pending rows, quarantined
-and parked rows. A failing tenant does not stop the others; the command then exits 1 naming
-them. --json prints {time, tenants[], failing}: each tenant is {tenant, error} or {tenant} with
-the single database's document (outbox, inbox, database).`,
+With --fleet, it reads every tenant database of the fleet (--fleet-registry and
+--fleet-tenants standing in for the SLUICE_FLEET_* variables the fleet's Lambdas read),
+--parallel at a time, and prints a line per tenant, worst first: failing tenants (unreachable,
+wrong password, no sluice tables, no answer within --timeout) with their error, then by oldest
+pending row, pending rows, quarantined and parked rows. A failing tenant does not stop the
+others; the command then exits 1 naming them. --json prints {time, tenants[], failing}: each
+tenant is {tenant, error} or {tenant} with the single database's document (outbox, inbox, database).`,
 		Example: `  sluice status
   sluice status --json | jq .outbox.oldest_pending_age_seconds
   sluice status --queue https://sqs.eu-west-1.amazonaws.com/123456789012/billing
