@@ -208,8 +208,13 @@ func (o *tenantOpener) open(ctx context.Context, t fleet.Tenant) (*pgxpool.Pool,
 		return nil, errors.New("set exactly one of databaseUrl and secretArn (the relay leaves this tenant out)")
 	}
 	cfg, err := o.connect(ctx, t)
+	var pe *pgconn.ParseConfigError
+	if errors.As(err, &pe) {
+		// pgx masks passwords in what it echoes only as best it can: show the cause alone.
+		return nil, fmt.Errorf("database URL %s: %v", redact(t.DatabaseURL), unwrapParse(err))
+	}
 	if err != nil {
-		return nil, unwrapParse(err)
+		return nil, err
 	}
 	return openPoolConfig(ctx, cfg, cfg.ConnConfig.ConnString())
 }
