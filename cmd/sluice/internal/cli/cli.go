@@ -1,5 +1,6 @@
 // Package cli implements the sluice operator command line: migrate, relay, status, dead,
-// redrive, replay, purge and partition. cmd/sluice is a thin main around [Run].
+// redrive, replay, purge, partition, audit and fleet (migrate --fleet and status --fleet work
+// on every tenant database of a fleet). cmd/sluice is a thin main around [Run].
 //
 // Connection settings resolve with the same precedence everywhere: a flag wins over the
 // environment, which wins over the default.
@@ -68,6 +69,9 @@ type IO struct {
 type Hooks struct {
 	// WrapSQS wraps the SQS client the commands use.
 	WrapSQS func(SQSAPI) SQSAPI
+	// Secrets replaces the Secrets Manager client that reads the secrets of a fleet's tenants
+	// and registry.
+	Secrets lambdaenv.SecretGetter
 }
 
 func (o *IO) withDefaults() {
@@ -179,7 +183,8 @@ func (a *app) rootCommand() *cobra.Command {
 		Short: "Operate a sluice transactional outbox and inbox",
 		Long: `sluice operates the transactional outbox (outbox_event → SNS, EventBridge, Kinesis or Kafka)
 and inbox (SQS, Kinesis or Kafka → inbox_event) of a service: schema migrations, the relay,
-status for alarms, quarantined and parked rows, DLQ redrive, replay and retention.
+status for alarms, quarantined and parked rows, DLQ redrive, replay and retention; for a fleet
+of tenant databases, the registry (sluice fleet), migrate --fleet and status --fleet.
 
 Connection settings (a flag wins over the environment, which wins over the default):
   --database-url   DATABASE_URL, or DATABASE_SECRET_ARN (an RDS Secrets Manager secret)
@@ -211,7 +216,7 @@ Exit codes: 0 success, 1 failure, 2 bad usage. Errors are one line on stderr.`,
 		return usageError{fmt.Errorf("%w (see '%s --help')", err, c.CommandPath())}
 	})
 	root.AddCommand(a.migrateCommand(), a.relayCommand(), a.statusCommand(), a.deadCommand(),
-		a.redriveCommand(), a.replayCommand(), a.purgeCommand(), a.partitionCommand(), a.auditCommand())
+		a.redriveCommand(), a.replayCommand(), a.purgeCommand(), a.partitionCommand(), a.auditCommand(), a.fleetCommand())
 	usageArgs(root)
 	return root
 }
@@ -304,6 +309,11 @@ func (a *app) openPool(ctx context.Context, u string) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, usagef("database URL %s: %v", redact(u), unwrapParse(err))
 	}
+	return openPoolConfig(ctx, cfg, u)
+}
+
+// openPoolConfig opens and pings a pool of cfg, u being its URL (shown without its password).
+func openPoolConfig(ctx context.Context, cfg *pgxpool.Config, u string) (*pgxpool.Pool, error) {
 	if cfg.ConnConfig.ConnectTimeout == 0 || cfg.ConnConfig.ConnectTimeout > 10*time.Second {
 		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
 	}

@@ -57,7 +57,7 @@ func TestEveryCommandHasHelpWithExamples(t *testing.T) {
 	t.Parallel()
 	b := &testBundle{env: map[string]string{}}
 	for _, cmd := range []string{"", "migrate", "migrate up", "migrate down", "migrate status", "relay", "status", "dead", "dead list",
-		"dead retry", "redrive", "replay", "purge", "audit"} {
+		"dead retry", "redrive", "replay", "purge", "audit", "fleet", "fleet init", "fleet add", "fleet remove", "fleet list"} {
 		args := append(strings.Fields(cmd), "--help")
 		r := b.run(t, args...)
 		require.Equal(t, 0, r.code, cmd)

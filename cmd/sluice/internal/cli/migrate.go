@@ -12,25 +12,29 @@ import (
 )
 
 func (a *app) migrateCommand() *cobra.Command {
+	var fleetFlags fleetMigrateFlags
 	cmd := &cobra.Command{
 		Use:   "migrate [up|down|status]",
 		Short: "Apply, roll back or show the embedded schema migrations",
 		Long: `Apply, roll back or show the schema migrations embedded in this binary (outbox_event,
 inbox_event). With no subcommand, migrate runs "up". Migrating takes an advisory lock, so it is
-safe to run while Lambdas migrate too.`,
+safe to run while Lambdas migrate too.` + fleetMigrateHelp,
 		Example: `  sluice migrate            # same as: sluice migrate up
   sluice migrate status
-  sluice migrate down --to 1 --yes`,
+  sluice migrate down --to 1 --yes` + fleetMigrateExample,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return a.migrateUp(cmd) },
+		RunE: func(cmd *cobra.Command, _ []string) error { return a.migrateUpOrFleet(cmd, &fleetFlags) },
 	}
+	fleetFlags.register(cmd.Flags())
 	up := &cobra.Command{
 		Use:     "up",
-		Short:   "Apply every embedded migration the database lacks",
-		Example: `  DATABASE_URL=postgres://sluice@localhost/app sluice migrate up`,
+		Short:   "Apply every embedded migration the database lacks (--fleet: every tenant database's)",
+		Long:    `Apply every embedded migration the database lacks.` + fleetMigrateHelp,
+		Example: `  DATABASE_URL=postgres://sluice@localhost/app sluice migrate up` + fleetMigrateExample,
 		Args:    cobra.NoArgs,
-		RunE:    func(cmd *cobra.Command, _ []string) error { return a.migrateUp(cmd) },
+		RunE:    func(cmd *cobra.Command, _ []string) error { return a.migrateUpOrFleet(cmd, &fleetFlags) },
 	}
+	fleetFlags.register(up.Flags())
 	var (
 		to  int
 		yes bool
@@ -102,6 +106,20 @@ without a terminal and without --yes it refuses.`,
 	}
 	cmd.AddCommand(up, down, status)
 	return cmd
+}
+
+// migrateUpOrFleet runs `sluice migrate [up]`, on one database or with --fleet on every
+// tenant's; the fleet's flags without --fleet are refused rather than ignored.
+func (a *app) migrateUpOrFleet(cmd *cobra.Command, f *fleetMigrateFlags) error {
+	if f.on {
+		return a.migrateFleet(cmd, f)
+	}
+	for _, name := range []string{"from", "dry-run", "parallel", "fleet-registry", "fleet-tenants"} {
+		if cmd.Flags().Changed(name) {
+			return usagef("--%s needs --fleet", name)
+		}
+	}
+	return a.migrateUp(cmd)
 }
 
 func (a *app) migrateUp(cmd *cobra.Command) error {

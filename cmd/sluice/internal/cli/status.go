@@ -114,6 +114,9 @@ func (a *app) statusCommand() *cobra.Command {
 		asJSON           bool
 		queues           []string
 		offloadThreshold int
+		onFleet          bool
+		src              fleetSource
+		fleetOpts        = FleetStatusOptions{Timeout: DefaultFleetStatusTimeout, Parallel: DefaultFleetStatusParallel}
 	)
 	cmd := &cobra.Command{
 		Use:   "status",
@@ -134,10 +137,20 @@ claim check and quarantines them without one. It measures at most 1000 pending r
 --json prints a stable document (outbox.pending, outbox.oldest_pending_age_seconds,
 outbox.quarantined, outbox.published_last_minute, outbox.offload, inbox[], database.oldest_transaction_age_seconds,
 database.oldest_transaction, database.horizon_xid_age, database.replication_hold, queues[]) for
-scripts and checks.`,
+scripts and checks.
+
+With --fleet, it reads every tenant database of the fleet (--fleet-registry and
+--fleet-tenants standing in for the SLUICE_FLEET_* variables the fleet's Lambdas read),
+--parallel at a time, and prints a line per tenant, worst first: failing tenants (unreachable,
+wrong password, no sluice tables, no answer within --timeout) with their error, then by oldest
+pending row, pending rows, quarantined and parked rows. A failing tenant does not stop the
+others; the command then exits 1 naming them. --json prints {time, tenants[], failing}: each
+tenant is {tenant, error} or {tenant} with the single database's document (outbox, inbox, database).`,
 		Example: `  sluice status
   sluice status --json | jq .outbox.oldest_pending_age_seconds
-  sluice status --queue https://sqs.eu-west-1.amazonaws.com/123456789012/billing`,
+  sluice status --queue https://sqs.eu-west-1.amazonaws.com/123456789012/billing
+  sluice status --fleet --fleet-registry postgres://sluice@control/fleet
+  sluice status --fleet --json | jq -r '.tenants[:5][] | [.tenant, .outbox.oldest_pending_age_seconds] | @tsv'`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -151,6 +164,18 @@ scripts and checks.`,
 					return err
 				}
 				opts.OffloadThreshold = t
+			}
+			if onFleet {
+				if len(queues) > 0 {
+					return usagef("--queue is not read per tenant: run sluice status --queue URL without --fleet")
+				}
+				fleetOpts.Status = opts
+				return a.statusFleet(cmd, src, asJSON, fleetOpts)
+			}
+			for _, name := range []string{"fleet-registry", "fleet-tenants", "timeout", "parallel"} {
+				if cmd.Flags().Changed(name) {
+					return usagef("--%s needs --fleet", name)
+				}
 			}
 			if len(queues) > 0 {
 				c, err := a.sqsClient(ctx)
@@ -184,6 +209,11 @@ scripts and checks.`,
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
 	cmd.Flags().StringArrayVar(&queues, "queue", nil, "SQS queue URL to report on (repeatable)")
+	cmd.Flags().BoolVar(&onFleet, "fleet", false, "show every tenant database of the fleet (see sluice fleet), worst first, instead of --database-url")
+	src.flags(cmd.Flags())
+	cmd.Flags().Var(&durationValue{d: &fleetOpts.Timeout}, "timeout",
+		"with --fleet: how long to wait for one tenant before reporting it as failing")
+	cmd.Flags().IntVar(&fleetOpts.Parallel, "parallel", DefaultFleetStatusParallel, fmt.Sprintf("with --fleet: tenants read at once (1 to %d)", MaxFleetParallel))
 	cmd.Flags().IntVar(&offloadThreshold, "offload-threshold", 0,
 		fmt.Sprintf("payload size in bytes above which the claim check stores a payload in S3 (default $%s, else %d)", lambdaenv.ClaimCheckThreshold, outbox.RelaySetting("MessageLimits.SNS").Default))
 	return cmd
