@@ -134,9 +134,10 @@ type tenantPool struct {
 	ready chan struct{} // closed once pool or err is set
 	pool  *pgxpool.Pool
 	err   error
-	// leases and lastUsed are guarded by TenantPools.mu.
+	// leases, lastUsed and closing are guarded by TenantPools.mu.
 	leases   int
 	lastUsed time.Time
+	closing  bool
 	// stale: a Begin on the pool failed; it is closed when its last lease ends, so the next
 	// use resolves the tenant again (a moved database, rotated credentials).
 	stale atomic.Bool
@@ -204,6 +205,14 @@ func (p *TenantPools) acquire(ctx context.Context, tenant string) (*tenantPool, 
 			return nil, fmt.Errorf("tenant %s: %w", tenant, ErrPoolsClosed)
 		}
 		p.closeIdle(p.now().Add(-p.cfg.IdleClose))
+		if tp := p.pools[tenant]; tp != nil && tp.stale.Load() {
+			// A Begin on it failed: this caller opens a new pool; the stale one closes with
+			// its last lease (release).
+			delete(p.pools, tenant)
+			if tp.leases == 0 {
+				p.closeLocked(tp)
+			}
+		}
 		if tp := p.pools[tenant]; tp != nil {
 			tp.leases++
 			tp.lastUsed = p.now()
@@ -253,21 +262,20 @@ func (p *TenantPools) acquire(ctx context.Context, tenant string) (*tenantPool, 
 // open resolves tp's tenant and creates its pool (connections open on first use); on failure
 // tp.err is set and tp leaves the map, returning its reservation.
 func (p *TenantPools) open(ctx context.Context, tp *tenantPool) {
+	var pool *pgxpool.Pool
 	cfg, err := p.cfg.Resolve(ctx, tp.name)
 	if err == nil {
 		cfg.MaxConns, cfg.MinConns = int32(p.cfg.MaxConnsPerTenant), 0
 		if cfg.MaxConnIdleTime == 0 || cfg.MaxConnIdleTime > p.cfg.IdleClose {
 			cfg.MaxConnIdleTime = p.cfg.IdleClose
 		}
-		tp.pool, err = pgxpool.NewWithConfig(ctx, cfg)
+		pool, err = pgxpool.NewWithConfig(ctx, cfg)
 	}
-	if err != nil {
-		if !errors.Is(err, ErrUnknownTenant) {
-			err = fmt.Errorf("open the database of tenant %s: %w", tp.name, err)
-		}
-		tp.err = err
+	if err != nil && !errors.Is(err, ErrUnknownTenant) {
+		err = fmt.Errorf("open the database of tenant %s: %w", tp.name, err)
 	}
 	p.mu.Lock()
+	tp.pool, tp.err = pool, err
 	if err != nil {
 		p.drop(tp)
 	}
@@ -281,7 +289,7 @@ func (p *TenantPools) release(tp *tenantPool) {
 	defer p.mu.Unlock()
 	tp.leases--
 	tp.lastUsed = p.now()
-	if tp.leases == 0 && tp.stale.Load() && p.pools[tp.name] == tp {
+	if tp.leases == 0 && tp.stale.Load() && tp.pool != nil {
 		p.log.Warn("inbox: closing a tenant pool after a failed Begin; the tenant is resolved again on its next use", "tenant", tp.name)
 		p.closeLocked(tp)
 	}
@@ -314,10 +322,16 @@ func (p *TenantPools) closeIdle(before time.Time) {
 }
 
 // closeLocked removes tp (open, without leases) from the map and closes its pool in the
-// background; its reservation returns once the pool's connections are closed, so the
+// background, once; its reservation returns once the pool's connections are closed, so the
 // connections of all pools never exceed MaxConns. p.mu is held.
 func (p *TenantPools) closeLocked(tp *tenantPool) {
-	delete(p.pools, tp.name)
+	if tp.closing {
+		return
+	}
+	tp.closing = true
+	if p.pools[tp.name] == tp {
+		delete(p.pools, tp.name)
+	}
 	go func() {
 		tp.pool.Close()
 		p.mu.Lock()

@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/aws/aws-lambda-go/events"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
@@ -347,4 +349,49 @@ func TestTenantConsumerConfigAndUnknownTenant(t *testing.T) {
 
 	err = b.pools.WithTenant(ctx, "nobody", func(*pgxpool.Pool) error { return errors.New("must not run") })
 	require.ErrorIs(t, err, inbox.ErrUnknownTenant)
+}
+
+// A tenant's database that moved (renamed here; a new host or credentials in production)
+// fails the records that reach its old pool, once: the failed Begin closes the pool, and the
+// next batch resolves the tenant again and applies them in the database where it now is.
+func TestTenantPoolsResolveATenantAgainAfterAFailedBegin(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupFleet(t, inbox.TenantPoolsConfig{}, "acme", "globex")
+	c := b.consumer(t, inbox.PerRecord)
+	msg := func(n int) events.SQSMessage {
+		body, _ := json.Marshal(tenantKeyed{Tenant: "acme", Key: "k", N: n})
+		return record(fmt.Sprintf("sqs-%d", n), string(body), map[string]string{"messageId": fmt.Sprintf("m-%d", n),
+			"eventType": "Keyed", inbox.TenantHeader: "acme"})
+	}
+	rep := c.Process(ctx, batchOf(msg(0)))
+	require.Equal(t, inbox.Applied, rep.Results[0].Outcome, "%+v", rep.Results[0])
+
+	// The database moves: its connections end, and its name changes.
+	admin := b.dbs["globex"]
+	oldName := b.dbs["acme"].Config().ConnConfig.Database
+	b.dbs["acme"].Close()
+	newName := oldName + "_moved"
+	testwait.Until(t, "acme's connections ended and the database renamed", func() bool {
+		_, _ = admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1`, oldName)
+		_, err := admin.Exec(ctx, `ALTER DATABASE `+pgx.Identifier{oldName}.Sanitize()+` RENAME TO `+pgx.Identifier{newName}.Sanitize())
+		return err == nil
+	})
+	t.Cleanup(func() { // testdb drops the database by its first name
+		_, _ = admin.Exec(context.WithoutCancel(ctx), `ALTER DATABASE `+pgx.Identifier{newName}.Sanitize()+` RENAME TO `+pgx.Identifier{oldName}.Sanitize())
+	})
+	u, err := url.Parse(b.urls["acme"])
+	require.NoError(t, err)
+	u.Path = "/" + newName
+	b.urls["acme"] = u.String() // the registry knows where it went
+	moved, err := pgxpool.New(ctx, u.String())
+	require.NoError(t, err)
+	defer moved.Close()
+
+	rep = c.Process(ctx, batchOf(msg(1)))
+	require.Equal(t, inbox.Failed, rep.Results[0].Outcome, "the old pool's Begin fails")
+	testwait.Until(t, "the tenant is resolved again and its message applied", func() bool {
+		return c.Process(ctx, batchOf(msg(1))).Results[0].Outcome == inbox.Applied
+	})
+	require.Equal(t, 2, count(t, moved, `SELECT count(*) FROM applied`))
 }
