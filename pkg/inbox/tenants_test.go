@@ -23,6 +23,7 @@ import (
 	"github.com/sluicehq/sluice/internal/localrun"
 	"github.com/sluicehq/sluice/internal/testdb"
 	"github.com/sluicehq/sluice/internal/testwait"
+	"github.com/sluicehq/sluice/internal/wire"
 	"github.com/sluicehq/sluice/pkg/inbox"
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
@@ -394,4 +395,78 @@ func TestTenantPoolsResolveATenantAgainAfterAFailedBegin(t *testing.T) {
 		return c.Process(ctx, batchOf(msg(1))).Results[0].Outcome == inbox.Applied
 	})
 	require.Equal(t, 2, count(t, moved, `SELECT count(*) FROM applied`))
+}
+
+// The relay's tenant header reaches Message.Tenant on every destination: an SQS attribute, an
+// attribute inside the SNS envelope, the envelope's headers on EventBridge and Kinesis, a
+// Kafka header.
+func TestTenantHeaderIsReadOnEveryDestination(t *testing.T) {
+	t.Parallel()
+	envelope, _ := json.Marshal(wire.Envelope{Metadata: wire.EnvelopeMetadata{MessageID: "m-1", EventType: "Keyed", PartitionKey: "k",
+		CreatedAt: "2026-11-29T10:00:00Z", Headers: map[string]string{inbox.TenantHeader: "acme"}}, Data: json.RawMessage(`{"n":1}`)})
+	sns, _ := json.Marshal(map[string]any{"Type": "Notification", "MessageId": "sns-1", "TopicArn": "arn:aws:sns:eu-west-1:1:orders",
+		"Message": `{"n":1}`, "MessageAttributes": map[string]any{"messageId": map[string]string{"Type": "String", "Value": "m-1"},
+			"eventType": map[string]string{"Type": "String", "Value": "Keyed"}, inbox.TenantHeader: map[string]string{"Type": "String", "Value": "acme"}}})
+	eventBridge, _ := json.Marshal(map[string]any{"id": "eb-1", "detail-type": "Keyed", "source": "sluice", "detail": json.RawMessage(envelope)})
+
+	parse := map[string]func() (inbox.Message, error){
+		"sqs": func() (inbox.Message, error) {
+			return inbox.Parse(record("sqs-1", `{"n":1}`, map[string]string{"messageId": "m-1", "eventType": "Keyed", inbox.TenantHeader: "acme"}))
+		},
+		"sns": func() (inbox.Message, error) {
+			return inbox.Parse(events.SQSMessage{MessageId: "sqs-1", Body: string(sns), EventSource: "aws:sqs"})
+		},
+		"eventbridge": func() (inbox.Message, error) {
+			return inbox.Parse(events.SQSMessage{MessageId: "sqs-1", Body: string(eventBridge), EventSource: "aws:sqs"})
+		},
+		"kinesis": func() (inbox.Message, error) {
+			return inbox.ParseKinesis(events.KinesisEventRecord{EventSource: "aws:kinesis", EventSourceArn: testStream,
+				Kinesis: events.KinesisRecord{Data: envelope, PartitionKey: "k", SequenceNumber: "1"}})
+		},
+		"kafka": func() (inbox.Message, error) {
+			r := kafkaRec(0, 1, "m-1", script{N: 1})
+			r.Headers = append(r.Headers, map[string]events.JSONNumberBytes{inbox.TenantHeader: []byte("acme")})
+			return inbox.ParseKafka(r)
+		},
+	}
+	for dest, f := range parse {
+		msg, err := f()
+		require.NoError(t, err, dest)
+		require.Equal(t, "acme", msg.Tenant(), dest)
+	}
+}
+
+// The fleet's processor drains every tenant's stored rows in its own database; a tenant that
+// cannot be opened is named in the error and costs the others nothing.
+func TestTenantProcessorDrainsEveryTenantAndIsolatesFailures(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupFleet(t, inbox.TenantPoolsConfig{}, "acme", "globex")
+	store := b.consumer(t, inbox.Async)
+	var recs []events.SQSMessage
+	for i, tenant := range []string{"acme", "globex", "acme"} {
+		body, _ := json.Marshal(tenantKeyed{Tenant: tenant, Key: "k", N: i})
+		recs = append(recs, record(fmt.Sprintf("sqs-%d", i), string(body), map[string]string{"messageId": fmt.Sprintf("m-%d", i),
+			"eventType": "Keyed", inbox.TenantHeader: tenant}))
+	}
+	rep := store.Process(ctx, batchOf(recs...))
+	require.Equal(t, 3, rep.Count(inbox.Stored), "%+v", rep.Results)
+
+	r := inbox.NewRouter(inbox.FailUnknown)
+	r.Handle("Keyed", func(ctx context.Context, tx pgx.Tx, msg inbox.Message) error {
+		k, err := inbox.Decode[tenantKeyed](msg)
+		if err == nil {
+			_, err = tx.Exec(ctx, `INSERT INTO applied (message_id, tenant, key, n) VALUES ($1, $2, $3, $4)`, msg.ID, k.Tenant, k.Key, k.N)
+		}
+		return err
+	})
+	p, err := inbox.NewTenantProcessor(b.pools, func(context.Context) ([]string, error) { return []string{"acme", "nobody", "globex"}, nil },
+		inbox.ProcessorConfig{Consumer: "ledger", Router: r, Logger: quiet})
+	require.NoError(t, err)
+	st, err := p.Drain(ctx)
+	require.ErrorIs(t, err, inbox.ErrUnknownTenant)
+	require.ErrorContains(t, err, "tenant nobody")
+	require.Equal(t, 3, st.Applied)
+	require.Equal(t, 2, count(t, b.dbs["acme"], `SELECT count(*) FROM applied WHERE tenant = 'acme'`))
+	require.Equal(t, 1, count(t, b.dbs["globex"], `SELECT count(*) FROM applied WHERE tenant = 'globex'`))
 }
