@@ -114,12 +114,12 @@ func main() {
 }
 
 // newHandler opens the database(s) and builds the consumer and its processor: on one database
-// (lambdaenv.OpenPool), or, when the environment names a fleet (lambdaenv.IsFleet), on each
+// (lambdaenv.OpenPool), or, when the environment names a fleet (lambdaenv.FleetEnabled), on each
 // message's tenant database (lambdaenv.OpenConsumerFleet: inbox.ConsumerConfig.Tenants, and an
 // inbox.TenantProcessor that drains every tenant's stored rows). closeDB closes what it opened.
 func newHandler(ctx context.Context, cfg inbox.ConsumerConfig, getenv lambdaenv.Getenv, log *slog.Logger) (h *handler, closeDB func(), err error) {
 	h = &handler{async: cfg.Mode == inbox.Async, name: cfg.Consumer, margin: cfg.DeadlineMargin}
-	if lambdaenv.IsFleet(getenv) {
+	if lambdaenv.FleetEnabled(getenv) {
 		fl, err := lambdaenv.OpenConsumerFleet(ctx, getenv, log)
 		if err != nil {
 			return nil, nil, err

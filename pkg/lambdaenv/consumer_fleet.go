@@ -2,7 +2,6 @@ package lambdaenv
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sluicehq/sluice/pkg/fleet"
@@ -44,65 +42,6 @@ const (
 // it did not list (a tenant added since the last read), so a flood of messages of an unknown
 // tenant costs at most one read of the registry a second.
 const tenantMissRefresh = time.Second
-
-// IsFleet reports whether the environment configures a fleet (FleetTenants, FleetRegistryURL or
-// FleetRegistrySecretARN set).
-func IsFleet(getenv Getenv) bool {
-	return getenv(FleetTenants) != "" || getenv(FleetRegistryURL) != "" || getenv(FleetRegistrySecretARN) != ""
-}
-
-// FleetRegistry reads the fleet's registry from the environment: FleetTenants (a JSON array of
-// fleet.Tenant, checked: names present and unique, exactly one of databaseUrl and secretArn
-// each) or the control database's fleet.Table, at FleetRegistryURL or through the RDS secret
-// FleetRegistrySecretARN (a pool of one connection, following the secret's rotation like
-// OpenPool; close is its Close). Setting both a list and a control database is an error.
-// secrets is needed only for a secret.
-func FleetRegistry(ctx context.Context, getenv Getenv, secrets SecretGetter) (reg fleet.Registry, close func(), err error) {
-	list := getenv(FleetTenants)
-	url, arn := getenv(FleetRegistryURL), getenv(FleetRegistrySecretARN)
-	switch {
-	case list != "" && (url != "" || arn != ""):
-		return nil, nil, fmt.Errorf("set %s or a control database (%s, %s), not both", FleetTenants, FleetRegistryURL, FleetRegistrySecretARN)
-	case list != "":
-		ts, err := parseFleetTenants(list)
-		if err != nil {
-			return nil, nil, err
-		}
-		return fleet.Static(ts), func() {}, nil
-	case url == "" && arn == "":
-		return nil, nil, fmt.Errorf("no fleet registry: set %s, %s or %s", FleetTenants, FleetRegistryURL, FleetRegistrySecretARN)
-	}
-	control, err := openPool(ctx, overlay(getenv, map[string]string{DatabaseURL: url, DatabaseSecretARN: arn, DatabaseMaxConns: "1",
-		DatabaseHost: "", DatabasePort: ""}), secrets)
-	if err != nil {
-		return nil, nil, fmt.Errorf("fleet registry's control database: %w", err)
-	}
-	return fleet.Table{DB: control}, control.Close, nil
-}
-
-// parseFleetTenants parses FleetTenants and reports every problem at once.
-func parseFleetTenants(raw string) ([]fleet.Tenant, error) {
-	var ts []fleet.Tenant
-	dec := json.NewDecoder(strings.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&ts); err != nil {
-		return nil, fmt.Errorf(`%s must be a JSON array of {"name","databaseUrl"} or {"name","secretArn","server","weight"}: %w`, FleetTenants, err)
-	}
-	var errs []error
-	seen := map[string]bool{}
-	for i, t := range ts {
-		switch {
-		case strings.TrimSpace(t.Name) == "":
-			errs = append(errs, fmt.Errorf("%s[%d]: name is required", FleetTenants, i))
-		case seen[t.Name]:
-			errs = append(errs, fmt.Errorf("%s: tenant %s is listed twice", FleetTenants, t.Name))
-		case (t.DatabaseURL == "") == (t.SecretARN == ""):
-			errs = append(errs, fmt.Errorf("%s: tenant %s: set exactly one of databaseUrl and secretArn", FleetTenants, t.Name))
-		}
-		seen[t.Name] = true
-	}
-	return ts, errors.Join(errs...)
-}
 
 // ConsumerTenantPoolsConfig reads ConsumerTenantMaxConns and ConsumerFleetMaxConns into the
 // bounds of a fleet consumer's tenant pools (without Resolve and Logger), reporting every
@@ -153,18 +92,22 @@ func (f *ConsumerFleet) Close() {
 	f.closeRegistry()
 }
 
-// OpenConsumerFleet reads a fleet consumer's settings (FleetRegistry, ConsumerTenantPoolsConfig)
-// and returns its tenant pools: a tenant's database is its registry entry's databaseUrl (used as
-// it is) or secretArn (read like DATABASE_SECRET_ARN: DATABASE_SSLMODE and DATABASE_SSLROOTCERT
-// apply, DATABASE_HOST and DATABASE_PORT do not, each tenant's secret naming its own server),
-// with DATABASE_QUERY_EXEC_MODE. The registry is read again when older than
-// fleet.DefaultRegistryRefresh, or a second after a miss, so a tenant added to the control
-// table is served without a deploy. It returns nil, nil when IsFleet is false.
+// OpenConsumerFleet reads a fleet consumer's settings (the relay's registry, FleetRegistry, and
+// ConsumerTenantPoolsConfig) and returns its tenant pools: a tenant's database is opened as the
+// fleet relay opens it (FleetConnector: its databaseUrl as it is, or its secretArn's RDS secret
+// with DATABASE_SSLMODE and DATABASE_SSLROOTCERT, credentials re-read after a failed connection
+// attempt). The registry is read again when older than fleet.DefaultRegistryRefresh, or a
+// second after a miss, so a tenant added to the control table is served without a deploy. It
+// returns nil, nil when FleetEnabled is false.
 func OpenConsumerFleet(ctx context.Context, getenv Getenv, log *slog.Logger) (*ConsumerFleet, error) {
-	if !IsFleet(getenv) {
+	if !FleetEnabled(getenv) {
 		return nil, nil
 	}
-	return openConsumerFleet(ctx, getenv, &lazySecrets{}, log)
+	secrets, err := secretsClient(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return openConsumerFleet(ctx, getenv, secrets, log)
 }
 
 // openConsumerFleet is OpenConsumerFleet with the given Secrets Manager client.
@@ -173,14 +116,11 @@ func openConsumerFleet(ctx context.Context, getenv Getenv, secrets SecretGetter,
 	if err != nil {
 		return nil, err
 	}
-	if _, err := PoolConfig("postgres://localhost", getenv); err != nil {
-		return nil, err // DATABASE_QUERY_EXEC_MODE, checked before any tenant's pool opens
-	}
 	reg, closeReg, err := FleetRegistry(ctx, getenv, secrets)
 	if err != nil {
 		return nil, err
 	}
-	r := &tenantResolver{registry: reg, getenv: getenv, secrets: secrets, now: time.Now}
+	r := &tenantResolver{registry: reg, connect: FleetConnector(getenv, secrets), now: time.Now}
 	cfg.Resolve, cfg.Logger = r.resolve, log
 	pools, err := inbox.NewTenantPools(cfg)
 	if err != nil {
@@ -193,8 +133,7 @@ func openConsumerFleet(ctx context.Context, getenv Getenv, secrets SecretGetter,
 // tenantResolver resolves a tenant's database from the registry, read again when stale.
 type tenantResolver struct {
 	registry fleet.Registry
-	getenv   Getenv
-	secrets  SecretGetter
+	connect  func(context.Context, fleet.Tenant) (*pgxpool.Config, error) // FleetConnector
 	now      func() time.Time
 
 	mu      sync.Mutex
@@ -208,16 +147,7 @@ func (r *tenantResolver) resolve(ctx context.Context, name string) (*pgxpool.Con
 	if err != nil {
 		return nil, err
 	}
-	g := overlay(r.getenv, map[string]string{DatabaseURL: t.DatabaseURL, DatabaseSecretARN: t.SecretARN, DatabaseHost: "", DatabasePort: ""})
-	url, err := DatabaseURLFrom(ctx, g, r.secrets)
-	if err != nil {
-		return nil, fmt.Errorf("tenant %s: %w", name, err)
-	}
-	cfg, err := PoolConfig(url, g)
-	if err != nil {
-		return nil, fmt.Errorf("tenant %s: %w", name, err)
-	}
-	return cfg, nil
+	return r.connect(ctx, t)
 }
 
 // lookup returns the registry's entry of name, reading the registry when it is stale.
@@ -228,44 +158,26 @@ func (r *tenantResolver) lookup(ctx context.Context, name string) (fleet.Tenant,
 	age := r.now().Sub(r.readAt)
 	if r.tenants == nil || age >= fleet.DefaultRegistryRefresh || (!ok && age >= tenantMissRefresh) {
 		ts, err := r.registry.Tenants(ctx)
-		if err != nil {
+		fresh := make(map[string]fleet.Tenant, len(ts))
+		for _, t := range ts {
+			if _, dup := fresh[t.Name]; !dup { // listed twice: served from the first (fleet.Registries)
+				fresh[t.Name] = t
+			}
+		}
+		if err != nil { // not read, or partly: it adds what it read and removes nothing, as a Fleet does
+			for n, t := range r.tenants {
+				if _, ok := fresh[n]; !ok {
+					fresh[n] = t
+				}
+			}
+		}
+		r.tenants, r.readAt = fresh, r.now()
+		if t, ok = r.tenants[name]; !ok && err != nil {
 			return fleet.Tenant{}, fmt.Errorf("tenant %s: %w", name, err)
 		}
-		r.tenants, r.readAt = make(map[string]fleet.Tenant, len(ts)), r.now()
-		for _, t := range ts {
-			r.tenants[t.Name] = t
-		}
-		t, ok = r.tenants[name]
 	}
 	if !ok {
 		return fleet.Tenant{}, fmt.Errorf("%w: %q is not in the fleet's registry", inbox.ErrUnknownTenant, name)
 	}
 	return t, nil
-}
-
-// overlay returns getenv with the variables of set replaced by set's values ("" unsets one).
-func overlay(getenv Getenv, set map[string]string) Getenv {
-	return func(name string) string {
-		if v, ok := set[name]; ok {
-			return v
-		}
-		return getenv(name)
-	}
-}
-
-// lazySecrets is a Secrets Manager client built on first use, so that a fleet given by URLs
-// only needs no AWS configuration.
-type lazySecrets struct {
-	once   sync.Once
-	client *secretsmanager.Client
-	err    error
-}
-
-// GetSecretValue reads a secret, building the client first.
-func (l *lazySecrets) GetSecretValue(ctx context.Context, in *secretsmanager.GetSecretValueInput, opts ...func(*secretsmanager.Options)) (*secretsmanager.GetSecretValueOutput, error) {
-	l.once.Do(func() { l.client, l.err = secretsClient(ctx) })
-	if l.err != nil {
-		return nil, l.err
-	}
-	return l.client.GetSecretValue(ctx, in, opts...)
 }

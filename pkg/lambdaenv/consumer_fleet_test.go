@@ -2,9 +2,11 @@ package lambdaenv
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
@@ -31,23 +33,6 @@ func TestTenantPoolSettingsReadBothBoundsAndNameEveryProblem(t *testing.T) {
 	require.ErrorContains(t, err, ConsumerFleetMaxConns+` must be an integer between 1 and 10000, got "many"`)
 	_, err = ConsumerTenantPoolsConfig(env(map[string]string{ConsumerTenantMaxConns: "8", ConsumerFleetMaxConns: "4"}))
 	require.ErrorContains(t, err, ConsumerTenantMaxConns+" (8) must not exceed "+ConsumerFleetMaxConns+" (4)")
-}
-
-func TestTenantListIsCheckedWhole(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	require.False(t, IsFleet(env(nil)))
-	_, _, err := FleetRegistry(ctx, env(map[string]string{FleetTenants: `[{"name":"a","databaseUrl":"postgres://x/a"},
-		{"name":"a","databaseUrl":"postgres://x/b"},{"databaseUrl":"postgres://x/c"},{"name":"d","databaseUrl":"postgres://x/d","secretArn":"arn:d"},
-		{"name":"e"}]`}), nil)
-	for _, want := range []string{"tenant a is listed twice", FleetTenants + "[2]: name is required",
-		"tenant d: set exactly one of databaseUrl and secretArn", "tenant e: set exactly one"} {
-		require.ErrorContains(t, err, want)
-	}
-	_, _, err = FleetRegistry(ctx, env(map[string]string{FleetTenants: `{"name":"a"}`}), nil)
-	require.ErrorContains(t, err, FleetTenants+" must be a JSON array")
-	_, _, err = FleetRegistry(ctx, env(map[string]string{FleetTenants: `[]`, FleetRegistryURL: "postgres://x/control"}), nil)
-	require.ErrorContains(t, err, "not both")
 }
 
 // secretsByARN serves one RDS secret per ARN.
@@ -78,9 +63,8 @@ func TestTenantRegistryTableResolvesURLsSecretsAndLaterTenants(t *testing.T) {
 	require.NoError(t, fleet.AddTenant(ctx, control, fleet.Tenant{Name: "globex", SecretARN: "arn:globex", Server: "test"}))
 	secrets := secretsByARN{"arn:globex": secretJSON(t, globex, "postgres")}
 
-	getenv := env(map[string]string{FleetRegistryURL: controlURL, DatabaseSSLMode: "disable", ConsumerTenantMaxConns: "1",
-		DatabaseHost: "must-not-be-used"})
-	require.True(t, IsFleet(getenv))
+	getenv := env(map[string]string{FleetRegistryURL: controlURL, DatabaseSSLMode: "disable", ConsumerTenantMaxConns: "1"})
+	require.True(t, FleetEnabled(getenv))
 	f, err := openConsumerFleet(ctx, getenv, secrets, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	defer f.Close()
@@ -111,4 +95,57 @@ func dbName(t *testing.T, u string) string {
 	cfg, err := pgxpool.ParseConfig(u)
 	require.NoError(t, err)
 	return cfg.ConnConfig.Database
+}
+
+// flakyRegistry lists its tenants, or fails with err when set.
+type flakyRegistry struct {
+	tenants []fleet.Tenant
+	err     error
+	reads   int
+}
+
+func (r *flakyRegistry) Tenants(context.Context) ([]fleet.Tenant, error) {
+	r.reads++
+	return r.tenants, r.err
+}
+
+// The registry is read again when stale or a second after a miss; when it cannot be read, the
+// tenants it listed before are still served (a registry outage stops no tenant), and a tenant it
+// never listed fails with the registry's error, not as unknown, so its messages are retried.
+func TestTenantResolverReadsTheRegistryWhenStaleAndSurvivesItsOutage(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	now := time.Date(2026, 12, 2, 15, 0, 0, 0, time.UTC)
+	reg := &flakyRegistry{tenants: []fleet.Tenant{{Name: "acme", DatabaseURL: "postgres://db/acme"}, {Name: "acme", DatabaseURL: "postgres://db/second"}}}
+	r := &tenantResolver{registry: reg, now: func() time.Time { return now },
+		connect: func(_ context.Context, t fleet.Tenant) (*pgxpool.Config, error) { return pgxpool.ParseConfig(t.DatabaseURL) }}
+	db := func(name string) (string, error) {
+		cfg, err := r.resolve(ctx, name)
+		if err != nil {
+			return "", err
+		}
+		return cfg.ConnConfig.Database, nil
+	}
+	got, err := db("acme")
+	require.NoError(t, err)
+	require.Equal(t, "acme", got, "a tenant listed twice is served from the first")
+	_, err = db("globex")
+	require.ErrorIs(t, err, inbox.ErrUnknownTenant)
+	require.Equal(t, 1, reg.reads, "a miss within a second of the last read reads nothing")
+
+	reg.tenants = append(reg.tenants, fleet.Tenant{Name: "globex", DatabaseURL: "postgres://db/globex"})
+	now = now.Add(tenantMissRefresh)
+	got, err = db("globex")
+	require.NoError(t, err)
+	require.Equal(t, "globex", got, "a tenant added is found a second after a miss")
+
+	reg.err = errors.New("control database down")
+	now = now.Add(fleet.DefaultRegistryRefresh)
+	got, err = db("acme")
+	require.NoError(t, err, "known tenants are served through a registry outage")
+	require.Equal(t, "acme", got)
+	now = now.Add(tenantMissRefresh)
+	_, err = db("initech")
+	require.ErrorContains(t, err, "control database down")
+	require.NotErrorIs(t, err, inbox.ErrUnknownTenant, "retried, not taken for unknown")
 }
