@@ -145,8 +145,8 @@ func TestTenantsApplyEachMessageInItsTenantsDatabaseOnceInKeyOrder(t *testing.T)
 		written := len(entries)
 		bad := map[string]error{}
 		for _, e := range []sqstypes.SendMessageBatchRequestEntry{
-			fleetMessage("nobody", "Keyed", "orphan", 0),    // a tenant the registry does not know
-			fleetMessage("", "Keyed", "headless", 0),        // no tenant header
+			fleetMessage("nobody", "Keyed", "orphan", 0),   // a tenant the registry does not know
+			fleetMessage("", "Keyed", "headless", 0),       // no tenant header
 			fleetMessage("globex", "Refused", "poison", 0), // its tenant has no handler for it
 		} {
 			entries = append(entries, e)

@@ -118,7 +118,9 @@ func TestTenantResolverReadsTheRegistryWhenStaleAndSurvivesItsOutage(t *testing.
 	now := time.Date(2026, 12, 2, 15, 0, 0, 0, time.UTC)
 	reg := &flakyRegistry{tenants: []fleet.Tenant{{Name: "acme", DatabaseURL: "postgres://db/acme"}, {Name: "acme", DatabaseURL: "postgres://db/second"}}}
 	r := &tenantResolver{registry: reg, now: func() time.Time { return now },
-		connect: func(_ context.Context, t fleet.Tenant) (*pgxpool.Config, error) { return pgxpool.ParseConfig(t.DatabaseURL) }}
+		connect: func(_ context.Context, t fleet.Tenant) (*pgxpool.Config, error) {
+			return pgxpool.ParseConfig(t.DatabaseURL)
+		}}
 	db := func(name string) (string, error) {
 		cfg, err := r.resolve(ctx, name)
 		if err != nil {
