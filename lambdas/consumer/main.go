@@ -119,11 +119,11 @@ func main() {
 // inbox.TenantProcessor that drains every tenant's stored rows). closeDB closes what it opened.
 func newHandler(ctx context.Context, cfg inbox.ConsumerConfig, getenv lambdaenv.Getenv, log *slog.Logger) (h *handler, closeDB func(), err error) {
 	h = &handler{async: cfg.Mode == inbox.Async, name: cfg.Consumer, margin: cfg.DeadlineMargin}
-	if lambdaenv.FleetEnabled(getenv) {
-		fl, err := lambdaenv.OpenConsumerFleet(ctx, getenv, log)
-		if err != nil {
-			return nil, nil, err
-		}
+	fl, err := lambdaenv.OpenConsumerFleet(ctx, getenv, log) // nil without fleet settings
+	if err != nil {
+		return nil, nil, err
+	}
+	if fl != nil {
 		cfg.Tenants = fl.Pools
 		if h.consumer, err = newConsumer(nil, cfg, log); err == nil {
 			h.processor, err = newTenantProcessor(fl, cfg, getenv, log)
