@@ -21,6 +21,14 @@
 // and returns (one claim query when there is nothing). One binary, one set of handlers, so the
 // roles cannot drift apart.
 //
+// Fleet mode: when SLUICE_FLEET_TENANTS, SLUICE_FLEET_REGISTRY_URL or
+// SLUICE_FLEET_REGISTRY_SECRET_ARN names a fleet of tenant databases (pkg/fleet), each message
+// is applied in the database of the tenant its fleet relay named (the sluiceTenant header),
+// with a pool per tenant of at most SLUICE_CONSUMER_TENANT_MAX_CONNS connections and
+// SLUICE_CONSUMER_FLEET_MAX_CONNS in all (lambdaenv.OpenConsumerFleet), and the schedule's
+// invocation drains every tenant's stored rows. A message of no known tenant fails and reaches
+// the DLQ. See docs/inbox.md, "Fleet: one consumer, many tenant databases".
+//
 // Configuration (read once per cold start by lambdaenv.ConsumerConfig and lambdaenv.OpenPool):
 // SLUICE_CONSUMER_NAME (required), SLUICE_CONSUMER_COMMIT_MODE (per-record, batched or async),
 // SLUICE_PROCESSOR_MAX_ATTEMPTS (attempts before a stored row is parked),
@@ -97,40 +105,95 @@ func main() {
 		os.Exit(1)
 	}
 	cfg.TracerProvider = tp
-	pool, err := lambdaenv.OpenPool(ctx, os.Getenv)
+	h, closeDB, err := newHandler(ctx, cfg, os.Getenv, log)
 	if err != nil {
 		log.Error("consumer cold start failed", "error", err)
 		os.Exit(1)
 	}
-	c, err := newConsumer(pool, cfg, log)
-	if err != nil {
-		log.Error("consumer cold start failed", "error", err)
-		os.Exit(1)
-	}
-	// Every mode: retried dead letters are stored rows, whatever the mode.
-	p, err := newProcessor(pool, cfg, os.Getenv, log)
-	if err != nil {
-		log.Error("consumer cold start failed", "error", err)
-		os.Exit(1)
-	}
-	h := &handler{consumer: c, processor: p, async: cfg.Mode == inbox.Async, name: cfg.Consumer, margin: cfg.DeadlineMargin}
-	lambda.StartWithOptions(h.Handle, lambda.WithEnableSIGTERM(pool.Close, func() { _ = stopTracing(context.Background()) }))
+	lambda.StartWithOptions(h.Handle, lambda.WithEnableSIGTERM(closeDB, func() { _ = stopTracing(context.Background()) }))
 }
 
-// newProcessor builds the inbox processor over db: the consumer's stored rows (the async mode's
-// messages, retried dead letters), applied with this file's handlers.
-func newProcessor(db inbox.Beginner, cfg inbox.ConsumerConfig, getenv lambdaenv.Getenv, log *slog.Logger) (*inbox.Processor, error) {
+// newHandler opens the database(s) and builds the consumer and its processor: on one database
+// (lambdaenv.OpenPool), or, when the environment names a fleet (lambdaenv.FleetEnabled), on each
+// message's tenant database (lambdaenv.OpenConsumerFleet: inbox.ConsumerConfig.Tenants, and an
+// inbox.TenantProcessor that drains every tenant's stored rows). closeDB closes what it opened.
+func newHandler(ctx context.Context, cfg inbox.ConsumerConfig, getenv lambdaenv.Getenv, log *slog.Logger) (h *handler, closeDB func(), err error) {
+	h = &handler{async: cfg.Mode == inbox.Async, name: cfg.Consumer, margin: cfg.DeadlineMargin}
+	fl, err := lambdaenv.OpenConsumerFleet(ctx, getenv, log) // nil without fleet settings
+	if err != nil {
+		return nil, nil, err
+	}
+	if fl != nil {
+		cfg.Tenants = fl.Pools
+		if h.consumer, err = newConsumer(nil, cfg, log); err == nil {
+			h.processor, err = newTenantProcessor(fl, cfg, getenv, log)
+		}
+		if err != nil {
+			fl.Close()
+			return nil, nil, err
+		}
+		return h, fl.Close, nil
+	}
+	pool, err := lambdaenv.OpenPool(ctx, getenv)
+	if err != nil {
+		return nil, nil, err
+	}
+	if h.consumer, err = newConsumer(pool, cfg, log); err == nil {
+		// Every mode: retried dead letters are stored rows, whatever the mode.
+		h.processor, err = newProcessor(pool, cfg, getenv, log)
+	}
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return h, pool.Close, nil
+}
+
+// processorConfig is the inbox processor's configuration: the consumer's stored rows (the async
+// mode's messages, retried dead letters), applied with this file's handlers.
+func processorConfig(cfg inbox.ConsumerConfig, getenv lambdaenv.Getenv, log *slog.Logger) (inbox.ProcessorConfig, error) {
 	pcfg, err := lambdaenv.ProcessorConfig(getenv)
 	if err != nil {
-		return nil, err
+		return pcfg, err
 	}
 	pcfg.Router = handlers(log)
 	pcfg.Metrics = os.Stdout
 	pcfg.Logger = log
 	pcfg.TracerProvider = cfg.TracerProvider
+	return pcfg, nil
+}
+
+// newProcessor builds the inbox processor over db (processorConfig).
+func newProcessor(db inbox.Beginner, cfg inbox.ConsumerConfig, getenv lambdaenv.Getenv, log *slog.Logger) (*inbox.Processor, error) {
+	pcfg, err := processorConfig(cfg, getenv, log)
+	if err != nil {
+		return nil, err
+	}
 	p, err := inbox.NewProcessor(db, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("create inbox processor: %w", err)
+	}
+	return p, nil
+}
+
+// newTenantProcessor builds the fleet's processor (processorConfig): each tenant of the
+// registry in turn, on its database.
+func newTenantProcessor(fl *lambdaenv.ConsumerFleet, cfg inbox.ConsumerConfig, getenv lambdaenv.Getenv, log *slog.Logger) (*inbox.TenantProcessor, error) {
+	pcfg, err := processorConfig(cfg, getenv, log)
+	if err != nil {
+		return nil, err
+	}
+	tenants := func(ctx context.Context) ([]string, error) {
+		ts, err := fl.Registry.Tenants(ctx)
+		names := make([]string, len(ts))
+		for i, t := range ts {
+			names[i] = t.Name
+		}
+		return names, err
+	}
+	p, err := inbox.NewTenantProcessor(fl.Pools, tenants, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("create the fleet's inbox processor: %w", err)
 	}
 	return p, nil
 }
@@ -140,11 +203,23 @@ func newProcessor(db inbox.Beginner, cfg inbox.ConsumerConfig, getenv lambdaenv.
 // one Drain for the others.
 type handler struct {
 	consumer  *inbox.Consumer
-	processor *inbox.Processor
+	processor storedRows
 	async     bool // the commit mode is async: every message is a stored row
 	name      string
 	margin    time.Duration
 }
+
+// storedRows applies the consumer's stored rows: an *inbox.Processor on one database, an
+// *inbox.TenantProcessor on a fleet's.
+type storedRows interface {
+	Drain(ctx context.Context) (inbox.ProcessStats, error)
+	Run(ctx context.Context) error
+}
+
+var (
+	_ storedRows = (*inbox.Processor)(nil)
+	_ storedRows = (*inbox.TenantProcessor)(nil)
+)
 
 // ProcessorRun is a scheduled invocation's response.
 type ProcessorRun struct {

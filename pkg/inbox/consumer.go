@@ -124,6 +124,12 @@ type ConsumerConfig struct {
 	// SLUICE_CONSUMER_STREAM_MAX_ATTEMPTS). ConsumeKafka does not use it: its give-up
 	// (KafkaOptions.MaxAttempts with a DeadLetterTopic) marks the dead letter.
 	StreamMaxAttempts int
+	// Tenants, when set, makes this a fleet consumer: each message is applied in the database
+	// of its tenant (the TenantHeader a fleet relay carries), opened by Tenants, and
+	// NewConsumer's db must be nil. A message without a tenant, or of a tenant Tenants does
+	// not know, fails with ErrUnknownTenant. See docs/inbox.md, "Fleet: one consumer, many
+	// tenant databases". Defaults to nil: every message is applied in db.
+	Tenants *TenantPools
 	// ClaimCheck fetches payloads a claim check stored in S3 (sluice's relay with
 	// outbox.ClaimCheck, or an AWS extended client) before the handler runs; see
 	// docs/claimcheck.md. Defaults to nil: a message whose payload is in S3 fails with
@@ -209,14 +215,21 @@ type Consumer struct {
 	claimCheck *ClaimCheck
 	now        func() time.Time
 	// layout is how inbox_event is stored (layoutPlain, layoutPartitioned), read once from
-	// the catalog (see partition_insert.go).
-	layout atomic.Int32
+	// the catalog (see partition_insert.go); in fleet mode, the tenant database's (tenantPool).
+	layout *atomic.Int32
+	// tenants opens each tenant's database in fleet mode (ConsumerConfig.Tenants); nil when
+	// every message is applied in db, and in a tenant's view of the Consumer (forTenant).
+	tenants *TenantPools
 }
 
-// NewConsumer returns a Consumer that opens its transactions on db (usually a *pgxpool.Pool).
+// NewConsumer returns a Consumer that opens its transactions on db (usually a *pgxpool.Pool),
+// or, in fleet mode (cfg.Tenants set, db nil), on each message's tenant database.
 func NewConsumer(db Beginner, cfg ConsumerConfig) (*Consumer, error) {
-	if db == nil {
+	switch {
+	case db == nil && cfg.Tenants == nil:
 		return nil, fmt.Errorf("%w: db is nil", ErrInvalidConfig)
+	case db != nil && cfg.Tenants != nil:
+		return nil, fmt.Errorf("%w: db must be nil when Tenants is set (each message is applied in its tenant's database)", ErrInvalidConfig)
 	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
@@ -230,6 +243,8 @@ func NewConsumer(db Beginner, cfg ConsumerConfig) (*Consumer, error) {
 		dims:    dimensions(metrics.ServiceConsumer, cfg.Consumer),
 		tracing: newTracing(cfg.TracerProvider, cfg.Propagator, cfg.Consumer, cfg.Mode.String(), cfg.TraceAsChild),
 		now:     time.Now,
+		layout:  new(atomic.Int32),
+		tenants: cfg.Tenants,
 	}
 	if cfg.ClaimCheck != nil {
 		c.claimCheck = cfg.ClaimCheck.withDefaults()
@@ -282,6 +297,9 @@ type Result struct {
 	MessageID string
 	// EventType is the message's event type; empty when the record could not be parsed.
 	EventType string
+	// Tenant is the message's tenant (Message.Tenant); empty when it has none or the record
+	// could not be parsed.
+	Tenant string
 	// Outcome is final: successes are reported only after their transaction committed.
 	Outcome Outcome
 	// Err explains a Failed outcome; it wraps one of the package's sentinels or a database error.

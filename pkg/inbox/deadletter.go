@@ -37,6 +37,7 @@ const (
 	ClassCommit           = "commit"             // ErrCommit: the work succeeded, the commit failed
 	ClassDatabase         = "database"           // a database error outside the handler
 	ClassTimeout          = "timeout"            // the context ended while it ran
+	ClassUnknownTenant    = "unknown-tenant"     // ErrUnknownTenant: a fleet consumer has no database for it (logged, never recorded)
 )
 
 // errorClass names the kind of err (one of the Class constants).
@@ -49,6 +50,8 @@ func errorClass(err error) string {
 		return ClassClaimCheck
 	case errors.Is(err, ErrUnknownEventType):
 		return ClassUnknownEventType
+	case errors.Is(err, ErrUnknownTenant):
+		return ClassUnknownTenant
 	case errors.Is(err, ErrHandlerPanic):
 		return ClassHandlerPanic
 	case errors.Is(err, ErrCommit):
@@ -277,6 +280,9 @@ const maxDeadLetterPayload = 64 << 20
 // markDead marks the dead letter of d dead: ConsumeKafka moved it to its dead-letter topic and
 // goes on. It reports whether a row changed.
 func (c *Consumer) markDead(ctx context.Context, d *delivery) bool {
+	if c.tenants != nil {
+		return c.markDeadInTenant(ctx, d)
+	}
 	var changed bool
 	err := statements(context.WithoutCancel(ctx), c.db, func(db Querier) error {
 		tag, err := db.Exec(context.WithoutCancel(ctx), markDeadSQL, c.cfg.Consumer, truncate(d.recordKey(), 1000))

@@ -50,6 +50,14 @@
 // Lambda event source invoked it. On the streams, a failed record fails the rest of its shard or
 // partition in the batch, so each is applied in order and never past a failure.
 //
+// # Fleets of tenant databases
+//
+// A fleet relay (pkg/fleet) names each message's tenant in the header [TenantHeader]. With
+// [ConsumerConfig].Tenants set to a [TenantPools] ([NewTenantPools]: a bounded pool per tenant,
+// opened from your resolver), a Consumer applies each message in its tenant's own database,
+// exactly once per tenant, and records its dead letters there; a message of no known tenant
+// fails with [ErrUnknownTenant]. [TenantProcessor] drains every tenant's stored rows.
+//
 // # Large payloads
 //
 // A payload a claim check stored in S3 (sluice's relay with outbox.ClaimCheck, or an AWS

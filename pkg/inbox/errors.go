@@ -20,6 +20,11 @@ var (
 	// ErrGroupBlocked marks a FIFO record not attempted because an earlier record of the same
 	// message group failed in this batch; failing it too keeps the group in order.
 	ErrGroupBlocked = errors.New("inbox: earlier record of the message group failed")
+	// ErrUnknownTenant marks a message a fleet consumer (ConsumerConfig.Tenants) cannot apply:
+	// it has no tenant header (TenantHeader), or TenantPoolsConfig.Resolve does not know its
+	// tenant. No database owns it, so it has no dead letter: its source retries it, then
+	// moves it to its DLQ (or on-failure destination).
+	ErrUnknownTenant = errors.New("inbox: unknown tenant")
 	// ErrCommit marks a record whose work succeeded but whose transaction failed to commit.
 	ErrCommit = errors.New("inbox: commit failed")
 	// ErrInvalidConfig is returned by the constructors for a bad ConsumerConfig or

@@ -131,27 +131,24 @@ func (c *Consumer) run(ctx context.Context, ds []delivery) Report {
 				"source", string(d.msg.IDSource), "message_id", d.msg.ID, "item_id", d.id, "event_type", d.msg.EventType)
 		}
 		if d.err == nil {
-			b.results[i].MessageID, b.results[i].EventType = d.msg.ID, d.msg.EventType
+			b.results[i].MessageID, b.results[i].EventType, b.results[i].Tenant = d.msg.ID, d.msg.EventType, d.msg.Tenant()
 		}
 		b.recs[i] = record{i: i, delivery: d}
 	}
 	// Claim check: fetch the payloads stored in S3 before any transaction opens (claimcheck.go).
 	b.fetchPayloads(ctx)
 
-	switch c.cfg.Mode {
-	case Batched:
-		b.runBatched(ctx)
-	default:
-		b.runPerRecord(ctx)
+	if c.tenants != nil {
+		b.runTenants(ctx) // each tenant's records apply in its database (tenants.go)
+	} else {
+		b.apply(ctx)
 	}
-	b.endSpans(ctx)
-	b.recordFailures(ctx)
 
 	rep := Report{Results: b.results}
 	for _, res := range rep.Results {
 		if res.Outcome == Failed {
 			c.log.WarnContext(ctx, "inbox: record failed", "item_id", res.ItemID,
-				"message_id", res.MessageID, "event_type", res.EventType, "error", res.Err.Error())
+				"message_id", res.MessageID, "event_type", res.EventType, "tenant", res.Tenant, "class", errorClass(res.Err), "error", res.Err.Error())
 			var pe *PanicError
 			if errors.As(res.Err, &pe) {
 				c.log.ErrorContext(ctx, "inbox: handler panicked", "message_id", res.MessageID, "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
@@ -160,4 +157,17 @@ func (c *Consumer) run(ctx context.Context, ds []delivery) Report {
 	}
 	c.emit(ctx, rep, b.recs)
 	return rep
+}
+
+// apply runs the batch in the configured mode on the Consumer's database, ends its spans and
+// records its dead letters.
+func (b *batch) apply(ctx context.Context) {
+	switch b.c.cfg.Mode {
+	case Batched:
+		b.runBatched(ctx)
+	default:
+		b.runPerRecord(ctx)
+	}
+	b.endSpans(ctx)
+	b.recordFailures(ctx)
 }
