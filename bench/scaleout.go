@@ -66,12 +66,16 @@ type scaleoutSpec struct {
 	Relays              []int
 	OnePipelines        []int
 	Delays              []time.Duration
-	Timeout             time.Duration
+	// Rescans are further runs of the most relays at the longest delay with these
+	// RescanIntervals: fewer sweeps put fewer keys another relay holds into each relay's book.
+	Rescans []time.Duration
+	Timeout time.Duration
 }
 
 func scaleoutSpecOf(sz Sizes) scaleoutSpec {
 	return scaleoutSpec{Rows: sz.RelayRows, Keys: sz.RelayKeys, Repeats: sz.RelayRepeats,
-		Relays: []int{1, 2, 4}, OnePipelines: []int{8}, Delays: []time.Duration{0, 10 * time.Millisecond}, Timeout: sz.RelayTimeout}
+		Relays: []int{1, 2, 4}, OnePipelines: []int{8}, Delays: []time.Duration{0, 10 * time.Millisecond},
+		Rescans: []time.Duration{10 * time.Second}, Timeout: sz.RelayTimeout}
 }
 
 // configs lists the runs of one repeat, in the order they run.
@@ -85,24 +89,25 @@ func (s scaleoutSpec) configs() []scaleoutConfig {
 			out = append(out, scaleoutConfig{Relays: 1, Pipelines: p, Delay: d})
 		}
 	}
+	for _, ri := range s.Rescans {
+		out = append(out, scaleoutConfig{Relays: slices.Max(s.Relays), RescanInterval: ri, Delay: slices.Max(s.Delays)})
+	}
 	return out
 }
 
 // scaleoutConfig is one configuration: Workers ceiling loops, or Relays relays with Pipelines
-// round loops each (0: the default) and the stub publisher at Delay.
+// round loops each and RescanInterval (0: the defaults) and the stub publisher at Delay.
 type scaleoutConfig struct {
 	Workers, Relays, Pipelines int
+	RescanInterval             time.Duration `json:",omitempty"`
 	Delay                      time.Duration
 }
 
 func (c scaleoutConfig) String() string {
-	switch {
-	case c.Workers > 0:
+	if c.Workers > 0 {
 		return fmt.Sprintf("ceiling, %d workers", c.Workers)
-	case c.Pipelines > 0:
-		return fmt.Sprintf("%d relay(s), Pipelines %d, %s", c.Relays, c.Pipelines, msLabel(c.Delay))
 	}
-	return fmt.Sprintf("%d relay(s), %s", c.Relays, msLabel(c.Delay))
+	return fmt.Sprintf("relays %s, %s", ScaleoutRun{scaleoutConfig: c}.Label(), msLabel(c.Delay))
 }
 
 // ScaleoutResult is the scaleout suite's outcome.
@@ -124,13 +129,17 @@ type ScaleoutRun struct {
 
 // Label names the run in the report's tables.
 func (r ScaleoutRun) Label() string {
-	switch {
-	case r.Workers > 0:
+	if r.Workers > 0 {
 		return fmt.Sprintf("ceiling loop, %d worker(s)", r.Workers)
-	case r.Pipelines > 0:
-		return fmt.Sprintf("%d, Pipelines %d", r.Relays, r.Pipelines)
 	}
-	return fmt.Sprint(r.Relays)
+	l := fmt.Sprint(r.Relays)
+	if r.Pipelines > 0 {
+		l += fmt.Sprintf(", Pipelines %d", r.Pipelines)
+	}
+	if r.RescanInterval > 0 {
+		l += ", RescanInterval " + r.RescanInterval.String()
+	}
+	return l
 }
 
 // ScaleoutBreakdown is where one run's time went.
@@ -363,7 +372,7 @@ func scaleoutRun(ctx context.Context, pool *pgxpool.Pool, relayURL, dbName strin
 	} else {
 		res, err = runSluiceWith(ctx, relayPool, spec.Rows, cfg.Relays, cfg.Delay, spec.Timeout, func(c *outbox.RelayConfig) {
 			c.Logger = slog.New(rounds)
-			c.Pipelines = cfg.Pipelines
+			c.Pipelines, c.RescanInterval = cfg.Pipelines, cfg.RescanInterval
 		})
 	}
 	after := takeCPUSnapshot(scaleoutRole+" "+dbName, labels)
@@ -627,7 +636,7 @@ func (s *waitSampler) stop() ([]WaitCount, int) {
 // run returns the best run of n relays at delay.
 func (s *ScaleoutResult) run(n int, delay time.Duration) (ScaleoutRun, bool) {
 	for _, r := range s.Runs {
-		if r.Relays == n && r.Pipelines == 0 && r.Delay == delay {
+		if r.Relays == n && r.Pipelines == 0 && r.RescanInterval == 0 && r.Delay == delay {
 			return r, true
 		}
 	}
@@ -686,12 +695,15 @@ func (r *Report) scaleoutMarkdown(w func(string, ...any)) {
 	w("Each run drains %s pending rows in %s keys (the relay suite's backlog, freshly inserted and vacuumed) with 1, 2 or 4 relays "+
 		"(`outbox.NewRelay`, defaults: BatchSize %d, MaxPerKey %d, Pipelines %d, PublishConcurrency %d; one pool of %d connections shared by the "+
 		"instances, as in section 1) and the stub publisher at 0 or 10 ms a call, on %s; one relay also ran with as many pipelines (round loops) "+
-		"as four relays have together and more. The ceiling loop (section 1: claim 1,000 rows, mark them, commit; no publishing) ran on the same "+
-		"server in the same run, on the same pool. Every configuration ran %d times, interleaved; the best run is shown, with its breakdown.\n\n",
+		"as four relays have together, and four relays with a longer RescanInterval (fewer sweeps, which put keys another relay holds into each relay's book). The ceiling loop (section 1: claim 1,000 rows, mark them, commit; no publishing) ran on the same "+
+		"server in the same run, on the same pool. Every configuration ran %d times, interleaved; the best run is shown, with its breakdown. "+
+		"The machine is shared: *other work* is the cores that processes not of this run used during the best run, which moves a run's "+
+		"events/s as much as anything measured here; *CPU µs / event* (this process, the relays' backends and the rest of PostgreSQL, "+
+		"per published event) depends much less on it.\n\n",
 		num(float64(s.Rows)), num(float64(s.Keys)), d.BatchSize, d.MaxPerKey, d.Pipelines, d.PublishConcurrency, scaleoutPoolConns, s.Server, s.Repeats)
 	c := s.ceiling()
 	all := append(slices.Clone(s.Ceiling), s.Runs...)
-	w("| relays | publisher | events/s | ÷ 1 relay, same delay | ÷ 0 ms ceiling | every run (events/s) |\n|---|---|---:|---:|---:|---|\n")
+	w("| relays | publisher | events/s | ÷ 1 relay, same delay | ÷ 0 ms ceiling | CPU µs / event | other work (cores) | every run (events/s) |\n|---|---|---:|---:|---:|---:|---:|---|\n")
 	for _, run := range all {
 		vsOne, delay := "—", "—"
 		if run.Workers == 0 {
@@ -700,7 +712,8 @@ func (r *Report) scaleoutMarkdown(w func(string, ...any)) {
 				vsOne = fmt.Sprintf("%.2f×", run.Result.Rate()/one.Result.Rate())
 			}
 		}
-		w("| %s | %s | **%s** | %s | %.2f× | %s |\n", run.Label(), delay, num(run.Result.Rate()), vsOne, run.Result.Rate()/c, rates(run.Result.Runs))
+		w("| %s | %s | **%s** | %s | %.2f× | %.1f | %.2f | %s |\n", run.Label(), delay, num(run.Result.Rate()), vsOne, run.Result.Rate()/c,
+			run.Breakdown.CPUPerEvent(), run.Breakdown.Others, rates(run.Result.Runs))
 	}
 
 	w("\n**Where the time went** (the best run of each). *Statements* are the relays' (pg_stat_statements, their own login role: calls and "+
@@ -828,4 +841,135 @@ func rates(v []float64) string {
 		parts[i] = num(x)
 	}
 	return strings.Join(parts, " / ")
+}
+
+// scaleoutNoteKeys are the values of the suite that notes.md may quote (see scaleoutNoteValues).
+var scaleoutNoteKeys = []string{
+	"so_ceiling", "so_one0", "so_four0", "so_one10", "so_four10", "so_ratio0", "so_ratio10", "so_one10_pct", "so_one0_pct",
+	"so_p8_0", "so_p8_10", "so_cpu_ceiling", "so_cpu_one0", "so_cpu_four0", "so_cpu_one10", "so_cpu_four10", "so_cpu_p8_10",
+	"so_proj_ceiling", "so_proj_one0", "so_proj_four0", "so_busy", "so_others",
+	"so_stmts_one10", "so_stmts_four10", "so_rounds_one10", "so_rounds_four10", "so_rows_one10", "so_rows_four10",
+	"so_taken_four10", "so_locked_four10", "so_sweep_one10", "so_sweep_four10", "so_busy_one10", "so_busy_four10",
+	"so_steps_one10", "so_steps_four10", "so_steps_one0", "so_rq_one10", "so_rq_four10",
+	"so_rescan", "so_rescan_ratio", "so_rescan_locked", "so_rescan_cpu", "so_rescan_stmts",
+	"so_others_one0", "so_others_one10", "so_others_four10", "so_waits_lock", "so_waits_lwlock",
+}
+
+// scaleoutNoteValues fills the suite's values for notes.md (so_*): rates, ratios, CPU per event
+// and the breakdown figures the analysis quotes, from the suite's best runs.
+func (r *Report) scaleoutNoteValues(v map[string]string) {
+	s := r.Scaleout
+	if s == nil || len(s.Runs) == 0 {
+		return
+	}
+	c := s.ceiling()
+	v["so_ceiling"] = num(c)
+	cpuCeil := 0.0
+	for _, cr := range s.Ceiling {
+		if cr.Result.Rate() == c {
+			cpuCeil = cr.Breakdown.CPUPerEvent()
+		}
+	}
+	v["so_cpu_ceiling"] = fmt.Sprintf("%.0f µs", cpuCeil)
+	proj := func(cpu float64) string { // events/s if every core of the machine were the run's
+		if cpu <= 0 {
+			return "n/a"
+		}
+		return num(float64(r.Machine.Cores) * 1e6 / cpu)
+	}
+	v["so_proj_ceiling"] = proj(cpuCeil)
+	minBusy, minOther, maxOther := 1e9, 1e9, 0.0
+	var lockWaits, lwlockWaits float64 // the largest share of a run's samples
+	for _, run := range append(slices.Clone(s.Ceiling), s.Runs...) {
+		minBusy = min(minBusy, run.Breakdown.MachineBusy)
+		minOther, maxOther = min(minOther, run.Breakdown.Others), max(maxOther, run.Breakdown.Others)
+		total, lock, lw := 0, 0, 0
+		for _, wc := range run.Breakdown.Waits {
+			total += wc.Samples
+			switch {
+			case strings.Contains(wc.State, ", Lock: "):
+				lock += wc.Samples
+			case strings.Contains(wc.State, ", LWLock: "):
+				lw += wc.Samples
+			}
+		}
+		if total > 0 && run.Workers == 0 {
+			lockWaits, lwlockWaits = max(lockWaits, float64(lock)/float64(total)), max(lwlockWaits, float64(lw)/float64(total))
+		}
+	}
+	v["so_waits_lock"], v["so_waits_lwlock"] = fmt.Sprintf("%.1f%%", 100*lockWaits), fmt.Sprintf("%.1f%%", 100*lwlockWaits)
+	v["so_busy"] = fmt.Sprintf("%.2f", minBusy)
+	v["so_others"] = fmt.Sprintf("%.2f–%.2f", minOther, maxOther)
+	pipes := func(p int, d time.Duration) (ScaleoutRun, bool) {
+		for _, run := range s.Runs {
+			if run.Relays == 1 && run.Pipelines == p && run.RescanInterval == 0 && run.Delay == d {
+				return run, true
+			}
+		}
+		return ScaleoutRun{}, false
+	}
+	for _, x := range []struct {
+		key string
+		n   int
+		d   time.Duration
+	}{{"one0", 1, 0}, {"four0", 4, 0}, {"one10", 1, 10 * time.Millisecond}, {"four10", 4, 10 * time.Millisecond}} {
+		run, ok := s.run(x.n, x.d)
+		if !ok {
+			continue
+		}
+		b, rt := run.Breakdown, run.Breakdown.Rounds
+		v["so_"+x.key] = num(run.Result.Rate())
+		v["so_others_"+x.key] = fmt.Sprintf("%.2f", b.Others)
+		v["so_cpu_"+x.key] = fmt.Sprintf("%.0f µs", b.CPUPerEvent())
+		v["so_proj_"+x.key] = proj(b.CPUPerEvent())
+		v["so_stmts_"+x.key] = fmt.Sprintf("%.3f", b.Per(float64(b.StatementCalls())))
+		v["so_rounds_"+x.key] = fmt.Sprint(rt.Rounds)
+		rounds := float64(max(1, rt.Rounds))
+		v["so_rows_"+x.key] = fmt.Sprintf("%.0f", float64(rt.Claimed)/rounds)
+		v["so_taken_"+x.key] = fmt.Sprintf("%.0f", float64(rt.Keys)/rounds)
+		v["so_locked_"+x.key] = fmt.Sprintf("%.0f", float64(rt.Locked)/rounds)
+		ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) / rounds }
+		v["so_steps_"+x.key] = fmt.Sprintf("lock %.0f ms, read %.0f ms, publish %.0f ms, settle %.0f ms", ms(rt.Lock), ms(rt.Read), ms(rt.Publish), ms(rt.Settle))
+		v["so_busy_"+x.key] = fmt.Sprintf("%.0f%%", 100*float64(rt.Busy)/float64(max(1, b.Pipelines))/float64(max(1, b.Elapsed)))
+		for _, st := range b.Statements {
+			if st.Class == classSweep {
+				v["so_sweep_"+x.key] = fmt.Sprintf("%.0f µs", 1000*b.Per(st.ExecMS))
+			}
+		}
+		for _, g := range b.CPU {
+			if g.Group == "PostgreSQL backends of the relays" {
+				v["so_rq_"+x.key] = fmt.Sprintf("%.2f cores of CPU and %.2f waiting for a core", g.Cores, g.RunQueue)
+			}
+		}
+		if c > 0 {
+			v["so_"+x.key+"_pct"] = fmt.Sprintf("%.0f%%", 100*run.Result.Rate()/c)
+		}
+	}
+	for _, run := range s.Runs {
+		if run.RescanInterval == 0 {
+			continue
+		}
+		b, rt := run.Breakdown, run.Breakdown.Rounds
+		v["so_rescan"] = run.RescanInterval.String()
+		if one, ok := s.run(1, run.Delay); ok && one.Result.Rate() > 0 {
+			v["so_rescan_ratio"] = fmt.Sprintf("%s events/s, %.2f× one relay", num(run.Result.Rate()), run.Result.Rate()/one.Result.Rate())
+		}
+		v["so_rescan_locked"] = fmt.Sprintf("%.0f → %.0f", float64(rt.Keys)/float64(max(1, rt.Rounds)), float64(rt.Locked)/float64(max(1, rt.Rounds)))
+		v["so_rescan_cpu"] = fmt.Sprintf("%.0f µs", b.CPUPerEvent())
+		v["so_rescan_stmts"] = fmt.Sprintf("%.3f", b.Per(float64(b.StatementCalls())))
+	}
+	for _, d := range []time.Duration{0, 10 * time.Millisecond} {
+		one, ok1 := s.run(1, d)
+		four, ok4 := s.run(4, d)
+		key := fmt.Sprintf("%d", d.Milliseconds())
+		if ok1 && ok4 && one.Result.Rate() > 0 {
+			v["so_ratio"+key] = fmt.Sprintf("%.2f×", four.Result.Rate()/one.Result.Rate())
+		}
+		if p8, ok := pipes(8, d); ok1 && ok && one.Result.Rate() > 0 {
+			v["so_p8_"+key] = fmt.Sprintf("%s events/s, %.2f×", num(p8.Result.Rate()), p8.Result.Rate()/one.Result.Rate())
+			if d > 0 {
+				v["so_cpu_p8_10"] = fmt.Sprintf("%.0f µs", p8.Breakdown.CPUPerEvent())
+			}
+		}
+	}
 }

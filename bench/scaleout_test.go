@@ -30,12 +30,13 @@ func TestScaleoutSuiteTiny(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(env.Close)
-	spec := scaleoutSpec{Rows: 600, Keys: 60, Repeats: 1, Relays: []int{1, 4}, OnePipelines: []int{4}, Delays: []time.Duration{0, 10 * time.Millisecond}, Timeout: time.Minute}
+	spec := scaleoutSpec{Rows: 600, Keys: 60, Repeats: 1, Relays: []int{1, 4}, OnePipelines: []int{4}, Delays: []time.Duration{0, 10 * time.Millisecond},
+		Rescans: []time.Duration{5 * time.Second}, Timeout: time.Minute}
 	res, err := measureScaleout(ctx, log, env, spec)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Runs) != 6 || len(res.Ceiling) != 2 || res.ceiling() <= 0 {
+	if len(res.Runs) != 7 || len(res.Ceiling) != 2 || res.ceiling() <= 0 {
 		t.Fatalf("%d runs, %d ceiling runs", len(res.Runs), len(res.Ceiling))
 	}
 	for _, run := range res.Runs {
@@ -65,7 +66,7 @@ func TestScaleoutSuiteTiny(t *testing.T) {
 	}
 	rep := &Report{Scaleout: res}
 	md := rep.Markdown()
-	for _, want := range []string{"## 16. Scale-out", "| 4 | 10 ms |", "| 1, Pipelines 4 | 0 ms |", "ceiling loop, 4 worker(s)", "Statements by class", classRead, "4 relays vs 1, 10 ms, 60 keys"} {
+	for _, want := range []string{"## 16. Scale-out", "| 4 | 10 ms |", "| 1, Pipelines 4 | 0 ms |", "| 4, RescanInterval 5s | 10 ms |", "ceiling loop, 4 worker(s)", "Statements by class", classRead, "4 relays vs 1, 10 ms, 60 keys"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("the report lacks %q", want)
 		}
