@@ -95,3 +95,31 @@ func TestScaleoutClass(t *testing.T) {
 		}
 	}
 }
+
+// The targets judge two runs only when other work on the machine took about the same cores
+// during both; otherwise they report the ratio as not measured.
+func TestScaleoutTargetsJudgeComparableRuns(t *testing.T) {
+	t.Parallel()
+	run := func(relays, workers int, delay time.Duration, rate, others float64) ScaleoutRun {
+		return ScaleoutRun{scaleoutConfig: scaleoutConfig{Relays: relays, Workers: workers, Delay: delay},
+			Result:    RelayResult{Events: int(rate), Elapsed: time.Second},
+			Breakdown: ScaleoutBreakdown{Others: others}}
+	}
+	const at = 10 * time.Millisecond
+	for _, c := range []struct {
+		four, others4 float64
+		want          []string
+	}{
+		{16_000, 1.0, []string{"met", "met"}},
+		{12_000, 1.1, []string{"**not met**", "met"}},
+		{16_000, 0.5, []string{"**not measured**", "met"}},
+	} {
+		rep := &Report{Scaleout: &ScaleoutResult{Keys: 1000,
+			Ceiling: []ScaleoutRun{run(0, 4, 0, 12_000, 1.0)},
+			Runs:    []ScaleoutRun{run(1, 0, at, 10_000, 1.0), run(4, 0, at, c.four, c.others4)}}}
+		ts := rep.scaleoutTargets()
+		if len(ts) != 2 || ts[0].Status != c.want[0] || ts[1].Status != c.want[1] {
+			t.Errorf("4 relays at %v events/s with %.2f cores of other work: %+v, want %v", c.four, c.others4, ts, c.want)
+		}
+	}
+}
