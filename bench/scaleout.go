@@ -874,7 +874,7 @@ var scaleoutNoteKeys = []string{
 	"so_taken_four10", "so_locked_four10", "so_sweep_one10", "so_sweep_four10", "so_busy_one10", "so_busy_four10",
 	"so_steps_one10", "so_steps_four10", "so_steps_one0", "so_rq_one10", "so_rq_four10",
 	"so_rescan", "so_rescan_ratio", "so_rescan_locked", "so_rescan_cpu", "so_rescan_stmts",
-	"so_others_one0", "so_others_one10", "so_others_four10", "so_waits_lock", "so_waits_lwlock",
+	"so_others_one0", "so_others_one10", "so_others_four10", "so_others_ceiling", "so_waits_lock", "so_waits_lwlock",
 }
 
 // scaleoutNoteValues fills the suite's values for notes.md (so_*): rates, ratios, CPU per event
@@ -890,6 +890,7 @@ func (r *Report) scaleoutNoteValues(v map[string]string) {
 	for _, cr := range s.Ceiling {
 		if cr.Result.Rate() == c {
 			cpuCeil = cr.Breakdown.CPUPerEvent()
+			v["so_others_ceiling"] = fmt.Sprintf("%.2f", cr.Breakdown.Others)
 		}
 	}
 	v["so_cpu_ceiling"] = fmt.Sprintf("%.0f µs", cpuCeil)
