@@ -125,9 +125,9 @@ func runE2ESuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, rep 
 	for i, rate := range []int{100, 1000} {
 		proxy.take(time.Second) // drop the calls made before this run
 		var diag e2eDiag
-		before := takeCPUSnapshot(dbName)
+		before := takeCPUSnapshot(dbName, e2eCPULabels)
 		run, err := e2eRun(ctx, pool, fmt.Sprintf("b%d-%d-", os.Getpid(), i), rate, sz.E2EDuration, func(producing time.Duration) {
-			after := takeCPUSnapshot(dbName)
+			after := takeCPUSnapshot(dbName, e2eCPULabels)
 			run := proxy.take(producing)
 			cpu, busy, others := cpuBetween(before, after)
 			diag = e2eDiag{run, cpu, busy, others}

@@ -185,9 +185,19 @@ type cpuSnapshot struct {
 
 const clockTicks = 100 // USER_HZ on Linux
 
-// takeCPUSnapshot reads /proc for this process and its descendants (grouped by what they are)
-// and /proc/stat for the whole machine.
-func takeCPUSnapshot(dbName string) cpuSnapshot {
+// cpuLabels name the groups a suite's own processes fall in: this process (Self) and the
+// PostgreSQL backends of its database (Backends).
+type cpuLabels struct{ Self, Backends string }
+
+// e2eCPULabels are the end-to-end suite's.
+var e2eCPULabels = cpuLabels{
+	Self:     "harness (producers, SQS event-source and schedule drivers, SNS timing proxy)",
+	Backends: "PostgreSQL backends of the e2e database",
+}
+
+// takeCPUSnapshot reads /proc for this process and its descendants (grouped by what they are,
+// with labels for this process and dbName's backends) and /proc/stat for the whole machine.
+func takeCPUSnapshot(dbName string, labels cpuLabels) cpuSnapshot {
 	s := cpuSnapshot{at: time.Now(), ticks: map[int]uint64{}, waitNS: map[int]uint64{}, group: map[int]string{}}
 	entries, _ := os.ReadDir("/proc")
 	type proc struct {
@@ -237,7 +247,7 @@ func takeCPUSnapshot(dbName string) cpuSnapshot {
 		}
 		s.ticks[pid] = p.ticks
 		s.waitNS[pid] = runQueueWait(pid)
-		s.group[pid] = classify(pid, p.comm, dbName)
+		s.group[pid] = classify(pid, p.comm, dbName, labels)
 	}
 	if b, err := os.ReadFile("/proc/stat"); err == nil {
 		line, _, _ := strings.Cut(string(b), "\n")
@@ -273,14 +283,14 @@ func runQueueWait(pid int) uint64 {
 	return sum
 }
 
-func classify(pid int, comm, dbName string) string {
+func classify(pid int, comm, dbName string, labels cpuLabels) string {
 	cmd, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
 	c := strings.ReplaceAll(string(cmd), "\x00", " ")
 	switch {
 	case pid == os.Getpid():
-		return "harness (producers, SQS event-source and schedule drivers, SNS timing proxy)"
+		return labels.Self
 	case strings.HasPrefix(c, "postgres:") && strings.Contains(c, dbName):
-		return "PostgreSQL backends of the e2e database"
+		return labels.Backends
 	case comm == "postgres" || strings.HasPrefix(c, "postgres:"):
 		return "PostgreSQL, other processes (WAL writer, checkpointer, ...)"
 	case strings.Contains(comm, "node") || strings.Contains(c, "fauxqs"):

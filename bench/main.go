@@ -51,7 +51,9 @@
 //     empty outbox, and what a month of one such invocation a minute costs;
 //  15. hot key (issue 25, hotkey.go): how fast one 10,000-row key drains at 10 ms a call when the
 //     destination keeps a key's order in a call (Kafka) against one row of a key per call, with
-//     idle keys' waits beside it.
+//     idle keys' waits beside it;
+//  16. scale-out (issue 25, scaleout.go): 1, 2 and 4 relays at 0 and 10 ms against one another
+//     and the ceiling loop, with where each run's time went (statements, rounds, wait events, CPU).
 //
 // The full run takes about 45 minutes, 32 of them the sustained suite (two 4-minute runs and
 // two 12-minute ones); -only runs chosen suites, -quick all of them at reduced sizes in a few
@@ -79,7 +81,7 @@ func main() {
 		chart     = flag.String("chart", "bench.png", "where to write the relay chart (PNG); the sustained suite's goes next to it, with -sustained before the extension")
 		chartRef  = flag.String("chart-ref", "", "how the report links the chart (defaults to -chart)")
 		quick     = flag.Bool("quick", false, "reduced sizes, for developing the harness (numbers are not the reported ones)")
-		only      = flag.String("only", "", "comma-separated suites to run (relay,producer,consumer,e2e,scale,isolation,producers,wakeup,sustained,tracing,destinations,claimcheck,writes-per-event,idlecost,hotkey); default all")
+		only      = flag.String("only", "", "comma-separated suites to run (relay,producer,consumer,e2e,scale,isolation,producers,wakeup,sustained,tracing,destinations,claimcheck,writes-per-event,idlecost,hotkey,scaleout); default all")
 		command   = flag.String("command", "", "the command line to print in the report (defaults to this process's)")
 		verbosity = flag.Bool("v", false, "log progress of every run")
 		results   = flag.String("results", "", "where to save the raw results as JSON, for -render (make bench: bench/results.json); with -render and -base, the merged results")
@@ -285,6 +287,7 @@ func run(ctx context.Context, log *slog.Logger, o runOptions) error {
 		{"writes-per-event", runWritesSuite},   // issue 25, bench/writes.go
 		{"idlecost", runIdleCostSuite},         // issue 25, bench/idle.go
 		{"hotkey", runHotKeySuite},             // issue 25, bench/hotkey.go
+		{"scaleout", runScaleoutSuite},         // issue 25, bench/scaleout.go
 	}
 	for _, s := range suites {
 		if !want(s.name) {
@@ -377,6 +380,8 @@ func mergeOnto(base string, part *Report) (*Report, error) {
 			rep.IdleCost = part.IdleCost
 		case "hotkey": // issue 25, bench/hotkey.go
 			rep.HotKey = part.HotKey
+		case "scaleout": // issue 25, bench/scaleout.go
+			rep.Scaleout = part.Scaleout
 		}
 		replaced := false
 		for i := range rep.SuiteTimes {

@@ -44,6 +44,10 @@ func (r *Report) noteValues() map[string]string {
 	for _, k := range noteKeys {
 		v[k] = "n/a"
 	}
+	for _, k := range scaleoutNoteKeys {
+		v[k] = "n/a"
+	}
+	r.scaleoutNoteValues(v) // issue 25, bench/scaleout.go
 	for _, prefix := range []string{"plain_", "part_"} {
 		for _, k := range sustainedNoteKeys {
 			v[prefix+k] = "n/a"

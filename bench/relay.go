@@ -217,10 +217,20 @@ func (p *stubPublisher) PublishBatch(ctx context.Context, _ string, events []*ou
 // runSluice runs `instances` relays (outbox.Relay.Run, defaults except for the stub publisher)
 // on the seeded outbox and measures the time until every row is marked published in the database.
 func runSluice(ctx context.Context, pool *pgxpool.Pool, n, instances int, delay, timeout time.Duration) (RelayResult, error) {
+	return runSluiceWith(ctx, pool, n, instances, delay, timeout, nil)
+}
+
+// runSluiceWith is runSluice with each relay's configuration passed through configure (when not
+// nil) before the relay is made.
+func runSluiceWith(ctx context.Context, pool *pgxpool.Pool, n, instances int, delay, timeout time.Duration, configure func(*outbox.RelayConfig)) (RelayResult, error) {
 	pub := &stubPublisher{Delay: delay}
 	relays := make([]*outbox.Relay, instances)
 	for i := range relays {
-		r, err := outbox.NewRelay(pool, outbox.RelayConfig{Publisher: pub, Topics: map[string]string{"orders": "arn:aws:sns:us-east-1:000000000000:orders"}})
+		cfg := outbox.RelayConfig{Publisher: pub, Topics: map[string]string{"orders": "arn:aws:sns:us-east-1:000000000000:orders"}}
+		if configure != nil {
+			configure(&cfg)
+		}
+		r, err := outbox.NewRelay(pool, cfg)
 		if err != nil {
 			return RelayResult{}, err
 		}

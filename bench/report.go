@@ -59,6 +59,8 @@ type Report struct {
 	IdleCost *IdleCostResult `json:",omitempty"`
 	// HotKey is issue 25's hot key suite (bench/hotkey.go).
 	HotKey *HotKeyResult `json:",omitempty"`
+	// Scaleout is issue 25's scale-out suite (bench/scaleout.go).
+	Scaleout *ScaleoutResult `json:",omitempty"`
 }
 
 // suiteTime is how long one suite took.
@@ -191,7 +193,8 @@ func (r *Report) targets() []target {
 	ts = append(ts, r.issue14Targets()...)
 	ts = append(ts, r.issue25WritesTargets()...)
 	ts = append(ts, r.idleCostTargets()...)
-	ts = append(ts, r.hotKeyTargets()...) // issue 25, bench/hotkey.go
+	ts = append(ts, r.hotKeyTargets()...)   // issue 25, bench/hotkey.go
+	ts = append(ts, r.scaleoutTargets()...) // issue 25, bench/scaleout.go
 	return ts
 }
 
@@ -260,6 +263,7 @@ func (r *Report) Markdown() string {
 	r.writesMarkdown(w)       // issue 25, bench/writes.go
 	r.idleCostMarkdown(w)     // issue 25, bench/idle.go
 	r.hotKeyMarkdown(w)       // issue 25, bench/hotkey.go
+	r.scaleoutMarkdown(w)     // issue 25, bench/scaleout.go
 
 	w("## Analysis\n\n%s\n", strings.TrimSpace(r.renderNotes(notes)))
 	w("\n## Run time\n\n| suite | time |\n|---|---|\n")
