@@ -96,7 +96,9 @@ func FleetRegistry(ctx context.Context, getenv Getenv, secrets SecretGetter) (re
 
 // FleetConnector returns the fleet's Config.Connect: a tenant's DatabaseURL as it is, or the
 // host, port and dbname of its SecretARN's RDS secret with DATABASE_SSLMODE and
-// DATABASE_SSLROOTCERT, as for DATABASE_SECRET_ARN. A secret is read once per tenant and its
+// DATABASE_SSLROOTCERT, as for DATABASE_SECRET_ARN (but never DATABASE_HOST and DATABASE_PORT,
+// which redirect the function's own database), with DATABASE_QUERY_EXEC_MODE as PoolConfig
+// applies it. A secret is read once per tenant and its
 // credentials are kept as OpenPool keeps them: re-read after a failed connection attempt (at
 // most every DATABASE_SECRET_REFRESH), AWSPENDING tried during a rotation; turns do not each
 // call Secrets Manager.
@@ -105,11 +107,19 @@ func FleetConnector(getenv Getenv, secrets SecretGetter) func(context.Context, f
 		mu    sync.Mutex
 		creds = map[string]*secretCredentials{} // by secret ARN
 	)
+	// Each tenant's secret names its own host and port: DATABASE_HOST and DATABASE_PORT (one
+	// RDS Proxy endpoint for the function's own database) must not send every tenant there.
+	tenantEnv := func(k string) string {
+		if k == DatabaseHost || k == DatabasePort {
+			return ""
+		}
+		return getenv(k)
+	}
 	return func(ctx context.Context, t fleet.Tenant) (*pgxpool.Config, error) {
 		if t.DatabaseURL != "" {
-			cfg, err := pgxpool.ParseConfig(t.DatabaseURL)
+			cfg, err := PoolConfig(t.DatabaseURL, getenv)
 			if err != nil {
-				return nil, fmt.Errorf("tenant %s: database URL: %w", t.Name, err)
+				return nil, fmt.Errorf("tenant %s: %w", t.Name, err)
 			}
 			return cfg, nil
 		}
@@ -134,9 +144,9 @@ func FleetConnector(getenv Getenv, secrets SecretGetter) func(context.Context, f
 			mu.Unlock()
 		}
 		c.mu.Lock()
-		url := c.current.url(getenv)
+		url := c.current.url(tenantEnv)
 		c.mu.Unlock()
-		cfg, err := pgxpool.ParseConfig(url)
+		cfg, err := PoolConfig(url, getenv)
 		if err != nil {
 			return nil, fmt.Errorf("tenant %s: database URL from its secret: %w", t.Name, err)
 		}

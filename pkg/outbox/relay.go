@@ -124,9 +124,9 @@ type RelayConfig struct {
 	Logger *slog.Logger
 	// Tenant, when set, is carried on every message this relay publishes as the header
 	// TenantHeader, so that consumers can apply it in the tenant's own database (pkg/fleet sets
-	// it for each tenant database it serves). It counts against the destination's attributes
-	// like any header: with SNS, a message with the most headers Write allows and a payload in
-	// the claim check has no attribute left for it. Defaults to none.
+	// it for each tenant database it serves). It counts against a destination's attribute limit
+	// like any header, and is the last header a publisher drops when they do not all fit
+	// (docs/fleet.md, "Limits"). Defaults to none.
 	Tenant string
 }
 
