@@ -95,7 +95,7 @@ func runE2ESuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, rep 
 	if err != nil {
 		return blocked(err)
 	}
-	binDir, err := localrun.BuildLambdas(ctx, root, filepath.Join(os.TempDir(), fmt.Sprintf("sluice-bench-bin-%d", os.Getpid())))
+	binDir, err := localrun.BuildLambdas(ctx, root, filepath.Join(os.TempDir(), fmt.Sprintf("sluice-bench-bin-%d", os.Getpid())), localrun.RelayFunction, localrun.ConsumerFunction)
 	if err != nil {
 		return blocked(err)
 	}

@@ -20,12 +20,16 @@ const RIEModule = "github.com/aws/aws-lambda-runtime-interface-emulator/cmd/aws-
 var Functions = map[string]string{
 	RelayFunction:    "./lambdas/relay",
 	ConsumerFunction: "./examples/ledger",
+	SkeletonFunction: "./lambdas/consumer",
 }
 
 // The names of the local stack's functions in Functions.
 const (
 	RelayFunction    = "relay"
 	ConsumerFunction = "ledger"
+	// SkeletonFunction is the deployed consumer skeleton (lambdas/consumer), which a stack
+	// runs instead of the ledger with StackOptions.Consumer.
+	SkeletonFunction = "consumer"
 )
 
 // EnsureRIE returns the path of the emulator binary, installing the pinned version with

@@ -53,6 +53,9 @@ type StackOptions struct {
 	// ConsumerName is the ledger's inbox consumer name (SLUICE_CONSUMER_NAME). Defaults to
 	// DefaultConsumerName.
 	ConsumerName string
+	// Consumer is the consumer function to run: ConsumerFunction (the ledger, the default) or
+	// SkeletonFunction (lambdas/consumer, e.g. in fleet mode).
+	Consumer string
 	// Topics returns further logical topics and their SNS topic ARNs for the relay's
 	// SLUICE_TOPIC_ARNS, beside demoapp.Topic → the pipeline's topic. It is called once the
 	// pipeline exists, whose topic ARN gives the endpoint's region and account. Defaults to none.
@@ -124,7 +127,8 @@ func StartStack(ctx context.Context, o StackOptions) (*Stack, error) {
 		Topics: string(topics), RelayEnv: append(awsEnv(o.RelaySNSEndpoint), o.RelayEnv...),
 		// The consumer knows the queue's last receive, as the CDK construct tells it.
 		ConsumerEnv:  append(append(awsEnv(o.Endpoint), lambdaenv.ConsumerMaxReceiveCount+"="+strconv.Itoa(o.MaxReceiveCount)), o.ConsumerEnv...),
-		RelayTimeout: o.RelayTimeout, RelayInstances: o.RelayInstances, ConsumerInstances: o.ConsumerInstances, ConsumerName: o.ConsumerName, Log: o.Log})
+		RelayTimeout: o.RelayTimeout, RelayInstances: o.RelayInstances, ConsumerInstances: o.ConsumerInstances, ConsumerName: o.ConsumerName,
+		Consumer: o.Consumer, Log: o.Log})
 	if err != nil {
 		return nil, err
 	}
@@ -187,6 +191,7 @@ type functionsOptions struct {
 	RelayTimeout                      time.Duration
 	RelayInstances, ConsumerInstances int
 	ConsumerName                      string // defaults to DefaultConsumerName
+	Consumer                          string // the consumer function; defaults to ConsumerFunction
 	Log                               io.Writer
 }
 
@@ -206,7 +211,10 @@ func startFunctions(ctx context.Context, o functionsOptions) (relay, consumer *F
 	}
 	consumerEnv := append([]string{lambdaenv.DatabaseURL + "=" + withAppName(o.DatabaseURL, "sluice-consumer"),
 		lambdaenv.ConsumerName + "=" + o.ConsumerName}, o.ConsumerEnv...)
-	consumer, err = StartFunction(ctx, FunctionOptions{Name: "sluice-consumer", RIE: o.RIE, Bootstrap: filepath.Join(o.BinDir, ConsumerFunction, "bootstrap"),
+	if o.Consumer == "" {
+		o.Consumer = ConsumerFunction
+	}
+	consumer, err = StartFunction(ctx, FunctionOptions{Name: "sluice-consumer", RIE: o.RIE, Bootstrap: filepath.Join(o.BinDir, o.Consumer, "bootstrap"),
 		Env: consumerEnv, Timeout: 30 * time.Second, Instances: o.ConsumerInstances, Log: o.Log})
 	if err != nil {
 		relay.Stop()

@@ -147,7 +147,7 @@ func run(ctx context.Context, o options) int {
 	if err != nil {
 		return fail("install the Lambda runtime interface emulator", err)
 	}
-	binDir, err := localrun.BuildLambdas(ctx, root, filepath.Join(root, ".cache", "local-bin"))
+	binDir, err := localrun.BuildLambdas(ctx, root, filepath.Join(root, ".cache", "local-bin"), localrun.RelayFunction, localrun.ConsumerFunction)
 	if err != nil {
 		return fail("build the Lambdas", err)
 	}
