@@ -40,11 +40,7 @@ type FleetResult struct {
 // Handle runs the fleet until stopBefore ahead of the invocation's deadline.
 func (h *fleetHandler) Handle(ctx context.Context, ev events.EventBridgeEvent) (FleetResult, error) {
 	start := time.Now()
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		deadline = start.Add(noDeadlineRun + h.stopBefore)
-	}
-	stopAt := deadline.Add(-h.stopBefore)
+	stopAt := stopTime(ctx, start, h.stopBefore)
 	h.log.InfoContext(ctx, "relay fleet invocation", "event_id", ev.ID, "scheduled_at", ev.Time, "stop_at", stopAt)
 	runCtx, cancel := context.WithDeadline(ctx, stopAt)
 	defer cancel()

@@ -51,16 +51,22 @@ type Result struct {
 	Quarantined int64 `json:"quarantined"`
 }
 
+// stopTime is when an invocation that started at start stops: stopBefore ahead of its
+// deadline (noDeadlineRun after start without one, as when invoked by hand).
+func stopTime(ctx context.Context, start time.Time, stopBefore time.Duration) time.Time {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = start.Add(noDeadlineRun + stopBefore)
+	}
+	return deadline.Add(-stopBefore)
+}
+
 // Handle runs the relay until stopBefore ahead of the invocation's deadline. When less time
 // than that is left, it drains once with what remains. It fails only when the outbox cannot
 // be read at all, so that the invocation's error metric tells an operator.
 func (h *handler) Handle(ctx context.Context, ev events.EventBridgeEvent) (Result, error) {
 	start := time.Now()
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		deadline = start.Add(noDeadlineRun + h.stopBefore)
-	}
-	stopAt := deadline.Add(-h.stopBefore)
+	stopAt := stopTime(ctx, start, h.stopBefore)
 	h.log.InfoContext(ctx, "relay invocation", "event_id", ev.ID, "scheduled_at", ev.Time, "stop_at", stopAt)
 	maintained := make(chan struct{})
 	go func() {
