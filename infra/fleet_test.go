@@ -6,8 +6,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"time"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/assertions"
