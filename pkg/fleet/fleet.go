@@ -42,7 +42,7 @@ type TenantState string
 
 // The states of a tenant.
 const (
-	// StateIdle: no pool open; the tenant waits for writes, its sweep or the registry.
+	// StateIdle: no connection open; the tenant waits for writes, its sweep or the registry.
 	StateIdle TenantState = "idle"
 	// StateWaiting: the tenant has work and waits for its server's connections.
 	StateWaiting TenantState = "waiting"
@@ -58,7 +58,8 @@ type TenantStatus struct {
 	State  TenantState
 	// Published and Claimed count this Fleet's work for the tenant since Run started.
 	Published, Claimed int
-	// Turns counts the tenant's turns (a pool opened, a relay run, the pool closed).
+	// Turns counts the tenant's turns (connections opened, the relay run, the connections
+	// closed).
 	Turns int
 	// Lag is the tenant's backlog as last read (at the end of a turn, at most once per
 	// Relay.MetricsInterval), and LagAt when.
@@ -251,6 +252,12 @@ type tenant struct {
 	// database is the tenant's database name on its server (from its connection settings),
 	// how its server's activity poll recognizes it.
 	database string
+
+	// pool and relay are the tenant goroutine's (run, turn): made on the first turn, kept
+	// between turns and runs without a connection, dropped after a failed turn and when the
+	// tenant leaves the registry.
+	pool  *pgxpool.Pool
+	relay *outbox.Relay
 }
 
 func newTenant(f *Fleet, t Tenant, s *server) *tenant {
@@ -291,6 +298,11 @@ func (t *tenant) run(parent context.Context) {
 		case <-t.ctx.Done(): // removed from the registry
 			cancel()
 		case <-ctx.Done():
+		}
+	}()
+	defer func() {
+		if t.ctx.Err() != nil {
+			t.drop()
 		}
 	}()
 	cfg := t.f.cfg
@@ -350,8 +362,8 @@ func backoff(n int, most time.Duration) time.Duration {
 	return min(d, most)
 }
 
-// turn runs the tenant's relay on a pool opened for the turn: it takes the server's
-// connections first (and waits its turn for them), and closes the pool and gives them back
+// turn runs the tenant's relay on its pool: it takes the server's connections first (and
+// waits its turn for them), and closes the pool's connections and gives them back
 // when the tenant is idle for IdleClose, or when another tenant waits and this one found
 // nothing to publish or used its Weight × Turn. It reports whether work was left, and whether
 // the last round left rows to retry after a backoff.
@@ -369,35 +381,20 @@ func (t *tenant) turn(ctx context.Context) (more, retrying bool, err error) {
 	}
 	defer t.server.budget.release(conns)
 
-	pcfg, err := cfg.Connect(ctx, t.t)
+	relay, err := t.open(ctx, pipelines)
 	if err != nil {
-		return false, false, fmt.Errorf("tenant %s: connection settings: %w", t.t.Name, err)
+		return false, false, err
 	}
-	pcfg.MaxConns, pcfg.MinConns = int32(conns), 0
-	if pcfg.ConnConfig.RuntimeParams == nil {
-		pcfg.ConnConfig.RuntimeParams = map[string]string{}
-	}
-	pcfg.ConnConfig.RuntimeParams["application_name"] = "sluice-fleet-relay"
-	t.mu.Lock()
-	t.database = pcfg.ConnConfig.Database
-	t.mu.Unlock()
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return false, false, fmt.Errorf("tenant %s: open pool: %w", t.t.Name, err)
-	}
-	defer t.closePool(ctx, pool)
-
-	rcfg := cfg.Relay
-	rcfg.Tenant, rcfg.Pipelines = t.t.Name, pipelines
-	rcfg.Logger = cfg.Logger.With("tenant", t.t.Name)
-	relay, err := outbox.NewRelay(pool, rcfg)
-	if err != nil {
-		return false, false, fmt.Errorf("tenant %s: relay: %w", t.t.Name, err)
-	}
+	defer func() {
+		if err != nil {
+			t.drop() // a failed turn starts the next one from new settings (a rotated secret, a fixed schema)
+		}
+	}()
+	defer t.closeConns(ctx)
 	t.update(func(s *TenantStatus) { s.Turns++ })
 
 	start := time.Now()
-	lastWork := start
+	var lastWork time.Time // the last RunOnce of this turn that claimed rows
 	share := time.Duration(t.t.Weight) * cfg.Turn
 	for {
 		// The turn's share ends RunOnce early (its rounds finish) once another tenant waits.
@@ -436,7 +433,7 @@ func (t *tenant) turn(ctx context.Context) (more, retrying bool, err error) {
 		if err != nil && !shareUsed {
 			return false, false, fmt.Errorf("tenant %s: %w", t.t.Name, err)
 		}
-		t.readLag(ctx, pool)
+		t.readLag(ctx, t.pool)
 		if st.Claimed > 0 {
 			lastWork = time.Now()
 		}
@@ -444,11 +441,13 @@ func (t *tenant) turn(ctx context.Context) (more, retrying bool, err error) {
 			t.idle()
 			return true, false, nil
 		}
-		if st.Claimed == 0 && (t.server.budget.waiting() || time.Since(lastWork) >= cfg.IdleClose) {
+		// Nothing claimed: a turn that found nothing ends at once (a sweep, a hint that came to
+		// nothing); one that published keeps polling for IdleClose unless someone waits.
+		if st.Claimed == 0 && (lastWork.IsZero() || t.server.budget.waiting() || time.Since(lastWork) >= cfg.IdleClose) {
 			t.idle()
 			// Rows left pending now are not claimable (in backoff, behind a quarantined row,
 			// of a destination backing off): no write will wake the tenant when they are due.
-			return false, pendingLeft(ctx, pool), nil
+			return false, pendingLeft(ctx, t.pool), nil
 		}
 		select { // the relay's own poll interval, or sooner when the server saw writes
 		case <-ctx.Done():
@@ -467,16 +466,64 @@ func pendingLeft(ctx context.Context, pool *pgxpool.Pool) bool {
 	return err == nil && left
 }
 
-// closePool closes the turn's pool and waits for its sessions to end on the server before the
-// turn gives its connections back to the budget.
-func (t *tenant) closePool(ctx context.Context, pool *pgxpool.Pool) {
+// open returns the tenant's relay, making it and its pool (no connection yet) on the first
+// turn. Both are the tenant goroutine's own and outlive a turn: what the relay learnt of the
+// outbox (its pending keys) saves the next turn a walk of every key; it is only ever a cache,
+// what a round claims is read from the database.
+func (t *tenant) open(ctx context.Context, pipelines int) (*outbox.Relay, error) {
+	if t.relay != nil {
+		return t.relay, nil
+	}
+	cfg := t.f.cfg
+	pcfg, err := cfg.Connect(ctx, t.t)
+	if err != nil {
+		return nil, fmt.Errorf("tenant %s: connection settings: %w", t.t.Name, err)
+	}
+	pcfg.MaxConns, pcfg.MinConns = int32(pipelines+1), 0
+	if pcfg.ConnConfig.RuntimeParams == nil {
+		pcfg.ConnConfig.RuntimeParams = map[string]string{}
+	}
+	pcfg.ConnConfig.RuntimeParams["application_name"] = "sluice-fleet-relay"
+	t.mu.Lock()
+	t.database = pcfg.ConnConfig.Database
+	t.mu.Unlock()
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("tenant %s: open pool: %w", t.t.Name, err)
+	}
+	rcfg := cfg.Relay
+	rcfg.Tenant, rcfg.Pipelines = t.t.Name, pipelines
+	rcfg.Logger = cfg.Logger.With("tenant", t.t.Name)
+	relay, err := outbox.NewRelay(pool, rcfg)
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("tenant %s: relay: %w", t.t.Name, err)
+	}
+	t.pool, t.relay = pool, relay
+	return relay, nil
+}
+
+// closeConns closes the turn's connections (the pool stays, empty) and waits for their
+// sessions to end on the server before the turn gives its connections back to the budget.
+func (t *tenant) closeConns(ctx context.Context) {
+	if t.pool == nil {
+		return
+	}
 	var pids []uint32
-	for _, c := range pool.AcquireAllIdle(context.WithoutCancel(ctx)) {
+	for _, c := range t.pool.AcquireAllIdle(context.WithoutCancel(ctx)) {
 		pids = append(pids, c.Conn().PgConn().PID())
 		c.Release()
 	}
-	pool.Close()
+	t.pool.Reset()
 	t.server.awaitGone(ctx, pids)
+}
+
+// drop forgets the tenant's relay and pool.
+func (t *tenant) drop() {
+	if t.pool != nil {
+		t.pool.Close()
+	}
+	t.pool, t.relay = nil, nil
 }
 
 func (t *tenant) idle() {
@@ -555,11 +602,13 @@ func (s *server) members() ([]*tenant, map[string][]*tenant) {
 	return all, byDB
 }
 
-// activitySQL reads every database's write counters on the server: one query for all its
-// tenants. The counters are PostgreSQL's cumulative statistics, published by each backend
+// activitySQL reads every database's count of inserted rows on the server: one query for all
+// its tenants. Inserts only: a relay marking its rows published updates them, and would wake
+// its own tenant for an empty turn; rows made pending again by an update (sluice replay, dead
+// retry) are found by the tenant's sweep. The counters are PostgreSQL's cumulative statistics, published by each backend
 // within about a second of its commit; they only hint, the tenants' sweeps do not depend on
 // them.
-const activitySQL = `SELECT datname, tup_inserted + tup_updated + tup_deleted FROM pg_stat_database WHERE datname IS NOT NULL`
+const activitySQL = `SELECT datname, tup_inserted FROM pg_stat_database WHERE datname IS NOT NULL`
 
 // detect polls the server's activity every DetectInterval on one connection (taken from the
 // budget) and wakes each tenant whose database's counters moved. It connects through one of
