@@ -53,16 +53,29 @@ type FleetResult struct {
 	Startup time.Duration
 	// Idle is the idle window: no tenant writes.
 	Idle FleetIdle
-	// Without and With are the quiet tenants' windows without and with the hot backlog.
-	Without, With FleetPhase
+	// Without and With are the quiet tenants' windows without and with the hot backlog, and
+	// WithoutAfter without it again afterwards (what the time box left of it marked
+	// published), to show drift between the windows.
+	Without, With, WithoutAfter FleetPhase
 	// BudgetPeak is the most connections the fleet's budget granted at once (BudgetUsage), and
 	// ConnsMax the most sluice-fleet-* sessions pg_stat_activity showed at once over the run.
 	BudgetPeak, ConnsMax int
 	// HeaderMismatches counts published events whose outbox.TenantHeader did not name the
 	// tenant that wrote them; Duplicates counts events published more than once.
 	HeaderMismatches, Duplicates int
+	// HotStatements are the hot tenant's statements in the window with the backlog, by kind
+	// (tracer.go's names), with the time they took.
+	HotStatements []FleetStmtTime `json:",omitempty"`
 	// Problems counts the fleet's and relays' log records at Warn and above, by message.
 	Problems map[string]int `json:",omitempty"`
+}
+
+// FleetStmtTime is how many statements of one kind a tenant's relay ran and how long they
+// took in all.
+type FleetStmtTime struct {
+	Kind  string
+	N     int
+	Total time.Duration
 }
 
 // FleetSingle is one single-database relay run (outbox.Relay.Run on one pool).
@@ -101,12 +114,15 @@ type FleetPhase struct {
 	Window time.Duration
 	// QuietTenants wrote QuietEvents in the window, each its own transaction; Quiet is their
 	// commit-to-acknowledgement times (Commit returned to the stub's acknowledgement, which
-	// includes the stub's delay), Missing the events never acknowledged.
+	// includes the stub's delay), Missing the events not acknowledged within a minute of the
+	// window's end.
 	QuietTenants, QuietEvents, Missing int
 	Quiet                              Latencies
 	// HotEvents were published for the hot tenant in the window (With only), and Published
-	// all events the fleet published in it.
+	// all events the fleet published in it. TimeBoxed: the window ended at the time box, the
+	// backlog not yet drained.
 	HotEvents, Published int
+	TimeBoxed            bool
 	// Turns is the quiet tenants' turns in the window, HotTurns the hot tenant's.
 	Turns, HotTurns int
 	// The fleet's sessions (pg_stat_activity) over the window, sampled every 250 ms.
@@ -140,6 +156,10 @@ type fleetSize struct {
 	Budget int
 	// Timeout bounds each wait: start-up, a drain.
 	Timeout time.Duration
+	// HotBox, when set, time-boxes the fleet's window with the backlog: the hot tenant's
+	// throughput and the aggregate are then measured over it, and the rest of the backlog is
+	// left pending. Zero: the window lasts until the backlog is drained (at most Timeout).
+	HotBox time.Duration
 }
 
 // fleetDelay is the stub broker's latency per call, the relay suite's 10 ms.
@@ -158,10 +178,10 @@ const (
 func fleetSizeFor(sz Sizes) fleetSize {
 	if sz.Name == "full" {
 		return fleetSize{Databases: 200, HotRows: 100_000, HotKeys: 1_000, IdleWindow: 40 * time.Second, QuietWindow: 30 * time.Second,
-			Budget: 40, Timeout: 4 * time.Minute}
+			Budget: 40, Timeout: 4 * time.Minute, HotBox: time.Minute}
 	}
 	return fleetSize{Databases: 20, HotRows: 10_000, HotKeys: 1_000, IdleWindow: 10 * time.Second, QuietWindow: 10 * time.Second,
-		Budget: 40, Timeout: 2 * time.Minute}
+		Budget: 40, Timeout: 2 * time.Minute, HotBox: time.Minute}
 }
 
 func runFleetSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, _ *Report) error {
@@ -215,7 +235,16 @@ func measureFleet(ctx context.Context, log *slog.Logger, env *Env, fs fleetSize)
 	for _, t := range tenants {
 		reg = append(reg, fleet.Tenant{Name: t.name, DatabaseURL: t.url})
 	}
-	cfg := fleet.Config{Registry: reg, DefaultConnections: fs.Budget,
+	// The hot tenant's statements are timed by kind (tracer.go), to show where its turns go.
+	hotTracer := newRelayTracer()
+	connect := func(_ context.Context, t fleet.Tenant) (*pgxpool.Config, error) {
+		pc, err := pgxpool.ParseConfig(t.DatabaseURL)
+		if err == nil && t.Name == hotTenant {
+			pc.ConnConfig.Tracer = hotTracer
+		}
+		return pc, err
+	}
+	cfg := fleet.Config{Registry: reg, DefaultConnections: fs.Budget, Connect: connect,
 		Relay:  outbox.RelayConfig{Publisher: pub, Topics: map[string]string{"orders": ordersARN}, Logger: slog.New(problems)},
 		Logger: slog.New(problems)}
 	f, err := fleet.New(cfg)
@@ -234,6 +263,7 @@ func measureFleet(ctx context.Context, log *slog.Logger, env *Env, fs fleetSize)
 		<-fleetDone
 	}()
 	connsAll := probe.sample(ctx) // over the whole run, for the budget check
+	defer connsAll.stop()
 
 	// Start-up: every tenant gets a turn at once; wait until each has ended its first.
 	if err := waitUntil(ctx, fs.Timeout, func() bool {
@@ -264,7 +294,7 @@ func measureFleet(ctx context.Context, log *slog.Logger, env *Env, fs fleetSize)
 		return nil, err
 	}
 	defer prod.stop()
-	if err := sleepCtx(ctx, 3*time.Second); err != nil { // the producers' first events, their tenants' first wake-ups
+	if err := sleepCtx(ctx, 10*time.Second); err != nil { // past the producers' first events and their tenants' first wake-ups
 		return nil, err
 	}
 	res.Without, err = measurePhase(ctx, probe, f, prod, pub, "without the backlog", fs.QuietWindow, 0, nil)
@@ -276,7 +306,12 @@ func measureFleet(ctx context.Context, log *slog.Logger, env *Env, fs fleetSize)
 	if err := sleepCtx(ctx, 3*time.Second); err != nil { // the window's last events published before the backlog lands
 		return nil, err
 	}
-	res.With, err = measurePhase(ctx, probe, f, prod, pub, "with the backlog", fs.Timeout, fs.HotRows, func() (time.Time, error) {
+	box := fs.Timeout
+	if fs.HotBox > 0 {
+		box = fs.HotBox
+	}
+	hotTracer.reset()
+	res.With, err = measurePhase(ctx, probe, f, prod, pub, "with the backlog", box, fs.HotRows, func() (time.Time, error) {
 		if err := insertOutboxRows(ctx, hotPool, 0, fs.HotRows, fs.HotKeys, false); err != nil {
 			return time.Time{}, err
 		}
@@ -285,18 +320,42 @@ func measureFleet(ctx context.Context, log *slog.Logger, env *Env, fs fleetSize)
 	if err != nil {
 		return nil, err
 	}
+	for _, kind := range []string{stmtPoll, stmtSweep, stmtLock, stmtRead, stmtSettle} {
+		st := FleetStmtTime{Kind: kind}
+		for _, s := range hotTracer.take(kind) {
+			st.N++
+			st.Total += s.Took
+		}
+		res.HotStatements = append(res.HotStatements, st)
+	}
 	log.Info("fleet phase", "phase", res.With.Name, "hot_events", res.With.HotEvents, "window", res.With.Window.Round(time.Millisecond),
 		"hot_events/s", int(res.With.HotRate()), "aggregate_events/s", int(res.With.Aggregate()),
 		"events", res.With.QuietEvents, "p50", res.With.Quiet.P50, "p99", res.With.Quiet.P99, "max", res.With.Quiet.Max,
 		"missing", res.With.Missing, "hot_turns", res.With.HotTurns)
+
+	// The quiet tenants again without the backlog, so that drift on the machine shows: what
+	// the time box left of the backlog is marked published as another relay would (the hot
+	// tenant's relay skips rows published under it).
+	if _, err := hotPool.Exec(ctx, "UPDATE outbox_event SET published_at = now() WHERE published_at IS NULL"); err != nil {
+		return nil, fmt.Errorf("mark the rest of the backlog published: %w", err)
+	}
+	if err := sleepCtx(ctx, 5*time.Second); err != nil {
+		return nil, err
+	}
+	res.WithoutAfter, err = measurePhase(ctx, probe, f, prod, pub, "without the backlog, after it", fs.QuietWindow, 0, nil)
+	if err != nil {
+		return nil, err
+	}
+	log.Info("fleet phase", "phase", res.WithoutAfter.Name, "events", res.WithoutAfter.QuietEvents, "p50", res.WithoutAfter.Quiet.P50,
+		"p99", res.WithoutAfter.Quiet.P99, "max", res.WithoutAfter.Quiet.Max, "missing", res.WithoutAfter.Missing, "turns", res.WithoutAfter.Turns)
 
 	// Every event of the run is published: stop the producers and wait for the rest.
 	all := prod.stop()
 	if err := prod.failed(); err != nil {
 		return nil, fmt.Errorf("a quiet tenant's producer: %w", err)
 	}
-	if err := waitUntil(ctx, 30*time.Second, func() bool { return book.pending(all) == 0 }); err != nil {
-		return nil, fmt.Errorf("%d of the quiet tenants' %d events not published 30 s after the last commit: %w", book.pending(all), len(all), err)
+	if err := waitUntil(ctx, time.Minute, func() bool { return book.pending(all) == 0 }); err != nil {
+		return nil, fmt.Errorf("%d of the quiet tenants' %d events not published a minute after the last commit: %w", book.pending(all), len(all), err)
 	}
 	if n, err := pendingCount(ctx, hotPool); err != nil || n != 0 {
 		return nil, fmt.Errorf("the hot tenant has %d rows pending after its drain (%v)", n, err)
@@ -425,6 +484,7 @@ func measureIdle(ctx context.Context, probe *fleetProbe, f *fleet.Fleet, tenants
 	}
 	turns0 := turnsOf(f)
 	s := probe.sample(ctx)
+	defer s.stop()
 	if err := sleepCtx(ctx, window); err != nil {
 		return res, err
 	}
@@ -469,6 +529,7 @@ func measurePhase(ctx context.Context, probe *fleetProbe, f *fleet.Fleet, prod *
 	res := FleetPhase{Name: name, QuietTenants: len(prod.tenants)}
 	turns0 := turnsOf(f)
 	s := probe.sample(ctx)
+	defer s.stop()
 	var from, to time.Time
 	hot0 := pub.count(hotTenant)
 	if begin == nil {
@@ -482,10 +543,15 @@ func measurePhase(ctx context.Context, probe *fleetProbe, f *fleet.Fleet, prod *
 		if from, err = begin(); err != nil {
 			return res, err
 		}
-		if err := waitUntil(ctx, d, func() bool { return pub.count(hotTenant)-hot0 >= hotRows }); err != nil {
-			return res, fmt.Errorf("the hot tenant's backlog: %d of %d published: %w", pub.count(hotTenant)-hot0, hotRows, err)
+		err = waitUntil(ctx, d, func() bool { return pub.count(hotTenant)-hot0 >= hotRows })
+		switch {
+		case ctx.Err() != nil:
+			return res, ctx.Err()
+		case err != nil: // the time box ended first
+			to, res.TimeBoxed = time.Now(), true
+		default:
+			to = pub.lastAck(hotTenant)
 		}
-		to = pub.lastAck(hotTenant)
 		res.HotEvents = pub.count(hotTenant) - hot0
 	}
 	c := s.stop()
@@ -501,7 +567,7 @@ func measurePhase(ctx context.Context, probe *fleetProbe, f *fleet.Fleet, prod *
 	}
 	// Let the window's last events be published before judging them.
 	ids := prod.committedBetween(from, to)
-	_ = waitUntil(ctx, 10*time.Second, func() bool { return prod.book.pending(ids) == 0 })
+	_ = waitUntil(ctx, time.Minute, func() bool { return prod.book.pending(ids) == 0 })
 	waits, missing := prod.book.waits(ids)
 	res.QuietEvents, res.Quiet, res.Missing = len(ids), summarize(waits), missing
 	res.Published = pub.publishedBetween(from, to)

@@ -176,10 +176,9 @@ func startQuietProducers(ctx context.Context, tenants []fleetTenant, book *waitB
 				if sleepCtx(pctx, time.Until(start.Add(offset+time.Duration(k)*time.Second))) != nil {
 					return
 				}
-				id, at, err := writeQuietEvent(pctx, conns[i], t.name, k)
-				if pctx.Err() != nil {
-					return
-				}
+				// The transaction does not see stop: an event is never committed without being
+				// recorded (the tenant header check counts an unrecorded one as misattributed).
+				id, at, err := writeQuietEvent(context.WithoutCancel(pctx), conns[i], t.name, k)
 				p.mu.Lock()
 				if err != nil {
 					if p.err == nil {
@@ -317,6 +316,8 @@ const fleetSessionsSQL = `SELECT count(*) FILTER (WHERE application_name = 'slui
 type connSampler struct {
 	stopc chan struct{}
 	done  chan connStats
+	once  sync.Once
+	stats connStats
 }
 
 // connStats are a sampler's figures: the mean and the max of the relays' sessions, of the
@@ -358,10 +359,13 @@ func (p *fleetProbe) sample(ctx context.Context) *connSampler {
 	return s
 }
 
-// stop ends the sampling and returns its figures.
+// stop ends the sampling and returns its figures; it may be called again.
 func (s *connSampler) stop() connStats {
-	close(s.stopc)
-	return <-s.done
+	s.once.Do(func() {
+		close(s.stopc)
+		s.stats = <-s.done
+	})
+	return s.stats
 }
 
 // sortedCounts renders counts by message, most frequent first.
