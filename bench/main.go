@@ -288,6 +288,7 @@ func run(ctx context.Context, log *slog.Logger, o runOptions) error {
 		{"idlecost", runIdleCostSuite},         // issue 25, bench/idle.go
 		{"hotkey", runHotKeySuite},             // issue 25, bench/hotkey.go
 		{"scaleout", runScaleoutSuite},         // issue 25, bench/scaleout.go
+		{"fleet", runFleetSuite},               // issue 24, bench/fleet.go
 	}
 	for _, s := range suites {
 		if !want(s.name) {

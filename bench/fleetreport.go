@@ -1,0 +1,230 @@
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/pkg/fleet"
+	"github.com/sluicehq/sluice/pkg/outbox"
+)
+
+// The fleet suite's section and targets. Report.Markdown and Report.targets do not call them
+// yet (report.go is outside issue 24's bench item): a Fleet *FleetResult field, a call of
+// markdown beside the other sections and of targets beside the others, and a case in
+// mergeOnto are what wiring them in takes. Until then the suite writes them beside the
+// report (writeFleetSidecars).
+
+// single returns the single-database run of the given pipelines, if measured.
+func (r *FleetResult) single(pipelines int) (FleetSingle, bool) {
+	for _, s := range r.Single {
+		if s.Pipelines == pipelines {
+			return s, true
+		}
+	}
+	return FleetSingle{}, false
+}
+
+// baseline is the single-database relay at its defaults (the first run), the reference of the
+// aggregate target.
+func (r *FleetResult) baseline() (FleetSingle, bool) {
+	if len(r.Single) == 0 {
+		return FleetSingle{}, false
+	}
+	return r.Single[0], true
+}
+
+// reference is the quiet tenants' commit-to-publish without the backlog, each figure the
+// better of the windows before and after it (when measured): the backlog's effect is judged
+// against the quieter of the two, never against an average that drift inflated.
+func (r *FleetResult) reference() Latencies {
+	ref := r.Without.Quiet
+	if a := r.WithoutAfter.Quiet; a.N > 0 {
+		ref.P50, ref.P95, ref.P99, ref.Max = min(ref.P50, a.P50), min(ref.P95, a.P95), min(ref.P99, a.P99), min(ref.Max, a.Max)
+	}
+	return ref
+}
+
+// added is what the backlog added to the quiet tenants' commit-to-publish at p50, p95, p99
+// and max, against reference.
+func (r *FleetResult) added() (p50, p95, p99, maxd time.Duration) {
+	w, o := r.With.Quiet, r.reference()
+	return w.P50 - o.P50, w.P95 - o.P95, w.P99 - o.P99, w.Max - o.Max
+}
+
+// targets are issue 24's goals with their verdicts.
+func (r *FleetResult) targets() []target {
+	if r == nil {
+		return nil
+	}
+	var ts []target
+	d50, _, d99, dmax := r.added()
+	ref := r.reference()
+	fair := fmt.Sprintf("quiet tenants' p50 %s without → %s with (%s), p99 %s → %s (%s); max %s → %s (%s)",
+		dur(ref.P50), dur(r.With.Quiet.P50), signed(d50), dur(ref.P99), dur(r.With.Quiet.P99), signed(d99),
+		dur(ref.Max), dur(r.With.Quiet.Max), signed(dmax))
+	ok := d50 <= fleetTargetDelay && d99 <= fleetTargetDelay
+	if missing := r.With.Missing + r.Without.Missing + r.WithoutAfter.Missing; missing > 0 {
+		fair += fmt.Sprintf("; %d events never published", missing)
+		ok = false
+	}
+	ts = append(ts, target{24, fmt.Sprintf("Fleet fairness beside a %s-row backlog", num(float64(r.HotRows))),
+		fmt.Sprintf("≤ %s added to another tenant's commit-to-publish (p50 and p99, same tenants without the backlog)", fleetTargetDelay), fair, verdict(ok)})
+	if b, okb := r.baseline(); okb && b.Rate() > 0 {
+		agg := r.With.Aggregate()
+		m := fmt.Sprintf("%s events/s (hot tenant %s events/s + quiet tenants) vs %s events/s for one relay on one database (%d pipelines): %.0f%%",
+			num(agg), num(r.With.HotRate()), num(b.Rate()), b.Pipelines, 100*agg/b.Rate())
+		if p1, ok1 := r.single(1); ok1 && p1.Pipelines != b.Pipelines && p1.Rate() > 0 {
+			m += fmt.Sprintf("; vs the same relay with 1 pipeline, as the fleet runs a tenant of weight 1 (%s events/s): %.0f%%", num(p1.Rate()), 100*agg/p1.Rate())
+		}
+		ts = append(ts, target{24, "Fleet aggregate vs a single-database relay", fmt.Sprintf("≥ %.0f%% on the same server", 100*fleetTargetRatio), m,
+			verdict(agg >= fleetTargetRatio*b.Rate())})
+	}
+	ts = append(ts, target{24, "Fleet connections within the server's budget", fmt.Sprintf("never above the budget (%d)", r.Budget),
+		fmt.Sprintf("most granted at once %d; most sluice-fleet-* sessions seen in pg_stat_activity %d", r.BudgetPeak, r.ConnsMax),
+		verdict(r.BudgetPeak <= r.Budget && r.ConnsMax <= r.Budget)})
+	return ts
+}
+
+// withEnd says how the window with the backlog ended.
+func withEnd(r *FleetResult) string {
+	if r.With.TimeBoxed {
+		return fmt.Sprintf("for a time box of %s, the backlog not drained by then (%s of %s rows published in it, the rest left pending)",
+			r.With.Window.Round(time.Second), num(float64(r.With.HotEvents)), num(float64(r.HotRows)))
+	}
+	return "until the hot tenant's last event was acknowledged"
+}
+
+func signed(d time.Duration) string {
+	if d < 0 {
+		return "−" + dur(-d)
+	}
+	return "+" + dur(d)
+}
+
+// markdown renders the suite's section.
+func (r *FleetResult) markdown(w func(string, ...any)) {
+	if r == nil {
+		return
+	}
+	quiet := r.Databases - 1
+	w("## 17. Fleet: %d tenant databases on one server (issue 24)\n\n", r.Databases)
+	w("One `fleet.Fleet` (pkg/fleet) serves %d databases on the benchmark's PostgreSQL server, each a copy of one migrated database "+
+		"(`CREATE DATABASE ... TEMPLATE`; making them took %s). Its settings: %s. The broker is an in-process stub that waits %s per "+
+		"`PublishBatch` call, as in section 1, and records when it acknowledged each event and which tenant `%s` named. "+
+		"One tenant, *hot*, gets a %s-row backlog over %s partition keys committed in one `INSERT`; the %d *quiet* tenants each commit "+
+		"one event a second with `outbox.Write`, in a transaction of its own, on a connection of their own, spread evenly over each second. "+
+		"The fleet runs throughout: an idle window first (nobody writes), then the quiet tenants alone for %s, then with the backlog, "+
+		"from its commit %s, then the quiet tenants alone again for as long.\n\n",
+		r.Databases, r.CreateDatabases.Round(time.Second), r.Settings, r.Delay, outbox.TenantHeader, num(float64(r.HotRows)), num(float64(r.HotKeys)),
+		quiet, r.Without.Window.Round(time.Second), withEnd(r))
+
+	w("**Quiet tenants' commit-to-publish** (their producer's `Commit` returning to the stub's acknowledgement, the stub's %s included):\n\n", r.Delay)
+	w("| window | length | quiet events | p50 | p95 | p99 | max | not published within a minute | quiet tenants' turns per tenant per s | fleet sessions, mean / max |\n")
+	w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, p := range []FleetPhase{r.Without, r.With, r.WithoutAfter} {
+		if p.Name == "" {
+			continue
+		}
+		w("| %s | %s | %s | %s | %s | **%s** | %s | %d | %.2f | %.1f / %d |\n", p.Name, p.Window.Round(100*time.Millisecond), num(float64(p.QuietEvents)),
+			dur(p.Quiet.P50), dur(p.Quiet.P95), dur(p.Quiet.P99), dur(p.Quiet.Max), p.Missing, perTenantPerSecond(p.Turns, p.QuietTenants, p.Window),
+			p.ConnsMean, p.ConnsMax)
+	}
+	d50, d95, d99, dmax := r.added()
+	w("| **added by the backlog** (against the better window without it, figure by figure) | | | **%s** | %s | **%s** | %s | | | |\n\n", signed(d50), signed(d95), signed(d99), signed(dmax))
+
+	w("**Throughput** on the same server: the single-database relay (`outbox.Relay.Run` on one pool, the same stub) drained the same " +
+		"backlog in the hot tenant's database before the fleet started, committed the same way (one `INSERT`, no `VACUUM` after it):\n\n")
+	w("| run | pipelines | events | time | events/s | fleet aggregate ÷ this |\n|---|---:|---:|---:|---:|---:|\n")
+	agg := r.With.Aggregate()
+	for _, s := range r.Single {
+		w("| %s | %d | %s | %s | %s | %.0f%% |\n", s.Name, s.Pipelines, num(float64(s.Events)), s.Elapsed.Round(time.Millisecond), num(s.Rate()), 100*agg/s.Rate())
+	}
+	w("| fleet: the hot tenant (%d turns%s) | 1 | %s | %s | %s | |\n", r.With.HotTurns, map[bool]string{true: ", time-boxed"}[r.With.TimeBoxed], num(float64(r.With.HotEvents)), r.With.Window.Round(time.Millisecond), num(r.With.HotRate()))
+	w("| **fleet: every tenant (aggregate)** | | %s | %s | **%s** | |\n\n", num(float64(r.With.Published)), r.With.Window.Round(time.Millisecond), num(agg))
+	if len(r.HotStatements) > 0 {
+		var parts []string
+		var sum time.Duration
+		for _, s := range r.HotStatements {
+			parts = append(parts, fmt.Sprintf("%s %s in %s", s.Kind, num(float64(s.N)), s.Total.Round(time.Millisecond)))
+			sum += s.Total
+		}
+		w("Where the hot tenant's window went: its relays' statements (a pgx tracer on its pools, by kind: statements, time) were %s; "+
+			"%s in all over its %d turns in the %s window, the rest of its time was spent publishing (the stub's %s per call), opening and closing pools, "+
+			"and waiting for its turn.\n\n", strings.Join(parts, "; "), sum.Round(time.Millisecond), r.With.HotTurns, r.With.Window.Round(time.Second), r.Delay)
+	}
+
+	i := r.Idle
+	w("**Idle cost**: %d tenants, none writing, over %s, starting once every tenant had ended its first turn (each idle tenant is swept "+
+		"every %s to %s, SweepInterval randomised down to half; %.1f turns per tenant in the window):\n\n",
+		i.Tenants, i.Window.Round(time.Second), fleet.DefaultSweepInterval/2, fleet.DefaultSweepInterval, float64(i.Turns)/float64(max(1, i.Tenants)))
+	w("| | whole fleet | per idle tenant |\n|---|---:|---:|\n")
+	w("| relay sessions (`sluice-fleet-relay`), mean / max | %.2f / %d | %.3f |\n", i.RelayConnsMean, i.RelayConnsMax, i.RelayConnsMean/float64(max(1, i.Tenants)))
+	w("| activity poll sessions (`sluice-fleet-activity`), mean / max | %.2f / %d | |\n", i.ActivityConnsMean, i.ActivityConnsMax)
+	w("| transactions/s in the tenant databases (`xact_commit + xact_rollback`) | %.1f | %.3f (median database %.3f) |\n", i.Xacts, i.Xacts/float64(max(1, i.Tenants)), i.XactsMedian)
+	w("| busiest tenant database (%s: the activity poll's connection is on it) | %.1f | |\n", i.XactsMaxDB, i.XactsMax)
+	w("| turns (a pool opened, `RunOnce` until idle, the pool closed) per minute | %.1f | %.2f |\n\n",
+		float64(i.Turns)/i.Window.Minutes(), float64(i.Turns)/i.Window.Minutes()/float64(max(1, i.Tenants)))
+
+	w("The budget: at most %d connections granted at once (of %d), at most %d `sluice-fleet-*` sessions seen in `pg_stat_activity` (sampled every 250 ms) over the whole run. "+
+		"Start-up (every tenant's first turn) took %s. Duplicate publishes: %d; events whose tenant header did not name their writer: %d.",
+		r.BudgetPeak, r.Budget, r.ConnsMax, r.Startup.Round(100*time.Millisecond), r.Duplicates, r.HeaderMismatches)
+	if len(r.Problems) > 0 {
+		w(" Warnings logged by the fleet and its relays: %s.", sortedCounts(r.Problems))
+	}
+	w("\n\n")
+}
+
+func perTenantPerSecond(n, tenants int, d time.Duration) float64 {
+	if tenants == 0 || d <= 0 {
+		return 0
+	}
+	return float64(n) / float64(tenants) / d.Seconds()
+}
+
+// writeFleetSidecars writes the suite's section with its targets (Markdown) and its results
+// (JSON) beside the run's report and results (-out X.md gives X.fleet.md, -results Y.json
+// Y.fleet.json), and prints the section on standard output.
+func writeFleetSidecars(log *slog.Logger, res *FleetResult) error {
+	var b strings.Builder
+	w := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
+	w("| target | issue | goal | measured | status |\n|---|---|---|---|---|\n")
+	for _, t := range res.targets() {
+		w("| %s | %d | %s | %s | %s |\n", t.Name, t.Issue, t.Goal, t.Measured, t.Status)
+	}
+	w("\n")
+	res.markdown(w)
+	fmt.Print(b.String())
+	if out := flagValue("out"); out != "" {
+		p := strings.TrimSuffix(out, filepath.Ext(out)) + ".fleet.md"
+		if err := os.WriteFile(p, []byte(b.String()), 0o644); err != nil {
+			return fmt.Errorf("write the fleet section: %w", err)
+		}
+		log.Info("fleet: section written", "path", p)
+	}
+	if results := flagValue("results"); results != "" {
+		p := strings.TrimSuffix(results, filepath.Ext(results)) + ".fleet.json"
+		j, err := json.MarshalIndent(res, "", "  ")
+		if err == nil {
+			err = os.WriteFile(p, j, 0o644)
+		}
+		if err != nil {
+			return fmt.Errorf("write the fleet results: %w", err)
+		}
+		log.Info("fleet: results written", "path", p)
+	}
+	return nil
+}
+
+// flagValue is the value of the command's flag name, "" when it has none.
+func flagValue(name string) string {
+	if f := flag.Lookup(name); f != nil {
+		return f.Value.String()
+	}
+	return ""
+}

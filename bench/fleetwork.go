@@ -1,0 +1,390 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sluicehq/sluice/pkg/outbox"
+)
+
+// The fleet suite's workload (fleet.go): the broker stub that tells tenants apart, the quiet
+// tenants' producers, and the probe that reads the server's view of the fleet.
+
+// fleetPublisher is the fleet's broker: the latency suites' ackPublisher (Delay per call,
+// acknowledgements recorded in a waitBook), counting what it acknowledged per tenant, as
+// each event's outbox.TenantHeader names it.
+type fleetPublisher struct {
+	ack *ackPublisher
+
+	mu       sync.Mutex
+	byTenant map[string]int
+	last     map[string]time.Time // each tenant's latest acknowledgement
+	calls    []ackedCall
+	header   map[uuid.UUID]string // the tenant header of each event's first publish
+	again    int                  // publishes of an event already acknowledged
+}
+
+// ackedCall is one PublishBatch call's acknowledgements.
+type ackedCall struct {
+	at time.Time
+	n  int
+}
+
+var _ outbox.Publisher = (*fleetPublisher)(nil)
+
+func newFleetPublisher(book *waitBook) *fleetPublisher {
+	return &fleetPublisher{ack: &ackPublisher{Delay: fleetDelay, book: book},
+		byTenant: map[string]int{}, last: map[string]time.Time{}, header: map[uuid.UUID]string{}}
+}
+
+// PublishBatch implements outbox.Publisher.
+func (p *fleetPublisher) PublishBatch(ctx context.Context, dest string, events []*outbox.Event) []error {
+	errs := p.ack.PublishBatch(ctx, dest, events)
+	now := time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for i, e := range events {
+		if errs[i] != nil {
+			continue
+		}
+		n++
+		tenant := e.Headers[outbox.TenantHeader]
+		if _, ok := p.header[e.EventID]; ok {
+			p.again++
+			continue
+		}
+		p.header[e.EventID] = tenant
+		p.byTenant[tenant]++
+		p.last[tenant] = now
+	}
+	p.calls = append(p.calls, ackedCall{now, n})
+	return errs
+}
+
+// count returns how many distinct events of tenant were acknowledged.
+func (p *fleetPublisher) count(tenant string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.byTenant[tenant]
+}
+
+// lastAck returns when tenant's latest event was acknowledged.
+func (p *fleetPublisher) lastAck(tenant string) time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.last[tenant]
+}
+
+// publishedBetween counts the acknowledgements in [from, to].
+func (p *fleetPublisher) publishedBetween(from, to time.Time) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, c := range p.calls {
+		if !c.at.Before(from) && !c.at.After(to) {
+			n += c.n
+		}
+	}
+	return n
+}
+
+// duplicates returns how many publishes repeated an acknowledged event.
+func (p *fleetPublisher) duplicates() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.again
+}
+
+// mismatches counts the events whose tenant header is not their writer's: tenantOf names the
+// writer of the quiet tenants' events; every other event is the hot tenant's.
+func (p *fleetPublisher) mismatches(tenantOf func(uuid.UUID) (string, bool)) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for id, h := range p.header {
+		want, ok := tenantOf(id)
+		if !ok {
+			want = hotTenant
+		}
+		if h != want {
+			n++
+		}
+	}
+	return n
+}
+
+// quietProducers are the quiet tenants' writers: each commits one event a second, each in its
+// own transaction with outbox.Write, on a connection of its own, on an open-loop schedule
+// (event k of tenant i is due at start + i/n s + k s), the tenants spread evenly over each
+// second.
+type quietProducers struct {
+	tenants []fleetTenant
+	book    *waitBook
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+
+	mu     sync.Mutex
+	events []quietEvent
+	writer map[uuid.UUID]string
+	err    error
+	all    []uuid.UUID // set by stop
+}
+
+// quietEvent is one committed event: its id, its tenant's name and when Commit returned.
+type quietEvent struct {
+	id     uuid.UUID
+	tenant string
+	at     time.Time
+}
+
+// startQuietProducers connects to every tenant's database and starts its writer.
+func startQuietProducers(ctx context.Context, tenants []fleetTenant, book *waitBook) (*quietProducers, error) {
+	p := &quietProducers{tenants: tenants, book: book, writer: map[uuid.UUID]string{}}
+	conns := make([]*pgx.Conn, len(tenants))
+	for i, t := range tenants {
+		cfg, err := pgx.ParseConfig(t.url)
+		if err != nil {
+			return nil, err
+		}
+		cfg.RuntimeParams["application_name"] = "sluice-bench-producer"
+		if conns[i], err = pgx.ConnectConfig(ctx, cfg); err != nil {
+			for _, c := range conns[:i] {
+				c.Close(context.WithoutCancel(ctx))
+			}
+			return nil, fmt.Errorf("connect the producer of %s: %w", t.name, err)
+		}
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	p.cancel = cancel
+	start := time.Now()
+	for i, t := range tenants {
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			defer conns[i].Close(context.WithoutCancel(ctx))
+			offset := time.Duration(i) * time.Second / time.Duration(len(tenants))
+			for k := 0; ; k++ {
+				if sleepCtx(pctx, time.Until(start.Add(offset+time.Duration(k)*time.Second))) != nil {
+					return
+				}
+				// The transaction does not see stop: an event is never committed without being
+				// recorded (the tenant header check counts an unrecorded one as misattributed).
+				id, at, err := writeQuietEvent(context.WithoutCancel(pctx), conns[i], t.name, k)
+				p.mu.Lock()
+				if err != nil {
+					if p.err == nil {
+						p.err = fmt.Errorf("tenant %s: %w", t.name, err)
+					}
+					p.mu.Unlock()
+					return
+				}
+				p.events = append(p.events, quietEvent{id, t.name, at})
+				p.writer[id] = t.name
+				p.mu.Unlock()
+				book.commit(at, id)
+			}
+		}()
+	}
+	return p, nil
+}
+
+func writeQuietEvent(ctx context.Context, conn *pgx.Conn, tenant string, k int) (uuid.UUID, time.Time, error) {
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return uuid.Nil, time.Time{}, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	key := fmt.Sprintf("%s-%d", tenant, k%10)
+	written, err := outbox.Write(ctx, tx, outbox.Message{Topic: "orders", AggregateType: "order", AggregateID: key, EventType: "OrderCreated",
+		Payload: json.RawMessage(fmt.Sprintf(`{"orderId":%d,"customerId":"c-42","totalCents":1299,"currency":"EUR","schemaVersion":1}`, k))})
+	if err != nil {
+		return uuid.Nil, time.Time{}, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return uuid.Nil, time.Time{}, err
+	}
+	return written[0].EventID, time.Now(), nil
+}
+
+// committedBetween returns the ids of the events committed in [from, to].
+func (p *quietProducers) committedBetween(from, to time.Time) []uuid.UUID {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var ids []uuid.UUID
+	for _, e := range p.events {
+		if !e.at.Before(from) && !e.at.After(to) {
+			ids = append(ids, e.id)
+		}
+	}
+	return ids
+}
+
+// tenantOf names the tenant that wrote id.
+func (p *quietProducers) tenantOf(id uuid.UUID) (string, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t, ok := p.writer[id]
+	return t, ok
+}
+
+// stop stops the writers (once) and returns every event they committed; a writer's failure is
+// returned by failed.
+func (p *quietProducers) stop() []uuid.UUID {
+	p.cancel()
+	p.wg.Wait()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.all == nil {
+		p.all = make([]uuid.UUID, len(p.events))
+		for i, e := range p.events {
+			p.all[i] = e.id
+		}
+	}
+	return p.all
+}
+
+// failed returns the first writer's failure, if any.
+func (p *quietProducers) failed() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err
+}
+
+// fleetProbe reads the server's view of the fleet from the maintenance database (so that its
+// own transactions are in no tenant's counters).
+type fleetProbe struct {
+	pool *pgxpool.Pool
+}
+
+func newFleetProbe(ctx context.Context, adminURL string) (*fleetProbe, error) {
+	cfg, err := pgxpool.ParseConfig(adminURL)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = 3
+	cfg.ConnConfig.RuntimeParams["application_name"] = "sluice-bench-probe"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &fleetProbe{pool: pool}, nil
+}
+
+func (p *fleetProbe) close() { p.pool.Close() }
+
+// xacts returns each tenant database's transactions so far (xact_commit + xact_rollback).
+func (p *fleetProbe) xacts(ctx context.Context, tenants []fleetTenant) (map[string]int64, error) {
+	dbs := make([]string, len(tenants))
+	for i, t := range tenants {
+		dbs[i] = t.db
+	}
+	rows, err := p.pool.Query(ctx, `SELECT datname, xact_commit + xact_rollback FROM pg_stat_database WHERE datname = ANY($1)`, dbs)
+	if err != nil {
+		return nil, fmt.Errorf("read pg_stat_database: %w", err)
+	}
+	out := map[string]int64{}
+	for rows.Next() {
+		var (
+			db string
+			n  int64
+		)
+		if err := rows.Scan(&db, &n); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		out[db] = n
+	}
+	return out, rows.Err()
+}
+
+// fleetSessionsSQL counts the fleet's sessions on the server: its relays' pools and its
+// activity poll (pkg/fleet names them by application_name).
+const fleetSessionsSQL = `SELECT count(*) FILTER (WHERE application_name = 'sluice-fleet-relay'),
+	count(*) FILTER (WHERE application_name = 'sluice-fleet-activity'), count(*)
+	FROM pg_stat_activity WHERE application_name LIKE 'sluice-fleet-%'`
+
+// connSampler samples the fleet's sessions every 250 ms until stopped.
+type connSampler struct {
+	stopc chan struct{}
+	done  chan connStats
+	once  sync.Once
+	stats connStats
+}
+
+// connStats are a sampler's figures: the mean and the max of the relays' sessions, of the
+// activity poll's, and the max of their sum.
+type connStats struct {
+	samples                         int
+	relayMean, activityMean         float64
+	relayMax, activityMax, totalMax int
+}
+
+func (p *fleetProbe) sample(ctx context.Context) *connSampler {
+	s := &connSampler{stopc: make(chan struct{}), done: make(chan connStats, 1)}
+	go func() {
+		var st connStats
+		var sumR, sumA int
+		tick := time.NewTicker(250 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			var r, a, all int
+			if err := p.pool.QueryRow(ctx, fleetSessionsSQL).Scan(&r, &a, &all); err == nil {
+				st.samples++
+				sumR, sumA = sumR+r, sumA+a
+				st.relayMax, st.activityMax, st.totalMax = max(st.relayMax, r), max(st.activityMax, a), max(st.totalMax, all)
+			}
+			select {
+			case <-s.stopc:
+				if st.samples > 0 {
+					st.relayMean, st.activityMean = float64(sumR)/float64(st.samples), float64(sumA)/float64(st.samples)
+				}
+				s.done <- st
+				return
+			case <-ctx.Done():
+				s.done <- st
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return s
+}
+
+// stop ends the sampling and returns its figures; it may be called again.
+func (s *connSampler) stop() connStats {
+	s.once.Do(func() {
+		close(s.stopc)
+		s.stats = <-s.done
+	})
+	return s.stats
+}
+
+// sortedCounts renders counts by message, most frequent first.
+func sortedCounts(m map[string]int) string {
+	type kv struct {
+		k string
+		v int
+	}
+	var s []kv
+	for k, v := range m {
+		s = append(s, kv{k, v})
+	}
+	sort.Slice(s, func(i, j int) bool { return s[i].v > s[j].v || (s[i].v == s[j].v && s[i].k < s[j].k) })
+	out := ""
+	for i, x := range s {
+		if i > 0 {
+			out += "; "
+		}
+		out += fmt.Sprintf("%s (%d)", x.k, x.v)
+	}
+	return out
+}
