@@ -1,12 +1,7 @@
 package main
 
 import (
-	"encoding/json"
-	"flag"
 	"fmt"
-	"log/slog"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -185,46 +180,4 @@ func perTenantPerSecond(n, tenants int, d time.Duration) float64 {
 		return 0
 	}
 	return float64(n) / float64(tenants) / d.Seconds()
-}
-
-// writeFleetSidecars writes the suite's section with its targets (Markdown) and its results
-// (JSON) beside the run's report and results (-out X.md gives X.fleet.md, -results Y.json
-// Y.fleet.json), and prints the section on standard output.
-func writeFleetSidecars(log *slog.Logger, res *FleetResult) error {
-	var b strings.Builder
-	w := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
-	w("| target | issue | goal | measured | status |\n|---|---|---|---|---|\n")
-	for _, t := range res.targets() {
-		w("| %s | %d | %s | %s | %s |\n", t.Name, t.Issue, t.Goal, t.Measured, t.Status)
-	}
-	w("\n")
-	res.markdown(w)
-	fmt.Print(b.String())
-	if out := flagValue("out"); out != "" {
-		p := strings.TrimSuffix(out, filepath.Ext(out)) + ".fleet.md"
-		if err := os.WriteFile(p, []byte(b.String()), 0o644); err != nil {
-			return fmt.Errorf("write the fleet section: %w", err)
-		}
-		log.Info("fleet: section written", "path", p)
-	}
-	if results := flagValue("results"); results != "" {
-		p := strings.TrimSuffix(results, filepath.Ext(results)) + ".fleet.json"
-		j, err := json.MarshalIndent(res, "", "  ")
-		if err == nil {
-			err = os.WriteFile(p, j, 0o644)
-		}
-		if err != nil {
-			return fmt.Errorf("write the fleet results: %w", err)
-		}
-		log.Info("fleet: results written", "path", p)
-	}
-	return nil
-}
-
-// flagValue is the value of the command's flag name, "" when it has none.
-func flagValue(name string) string {
-	if f := flag.Lookup(name); f != nil {
-		return f.Value.String()
-	}
-	return ""
 }

@@ -53,6 +53,7 @@
 //     destination keeps a key's order in a call (Kafka) against one row of a key per call, with
 //     idle keys' waits beside it;
 //  16. scale-out (issue 25, scaleout.go): 1, 2 and 4 relays at 0 and 10 ms against one another
+//  17. fleet (issue 24, fleet.go): 200 tenant databases on one server, one backlogged
 //     and the ceiling loop, with where each run's time went (statements, rounds, wait events, CPU).
 //
 // The full run takes about 45 minutes, 32 of them the sustained suite (two 4-minute runs and
@@ -81,7 +82,7 @@ func main() {
 		chart     = flag.String("chart", "bench.png", "where to write the relay chart (PNG); the sustained suite's goes next to it, with -sustained before the extension")
 		chartRef  = flag.String("chart-ref", "", "how the report links the chart (defaults to -chart)")
 		quick     = flag.Bool("quick", false, "reduced sizes, for developing the harness (numbers are not the reported ones)")
-		only      = flag.String("only", "", "comma-separated suites to run (relay,producer,consumer,e2e,scale,isolation,producers,wakeup,sustained,tracing,destinations,claimcheck,writes-per-event,idlecost,hotkey,scaleout); default all")
+		only      = flag.String("only", "", "comma-separated suites to run (relay,producer,consumer,e2e,scale,isolation,producers,wakeup,sustained,tracing,destinations,claimcheck,writes-per-event,idlecost,hotkey,scaleout,fleet); default all")
 		command   = flag.String("command", "", "the command line to print in the report (defaults to this process's)")
 		verbosity = flag.Bool("v", false, "log progress of every run")
 		results   = flag.String("results", "", "where to save the raw results as JSON, for -render (make bench: bench/results.json); with -render and -base, the merged results")
@@ -383,6 +384,8 @@ func mergeOnto(base string, part *Report) (*Report, error) {
 			rep.HotKey = part.HotKey
 		case "scaleout": // issue 25, bench/scaleout.go
 			rep.Scaleout = part.Scaleout
+		case "fleet": // issue 24, bench/fleet.go
+			rep.Fleet = part.Fleet
 		}
 		replaced := false
 		for i := range rep.SuiteTimes {

@@ -61,6 +61,8 @@ type Report struct {
 	HotKey *HotKeyResult `json:",omitempty"`
 	// Scaleout is issue 25's scale-out suite (bench/scaleout.go).
 	Scaleout *ScaleoutResult `json:",omitempty"`
+	// Fleet is issue 24's fleet suite (bench/fleet.go).
+	Fleet *FleetResult `json:",omitempty"`
 }
 
 // suiteTime is how long one suite took.
@@ -195,6 +197,7 @@ func (r *Report) targets() []target {
 	ts = append(ts, r.idleCostTargets()...)
 	ts = append(ts, r.hotKeyTargets()...)   // issue 25, bench/hotkey.go
 	ts = append(ts, r.scaleoutTargets()...) // issue 25, bench/scaleout.go
+	ts = append(ts, r.Fleet.targets()...)   // issue 24, bench/fleet.go
 	return ts
 }
 
@@ -264,6 +267,7 @@ func (r *Report) Markdown() string {
 	r.idleCostMarkdown(w)     // issue 25, bench/idle.go
 	r.hotKeyMarkdown(w)       // issue 25, bench/hotkey.go
 	r.scaleoutMarkdown(w)     // issue 25, bench/scaleout.go
+	r.Fleet.markdown(w)       // issue 24, bench/fleet.go
 
 	w("## Analysis\n\n%s\n", strings.TrimSpace(r.renderNotes(notes)))
 	w("\n## Run time\n\n| suite | time |\n|---|---|\n")
