@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"sync"
+	"time"
 )
 
 // budget is one server's connection budget: the fleet's only owner of how many connections
@@ -21,6 +22,7 @@ type budget struct {
 type grant struct {
 	n     int
 	ready chan struct{}
+	since time.Time // when it began to wait
 }
 
 func newBudget(size int) *budget { return &budget{size: size} }
@@ -34,7 +36,7 @@ func (b *budget) acquire(ctx context.Context, n int) error {
 		b.mu.Unlock()
 		return nil
 	}
-	g := &grant{n: n, ready: make(chan struct{})}
+	g := &grant{n: n, ready: make(chan struct{}), since: time.Now()}
 	b.queue = append(b.queue, g)
 	b.mu.Unlock()
 	select {
@@ -73,6 +75,16 @@ func (b *budget) waiting() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return len(b.queue) > 0
+}
+
+// oldestWait is how long the oldest waiting request has waited (0 when none waits).
+func (b *budget) oldestWait() time.Duration {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.queue) == 0 {
+		return 0
+	}
+	return time.Since(b.queue[0].since)
 }
 
 // usage returns the connections granted now and the most granted at once.

@@ -30,7 +30,7 @@ const (
 	// when no other tenant waits for them.
 	DefaultIdleClose = 5 * time.Second
 	// DefaultTurn is how long a tenant (of weight 1) with work keeps its connections once
-	// another tenant waits for them.
+	// another tenant has waited that long for them.
 	DefaultTurn = time.Second
 	// DefaultTopTenants is how many tenants get metrics of their own (the rest are summed
 	// under the tenant "_other").
@@ -75,8 +75,9 @@ type Config struct {
 	// closes it. Defaults to DefaultIdleClose.
 	IdleClose time.Duration
 	// Turn is how long a tenant of weight 1 that still has work keeps its connections once
-	// another tenant of its server waits (Weight × Turn for heavier ones). Defaults to
-	// DefaultTurn.
+	// another tenant of its server has waited Turn for connections (Weight × Turn for heavier
+	// ones): a waiting tenant is let in within about two Turns however busy the others.
+	// Defaults to DefaultTurn.
 	Turn time.Duration
 	// Shard and Shards split a fleet between Shards deployments: this one serves the tenants
 	// whose ShardOf(name, Shards) is Shard. Defaults to 0 of 1 (every tenant).

@@ -9,12 +9,13 @@
 // The guarantees, and the one place each is enforced:
 //   - Per-key order and every isolation guarantee hold per tenant exactly as for one database:
 //     each tenant's rows are claimed and published by an ordinary outbox.Relay on that tenant's
-//     own database (fleet.go, runTurn); the fleet adds no state the relay's correctness reads.
+//     own database (fleet.go, tenant.turn); the fleet adds no state the relay's correctness reads.
 //   - The connections of a fleet never exceed a server's budget: every pool is sized before it
 //     is opened and its connections are taken from that server's budget first (budget.go).
 //   - Fairness: the budget is granted first come, first served, a tenant holds at most
-//     Weight × ConnsPerWeight connections, and a tenant that still has work after its turn
-//     gives its connections back when another tenant waits (fleet.go, runTurn).
+//     Weight × Pipelines + 1 connections, and a tenant that still has work after its
+//     Weight × Turn gives its connections back once another tenant has waited a Turn
+//     (fleet.go, tenant.turn).
 //   - Liveness: every registered tenant is looked at directly at least every SweepInterval;
 //     the server-wide activity poll (pg_stat_database, one query per server per
 //     DetectInterval) only brings a tenant's turn sooner, it never decides that one is not due.

@@ -397,7 +397,7 @@ func (t *tenant) turn(ctx context.Context) (more, retrying bool, err error) {
 	var lastWork time.Time // the last RunOnce of this turn that claimed rows
 	share := time.Duration(t.t.Weight) * cfg.Turn
 	for {
-		// The turn's share ends RunOnce early (its rounds finish) once another tenant waits.
+		// The turn's share ends RunOnce early (its rounds finish) once another tenant has waited.
 		rctx, stop := context.WithCancel(ctx)
 		yielded := make(chan struct{})
 		go func() {
@@ -409,7 +409,9 @@ func (t *tenant) turn(ctx context.Context) (more, retrying bool, err error) {
 				case <-rctx.Done():
 					return
 				case <-tick.C:
-					if time.Since(start) >= share && t.server.budget.waiting() {
+					// A turn past its share gives way to a tenant that has waited a Turn: one
+					// that the other tenants' short turns did not let in meanwhile.
+					if time.Since(start) >= share && t.server.budget.oldestWait() >= cfg.Turn {
 						stop()
 						return
 					}

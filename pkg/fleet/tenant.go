@@ -28,9 +28,9 @@ type Tenant struct {
 	// Server names the PostgreSQL server the database is on: tenants of one server share its
 	// connection budget. Defaults to DatabaseURL's host:port; required with SecretARN.
 	Server string `json:"server,omitempty"`
-	// Weight bounds the tenant's share: it holds at most Weight × Config.ConnsPerWeight
-	// connections and its turn lasts Weight × Config.Turn when others wait. 1 to 100;
-	// defaults to 1.
+	// Weight bounds the tenant's share: its relay runs Weight × Relay.Pipelines pipelines (at
+	// most 16) on as many connections and one more, and its turn lasts Weight × Config.Turn
+	// when others wait. 1 to 100; defaults to 1.
 	Weight int `json:"weight,omitempty"`
 }
 
