@@ -13,7 +13,7 @@ import (
 // A round is BEGIN, lock, read, publish (no statement), settle, COMMIT; the watcher polls and
 // sweeps in read-only transactions of its own.
 const (
-	stmtLock   = "lock"   // lockKeysSQL: one pg_try_advisory_xact_lock per key
+	stmtLock   = "lock"   // lockKeysSQL: one pg_try_advisory_lock per key (the xact form before)
 	stmtRead   = "read"   // readSQL: each locked key's rows after its floor
 	stmtSweep  = "sweep"  // sweepSQL: one index descent per pending key
 	stmtPoll   = "poll"   // the poll batch: rows above the frontier, and the admin epoch
@@ -24,7 +24,7 @@ const (
 // relayStmtKind names a statement of the relay by its text.
 func relayStmtKind(sql string) string {
 	switch {
-	case strings.Contains(sql, "pg_try_advisory_xact_lock"):
+	case strings.Contains(sql, "pg_try_advisory_lock"), strings.Contains(sql, "pg_try_advisory_xact_lock"):
 		return stmtLock
 	case strings.Contains(sql, "WITH chain AS"):
 		return stmtRead
