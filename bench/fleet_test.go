@@ -1,10 +1,7 @@
 package main
 
 import (
-	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -16,16 +13,7 @@ import (
 // every quiet event and the whole backlog published, each event under its writer's tenant
 // header, and the fleet never above its connection budget, by its own count or the server's.
 func TestFleetSuiteSmoke(t *testing.T) {
-	t.Parallel()
-	if testing.Short() {
-		t.Skip("starts a PostgreSQL cluster")
-	}
-	if _, err := pgcluster.BinDir(); err != nil {
-		t.Skip(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx, log := clusterTest(t, 5*time.Minute)
 	c, err := pgcluster.Start(ctx, pgcluster.Options{})
 	if err != nil {
 		t.Fatal(err)

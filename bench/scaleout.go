@@ -467,9 +467,10 @@ const (
 	classOther    = "other (epoch, max id, version)"
 )
 
+// scaleoutClass is the class of a statement of the relay (or of the ceiling loop), by its text.
 func scaleoutClass(q string) string {
 	switch {
-	case strings.Contains(q, "pg_try_advisory_lock"):
+	case strings.Contains(q, "pg_try_advisory_lock"), strings.Contains(q, "pg_try_advisory_xact_lock"): // the xact form before
 		return classLock
 	case strings.Contains(q, "WITH chain AS"):
 		return classRead

@@ -1,30 +1,16 @@
 package main
 
 import (
-	"context"
-	"io"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/sluicehq/sluice/internal/pgcluster"
 )
 
 // The suite at a tiny size, on its own cluster: every configuration drains the backlog, and
 // each run's breakdown has the relays' statements, rounds, samples and CPU, which the report
 // renders with a verdict for each target.
 func TestScaleoutSuiteTiny(t *testing.T) {
-	t.Parallel()
-	if testing.Short() {
-		t.Skip("starts a PostgreSQL cluster")
-	}
-	if _, err := pgcluster.BinDir(); err != nil {
-		t.Skip(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx, log := clusterTest(t, 3*time.Minute)
 	env, err := startScaleoutEnv(ctx, log)
 	if err != nil {
 		t.Fatal(err)

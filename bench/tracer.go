@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"strings"
 	"sync"
 	"time"
 
@@ -21,18 +20,19 @@ const (
 	stmtOther  = "other"
 )
 
-// relayStmtKind names a statement of the relay by its text.
+// relayStmtKind names a statement of the relay by its text: scaleoutClass's classes, coarser
+// (the one table of the relay's statements).
 func relayStmtKind(sql string) string {
-	switch {
-	case strings.Contains(sql, "pg_try_advisory_lock"), strings.Contains(sql, "pg_try_advisory_xact_lock"):
+	switch scaleoutClass(sql) {
+	case classLock:
 		return stmtLock
-	case strings.Contains(sql, "WITH chain AS"):
+	case classRead:
 		return stmtRead
-	case strings.Contains(sql, "WITH RECURSIVE walk"):
+	case classSweep:
 		return stmtSweep
-	case strings.Contains(sql, "WHERE id > $1 ORDER BY id LIMIT"):
+	case classPoll:
 		return stmtPoll
-	case strings.Contains(sql, "UPDATE outbox_event"):
+	case classMark, classFail:
 		return stmtSettle
 	}
 	return stmtOther

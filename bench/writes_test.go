@@ -1,30 +1,16 @@
 package main
 
 import (
-	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/sluicehq/sluice/internal/pgcluster"
 )
 
 // The suite at a tiny size, on its own cluster: every phase's statements, rows, WAL and index
 // entries are counted, and the counts that follow from the schema come out exactly.
 func TestWritesSuiteCounts(t *testing.T) {
-	t.Parallel()
-	if testing.Short() {
-		t.Skip("starts a PostgreSQL cluster")
-	}
-	if _, err := pgcluster.BinDir(); err != nil {
-		t.Skip(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx, log := clusterTest(t, 3*time.Minute)
 	env, err := startWritesEnv(ctx, log)
 	if err != nil {
 		t.Fatal(err)
