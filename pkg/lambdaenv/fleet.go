@@ -68,16 +68,9 @@ func FleetRegistry(ctx context.Context, getenv Getenv, secrets SecretGetter) (re
 	if err != nil {
 		return nil, nil, err
 	}
-	url := getenv(FleetRegistryURL)
-	if url == "" && getenv(FleetRegistrySecretARN) != "" {
-		if secrets == nil {
-			return nil, nil, errors.New("a Secrets Manager client is needed to read " + FleetRegistrySecretARN)
-		}
-		s, err := readSecret(ctx, secrets, getenv(FleetRegistrySecretARN), "")
-		if err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", FleetRegistrySecretARN, err)
-		}
-		url = s.url(getenv)
+	url, err := FleetRegistryDatabaseURL(ctx, getenv, secrets)
+	if err != nil {
+		return nil, nil, err
 	}
 	if url == "" {
 		return static, func() {}, nil
@@ -92,6 +85,27 @@ func FleetRegistry(ctx context.Context, getenv Getenv, secrets SecretGetter) (re
 		return nil, nil, fmt.Errorf("fleet registry database: %w", err)
 	}
 	return fleet.Registries{static, fleet.Table{DB: pool}}, pool.Close, nil
+}
+
+// FleetRegistryDatabaseURL returns the control database's URL: FleetRegistryURL, else one
+// built from the RDS secret FleetRegistrySecretARN names (read with secrets, with
+// DATABASE_SSLMODE and DATABASE_SSLROOTCERT as for DATABASE_SECRET_ARN); "" when neither is set.
+func FleetRegistryDatabaseURL(ctx context.Context, getenv Getenv, secrets SecretGetter) (string, error) {
+	if u := getenv(FleetRegistryURL); u != "" {
+		return u, nil
+	}
+	arn := getenv(FleetRegistrySecretARN)
+	if arn == "" {
+		return "", nil
+	}
+	if secrets == nil {
+		return "", errors.New("a Secrets Manager client is needed to read " + FleetRegistrySecretARN)
+	}
+	s, err := readSecret(ctx, secrets, arn, "")
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", FleetRegistrySecretARN, err)
+	}
+	return s.url(getenv), nil
 }
 
 // FleetConnector returns the fleet's Config.Connect: a tenant's DatabaseURL as it is, or the

@@ -124,34 +124,28 @@ func (a *app) fleetTenants(ctx context.Context, src fleetSource) ([]fleet.Tenant
 // registryDB opens the control database: --fleet-registry, else SLUICE_FLEET_REGISTRY_URL,
 // else the RDS secret named by SLUICE_FLEET_REGISTRY_SECRET_ARN. The caller closes it.
 func (a *app) registryDB(ctx context.Context, src fleetSource) (*pgxpool.Pool, error) {
-	u := src.registryURL
-	if u == "" {
-		u = a.io.Getenv(lambdaenv.FleetRegistryURL)
-	}
-	if u == "" {
-		arn := a.io.Getenv(lambdaenv.FleetRegistrySecretARN)
-		if arn == "" {
-			return nil, usagef("no fleet registry: pass --fleet-registry URL (or set $%s or $%s)",
-				lambdaenv.FleetRegistryURL, lambdaenv.FleetRegistrySecretARN)
+	getenv := func(k string) string {
+		if k == lambdaenv.FleetRegistryURL && src.registryURL != "" {
+			return src.registryURL
 		}
-		secrets, err := a.secretsClient(ctx)
+		return a.io.Getenv(k)
+	}
+	if getenv(lambdaenv.FleetRegistryURL) == "" && getenv(lambdaenv.FleetRegistrySecretARN) == "" {
+		return nil, usagef("no fleet registry: pass --fleet-registry URL (or set $%s or $%s)",
+			lambdaenv.FleetRegistryURL, lambdaenv.FleetRegistrySecretARN)
+	}
+	var secrets lambdaenv.SecretGetter
+	if getenv(lambdaenv.FleetRegistryURL) == "" {
+		c, err := a.secretsClient(ctx)
 		if err != nil {
 			return nil, err
 		}
-		// The control database's secret is read as the relay reads it (lambdaenv.FleetRegistry):
-		// as DATABASE_SECRET_ARN's, with the same DATABASE_* settings.
-		registryEnv := func(k string) string {
-			switch k {
-			case lambdaenv.DatabaseSecretARN:
-				return arn
-			case lambdaenv.DatabaseURL:
-				return ""
-			}
-			return a.io.Getenv(k)
-		}
-		if u, err = lambdaenv.DatabaseURLFrom(ctx, registryEnv, secrets); err != nil {
-			return nil, fmt.Errorf("fleet registry: %w", err)
-		}
+		secrets = c
+	}
+	// The control database is found as the relay finds it (lambdaenv.FleetRegistry).
+	u, err := lambdaenv.FleetRegistryDatabaseURL(ctx, getenv, secrets)
+	if err != nil {
+		return nil, fmt.Errorf("fleet registry: %w", err)
 	}
 	pool, err := a.openPool(ctx, u)
 	if err != nil {
