@@ -59,7 +59,7 @@ type FleetServer struct {
 	Budget ConnectionBudget
 	// RelayConnections is the most connections one relay instance holds on the server at once,
 	// its activity poll included (SLUICE_FLEET_SERVER_CONNECTIONS). At least Relay.Pipelines
-	// (1 when unset) + 2. Defaults to fleet.DefaultServerConnections.
+	// (1 when unset) + 1. Defaults to fleet.DefaultServerConnections.
 	RelayConnections int
 	// Connections, when set, gets an ingress rule on its default port from the relays'
 	// security group, e.g. an awsrds.DatabaseInstance or an imported one. Leave nil when you
@@ -212,7 +212,7 @@ func (p *OutboxFleetProps) validate(raw *OutboxFleetProps) error {
 	if len(p.Tenants) == 0 && p.Registry == nil {
 		errs = append(errs, errors.New("no tenants: set Tenants, Registry or both"))
 	}
-	minConns := max(p.Relay.Pipelines, 1) + 2
+	minConns := max(p.Relay.Pipelines, 1) + 1
 	servers := map[string]bool{}
 	for i, s := range p.Servers {
 		switch {
@@ -231,11 +231,11 @@ func (p *OutboxFleetProps) validate(raw *OutboxFleetProps) error {
 			errs = append(errs, fmt.Errorf("server %s: ReservedConnections %d must be between 0 and MaxConnections %d", s.Name, s.ReservedConnections, s.MaxConnections))
 		}
 		if s.RelayConnections < minConns {
-			errs = append(errs, fmt.Errorf("server %s: RelayConnections %d is below %d (a tenant's relay needs Relay.Pipelines + 1 connections, the server's activity poll 1)", s.Name, s.RelayConnections, minConns))
+			errs = append(errs, fmt.Errorf("server %s: RelayConnections %d is below %d (a tenant's relay needs Relay.Pipelines connections, the server's activity poll 1)", s.Name, s.RelayConnections, minConns))
 		}
 	}
 	if d := p.DefaultServerConnections; d != 0 && d < minConns {
-		errs = append(errs, fmt.Errorf("DefaultServerConnections %d is below %d (a tenant's relay needs Relay.Pipelines + 1 connections, the server's activity poll 1)", d, minConns))
+		errs = append(errs, fmt.Errorf("DefaultServerConnections %d is below %d (a tenant's relay needs Relay.Pipelines connections, the server's activity poll 1)", d, minConns))
 	}
 	names := map[string]bool{}
 	for i, t := range p.Tenants {

@@ -218,7 +218,7 @@ func TestFleetValidation(t *testing.T) {
 	p.Tenants = append(p.Tenants, infra.FleetTenant{Name: "Not_A_Name", Secret: b.control, Server: "elsewhere", Weight: 101},
 		infra.FleetTenant{Name: "acme", Secret: b.control, Server: "main"})
 	p.Servers = append(p.Servers, infra.FleetServer{Name: "nobudget"}, infra.FleetServer{Name: "big", MaxConnections: 10})
-	p.Servers[0].RelayConnections = 2
+	p.Servers[0].RelayConnections = 1
 	p.Registry.TenantSecretsPrefix = "tenant"
 	p.Shards = infra.MaxFleetShards + 1
 	err := func() (err error) {
@@ -230,7 +230,7 @@ func TestFleetValidation(t *testing.T) {
 	for _, want := range []string{
 		"Database.Secret must be unset", "Migrations must be unset", "Shards must be between 1 and 64",
 		`name "Not_A_Name"`, `server "elsewhere" is not in Servers`, "Weight 101 is outside 1 to 100", "tenant acme is listed twice",
-		"server nobudget: MaxConnections is required", "server big is listed twice", "server main: RelayConnections 2 is below 3",
+		"server nobudget: MaxConnections is required", "server big is listed twice", "server main: RelayConnections 1 is below 2",
 		`TenantSecretsPrefix "tenant" must end in '/' or '-'`,
 	} {
 		require.ErrorContains(t, err, want)

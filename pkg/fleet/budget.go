@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 )
@@ -16,6 +17,15 @@ type budget struct {
 	used  int
 	queue []*grant // waiting requests, oldest first
 	peak  int      // the most connections granted at once
+	// overtime are the turns past their share of time (Weight × Turn) that still hold their
+	// connections, in the order they began.
+	overtime []*busyTurn
+}
+
+// busyTurn is a turn that holds n connections, begun at start.
+type busyTurn struct {
+	n     int
+	start time.Time
 }
 
 // grant is one waiting request.
@@ -77,14 +87,42 @@ func (b *budget) waiting() bool {
 	return len(b.queue) > 0
 }
 
-// oldestWait is how long the oldest waiting request has waited (0 when none waits).
-func (b *budget) oldestWait() time.Duration {
+// pastShare records that t has used its share of time and still holds its connections.
+func (b *budget) pastShare(t *busyTurn) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if len(b.queue) == 0 {
-		return 0
+	if !slices.Contains(b.overtime, t) {
+		b.overtime = append(b.overtime, t)
+		slices.SortStableFunc(b.overtime, func(x, y *busyTurn) int { return x.start.Compare(y.start) })
 	}
-	return time.Since(b.queue[0].since)
+}
+
+// giveWay reports whether the turn t, past its share, must give its connections back now:
+// a request has waited at least wait, the turns past their share hold more than busyShare of
+// the budget, and t began before every other of them. Once it reports true, t is no longer
+// counted past its share.
+func (b *budget) giveWay(t *busyTurn, wait time.Duration, busyShare float64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.queue) == 0 || time.Since(b.queue[0].since) < wait || len(b.overtime) == 0 || b.overtime[0] != t {
+		return false
+	}
+	held := 0
+	for _, o := range b.overtime {
+		held += o.n
+	}
+	if float64(held) <= busyShare*float64(b.size) {
+		return false
+	}
+	b.overtime = b.overtime[1:]
+	return true
+}
+
+// turnEnded forgets t (its connections are about to be released).
+func (b *budget) turnEnded(t *busyTurn) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.overtime = slices.DeleteFunc(b.overtime, func(o *busyTurn) bool { return o == t })
 }
 
 // usage returns the connections granted now and the most granted at once.

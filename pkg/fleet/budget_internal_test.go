@@ -50,6 +50,37 @@ func TestBudgetGrantsInArrivalOrderAndNeverAboveItsSize(t *testing.T) {
 	require.False(t, b.waiting(), "the request given up left the queue")
 }
 
+// TestBusyTurnsGiveWayOnlyBeyondTheirShare: turns past their share keep their connections
+// while they hold at most BusyShare of the budget; beyond it, once a request has waited, the
+// one that began first gives way, and only it.
+func TestBusyTurnsGiveWayOnlyBeyondTheirShare(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := newBudget(10)
+	require.NoError(t, b.acquire(ctx, 10))
+	now := time.Now()
+	first, second, third := &busyTurn{n: 2, start: now.Add(-3 * time.Second)}, &busyTurn{n: 2, start: now.Add(-2 * time.Second)}, &busyTurn{n: 2, start: now.Add(-time.Second)}
+	b.pastShare(second)
+	b.pastShare(first)
+	require.False(t, b.giveWay(first, 0, 0.5), "nobody waits")
+
+	waited := make(chan error, 1)
+	go func() { waited <- b.acquire(ctx, 2) }()
+	require.Eventually(t, b.waiting, 10*time.Second, time.Millisecond)
+	require.False(t, b.giveWay(first, 0, 0.5), "4 of 10 past their share: within half")
+	b.pastShare(third)
+	require.False(t, b.giveWay(first, time.Hour, 0.5), "the waiter has not waited long enough")
+	require.False(t, b.giveWay(second, 0, 0.5), "not the longest-running")
+	require.True(t, b.giveWay(first, 0, 0.5), "6 of 10 past their share: the first gives way")
+	require.False(t, b.giveWay(second, 0, 0.5), "4 of 10 left past their share")
+	b.turnEnded(first)
+	b.release(2)
+	require.NoError(t, <-waited)
+	b.turnEnded(second)
+	b.turnEnded(third)
+	require.Empty(t, b.overtime)
+}
+
 func TestTenantsAreCheckedTogether(t *testing.T) {
 	t.Parallel()
 	got, err := checkTenants([]Tenant{

@@ -29,9 +29,11 @@ const (
 	// DefaultIdleClose is how long a tenant with nothing to publish keeps its connections
 	// when no other tenant waits for them.
 	DefaultIdleClose = 5 * time.Second
-	// DefaultTurn is how long a tenant (of weight 1) with work keeps its connections once
-	// another tenant has waited that long for them.
+	// DefaultTurn is a tenant's (of weight 1) share of time: see Config.Turn.
 	DefaultTurn = time.Second
+	// DefaultBusyShare is the share of a server's budget that tenants past their turn keep
+	// while another tenant waits.
+	DefaultBusyShare = 0.5
 	// DefaultTopTenants is how many tenants get metrics of their own (the rest are summed
 	// under the tenant "_other").
 	DefaultTopTenants = 20
@@ -60,7 +62,7 @@ type Config struct {
 	// DefaultConnections.
 	ServerConnections map[string]int
 	// DefaultConnections is the budget of a server ServerConnections does not name. Defaults
-	// to DefaultServerConnections. A budget is at least Relay.Pipelines + 2: one tenant's
+	// to DefaultServerConnections. A budget is at least Relay.Pipelines + 1: one tenant's
 	// pool and the server's activity poll.
 	DefaultConnections int
 	// RegistryRefresh is how often Registry is read. Defaults to DefaultRegistryRefresh.
@@ -74,11 +76,17 @@ type Config struct {
 	// IdleClose is how long a tenant that found nothing to publish keeps its pool before it
 	// closes it. Defaults to DefaultIdleClose.
 	IdleClose time.Duration
-	// Turn is how long a tenant of weight 1 that still has work keeps its connections once
-	// another tenant of its server has waited Turn for connections (Weight × Turn for heavier
-	// ones): a waiting tenant is let in within about two Turns however busy the others.
+	// Turn is a tenant's share of time: a tenant of weight 1 that still has work after Turn
+	// (Weight × Turn for heavier ones) gives its connections back when another tenant of its
+	// server has waited Turn for connections and the busy tenants hold more than BusyShare of
+	// the budget: a waiting tenant is let in within about two Turns however busy the others.
 	// Defaults to DefaultTurn.
 	Turn time.Duration
+	// BusyShare bounds what busy tenants hold while others wait: once tenants past their
+	// Weight × Turn hold more than this fraction of a server's connection budget and another
+	// tenant has waited a Turn, the one that has run longest gives its connections back.
+	// Between 0 and 1 (exclusive); defaults to DefaultBusyShare.
+	BusyShare float64
 	// Shard and Shards split a fleet between Shards deployments: this one serves the tenants
 	// whose ShardOf(name, Shards) is Shard. Defaults to 0 of 1 (every tenant).
 	Shard, Shards int
@@ -107,13 +115,13 @@ func (c Config) withDefaults() (Config, error) {
 	if c.DefaultConnections == 0 {
 		c.DefaultConnections = DefaultServerConnections
 	}
-	least := c.Relay.Pipelines + 2
+	least := c.Relay.Pipelines + 1
 	if c.DefaultConnections < least {
-		errs = append(errs, fmt.Errorf("fleet: DefaultConnections %d is below Relay.Pipelines + 2 = %d (a tenant's pool and the server's activity poll)", c.DefaultConnections, least))
+		errs = append(errs, fmt.Errorf("fleet: DefaultConnections %d is below Relay.Pipelines + 1 = %d (a tenant's pool and the server's activity poll)", c.DefaultConnections, least))
 	}
 	for s, n := range c.ServerConnections {
 		if n < least {
-			errs = append(errs, fmt.Errorf("fleet: ServerConnections[%s] %d is below Relay.Pipelines + 2 = %d", s, n, least))
+			errs = append(errs, fmt.Errorf("fleet: ServerConnections[%s] %d is below Relay.Pipelines + 1 = %d", s, n, least))
 		}
 	}
 	setDur := func(d *time.Duration, def time.Duration, name string) {
@@ -129,6 +137,12 @@ func (c Config) withDefaults() (Config, error) {
 	setDur(&c.DetectInterval, DefaultDetectInterval, "DetectInterval")
 	setDur(&c.IdleClose, DefaultIdleClose, "IdleClose")
 	setDur(&c.Turn, DefaultTurn, "Turn")
+	if c.BusyShare == 0 {
+		c.BusyShare = DefaultBusyShare
+	}
+	if c.BusyShare <= 0 || c.BusyShare >= 1 {
+		errs = append(errs, fmt.Errorf("fleet: BusyShare %v is outside (0, 1)", c.BusyShare))
+	}
 	if c.Shards == 0 {
 		c.Shards = 1
 	}
@@ -176,8 +190,9 @@ func (c Config) budgetOf(server string) int {
 
 // pipelinesOf is how many pipelines t's relay runs on server budget size: Weight × Pipelines,
 // at most 16 (the relay's bound) and at most what the budget leaves beside the activity poll.
+// A turn takes and opens one connection per pipeline.
 func (c Config) pipelinesOf(t Tenant, size int) int {
-	return max(1, min(t.Weight*c.Relay.Pipelines, 16, size-2))
+	return max(1, min(t.Weight*c.Relay.Pipelines, 16, size-1))
 }
 
 // ShardOf is the shard of n a tenant name belongs to (FNV-1a of the name, modulo n): a

@@ -13,9 +13,10 @@
 //   - The connections of a fleet never exceed a server's budget: every pool is sized before it
 //     is opened and its connections are taken from that server's budget first (budget.go).
 //   - Fairness: the budget is granted first come, first served, a tenant holds at most
-//     Weight × Pipelines + 1 connections, and a tenant that still has work after its
-//     Weight × Turn gives its connections back once another tenant has waited a Turn
-//     (fleet.go, tenant.turn).
+//     Weight × Pipelines connections, and once another tenant has waited a Turn while the
+//     tenants past their Weight × Turn hold more than BusyShare of the budget, the one of them
+//     that began first gives its connections back (budget.go, budget.giveWay; fleet.go,
+//     tenant.turn).
 //   - Liveness: every registered tenant is looked at directly at least every SweepInterval;
 //     the server-wide activity poll (pg_stat_database, one query per server per
 //     DetectInterval) only brings a tenant's turn sooner, it never decides that one is not due.

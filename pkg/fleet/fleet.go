@@ -369,8 +369,7 @@ func backoff(n int, most time.Duration) time.Duration {
 // the last round left rows to retry after a backoff.
 func (t *tenant) turn(ctx context.Context) (more, retrying bool, err error) {
 	cfg := t.f.cfg
-	pipelines := cfg.pipelinesOf(t.t, t.server.size)
-	conns := pipelines + 1
+	conns := cfg.pipelinesOf(t.t, t.server.size) // a connection per pipeline: the relay's other statements come between its rounds
 	t.update(func(s *TenantStatus) {
 		if s.State != StateFailing {
 			s.State = StateWaiting
@@ -381,7 +380,7 @@ func (t *tenant) turn(ctx context.Context) (more, retrying bool, err error) {
 	}
 	defer t.server.budget.release(conns)
 
-	relay, err := t.open(ctx, pipelines)
+	relay, err := t.open(ctx, conns)
 	if err != nil {
 		return false, false, err
 	}
@@ -396,6 +395,8 @@ func (t *tenant) turn(ctx context.Context) (more, retrying bool, err error) {
 	start := time.Now()
 	var lastWork time.Time // the last RunOnce of this turn that claimed rows
 	share := time.Duration(t.t.Weight) * cfg.Turn
+	busy := &busyTurn{n: conns, start: start}
+	defer t.server.budget.turnEnded(busy) // before the connections are released (defers run last first)
 	for {
 		// The turn's share ends RunOnce early (its rounds finish) once another tenant has waited.
 		rctx, stop := context.WithCancel(ctx)
@@ -409,9 +410,17 @@ func (t *tenant) turn(ctx context.Context) (more, retrying bool, err error) {
 				case <-rctx.Done():
 					return
 				case <-tick.C:
-					// A turn past its share gives way to a tenant that has waited a Turn: one
-					// that the other tenants' short turns did not let in meanwhile.
-					if time.Since(start) >= share && t.server.budget.oldestWait() >= cfg.Turn {
+					// A turn past its share gives way to a tenant that has waited a Turn (one
+					// that the other tenants' short turns did not let in meanwhile) when the
+					// turns past their share hold more than BusyShare of the budget, the
+					// longest-running first. One busy tenant among many quiet ones keeps its
+					// few connections: giving them back would cost it most of its throughput
+					// and let the waiting tenants in only marginally sooner.
+					if time.Since(start) < share {
+						continue
+					}
+					t.server.budget.pastShare(busy)
+					if t.server.budget.giveWay(busy, cfg.Turn, cfg.BusyShare) {
 						stop()
 						return
 					}
@@ -443,13 +452,23 @@ func (t *tenant) turn(ctx context.Context) (more, retrying bool, err error) {
 			t.idle()
 			return true, false, nil
 		}
-		// Nothing claimed: a turn that found nothing ends at once (a sweep, a hint that came to
-		// nothing); one that published keeps polling for IdleClose unless someone waits.
-		if st.Claimed == 0 && (lastWork.IsZero() || t.server.budget.waiting() || time.Since(lastWork) >= cfg.IdleClose) {
+		// RunOnce returned: its last pass claimed nothing. A turn that found nothing ends at
+		// once (a sweep, a hint that came to nothing); one that published while another tenant
+		// waits for connections ends when nothing is left pending, and otherwise goes on at
+		// once (its share of time ends it); an unhurried one keeps polling for IdleClose.
+		waiting := t.server.budget.waiting()
+		if st.Claimed == 0 && (lastWork.IsZero() || waiting || time.Since(lastWork) >= cfg.IdleClose) {
 			t.idle()
 			// Rows left pending now are not claimable (in backoff, behind a quarantined row,
 			// of a destination backing off): no write will wake the tenant when they are due.
 			return false, pendingLeft(ctx, t.pool), nil
+		}
+		if st.Claimed > 0 && waiting {
+			if !pendingLeft(ctx, t.pool) {
+				t.idle()
+				return false, false, nil
+			}
+			continue
 		}
 		select { // the relay's own poll interval, or sooner when the server saw writes
 		case <-ctx.Done():
@@ -481,7 +500,7 @@ func (t *tenant) open(ctx context.Context, pipelines int) (*outbox.Relay, error)
 	if err != nil {
 		return nil, fmt.Errorf("tenant %s: connection settings: %w", t.t.Name, err)
 	}
-	pcfg.MaxConns, pcfg.MinConns = int32(pipelines+1), 0
+	pcfg.MaxConns, pcfg.MinConns = int32(pipelines), 0
 	if pcfg.ConnConfig.RuntimeParams == nil {
 		pcfg.ConnConfig.RuntimeParams = map[string]string{}
 	}

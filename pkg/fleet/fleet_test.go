@@ -286,20 +286,60 @@ func TestRegistryChangesTakeEffect(t *testing.T) {
 	require.Equal(t, 5, a.pending(t), "removed: its rows stay for whoever serves it next")
 }
 
-// TestABackloggedTenantYieldsToAWaitingOne: with room for one tenant at a time, a tenant with a
-// large backlog gives its connections up after its turn when another waits, so the quiet
-// tenant's event is published while the backlog is still being drained.
-func TestABackloggedTenantYieldsToAWaitingOne(t *testing.T) {
+// backlog inserts n pending rows over 100 keys into d, in one statement.
+func (d tenantDB) backlog(t *testing.T, n int) {
+	t.Helper()
+	_, err := d.pool.Exec(context.Background(), `INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload)
+		SELECT gen_random_uuid(), 'orders', 'order', 'o-' || g, 'OrderCreated', 'k-' || (g % 100), '{"seq": 0}' FROM generate_series(1, $1) g`, n)
+	require.NoError(t, err)
+}
+
+// turnsOf returns the number of turns f gave tenant.
+func turnsOf(f *fleet.Fleet, tenant string) int {
+	for _, s := range f.Status() {
+		if s.Tenant.Name == tenant {
+			return s.Turns
+		}
+	}
+	return -1
+}
+
+// TestBackloggedTenantsGiveWayToAWaitingOne: when tenants with large backlogs fill the
+// budget, the one that has run longest gives its connections up after its turn to a tenant
+// that waits, so the quiet tenant's event is published while both backlogs are still being
+// drained.
+func TestBackloggedTenantsGiveWayToAWaitingOne(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	hot, quiet := newTenantDB(t, "hot"), newTenantDB(t, "quiet")
-	_, err := hot.pool.Exec(context.Background(), `INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload)
-		SELECT gen_random_uuid(), 'orders', 'order', 'o-' || g, 'OrderCreated', 'k-' || (g % 100), '{"seq": 0}' FROM generate_series(1, 40000) g`)
-	require.NoError(t, err)
-	runFleet(t, fleet.Config{Registry: fleet.Static{hot.tenant(), quiet.tenant()}, Relay: b.relay,
-		DefaultConnections: 4, Turn: 50 * time.Millisecond, DetectInterval: 20 * time.Millisecond})
-	testwait.Until(t, "the hot tenant publishing", func() bool { return hot.pending(t) < 40000 })
+	hot1, hot2, quiet := newTenantDB(t, "hot1"), newTenantDB(t, "hot2"), newTenantDB(t, "quiet")
+	hot1.backlog(t, 40000)
+	hot2.backlog(t, 40000)
+	runFleet(t, fleet.Config{Registry: fleet.Static{hot1.tenant(), hot2.tenant(), quiet.tenant()}, Relay: b.relay,
+		DefaultConnections: 3, Turn: 50 * time.Millisecond, DetectInterval: 20 * time.Millisecond})
+	testwait.Until(t, "both hot tenants publishing", func() bool { return hot1.pending(t) < 40000 && hot2.pending(t) < 40000 })
 	quiet.write(t, 1, 1, 0)
 	testwait.Until(t, "the quiet tenant's event published", func() bool { return quiet.pending(t) == 0 })
-	require.Positive(t, hot.pending(t), "published while the hot tenant still had a backlog")
+	require.Positive(t, hot1.pending(t), "published while the hot tenants still had a backlog")
+	require.Positive(t, hot2.pending(t), "published while the hot tenants still had a backlog")
+}
+
+// TestOneBackloggedTenantKeepsItsConnectionsBesideQuietOnes: a backlogged tenant that holds
+// no more than BusyShare of the budget keeps its connections past its turn while quiet tenants
+// come and go on the rest: they are served without taking its turn away.
+func TestOneBackloggedTenantKeepsItsConnectionsBesideQuietOnes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	hot, q1, q2 := newTenantDB(t, "hot"), newTenantDB(t, "q1"), newTenantDB(t, "q2")
+	hot.backlog(t, 100000)
+	f := runFleet(t, fleet.Config{Registry: fleet.Static{hot.tenant(), q1.tenant(), q2.tenant()}, Relay: b.relay,
+		DefaultConnections: 3, Turn: 50 * time.Millisecond, DetectInterval: 20 * time.Millisecond})
+	testwait.Until(t, "the hot tenant publishing", func() bool { return hot.pending(t) < 100000 })
+	turns := turnsOf(f, "hot")
+	for i := range 3 {
+		q1.write(t, 1, 1, i)
+		q2.write(t, 1, 1, i)
+		testwait.Until(t, "the quiet tenants' events published", func() bool { return q1.pending(t) == 0 && q2.pending(t) == 0 })
+	}
+	require.Positive(t, hot.pending(t), "the quiet tenants were served while the hot tenant still had a backlog")
+	require.Equal(t, turns, turnsOf(f, "hot"), "the hot tenant kept its turn: 1 of 2 connections is within BusyShare")
 }
