@@ -1,11 +1,13 @@
 package infra_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"sort"
 	"strings"
 	"testing"
 
+	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/assertions"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsec2"
 	"github.com/aws/jsii-runtime-go"
@@ -219,4 +221,41 @@ func TestFleetConsumerValidation(t *testing.T) {
 	require.ErrorContains(t, err, `sluice Consumer "Billing": its static tenants (40) make its environment about`)
 	require.ErrorContains(t, err, "above Lambda's 4096")
 	require.ErrorContains(t, err, "control table (OutboxFleetProps.Registry)")
+}
+
+// The example stack with -c fleet=3: a second consumer on the fleet's topic applies into the
+// tenants' databases, is alarmed like the example consumer, and has its outputs; cdk-nag and
+// cfn-lint stay clean (TestFleetExampleStack). MaxExampleFleet tenants fit its environment.
+func TestFleetExampleStackConsumer(t *testing.T) {
+	p := &infra.SluiceStackProps{NoAlarmDestination: true, Fleet: 3, FleetShards: 2,
+		RelayCodeDir: assetDir(t, "relay"), ConsumerCodeDir: assetDir(t, "consumer"), MigrateCodeDir: assetDir(t, "migrate"), CABundle: caBundle(t)}
+	s := infra.NewSluiceStack(awscdk.NewApp(nil), "SluiceFleet", p)
+	c := s.FleetConsumer()
+	require.NotNil(t, c)
+	require.Equal(t, "example-fleet", c.Name())
+	tmpl := assertions.Template_FromStack(s, nil)
+	fn := functionByDescription(t, tmpl, "inbox consumer example-fleet")
+	e := env(fn)
+	tenants, _ := json.Marshal(e[lambdaenv.FleetTenants]) // a join: the secrets' ARNs are references
+	require.Equal(t, 3, strings.Count(string(tenants), `name\":\"tenant-`), "every tenant: %s", tenants)
+	require.NotContains(t, e, lambdaenv.DatabaseSecretARN)
+	require.Equal(t, fmt.Sprint(lambdaenv.DefaultConsumerFleetMaxConns), e[lambdaenv.ConsumerFleetMaxConns])
+	// The fleet consumer subscribes to the fleet's topic, not the outbox's.
+	tmpl.HasResourceProperties(jsii.String("AWS::SNS::Subscription"), map[string]any{
+		"TopicArn": map[string]any{"Ref": *s.GetLogicalId(s.Fleet().Topic().Node().DefaultChild().(awscdk.CfnElement))},
+		"Protocol": "sqs",
+	})
+	for _, a := range []string{"example-fleet/InboxParked", "example-fleet/DeadLetterQueueNotEmpty"} {
+		require.Contains(t, s.Monitoring().Alarms(), a)
+	}
+	outputs := (*tmpl.ToJSON())["Outputs"].(map[string]any)
+	for _, o := range []string{"FleetConsumerQueueUrl", "FleetConsumerDeadLetterQueueUrl", "FleetConsumerFunctionName"} {
+		require.Contains(t, outputs, o)
+	}
+
+	p2 := *p
+	p2.Fleet, p2.FleetShards = infra.MaxExampleFleet, 3
+	require.NoError(t, build(func() { infra.NewSluiceStack(awscdk.NewApp(nil), "SluiceFleetMax", &p2) }))
+	p2.Fleet = infra.MaxExampleFleet + 1
+	require.ErrorContains(t, build(func() { infra.NewSluiceStack(awscdk.NewApp(nil), "SluiceFleetTooMany", &p2) }), "Fleet must be between 0 and 20")
 }
