@@ -72,8 +72,15 @@ type ConsumerProps struct {
 	FilterPolicy map[string]awssns.SubscriptionFilter
 	// Network places the consumer in the database's VPC. Network.Vpc is required.
 	Network Network
-	// Database is how the consumer reaches PostgreSQL. Database.Secret is required.
+	// Database is how the consumer reaches PostgreSQL. Database.Secret is required, unless
+	// Fleet.
 	Database Database
+	// Fleet makes this a fleet consumer: it applies each message in the database of the
+	// tenant the fleet's relay named (the sluiceTenant header), one of an OutboxFleet's
+	// tenants, instead of in Database's (see ConsumerFleet). Database, Migrations,
+	// UseDatabaseSecret, DatabaseRole, DatabaseRoleName, DatabaseGrants and Proxy must then be
+	// unset. Defaults to none: the consumer applies into Database.
+	Fleet *ConsumerFleet
 	// Migrations, when set, gives the consumer its own database role (read, insert, update and delete
 	// its own inbox_event rows, plus DatabaseGrants) with its own rotated secret, so handler code
 	// never runs as Database.Secret's user; the consumer is created after the migrations ran,
@@ -177,6 +184,32 @@ type ConsumerProps struct {
 	ClaimCheck ClaimCheck
 }
 
+// ConsumerFleet makes a Consumer apply into the tenant databases of an OutboxFleet
+// (lambdas/consumer's fleet mode, docs/inbox.md "Fleet: one consumer, many tenant databases").
+// The consumer reaches the tenants as the fleet's relays do, from the same settings: every
+// static tenant (SLUICE_FLEET_TENANTS, all of them, not a shard's) and the control table
+// (SLUICE_FLEET_REGISTRY_SECRET_ARN), read access to the same secrets (each tenant's by its
+// ARN, the control table's tenants' under FleetRegistry.TenantSecretsPrefix), the fleet's TLS
+// settings, and ingress on the servers whose FleetServer.Connections is set. Its connections
+// are booked on the servers' budgets beside the relays' (see MaxConns).
+type ConsumerFleet struct {
+	// Fleet is the OutboxFleet (NewOutboxFleet) whose tenant databases the consumer applies
+	// into; the consumer usually subscribes to its topic. Required.
+	Fleet OutboxFleet
+	// TenantMaxConns is the most connections one consumer instance holds on one tenant's
+	// database (SLUICE_CONSUMER_TENANT_MAX_CONNS), 1 to 100 and at most MaxConns. Defaults to
+	// lambdaenv.DefaultConsumerTenantMaxConns (2).
+	TenantMaxConns int
+	// MaxConns is the most connections one consumer instance holds on all tenant databases
+	// together (SLUICE_CONSUMER_FLEET_MAX_CONNS), 1 to 10000. At synth each server of the fleet
+	// books the consumer's instances (MaxConcurrency, plus the processor schedule's overlapping
+	// invocations) × what one instance may hold there: MaxConns, or with static tenants only,
+	// the server's tenants × TenantMaxConns when that is less; and with the control table one
+	// connection per instance on the control database's server. Defaults to
+	// lambdaenv.DefaultConsumerFleetMaxConns (10).
+	MaxConns int
+}
+
 // Consumer is an SQS queue subscribed to a topic (or fed by an EventBridge rule), with DLQs, and
 // the consumer Lambda reading it; or the consumer Lambda reading a Kinesis stream or an MSK
 // topic, with a DLQ for the failure records.
@@ -254,11 +287,22 @@ func (p *ConsumerProps) withDefaults() ConsumerProps {
 	out.DeadLetterRetentionPeriod = orDefault(out.DeadLetterRetentionPeriod, 14*24*time.Hour)
 	out.LogRetention = orDefault(out.LogRetention, awslogs.RetentionDays_ONE_MONTH)
 	out.ProxyMaxConnectionsPercent = orDefault(out.ProxyMaxConnectionsPercent, 100)
+	if p.Fleet != nil {
+		f := *p.Fleet
+		f.TenantMaxConns = orDefault(f.TenantMaxConns, lambdaenv.DefaultConsumerTenantMaxConns)
+		f.MaxConns = orDefault(f.MaxConns, lambdaenv.DefaultConsumerFleetMaxConns)
+		out.Fleet = &f
+	}
 	return out
 }
 
 func (p *ConsumerProps) validate() error {
-	errs := []error{checkAssetDir("CodeDir", p.CodeDir), p.Network.validate(), p.Database.validate()}
+	errs := []error{checkAssetDir("CodeDir", p.CodeDir), p.Network.validate()}
+	if p.Fleet != nil {
+		errs = append(errs, p.validateFleet()...)
+	} else {
+		errs = append(errs, p.Database.validate())
+	}
 	if p.Name == "" {
 		errs = append(errs, errors.New("Name is required (the inbox consumer name)"))
 	}
@@ -319,42 +363,12 @@ func (p *ConsumerProps) validate() error {
 			errs = append(errs, err)
 		}
 	}
-	if p.Migrations == nil && (p.DatabaseRole != nil || len(p.DatabaseGrants) > 0 || p.DatabaseRoleName != "") {
-		errs = append(errs, errors.New("DatabaseRole, DatabaseRoleName and DatabaseGrants need Migrations (it creates the roles)"))
-	}
-	if p.DatabaseRole != nil && (len(p.DatabaseGrants) > 0 || p.DatabaseRoleName != "") {
-		errs = append(errs, errors.New("with DatabaseRole, its grants and name belong to the role: leave DatabaseRoleName and DatabaseGrants empty"))
-	}
-	switch {
-	case p.Migrations == nil && !p.UseDatabaseSecret:
-		errs = append(errs, errors.New("Migrations is not set, so the consumer's handler code would log in with Database.Secret (the owner's or master credentials): "+
-			"set Migrations to give the consumer a role of its own (recommended), or UseDatabaseSecret to log in with Database.Secret knowingly"))
-	case p.Migrations != nil && p.UseDatabaseSecret:
-		errs = append(errs, errors.New("UseDatabaseSecret and Migrations exclude each other: with Migrations the consumer logs in with its own role"))
-	case p.Migrations != nil:
-		if m, ok := p.Migrations.(*migrations); ok {
-			if err := m.checkInboxRetention(p.Name, p.RetentionPeriod, p.DeadLetterRetentionPeriod); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	}
-	if p.ProxyMaxConnectionsPercent < 0 || p.ProxyMaxConnectionsPercent > 100 {
-		errs = append(errs, fmt.Errorf("ProxyMaxConnectionsPercent must be between 1 and 100, got %d", p.ProxyMaxConnectionsPercent))
+	if p.Fleet == nil {
+		errs = append(errs, p.validateLogin()...)
 	}
 	for i, a := range p.Redrivers {
 		if !strings.HasPrefix(a, "arn:") {
 			errs = append(errs, fmt.Errorf("Redrivers[%d] %q is not an ARN", i, a))
-		}
-	}
-	if p.Proxy != nil && p.Migrations == nil {
-		errs = append(errs, errors.New("Proxy needs the consumer's own role (Migrations and DatabaseRole): the proxy authenticates it with that role's secret"))
-	}
-	if p.Proxy != nil && p.DatabaseRole == nil {
-		errs = append(errs, errors.New("Proxy needs DatabaseRole: make it with NewDatabaseRole and give its secret to the proxy"))
-	}
-	for i, g := range p.DatabaseGrants {
-		if err := g.validate(); err != nil {
-			errs = append(errs, fmt.Errorf("DatabaseGrants[%d]: %w", i, err))
 		}
 	}
 	if p.ClaimCheck != nil {
@@ -377,12 +391,91 @@ func (p *ConsumerProps) validate() error {
 	return errors.Join(errs...)
 }
 
+// validateLogin checks how a consumer on one database (no Fleet) logs in: its role, or
+// Database.Secret, directly or through an RDS Proxy.
+func (p *ConsumerProps) validateLogin() []error {
+	var errs []error
+	if p.Migrations == nil && (p.DatabaseRole != nil || len(p.DatabaseGrants) > 0 || p.DatabaseRoleName != "") {
+		errs = append(errs, errors.New("DatabaseRole, DatabaseRoleName and DatabaseGrants need Migrations (it creates the roles)"))
+	}
+	if p.DatabaseRole != nil && (len(p.DatabaseGrants) > 0 || p.DatabaseRoleName != "") {
+		errs = append(errs, errors.New("with DatabaseRole, its grants and name belong to the role: leave DatabaseRoleName and DatabaseGrants empty"))
+	}
+	switch {
+	case p.Migrations == nil && !p.UseDatabaseSecret:
+		errs = append(errs, errors.New("Migrations is not set, so the consumer's handler code would log in with Database.Secret (the owner's or master credentials): "+
+			"set Migrations to give the consumer a role of its own (recommended), or UseDatabaseSecret to log in with Database.Secret knowingly"))
+	case p.Migrations != nil && p.UseDatabaseSecret:
+		errs = append(errs, errors.New("UseDatabaseSecret and Migrations exclude each other: with Migrations the consumer logs in with its own role"))
+	case p.Migrations != nil:
+		if m, ok := p.Migrations.(*migrations); ok {
+			if err := m.checkInboxRetention(p.Name, p.RetentionPeriod, p.DeadLetterRetentionPeriod); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if p.ProxyMaxConnectionsPercent < 0 || p.ProxyMaxConnectionsPercent > 100 {
+		errs = append(errs, fmt.Errorf("ProxyMaxConnectionsPercent must be between 1 and 100, got %d", p.ProxyMaxConnectionsPercent))
+	}
+	if p.Proxy != nil && p.Migrations == nil {
+		errs = append(errs, errors.New("Proxy needs the consumer's own role (Migrations and DatabaseRole): the proxy authenticates it with that role's secret"))
+	}
+	if p.Proxy != nil && p.DatabaseRole == nil {
+		errs = append(errs, errors.New("Proxy needs DatabaseRole: make it with NewDatabaseRole and give its secret to the proxy"))
+	}
+	for i, g := range p.DatabaseGrants {
+		if err := g.validate(); err != nil {
+			errs = append(errs, fmt.Errorf("DatabaseGrants[%d]: %w", i, err))
+		}
+	}
+	return errs
+}
+
+// validateFleet checks the props of a fleet consumer: a fleet made by NewOutboxFleet, pool
+// bounds of at least 1 (the Lambda's own reader checks the rest, consumerEnvironment), and
+// none of the settings of a consumer on one database.
+func (p *ConsumerProps) validateFleet() []error {
+	f := p.Fleet
+	var errs []error
+	if f.Fleet == nil {
+		errs = append(errs, errors.New("Fleet.Fleet is required: the OutboxFleet whose tenant databases the consumer applies into"))
+	} else if _, ok := f.Fleet.(*outboxFleet); !ok {
+		errs = append(errs, errors.New("Fleet.Fleet must be made by NewOutboxFleet"))
+	}
+	for _, c := range []struct {
+		field, env string
+		n          int
+	}{{"Fleet.TenantMaxConns", lambdaenv.ConsumerTenantMaxConns, f.TenantMaxConns}, {"Fleet.MaxConns", lambdaenv.ConsumerFleetMaxConns, f.MaxConns}} {
+		if c.n < 1 {
+			errs = append(errs, fmt.Errorf("%s (%s) must be at least 1, got %d", c.field, c.env, c.n))
+		}
+	}
+	for _, u := range []struct {
+		field string
+		set   bool
+	}{
+		{"Database.Secret", p.Database.Secret != nil}, {"Database.Connections", p.Database.Connections != nil},
+		{"Database.MaxConns", p.Database.MaxConns != 0}, {"Database.SSLMode", p.Database.SSLMode != ""},
+		{"Database.CABundle", p.Database.CABundle != ""}, {"Migrations", p.Migrations != nil},
+		{"UseDatabaseSecret", p.UseDatabaseSecret}, {"DatabaseRole", p.DatabaseRole != nil},
+		{"DatabaseRoleName", p.DatabaseRoleName != ""}, {"DatabaseGrants", len(p.DatabaseGrants) > 0}, {"Proxy", p.Proxy != nil},
+	} {
+		if u.set {
+			errs = append(errs, fmt.Errorf("%s must be unset with Fleet: a fleet consumer logs in to each tenant's database with the tenant's secret "+
+				"and the fleet's TLS settings (OutboxFleetProps.Database), as the fleet's relays do", u.field))
+		}
+	}
+	return errs
+}
+
 func seconds(d time.Duration) awscdk.Duration {
 	return awscdk.Duration_Seconds(jsii.Number(d.Seconds()))
 }
 
-// NewConsumer creates the queues, the subscription and the consumer Lambda. It panics on invalid
-// props, naming every problem.
+// NewConsumer creates the queues, the subscription and the consumer Lambda, and books the
+// function's database connections: on the migrations' budget, or with Fleet on the budgets of
+// the fleet's servers (ConsumerFleet.MaxConns says how). It panics on invalid props, naming
+// every problem, and when a budget is exceeded, showing the arithmetic.
 func NewConsumer(scope constructs.Construct, id string, props *ConsumerProps) Consumer {
 	p := props.withDefaults()
 	invalid("Consumer", id, p.validate())
@@ -437,6 +530,14 @@ func NewConsumer(scope constructs.Construct, id string, props *ConsumerProps) Co
 	for k, v := range p.Environment {
 		env[k] = jsii.String(v)
 	}
+	database := p.Database
+	var tenancy *fleetTenancy // a fleet consumer's tenants, reached as its fleet's relays reach them
+	if p.Fleet != nil {
+		tenancy = p.Fleet.Fleet.(*outboxFleet).tenancy // validated above
+		database = tenancy.tls
+		tenancy.environment(this, env, tenancy.tenants, fmt.Sprintf("Consumer %q", id),
+			"a fleet consumer carries every static tenant of its fleet: list them in the fleet's control table (OutboxFleetProps.Registry) instead")
+	}
 	role := p.DatabaseRole
 	if p.Migrations != nil && role == nil {
 		role = NewDatabaseRole(this, "DatabaseRole", &DatabaseRoleProps{
@@ -450,6 +551,8 @@ func NewConsumer(scope constructs.Construct, id string, props *ConsumerProps) Co
 	}
 	var via awsec2.IConnectable
 	switch {
+	case tenancy != nil:
+		tenancy.bookConsumer(p.Name, p.Fleet, p.MaxConcurrency, minutesCeil(p.Timeout))
 	case p.Proxy != nil:
 		via = p.Proxy
 		env[lambdaenv.DatabaseHost] = p.Proxy.Endpoint()
@@ -476,7 +579,7 @@ func NewConsumer(scope constructs.Construct, id string, props *ConsumerProps) Co
 		timeout:      p.Timeout,
 		memoryMB:     p.MemoryMB,
 		network:      p.Network,
-		database:     p.Database,
+		database:     database,
 		environment:  env,
 		logRetention: p.LogRetention,
 		// Handler code may call other services through NAT, when the stack has it; the claim
@@ -489,6 +592,10 @@ func NewConsumer(scope constructs.Construct, id string, props *ConsumerProps) Co
 	})
 	if p.ClaimCheck != nil {
 		p.ClaimCheck.attachConsumer(c.fn)
+	}
+	if tenancy != nil {
+		tenancy.allowFrom(c.fn, "inbox consumer "+p.Name)
+		tenancy.grantRead(c.fn.Role(), "the fleet consumer "+p.Name)
 	}
 	if p.streamSource() {
 		c.addStreamSource(&p)

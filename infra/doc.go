@@ -10,7 +10,9 @@
 //     own schedule) serving a fleet of tenant databases (pkg/fleet), whose connections are
 //     checked per database server at synth.
 //   - [NewConsumer]: an SQS queue with its DLQ, a raw-delivery SNS subscription with its own DLQ,
-//     and the consumer Lambda behind an event source mapping with ReportBatchItemFailures.
+//     and the consumer Lambda behind an event source mapping with ReportBatchItemFailures; with
+//     ConsumerProps.Fleet ([ConsumerFleet]) it applies into an OutboxFleet's tenant databases,
+//     its connections checked on the fleet's servers beside the relays'.
 //   - [NewEventBridgeDestination], [NewKinesisDestination], [NewMskDestination]: a bus, a stream
 //     or a Kafka topic on MSK (an existing cluster or MSK Serverless) that OutboxProps.Destinations
 //     routes logical topics to and ConsumerProps.Source subscribes a consumer to: an EventBridge

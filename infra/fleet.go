@@ -28,8 +28,9 @@ type FleetTenant struct {
 	// '_', starting with a letter or digit; unique in the fleet. It is the metrics' Tenant
 	// dimension and decides the tenant's shard (fleet.ShardOf). Required.
 	Name string
-	// Secret is the tenant database's secret in the RDS JSON shape, which its relay logs in
-	// with; the shards' role may read it. Required.
+	// Secret is the tenant database's secret in the RDS JSON shape, which its relay (and a
+	// fleet consumer, ConsumerFleet) logs in with; the shards' role and the consumers' may
+	// read it. Required.
 	Secret awssecretsmanager.ISecret
 	// Server is the Name of the FleetServer the database is on. Required.
 	Server string
@@ -45,9 +46,10 @@ type FleetServer struct {
 	// Required.
 	Name string
 	// MaxConnections is the server's max_connections. The shards that may serve a tenant of the
-	// server book RelayReservedConcurrency × RelayConnections each; synthesis fails, showing
-	// the arithmetic, once the bookings reach MaxConnections − ReservedConnections. Required
-	// unless Budget.
+	// server book RelayReservedConcurrency × RelayConnections each, and the consumers applying
+	// into the fleet's tenants (ConsumerFleet) book theirs; synthesis fails, showing the
+	// arithmetic, once the bookings reach MaxConnections − ReservedConnections. Required unless
+	// Budget.
 	MaxConnections int
 	// ReservedConnections is what MaxConnections keeps for others (superusers, operators, other
 	// applications). Defaults to DefaultReservedConnections.
@@ -72,15 +74,18 @@ type FleetServer struct {
 // disabled without a deploy.
 type FleetRegistry struct {
 	// Secret is the control database's secret in the RDS JSON shape
-	// (SLUICE_FLEET_REGISTRY_SECRET_ARN); the shards' role may read it. Required.
+	// (SLUICE_FLEET_REGISTRY_SECRET_ARN); the shards' role and the fleet consumers' may read
+	// it. Required.
 	Secret awssecretsmanager.ISecret
-	// Server is the Name of the FleetServer the control database is on: each relay instance
-	// holds one connection to it, booked on that server's budget. Required.
+	// Server is the Name of the FleetServer the control database is on: each relay instance,
+	// and each fleet consumer instance, holds one connection to it, booked on that server's
+	// budget. Required.
 	Server string
 	// TenantSecretsPrefix is the name prefix of the secrets the table's secret_arn column
-	// names, e.g. "sluice/tenants/": the shards' role may read every secret whose name starts
-	// with it (secretsmanager:GetSecretValue on arn:…:secret:PREFIX*). It must end in '/' or
-	// '-', so that it names a family of secrets, not any secret sharing its first letters.
+	// names, e.g. "sluice/tenants/": the shards' role (and a fleet consumer's) may read every
+	// secret whose name starts with it (secretsmanager:GetSecretValue on
+	// arn:…:secret:PREFIX*). It must end in '/' or '-', so that it names a family of secrets,
+	// not any secret sharing its first letters.
 	// Defaults to "": the table lists tenants by database_url only, and no further secret is
 	// readable.
 	TenantSecretsPrefix string
@@ -125,6 +130,7 @@ const MaxFleetShards = 64
 // OutboxFleet is an outbox topic (and destinations) plus the relay Lambdas that publish the
 // committed outbox rows of a fleet of tenant databases (pkg/fleet): OutboxFleetProps.Shards
 // functions, each started every minute by its own EventBridge schedule, like an Outbox's relay.
+// A Consumer applies its messages into the same tenant databases with ConsumerProps.Fleet.
 type OutboxFleet interface {
 	constructs.IConstruct
 	// Topic is the topic the relays publish to; nil when no row can go to it.
@@ -150,6 +156,8 @@ type outboxFleet struct {
 	schedules []awsevents.Rule
 	role      awsiam.Role
 	fifo      bool
+	// tenancy is what the fleet's consumers (ConsumerFleet) reach the tenants with.
+	tenancy *fleetTenancy
 }
 
 func (f *outboxFleet) Topic() awssns.ITopic          { return f.topic }
@@ -278,7 +286,7 @@ func NewOutboxFleet(scope constructs.Construct, id string, props *OutboxFleetPro
 	p := props.withDefaults()
 	invalid("OutboxFleet", id, p.validate(props))
 
-	f := &outboxFleet{fifo: p.Fifo}
+	f := &outboxFleet{fifo: p.Fifo, tenancy: newFleetTenancy(id, &p)}
 	constructs.NewConstruct_Override(f, scope, &id) // f itself is the jsii construct, so it can be passed to CDK APIs
 	this := f
 
@@ -311,67 +319,35 @@ func NewOutboxFleet(scope constructs.Construct, id string, props *OutboxFleetPro
 	conns := awsec2.NewConnections(&awsec2.ConnectionsProps{SecurityGroups: &sgs})
 	allowDatabaseAndAPIs(conns, Database{}, nil, ownSG, p.Network, "outbox fleet relay",
 		claimCheckS3(p.ClaimCheck != nil, "the claim check's payloads"), false)
-	for _, s := range p.Servers {
-		if s.Connections != nil {
-			s.Connections.Connections().AllowDefaultPortFrom(conns, jsii.String("sluice outbox fleet relay to PostgreSQL (server "+s.Name+")"))
-		}
-	}
-	for _, t := range p.Tenants {
-		t.Secret.GrantRead(f.role, nil)
-	}
-	if r := p.Registry; r != nil {
-		env[lambdaenv.FleetRegistrySecretARN] = r.Secret.SecretArn()
-		r.Secret.GrantRead(f.role, nil)
-		if r.TenantSecretsPrefix != "" {
-			f.role.AddToPrincipalPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
-				Sid:     jsii.String("ReadTheControlTablesTenantSecrets"),
-				Actions: jsii.Strings("secretsmanager:GetSecretValue", "secretsmanager:DescribeSecret"),
-				Resources: &[]*string{awscdk.Stack_Of(this).FormatArn(&awscdk.ArnComponents{
-					Service: jsii.String("secretsmanager"), Resource: jsii.String("secret"), ResourceName: jsii.String(r.TenantSecretsPrefix + "*"),
-					ArnFormat: awscdk.ArnFormat_COLON_RESOURCE_NAME,
-				})},
-			}))
-			suppress(f.role, "AwsSolutions-IAM5",
-				"The control table adds tenants without a deploy, so their secrets are not known at synth: the relays may read "+
-					"the secrets under the one prefix the stack names for them (FleetRegistry.TenantSecretsPrefix), no other.",
-				fmt.Sprintf("Resource::arn:<AWS::Partition>:secretsmanager:<AWS::Region>:<AWS::AccountId>:secret:%s*", r.TenantSecretsPrefix))
-		}
-	}
+	f.tenancy.allowFrom(conns, "outbox fleet relay")
+	f.tenancy.grantRead(f.role, "the relays")
 
 	// Each shard's function gets its own tenants only (Lambda's environment holds 4 KB).
-	shardTenants := make([][]any, p.Shards)
+	shardTenants := make([][]FleetTenant, p.Shards)
 	for _, t := range p.Tenants {
 		i := fleet.ShardOf(t.Name, p.Shards)
-		shardTenants[i] = append(shardTenants[i], map[string]any{"name": t.Name, "secretArn": t.Secret.SecretArn(), "server": t.Server, "weight": t.Weight})
+		shardTenants[i] = append(shardTenants[i], t)
 	}
 	var fns []awslambda.Function
-	var database Database
-	database.SSLMode, database.CABundle = p.Database.SSLMode, p.Database.CABundle
 	for i := range p.Shards {
 		shard := constructs.NewConstruct(this, jsii.String(fmt.Sprintf("Shard%d", i)))
-		shardEnv := make(map[string]*string, len(env)+2)
+		shardEnv := make(map[string]*string, len(env)+3)
 		for k, v := range env {
 			shardEnv[k] = v
 		}
 		shardEnv[lambdaenv.FleetShard] = jsii.String(fmt.Sprintf("%d/%d", i, p.Shards))
-		if len(p.Tenants) > 0 {
-			checkEnvironmentSize(id, i, shardEnv, shardTenants[i])
-			tenants := shardTenants[i]
-			if tenants == nil {
-				tenants = []any{}
-			}
-			shardEnv[lambdaenv.FleetTenants] = awscdk.Stack_Of(this).ToJsonString(tenants, nil)
-		}
+		f.tenancy.environment(shard, shardEnv, shardTenants[i], fmt.Sprintf("OutboxFleet %q shard %d", id, i),
+			"use more Shards, or list tenants in the control table (Registry)")
 		fn, rule := newRelayFunction(shard, &p.OutboxProps, goFunctionProps{
 			description: fmt.Sprintf("outbox fleet relay, shard %d/%d", i, p.Shards),
 			role:        f.role,
 			network:     network,
-			database:    database,
+			database:    f.tenancy.tls,
 			environment: shardEnv,
 		})
 		fns, f.relays, f.schedules = append(fns, fn), append(f.relays, fn), append(f.schedules, rule)
 	}
-	bookFleetConnections(id, &p, shardTenants)
+	f.tenancy.bookRelays(p.RelayReservedConcurrency, p.Shards, shardTenants)
 	if p.Registry != nil {
 		awscdk.Annotations_Of(this).AddInfoV2(jsii.String("sluice:fleetUncheckedServers"), jsii.String(
 			"the control table may put a tenant on a server Servers does not name: each relay instance holds up to DefaultServerConnections there, which synthesis cannot check"))
@@ -381,65 +357,6 @@ func NewOutboxFleet(scope constructs.Construct, id string, props *OutboxFleetPro
 	suppressLambdaFindings(f.role)
 	suppressTopicKeyGrant(f.role)
 	return f
-}
-
-// bookFleetConnections books, on each server's budget, the connections of the shards that
-// may serve one of its tenants: with the control table every shard may (and each instance
-// holds a connection to the control database), without it the shards of its static tenants.
-func bookFleetConnections(id string, p *OutboxFleetProps, shardTenants [][]any) {
-	concurrency := p.RelayReservedConcurrency
-	for _, s := range p.Servers {
-		budget := s.Budget
-		if budget == nil {
-			budget = &connectionBudget{server: s.Name, max: s.MaxConnections, reserved: s.ReservedConnections,
-				remedy: "Lower the shards' RelayReservedConcurrency or the server's RelayConnections, or raise max_connections (FleetServer.MaxConnections, a larger instance)"}
-		}
-		shards := p.Shards
-		if p.Registry == nil {
-			shards = 0
-			for _, ts := range shardTenants {
-				for _, t := range ts {
-					if t.(map[string]any)["server"] == s.Name {
-						shards++
-						break
-					}
-				}
-			}
-		}
-		if shards > 0 {
-			budget.UseConnections(fmt.Sprintf("fleet %s relays %d (shards serving server %s) × %d (reserved concurrency) × %d (connections per instance)",
-				id, shards, s.Name, concurrency, s.RelayConnections), shards*concurrency*s.RelayConnections)
-		}
-		if r := p.Registry; r != nil && r.Server == s.Name {
-			budget.UseConnections(fmt.Sprintf("fleet %s control table %d (shards) × %d (reserved concurrency) × 1 (connection)", id, p.Shards, concurrency),
-				p.Shards*concurrency)
-		}
-	}
-}
-
-// checkEnvironmentSize panics when a shard's static tenants would not fit Lambda's 4 KB
-// environment, counting a secret ARN synthesis cannot see as 100 characters.
-func checkEnvironmentSize(id string, shard int, env map[string]*string, tenants []any) {
-	size := len(lambdaenv.FleetTenants) + 2
-	for k, v := range env {
-		size += len(k) + 100 // the values not yet known (tokens) count as ARNs
-		if v != nil && !*awscdk.Token_IsUnresolved(v) {
-			size += len(*v) - 100
-		}
-	}
-	for _, t := range tenants {
-		m := t.(map[string]any)
-		arn := m["secretArn"].(*string)
-		n := 100
-		if !*awscdk.Token_IsUnresolved(arn) {
-			n = len(*arn)
-		}
-		size += len(`{"name":"","secretArn":"","server":"","weight":100},`) + len(m["name"].(string)) + len(m["server"].(string)) + n
-	}
-	if size > lambdaEnvironmentLimit {
-		panic(fmt.Errorf("sluice OutboxFleet %q: shard %d's static tenants (%d) make its environment about %d bytes, above Lambda's %d: "+
-			"use more Shards, or list tenants in the control table (Registry)", id, shard, len(tenants), size, lambdaEnvironmentLimit))
-	}
 }
 
 // fleetRelay is an OutboxFleet's relays as one relayHost: the role and security group they

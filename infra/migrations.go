@@ -293,7 +293,7 @@ func NewMigrations(scope constructs.Construct, id string, props *MigrationsProps
 	invalid("Migrations", id, p.validate())
 
 	m := &migrations{budget: &connectionBudget{max: p.MaxConnections, reserved: p.ReservedConnections,
-		remedy: "Lower a function's maximum concurrency or its pool size (Database.MaxConns), route consumers through an RDS Proxy, or raise max_connections (MigrationsProps.MaxConnections, a larger instance)"},
+		remedy: "Lower a function's maximum concurrency or its pool size (Database.MaxConns; on a fleet's server FleetServer.RelayConnections or ConsumerFleet.MaxConns), route consumers through an RDS Proxy, or raise max_connections (MigrationsProps.MaxConnections, a larger instance)"},
 		schedule:        p.MaintenanceSchedule,
 		outboxRetention: p.OutboxRetention, outboxInterval: p.OutboxPartitionInterval,
 		inboxRetention: p.InboxRetention, inboxInterval: p.InboxPartitionInterval, proxies: map[string]bool{}}

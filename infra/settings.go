@@ -83,8 +83,9 @@ func relayEnvironment(s RelaySettings, memoryMB int) (map[string]string, error) 
 }
 
 // consumerEnvironment returns the consumer's setting variables for its props, checked by the
-// consumer Lambda's own reader (lambdaenv.ConsumerConfig): an error is what the cold start
-// would refuse.
+// consumer Lambda's own readers (lambdaenv.ConsumerConfig, and a fleet consumer's
+// lambdaenv.ConsumerTenantPoolsConfig): an error is what the cold start would refuse. A fleet
+// consumer's registry variables come from its fleet (fleetTenancy.environment).
 func consumerEnvironment(p *ConsumerProps) (map[string]string, error) {
 	env := map[string]string{lambdaenv.ConsumerName: p.Name}
 	if p.CommitMode != "" {
@@ -103,7 +104,17 @@ func consumerEnvironment(p *ConsumerProps) (map[string]string, error) {
 	} else {
 		env[lambdaenv.ConsumerMaxReceiveCount] = strconv.Itoa(p.MaxReceiveCount)
 	}
-	if _, err := lambdaenv.ConsumerConfig(func(k string) string { return env[k] }); err != nil {
+	// A fleet consumer's pool bounds, always stated: the servers' budgets booked these values.
+	if f := p.Fleet; f != nil {
+		env[lambdaenv.ConsumerTenantMaxConns] = strconv.Itoa(f.TenantMaxConns)
+		env[lambdaenv.ConsumerFleetMaxConns] = strconv.Itoa(f.MaxConns)
+	}
+	get := func(k string) string { return env[k] }
+	_, err := lambdaenv.ConsumerConfig(get)
+	if err == nil && p.Fleet != nil {
+		_, err = lambdaenv.ConsumerTenantPoolsConfig(get)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("the consumer Lambda would refuse these settings at cold start: %w", err)
 	}
 	return env, nil

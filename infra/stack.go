@@ -133,16 +133,20 @@ type SluiceStackProps struct {
 	// on the stack's own database instance, with a topic of its own: tenant I (tenant-I) gets
 	// a secret for role sluice_tenant_I and database tenant_I with a generated password,
 	// which the operator creates and migrates after the deploy (docs/deploy.md, "Deploying a
-	// fleet"). The fleet's relays book ExampleFleetRelayConnections per instance on the
-	// instance's connection budget, beside the stack's other functions. At most
+	// fleet"). A second consumer, ConsumerName + "-fleet" (the same code, ConsumerProps.Fleet),
+	// subscribes to the fleet's topic and applies each message in its tenant's database. The
+	// fleet's relays book ExampleFleetRelayConnections per instance, and its consumer its own,
+	// on the instance's connection budget, beside the stack's other functions. At most
 	// MaxExampleFleet. Defaults to 0: no fleet.
 	Fleet int
 	// FleetShards is the fleet's OutboxFleetProps.Shards. Defaults to 1.
 	FleetShards int
 }
 
-// MaxExampleFleet is the largest SluiceStackProps.Fleet.
-const MaxExampleFleet = 50
+// MaxExampleFleet is the largest SluiceStackProps.Fleet: the fleet consumer carries every
+// tenant's secret ARN in its environment, and Lambda's 4 KB hold about 20 (a larger fleet
+// lists its tenants in a control table, OutboxFleetProps.Registry).
+const MaxExampleFleet = 20
 
 // ExampleFleetRelayConnections is the example fleet's FleetServer.RelayConnections on the
 // stack's database instance.
@@ -169,16 +173,20 @@ type SluiceStack interface {
 	DatabaseSecret() awssecretsmanager.ISecret
 	// Fleet is the outbox fleet with SluiceStackProps.Fleet; nil otherwise.
 	Fleet() OutboxFleet
+	// FleetConsumer is the consumer applying the fleet's messages in its tenants' databases
+	// with SluiceStackProps.Fleet; nil otherwise.
+	FleetConsumer() Consumer
 }
 
 type sluiceStack struct {
 	awscdk.Stack
-	fleet      OutboxFleet
-	outbox     Outbox
-	consumer   Consumer
-	migrations Migrations
-	monitoring Monitoring
-	secret     awssecretsmanager.ISecret
+	fleet         OutboxFleet
+	fleetConsumer Consumer
+	outbox        Outbox
+	consumer      Consumer
+	migrations    Migrations
+	monitoring    Monitoring
+	secret        awssecretsmanager.ISecret
 }
 
 func (s *sluiceStack) Outbox() Outbox                            { return s.outbox }
@@ -187,6 +195,7 @@ func (s *sluiceStack) Migrations() Migrations                    { return s.migr
 func (s *sluiceStack) Monitoring() Monitoring                    { return s.monitoring }
 func (s *sluiceStack) DatabaseSecret() awssecretsmanager.ISecret { return s.secret }
 func (s *sluiceStack) Fleet() OutboxFleet                        { return s.fleet }
+func (s *sluiceStack) FleetConsumer() Consumer                   { return s.fleetConsumer }
 
 // NewSluiceStack creates the example stack. It panics on invalid props.
 func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackProps) SluiceStack {
@@ -351,14 +360,32 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 		consumerProps.Proxy, consumerProps.ProxyMaxConnectionsPercent = newConsumerProxy(stack, network, ownInstance, role)
 	}
 	s.consumer = NewConsumer(stack, "Consumer", consumerProps)
+	consumers := []Consumer{s.consumer}
 	if p.Fleet > 0 {
 		s.fleet = newExampleFleet(stack, network, db, ownInstance, s.migrations, &p)
+		// The example consumer's code and settings, on the fleet's topic and in its tenants'
+		// databases, its connections booked beside the fleet's relays.
+		s.fleetConsumer = NewConsumer(stack, "FleetConsumer", &ConsumerProps{
+			Name:            p.ConsumerName + "-fleet",
+			CodeDir:         p.ConsumerCodeDir,
+			Topic:           s.fleet.Topic(),
+			Fifo:            p.Fifo,
+			Network:         network,
+			Fleet:           &ConsumerFleet{Fleet: s.fleet},
+			MaxConcurrency:  p.ConsumerMaxConcurrency,
+			CommitMode:      p.ConsumerCommitMode,
+			DeadlineMargin:  p.ConsumerDeadlineMargin,
+			StorePayload:    p.ConsumerStorePayload,
+			Redrivers:       p.Redrivers,
+			HTTPSToAnywhere: consumerProps.HTTPSToAnywhere,
+		})
+		consumers = append(consumers, s.fleetConsumer)
 	}
 
 	mon := &MonitoringProps{
 		Fleet:              s.fleet,
 		Outbox:             s.outbox,
-		Consumers:          []Consumer{s.consumer},
+		Consumers:          consumers,
 		Migrations:         s.migrations,
 		AlarmEmail:         p.AlarmEmail,
 		NoAlarmDestination: p.NoAlarmDestination,
@@ -422,6 +449,10 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 		for i, fn := range f.Relays() {
 			out(fmt.Sprintf("FleetShard%dFunctionName", i), fmt.Sprintf("Fleet relay Lambda of shard %d", i), fn.FunctionName())
 		}
+		c := s.fleetConsumer
+		out("FleetConsumerQueueUrl", "Fleet consumer queue", c.Queue().QueueUrl())
+		out("FleetConsumerDeadLetterQueueUrl", "Fleet consumer DLQ (sluice redrive --dlq URL)", c.DeadLetterQueue().QueueUrl())
+		out("FleetConsumerFunctionName", "Fleet consumer Lambda", c.Function().FunctionName())
 	}
 	return s
 }

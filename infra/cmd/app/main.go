@@ -55,11 +55,12 @@
 //	claimCheck               "true" creates the S3 claim check's bucket for payloads above the
 //	                         topic's limit (docs/claimcheck.md); claimCheckThreshold and
 //	                         claimCheckMaxPayload (bytes) tune it. Defaults to false.
-//	fleet                    N (1..50) adds an outbox fleet of N tenant databases on the new
+//	fleet                    N (1..20) adds an outbox fleet of N tenant databases on the new
 //	                         database instance: a secret per tenant (role sluice_tenant_I,
-//	                         database tenant_I) to create and migrate after the deploy, and
-//	                         fleetShards (defaults to 1) relay Lambdas serving them
-//	                         (docs/deploy.md, "Deploying a fleet"). Defaults to none.
+//	                         database tenant_I) to create and migrate after the deploy,
+//	                         fleetShards (defaults to 1) relay Lambdas serving them, and a
+//	                         consumer applying the fleet's messages in their tenants'
+//	                         databases (docs/deploy.md, "Deploying a fleet"). Defaults to none.
 //	nag                      "false" skips the cdk-nag AwsSolutions checks. Defaults to true.
 package main
 
