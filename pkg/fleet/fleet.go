@@ -59,8 +59,9 @@ type TenantStatus struct {
 	// Published and Claimed count this Fleet's work for the tenant since Run started.
 	Published, Claimed int
 	// Turns counts the tenant's turns (connections opened, the relay run, the connections
-	// closed).
-	Turns int
+	// closed), and GaveWay those that ended with work left because other tenants waited while
+	// the busy ones held more than Config.BusyShare of the budget.
+	Turns, GaveWay int
 	// Lag is the tenant's backlog as last read (at the end of a turn, at most once per
 	// Relay.MetricsInterval), and LagAt when.
 	Lag   outbox.Lag
@@ -449,6 +450,7 @@ func (t *tenant) turn(ctx context.Context) (more, retrying bool, err error) {
 			lastWork = time.Now()
 		}
 		if shareUsed {
+			t.update(func(s *TenantStatus) { s.GaveWay++ })
 			t.idle()
 			return true, false, nil
 		}
@@ -459,9 +461,13 @@ func (t *tenant) turn(ctx context.Context) (more, retrying bool, err error) {
 		waiting := t.server.budget.waiting()
 		if st.Claimed == 0 && (lastWork.IsZero() || waiting || time.Since(lastWork) >= cfg.IdleClose) {
 			t.idle()
+			left := pendingLeft(ctx, t.pool)
+			if left && !lastWork.IsZero() {
+				return true, false, nil // it published this turn: straight back into the queue
+			}
 			// Rows left pending now are not claimable (in backoff, behind a quarantined row,
 			// of a destination backing off): no write will wake the tenant when they are due.
-			return false, pendingLeft(ctx, t.pool), nil
+			return false, left, nil
 		}
 		if st.Claimed > 0 && waiting {
 			if !pendingLeft(ctx, t.pool) {
