@@ -61,8 +61,10 @@ type FleetResult struct {
 	// ConnsMax the most sluice-fleet-* sessions pg_stat_activity showed at once over the run.
 	BudgetPeak, ConnsMax int
 	// HeaderMismatches counts published events whose outbox.TenantHeader did not name the
-	// tenant that wrote them; Duplicates counts events published more than once.
+	// tenant that wrote them; Duplicates counts events published more than once, and
+	// DuplicatesBy those by the tenant their header names.
 	HeaderMismatches, Duplicates int
+	DuplicatesBy                 map[string]int `json:",omitempty"`
 	// HotStatements are the hot tenant's statements in the window with the backlog, by kind
 	// (tracer.go's names), with the time they took.
 	HotStatements []FleetStmtTime `json:",omitempty"`
@@ -370,7 +372,8 @@ func measureFleet(ctx context.Context, log *slog.Logger, env *Env, fs fleetSize)
 	for _, u := range f.BudgetUsage() {
 		res.BudgetPeak = max(res.BudgetPeak, u[1])
 	}
-	res.HeaderMismatches, res.Duplicates = pub.mismatches(prod.tenantOf), pub.duplicates()
+	res.Duplicates, res.DuplicatesBy = pub.duplicates()
+	res.HeaderMismatches = pub.mismatches(prod.tenantOf)
 	if c := problems.counts(); len(c) > 0 {
 		res.Problems = c
 	}

@@ -169,6 +169,9 @@ func (r *FleetResult) markdown(w func(string, ...any)) {
 	w("The budget: at most %d connections granted at once (of %d), at most %d `sluice-fleet-*` sessions seen in `pg_stat_activity` (sampled every 250 ms) over the whole run. "+
 		"Start-up (every tenant's first turn) took %s. Duplicate publishes: %d; events whose tenant header did not name their writer: %d.",
 		r.BudgetPeak, r.Budget, r.ConnsMax, r.Startup.Round(100*time.Millisecond), r.Duplicates, r.HeaderMismatches)
+	if len(r.DuplicatesBy) > 0 {
+		w(" Duplicate publishes by tenant: %s.", sortedCounts(r.DuplicatesBy))
+	}
 	if len(r.Problems) > 0 {
 		w(" Warnings logged by the fleet and its relays: %s.", sortedCounts(r.Problems))
 	}

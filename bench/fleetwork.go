@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"sort"
 	"sync"
 	"time"
@@ -30,6 +31,7 @@ type fleetPublisher struct {
 	calls    []ackedCall
 	header   map[uuid.UUID]string // the tenant header of each event's first publish
 	again    int                  // publishes of an event already acknowledged
+	againBy  map[string]int       // again, by the tenant the event's header names
 }
 
 // ackedCall is one PublishBatch call's acknowledgements.
@@ -42,7 +44,7 @@ var _ outbox.Publisher = (*fleetPublisher)(nil)
 
 func newFleetPublisher(book *waitBook) *fleetPublisher {
 	return &fleetPublisher{ack: &ackPublisher{Delay: fleetDelay, book: book},
-		byTenant: map[string]int{}, last: map[string]time.Time{}, header: map[uuid.UUID]string{}}
+		byTenant: map[string]int{}, last: map[string]time.Time{}, header: map[uuid.UUID]string{}, againBy: map[string]int{}}
 }
 
 // PublishBatch implements outbox.Publisher.
@@ -60,6 +62,7 @@ func (p *fleetPublisher) PublishBatch(ctx context.Context, dest string, events [
 		tenant := e.Headers[outbox.TenantHeader]
 		if _, ok := p.header[e.EventID]; ok {
 			p.again++
+			p.againBy[tenant]++
 			continue
 		}
 		p.header[e.EventID] = tenant
@@ -97,11 +100,12 @@ func (p *fleetPublisher) publishedBetween(from, to time.Time) int {
 	return n
 }
 
-// duplicates returns how many publishes repeated an acknowledged event.
-func (p *fleetPublisher) duplicates() int {
+// duplicates returns how many publishes repeated an acknowledged event, in all and by the
+// tenant the event's header names.
+func (p *fleetPublisher) duplicates() (int, map[string]int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.again
+	return p.again, maps.Clone(p.againBy)
 }
 
 // mismatches counts the events whose tenant header is not their writer's: tenantOf names the
