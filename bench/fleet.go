@@ -37,6 +37,8 @@ type FleetResult struct {
 	// HotRows is the hot tenant's backlog, committed in one transaction; HotKeys its
 	// partition keys.
 	HotRows, HotKeys int
+	// HotWeight is the hot tenant's Weight (0 in results from before it was recorded: 1).
+	HotWeight int `json:",omitempty"`
 	// Delay is the stub broker's latency per PublishBatch call.
 	Delay time.Duration
 	// Budget is the fleet's connection budget for the server (Config.DefaultConnections);
@@ -156,6 +158,8 @@ type fleetSize struct {
 	IdleWindow, QuietWindow time.Duration
 	// Budget is the fleet's connection budget for the server.
 	Budget int
+	// HotWeight is the hot tenant's Weight (its pipelines and its share of time).
+	HotWeight int
 	// Timeout bounds each wait: start-up, a drain.
 	Timeout time.Duration
 	// HotBox, when set, time-boxes the fleet's window with the backlog: the hot tenant's
@@ -187,7 +191,9 @@ func fleetSizeFor(sz Sizes) fleetSize {
 }
 
 func runFleetSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, rep *Report) error {
-	res, err := measureFleet(ctx, log, env, fleetSizeFor(sz))
+	fs := fleetSizeFor(sz)
+	fs.HotWeight = max(1, sz.FleetHotWeight)
+	res, err := measureFleet(ctx, log, env, fs)
 	if err != nil {
 		return err
 	}
@@ -205,7 +211,7 @@ const hotTenant = "hot"
 
 // measureFleet runs the suite at size fs on env's server.
 func measureFleet(ctx context.Context, log *slog.Logger, env *Env, fs fleetSize) (*FleetResult, error) {
-	res := &FleetResult{Databases: fs.Databases, HotRows: fs.HotRows, HotKeys: fs.HotKeys, Delay: fleetDelay, Budget: fs.Budget}
+	res := &FleetResult{Databases: fs.Databases, HotRows: fs.HotRows, HotKeys: fs.HotKeys, HotWeight: fs.HotWeight, Delay: fleetDelay, Budget: fs.Budget}
 	probe, err := newFleetProbe(ctx, env.AdminURL)
 	if err != nil {
 		return nil, err
@@ -236,7 +242,11 @@ func measureFleet(ctx context.Context, log *slog.Logger, env *Env, fs fleetSize)
 	problems := newProblemLog()
 	reg := make(fleet.Static, 0, len(tenants))
 	for _, t := range tenants {
-		reg = append(reg, fleet.Tenant{Name: t.name, DatabaseURL: t.url})
+		weight := 1
+		if t.name == hotTenant {
+			weight = fs.HotWeight
+		}
+		reg = append(reg, fleet.Tenant{Name: t.name, DatabaseURL: t.url, Weight: weight})
 	}
 	// The hot tenant's statements are timed by kind (tracer.go), to show where its turns go.
 	hotTracer := newRelayTracer()
@@ -254,8 +264,8 @@ func measureFleet(ctx context.Context, log *slog.Logger, env *Env, fs fleetSize)
 	if err != nil {
 		return nil, err
 	}
-	res.Settings = fmt.Sprintf("DefaultConnections %d; the rest at their defaults: Relay.Pipelines 1 per unit of weight (weight 1), "+
-		"DetectInterval %s, SweepInterval %s, IdleClose %s, Turn %s, RegistryRefresh %s", fs.Budget, fleet.DefaultDetectInterval,
+	res.Settings = fmt.Sprintf("DefaultConnections %d; the hot tenant's Weight %d (the others 1); the rest at their defaults: Relay.Pipelines 1 per unit of weight, "+
+		"DetectInterval %s, SweepInterval %s, IdleClose %s, Turn %s, RegistryRefresh %s", fs.Budget, fs.HotWeight, fleet.DefaultDetectInterval,
 		fleet.DefaultSweepInterval, fleet.DefaultIdleClose, fleet.DefaultTurn, fleet.DefaultRegistryRefresh)
 	fctx, stopFleet := context.WithCancel(ctx)
 	fleetDone := make(chan error, 1)

@@ -140,7 +140,7 @@ func (r *FleetResult) markdown(w func(string, ...any)) {
 	for _, s := range r.Single {
 		w("| %s | %d | %s | %s | %s | %.0f%% |\n", s.Name, s.Pipelines, num(float64(s.Events)), s.Elapsed.Round(time.Millisecond), num(s.Rate()), 100*agg/s.Rate())
 	}
-	w("| fleet: the hot tenant (%d turns%s) | 1 | %s | %s | %s | |\n", r.With.HotTurns, map[bool]string{true: ", time-boxed"}[r.With.TimeBoxed], num(float64(r.With.HotEvents)), r.With.Window.Round(time.Millisecond), num(r.With.HotRate()))
+	w("| fleet: the hot tenant (%d turns%s) | %d | %s | %s | %s | |\n", r.With.HotTurns, map[bool]string{true: ", time-boxed"}[r.With.TimeBoxed], max(1, r.HotWeight), num(float64(r.With.HotEvents)), r.With.Window.Round(time.Millisecond), num(r.With.HotRate()))
 	w("| **fleet: every tenant (aggregate)** | | %s | %s | **%s** | |\n\n", num(float64(r.With.Published)), r.With.Window.Round(time.Millisecond), num(agg))
 	if len(r.HotStatements) > 0 {
 		var parts []string

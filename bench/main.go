@@ -85,6 +85,7 @@ func main() {
 		only      = flag.String("only", "", "comma-separated suites to run (relay,producer,consumer,e2e,scale,isolation,producers,wakeup,sustained,tracing,destinations,claimcheck,writes-per-event,idlecost,hotkey,scaleout,fleet); default all")
 		command   = flag.String("command", "", "the command line to print in the report (defaults to this process's)")
 		verbosity = flag.Bool("v", false, "log progress of every run")
+		hotWeight = flag.Int("fleet-hot-weight", 1, "the fleet suite's hot tenant's Weight (the report's runs use 1)")
 		results   = flag.String("results", "", "where to save the raw results as JSON, for -render (make bench: bench/results.json); with -render and -base, the merged results")
 		renderIn  = flag.String("render", "", "only render the report and chart from a results JSON file of an earlier run")
 		base      = flag.String("base", "", "with -render of a run of some suites (-only): take the other suites' results from this results file")
@@ -107,6 +108,7 @@ func main() {
 	if *quick {
 		sizes = quickSizes()
 	}
+	sizes.FleetHotWeight = *hotWeight
 	cmdline := *command
 	if cmdline == "" {
 		cmdline = strings.Join(os.Args, " ")
@@ -171,6 +173,8 @@ type runOptions struct {
 type Sizes struct {
 	// Name is "full" or "quick".
 	Name string
+	// FleetHotWeight is the fleet suite's hot tenant's fleet.Tenant.Weight.
+	FleetHotWeight int
 	// RelayRows and RelayKeys: the pending rows and partition keys of each relay run.
 	RelayRows, RelayKeys int
 	// PeerTimeBox bounds the runs of the peers (textbook relay, watermill) that cannot drain
