@@ -158,7 +158,7 @@ type fleetSize struct {
 	IdleWindow, QuietWindow time.Duration
 	// Budget is the fleet's connection budget for the server.
 	Budget int
-	// HotWeight is the hot tenant's Weight (its pipelines and its share of time).
+	// HotWeight is the hot tenant's Weight (its pipelines and its share of time); 0 is 1.
 	HotWeight int
 	// Timeout bounds each wait: start-up, a drain.
 	Timeout time.Duration
@@ -180,20 +180,19 @@ const (
 )
 
 // fleetSizeFor derives the suite's size from the run's: issue 24's 200 databases and
-// 100,000-row backlog at full size, a tenth of them with -quick.
+// 100,000-row backlog at full size, a tenth of them with -quick; the hot tenant's weight is
+// the run's (-fleet-hot-weight).
 func fleetSizeFor(sz Sizes) fleetSize {
 	if sz.Name == "full" {
 		return fleetSize{Databases: 200, HotRows: 100_000, HotKeys: 1_000, IdleWindow: 40 * time.Second, QuietWindow: 30 * time.Second,
-			Budget: 40, Timeout: 4 * time.Minute, HotBox: time.Minute}
+			Budget: 40, Timeout: 4 * time.Minute, HotBox: time.Minute, HotWeight: sz.FleetHotWeight}
 	}
 	return fleetSize{Databases: 20, HotRows: 10_000, HotKeys: 1_000, IdleWindow: 10 * time.Second, QuietWindow: 10 * time.Second,
-		Budget: 40, Timeout: 2 * time.Minute, HotBox: time.Minute}
+		Budget: 40, Timeout: 2 * time.Minute, HotBox: time.Minute, HotWeight: sz.FleetHotWeight}
 }
 
 func runFleetSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, rep *Report) error {
-	fs := fleetSizeFor(sz)
-	fs.HotWeight = max(1, sz.FleetHotWeight)
-	res, err := measureFleet(ctx, log, env, fs)
+	res, err := measureFleet(ctx, log, env, fleetSizeFor(sz))
 	if err != nil {
 		return err
 	}
@@ -211,6 +210,7 @@ const hotTenant = "hot"
 
 // measureFleet runs the suite at size fs on env's server.
 func measureFleet(ctx context.Context, log *slog.Logger, env *Env, fs fleetSize) (*FleetResult, error) {
+	fs.HotWeight = max(1, fs.HotWeight)
 	res := &FleetResult{Databases: fs.Databases, HotRows: fs.HotRows, HotKeys: fs.HotKeys, HotWeight: fs.HotWeight, Delay: fleetDelay, Budget: fs.Budget}
 	probe, err := newFleetProbe(ctx, env.AdminURL)
 	if err != nil {
@@ -349,7 +349,7 @@ func measureFleet(ctx context.Context, log *slog.Logger, env *Env, fs fleetSize)
 	// The quiet tenants again without the backlog, so that drift on the machine shows: what
 	// the time box left of the backlog is marked published as another relay would (the hot
 	// tenant's relay skips rows published under it).
-	if _, err := hotPool.Exec(ctx, "UPDATE outbox_event SET published_at = now() WHERE published_at IS NULL"); err != nil {
+	if err := markBacklogPublished(ctx, hotPool, fs.Timeout); err != nil {
 		return nil, fmt.Errorf("mark the rest of the backlog published: %w", err)
 	}
 	if err := sleepCtx(ctx, 5*time.Second); err != nil {
@@ -600,4 +600,28 @@ func waitUntil(ctx context.Context, d time.Duration, cond func() bool) error {
 		}
 	}
 	return nil
+}
+
+// markBacklogPublished marks the pending rows of pool's outbox published while its relay may
+// still be settling some of them: a thousand rows at a time, in id order, passing over rows
+// another transaction holds (the relay's settle publishes those itself), so it never waits
+// for the relay. One UPDATE of every row would: it and a settle batch lock rows in different
+// orders, and when PostgreSQL breaks that deadlock by failing the settle, the relay publishes
+// the rows again.
+func markBacklogPublished(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) error {
+	var last error
+	err := waitUntil(ctx, timeout, func() bool {
+		tag, err := pool.Exec(ctx, `UPDATE outbox_event SET published_at = now() WHERE id IN (
+			SELECT id FROM outbox_event WHERE published_at IS NULL ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED)`)
+		if last = err; err != nil || tag.RowsAffected() > 0 {
+			return false
+		}
+		n, err := pendingCount(ctx, pool)
+		last = err
+		return err == nil && n == 0
+	})
+	if err != nil && last != nil {
+		return fmt.Errorf("%w (last: %w)", err, last)
+	}
+	return err
 }

@@ -21,8 +21,8 @@ func TestFleetSuiteSmoke(t *testing.T) {
 	env := &Env{AdminURL: c.URL, Source: "test cluster", cluster: c, log: log}
 	t.Cleanup(env.Close)
 
-	// A budget of 5 holds the activity poll and two tenants' pools (2 connections each): the
-	// other tenants wait their turn.
+	// A budget of 5 holds the activity poll and four tenants' pools (a connection each): the
+	// fifth tenant waits its turn.
 	fs := fleetSize{Databases: 5, HotRows: 2_000, HotKeys: 50, IdleWindow: 2 * time.Second, QuietWindow: 3 * time.Second, Budget: 5, Timeout: 2 * time.Minute}
 	res, err := measureFleet(ctx, log, env, fs)
 	if err != nil {
