@@ -111,7 +111,10 @@ func TestConsumerTransientFailures(t *testing.T) {
 		}
 	})
 	b.waitApplied(t, 90*time.Second)
-	require.GreaterOrEqual(t, b.stack.Source.Stats().ReportedFailures, int64(2*failing), "each failing message was reported failed twice")
+	// Each failing message fails while its SQS receive count is at most 2: twice, unless a
+	// receive whose reply was lost in transit (counted by the queue, never seen by the
+	// consumer) used up one of them: at least once each.
+	require.GreaterOrEqual(t, b.stack.Source.Stats().ReportedFailures, int64(failing), "each failing message was reported failed")
 }
 
 // A poison message (an unknown currency) fails every delivery and ends in the DLQ while the rest
