@@ -130,3 +130,124 @@ func TestReadUsesThePendingKeyIndexWhateverTheStatistics(t *testing.T) {
 		require.Less(t, buffers, 10*len(keys)+50, "%s plan: %d buffers to read 20 rows of 20 keys", mode, buffers)
 	}
 }
+
+// A burst of 100,000 pending rows arrives at an outbox whose rows were all published, on a
+// round's connection that has cached its plans for recording outcomes (a long-lived relay;
+// PostgreSQL keeps a prepared statement's generic plan until the table's statistics change,
+// which autovacuum may take a minute to do). Recording a round's outcomes must still touch a
+// bounded number of buffers per row, in the cached plan and in a fresh one. A join of the ids
+// against the table, planned for a table of a few rows with the plan guards on, put the table
+// outside and the ids inside: one pass over the table per id (the fleet benchmark's
+// backlogged tenant took 15 s to record 500 rows; the settle timed out and the round's rows
+// were published again).
+func TestSettleIsBoundedAfterABurstOnACachedPlan(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	exec := func(sql string, args ...any) {
+		_, err := pool.Exec(ctx, sql, args...)
+		require.NoError(t, err)
+	}
+	exec(`ALTER TABLE outbox_event SET (autovacuum_enabled = false)`)
+	exec(`INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload, published_at)
+		SELECT gen_random_uuid(), 'orders', 'order', 'o', 'E', 'k' || i, '{}', now() FROM generate_series(1, 50) i`)
+	exec(`ANALYZE outbox_event`)
+
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	run := func(sql string) {
+		_, err := conn.Exec(ctx, sql)
+		require.NoError(t, err)
+	}
+	for _, set := range roundSettings(30*time.Second, true) {
+		run(set)
+	}
+	run(`SET plan_cache_mode = force_generic_plan`)
+	defer run(`DEALLOCATE ALL; RESET plan_cache_mode; ` + roundEndSQL(true))
+	run(`PREPARE settle_published(bigint[]) AS ` + settlePublishedSQL)
+	run(`PREPARE settle_failed(bigint[], text[], bool[], bigint[], int[]) AS ` + settleFailedSQL)
+	run(`EXECUTE settle_published('{0}')`) // planned now, for a table of 50 published rows
+	run(`EXECUTE settle_failed('{0}', '{x}', '{f}', '{NULL}', '{1}')`)
+
+	exec(`INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload)
+		SELECT gen_random_uuid(), 'orders', 'order', 'o', 'E', 'k' || (i % 100), '{}' FROM generate_series(1, 100000) i`)
+	const n = 50
+	idRows, err := pool.Query(ctx, `SELECT id FROM outbox_event WHERE published_at IS NULL ORDER BY id LIMIT $1`, n)
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(idRows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	require.Len(t, ids, n)
+	idList := make([]string, n)
+	for i, id := range ids {
+		idList[i] = strconv.FormatInt(id, 10)
+	}
+	// EXPLAIN EXECUTE takes no parameters: the arrays are written out.
+	idArray := "'{" + strings.Join(idList, ",") + "}'"
+	array := func(elem string) string { return "'{" + strings.Repeat(elem+",", n-1) + elem + "}'" }
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	buffers, _ := explainBuffers(t, tx, `EXECUTE settle_published(`+idArray+`)`)
+	require.Less(t, buffers, 20*n+100, "cached plan: settle published: %d buffers for %d rows", buffers, n)
+	buffers, _ = explainBuffers(t, tx, `EXECUTE settle_failed(`+idArray+`, `+array("x")+`, `+array("f")+`, `+array("NULL")+`, `+array("1")+`)`)
+	require.Less(t, buffers, 20*n+100, "cached plan: settle failed: %d buffers for %d rows", buffers, n)
+	require.NoError(t, tx.Rollback(ctx))
+
+	errs, quarantine, delays, attempts := make([]string, n), make([]bool, n), make([]*int64, n), make([]int32, n)
+	for _, mode := range []string{"auto", "force_generic_plan"} {
+		tx := beginWithRoundSettings(t, pool)
+		_, err := tx.Exec(ctx, "SET LOCAL plan_cache_mode = "+mode)
+		require.NoError(t, err)
+		buffers, _ := explainBuffers(t, tx, settlePublishedSQL, ids)
+		require.Less(t, buffers, 20*n+100, "%s plan: settle published: %d buffers for %d rows", mode, buffers, n)
+		buffers, _ = explainBuffers(t, tx, settleFailedSQL, ids, errs, quarantine, delays, attempts)
+		require.Less(t, buffers, 20*n+100, "%s plan: settle failed: %d buffers for %d rows", mode, buffers, n)
+		require.NoError(t, tx.Rollback(ctx))
+	}
+}
+
+// settleFailedSQL gives each row its own values, whatever order the round's failures came in
+// (failedArgs sorts them by id for the statement's binary search).
+func TestSettleFailedRecordsEachRowItsOwnValues(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	idRows, err := pool.Query(ctx, `INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload, attempts)
+		SELECT gen_random_uuid(), 'orders', 'order', 'o', 'E', 'k' || i, '{}', i FROM generate_series(1, 5) i RETURNING id`)
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(idRows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	delay := int64(60_000)
+	rows := []failedRow{ // not in id order; ids[2] is not among them
+		{id: ids[4], err: "e4", quarantine: true, attempt: 1},
+		{id: ids[0], err: "e0", delayMS: &delay, attempt: 1},
+		{id: ids[3], err: "e3", attempt: 0},
+		{id: ids[1], err: "e1", delayMS: &delay, attempt: 2},
+	}
+	_, err = pool.Exec(ctx, settleFailedSQL, failedArgs(rows)...)
+	require.NoError(t, err)
+	type state struct {
+		Attempts              int
+		LastError             *string
+		Quarantined, Deferred bool
+	}
+	got, err := pool.Query(ctx, `SELECT attempts, last_error, quarantined_at IS NOT NULL, available_at > now() + interval '30 seconds'
+		FROM outbox_event ORDER BY id`)
+	require.NoError(t, err)
+	states, err := pgx.CollectRows(got, func(r pgx.CollectableRow) (state, error) {
+		var s state
+		var deferred *bool
+		err := r.Scan(&s.Attempts, &s.LastError, &s.Quarantined, &deferred)
+		s.Deferred = deferred != nil && *deferred
+		return s, err
+	})
+	require.NoError(t, err)
+	text := func(s string) *string { return &s }
+	require.Equal(t, []state{
+		{Attempts: 2, LastError: text("e0"), Deferred: true},
+		{Attempts: 4, LastError: text("e1"), Deferred: true},
+		{Attempts: 3},
+		{Attempts: 4, LastError: text("e3")},
+		{Attempts: 6, LastError: text("e4"), Quarantined: true},
+	}, states)
+}
