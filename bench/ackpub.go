@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -186,6 +187,13 @@ func (h *problemLog) Handle(_ context.Context, r slog.Record) error {
 
 func (h *problemLog) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h *problemLog) WithGroup(string) slog.Handler      { return h }
+
+// samples returns the first few records logged, each with its error's text.
+func (h *problemLog) samples() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.first)
+}
 
 // counts returns how often each message was logged.
 func (h *problemLog) counts() map[string]int {

@@ -62,6 +62,10 @@ func (e *Env) DurableEnv(ctx context.Context) (*Env, error) {
 	return e.durable, nil
 }
 
+// benchMaxConnections is the throwaway server's max_connections: room for the fleet suite's
+// budget (defaultFleetBudget) beside its 199 producers and the harness.
+const benchMaxConnections = 500
+
 // openEnv uses DATABASE_URL or TEST_DATABASE_URL when set, else starts a throwaway cluster.
 func openEnv(ctx context.Context, log *slog.Logger) (*Env, error) {
 	for _, name := range []string{"DATABASE_URL", "TEST_DATABASE_URL"} {
@@ -70,7 +74,7 @@ func openEnv(ctx context.Context, log *slog.Logger) (*Env, error) {
 		}
 	}
 	log.Info("starting a throwaway PostgreSQL cluster")
-	c, err := pgcluster.Start(ctx, pgcluster.Options{})
+	c, err := pgcluster.Start(ctx, pgcluster.Options{MaxConnections: benchMaxConnections})
 	if err != nil {
 		return nil, fmt.Errorf("start PostgreSQL (or set DATABASE_URL): %w", err)
 	}

@@ -72,6 +72,8 @@ type FleetResult struct {
 	HotStatements []FleetStmtTime `json:",omitempty"`
 	// Problems counts the fleet's and relays' log records at Warn and above, by message.
 	Problems map[string]int `json:",omitempty"`
+	// ProblemSamples are the first of those records, each with its error's text.
+	ProblemSamples []string `json:",omitempty"`
 }
 
 // FleetStmtTime is how many statements of one kind a tenant's relay ran and how long they
@@ -179,16 +181,31 @@ const (
 	fleetTargetDelay = time.Second
 )
 
+// defaultFleetBudget is the fleet suite's connection budget: enough for each of its 200 tenants
+// to keep a connection parked between turns, as a fleet's servers should be sized (a budget
+// smaller than the tenants that write makes them take turns for connections, each on a new
+// session: -fleet-budget 40). The harness's server has room for it beside the quiet tenants'
+// producers (benchMaxConnections); measureFleet checks a server it did not start.
+const defaultFleetBudget = 240
+
+// fleetHarnessConns is what the suite's harness connects beside the fleet and the producers:
+// its probe, the hot tenant's pool and the single-database relays.
+const fleetHarnessConns = 10
+
 // fleetSizeFor derives the suite's size from the run's: issue 24's 200 databases and
 // 100,000-row backlog at full size, a tenth of them with -quick; the hot tenant's weight is
-// the run's (-fleet-hot-weight).
+// the run's (-fleet-hot-weight), and so is the server's connection budget (-fleet-budget, defaultFleetBudget).
 func fleetSizeFor(sz Sizes) fleetSize {
+	budget := sz.FleetBudget
+	if budget == 0 {
+		budget = defaultFleetBudget
+	}
 	if sz.Name == "full" {
 		return fleetSize{Databases: 200, HotRows: 100_000, HotKeys: 1_000, IdleWindow: 40 * time.Second, QuietWindow: 30 * time.Second,
-			Budget: 40, Timeout: 4 * time.Minute, HotBox: time.Minute, HotWeight: sz.FleetHotWeight}
+			Budget: budget, Timeout: 4 * time.Minute, HotBox: time.Minute, HotWeight: sz.FleetHotWeight}
 	}
 	return fleetSize{Databases: 20, HotRows: 10_000, HotKeys: 1_000, IdleWindow: 10 * time.Second, QuietWindow: 10 * time.Second,
-		Budget: 40, Timeout: 2 * time.Minute, HotBox: time.Minute, HotWeight: sz.FleetHotWeight}
+		Budget: budget, Timeout: 2 * time.Minute, HotBox: time.Minute, HotWeight: sz.FleetHotWeight}
 }
 
 func runFleetSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, rep *Report) error {
@@ -217,6 +234,14 @@ func measureFleet(ctx context.Context, log *slog.Logger, env *Env, fs fleetSize)
 		return nil, err
 	}
 	defer probe.close()
+	var maxConns int
+	if err := probe.pool.QueryRow(ctx, `SELECT current_setting('max_connections')::int`).Scan(&maxConns); err != nil {
+		return nil, fmt.Errorf("read max_connections: %w", err)
+	}
+	if need := fs.Budget + fs.Databases - 1 + fleetHarnessConns; need > maxConns {
+		return nil, fmt.Errorf("the server's max_connections is %d: the fleet suite needs %d (the budget %d, %d producers, %d for the harness); lower -fleet-budget",
+			maxConns, need, fs.Budget, fs.Databases-1, fleetHarnessConns)
+	}
 
 	t0 := time.Now()
 	tenants, err := createTenantDatabases(ctx, env, fs.Databases)
@@ -385,7 +410,10 @@ func measureFleet(ctx context.Context, log *slog.Logger, env *Env, fs fleetSize)
 	res.Duplicates, res.DuplicatesBy = pub.duplicates()
 	res.HeaderMismatches = pub.mismatches(prod.tenantOf)
 	if c := problems.counts(); len(c) > 0 {
-		res.Problems = c
+		res.Problems, res.ProblemSamples = c, problems.samples()
+		for _, p := range res.ProblemSamples {
+			log.Warn("fleet suite: logged by the fleet", "record", p)
+		}
 	}
 	return res, nil
 }
@@ -607,12 +635,14 @@ func waitUntil(ctx context.Context, d time.Duration, cond func() bool) error {
 // another transaction holds (the relay's settle publishes those itself), so it never waits
 // for the relay. One UPDATE of every row would: it and a settle batch lock rows in different
 // orders, and when PostgreSQL breaks that deadlock by failing the settle, the relay publishes
-// the rows again.
+// the rows again. The batch's ids are gathered once (ARRAY of the subquery) and looked up by
+// primary key: as "id IN (subquery)" the planner, with statistics from the full backlog, ran
+// the subquery once per row of the table and took minutes to find that nothing was left.
 func markBacklogPublished(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) error {
 	var last error
 	err := waitUntil(ctx, timeout, func() bool {
-		tag, err := pool.Exec(ctx, `UPDATE outbox_event SET published_at = now() WHERE id IN (
-			SELECT id FROM outbox_event WHERE published_at IS NULL ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED)`)
+		tag, err := pool.Exec(ctx, `UPDATE outbox_event SET published_at = now() WHERE id = ANY(ARRAY(
+			SELECT id FROM outbox_event WHERE published_at IS NULL ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED))`)
 		if last = err; err != nil || tag.RowsAffected() > 0 {
 			return false
 		}

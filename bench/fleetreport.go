@@ -174,6 +174,9 @@ func (r *FleetResult) markdown(w func(string, ...any)) {
 	}
 	if len(r.Problems) > 0 {
 		w(" Warnings logged by the fleet and its relays: %s.", sortedCounts(r.Problems))
+		if len(r.ProblemSamples) > 0 {
+			w(" The first: %s.", strings.Join(r.ProblemSamples, "; "))
+		}
 	}
 	w("\n\n")
 }

@@ -86,6 +86,7 @@ func main() {
 		command   = flag.String("command", "", "the command line to print in the report (defaults to this process's)")
 		verbosity = flag.Bool("v", false, "log progress of every run")
 		hotWeight = flag.Int("fleet-hot-weight", 1, "the fleet suite's hot tenant's Weight (the report's runs use 1)")
+		budget    = flag.Int("fleet-budget", defaultFleetBudget, "the fleet suite's connection budget for its server")
 		results   = flag.String("results", "", "where to save the raw results as JSON, for -render (make bench: bench/results.json); with -render and -base, the merged results")
 		renderIn  = flag.String("render", "", "only render the report and chart from a results JSON file of an earlier run")
 		base      = flag.String("base", "", "with -render of a run of some suites (-only): take the other suites' results from this results file")
@@ -109,6 +110,7 @@ func main() {
 		sizes = quickSizes()
 	}
 	sizes.FleetHotWeight = *hotWeight
+	sizes.FleetBudget = *budget
 	cmdline := *command
 	if cmdline == "" {
 		cmdline = strings.Join(os.Args, " ")
@@ -175,6 +177,8 @@ type Sizes struct {
 	Name string
 	// FleetHotWeight is the fleet suite's hot tenant's fleet.Tenant.Weight.
 	FleetHotWeight int
+	// FleetBudget is the fleet suite's connection budget for its server (0: defaultFleetBudget).
+	FleetBudget int
 	// RelayRows and RelayKeys: the pending rows and partition keys of each relay run.
 	RelayRows, RelayKeys int
 	// PeerTimeBox bounds the runs of the peers (textbook relay, watermill) that cannot drain

@@ -20,6 +20,17 @@ type budget struct {
 	// overtime are the turns past their share of time (Weight × Turn) that still hold their
 	// connections, in the order they began.
 	overtime []*busyTurn
+	// parked are the connections tenants keep open between turns, oldest first: counted in
+	// used until their tenant closes them, and asked back (evict) when a request does not fit.
+	parked []*parked
+}
+
+// parked is one tenant's connections kept open after a turn that published: its next turn
+// runs on them without new sessions, unless the budget wanted them back meanwhile.
+type parked struct {
+	n        int
+	evict    chan struct{} // closed when the budget wants the connections back
+	evicting bool
 }
 
 // busyTurn is a turn that holds n connections, begun at start.
@@ -48,6 +59,7 @@ func (b *budget) acquire(ctx context.Context, n int) error {
 	}
 	g := &grant{n: n, ready: make(chan struct{}), since: time.Now()}
 	b.queue = append(b.queue, g)
+	b.grantWaiting() // asks parked connections back when the oldest request does not fit
 	b.mu.Unlock()
 	select {
 	case <-g.ready:
@@ -77,6 +89,39 @@ func (b *budget) release(n int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.used -= n
+	b.grantWaiting()
+}
+
+// park keeps n connections of a turn that ended counted as used, until the tenant releases
+// them (releaseParked) or its next turn resumes them; p.evict is closed when a request needs
+// them.
+func (b *budget) park(n int) *parked {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	p := &parked{n: n, evict: make(chan struct{})}
+	b.parked = append(b.parked, p)
+	b.grantWaiting() // a request may already wait for them
+	return p
+}
+
+// resume gives p's connections to its tenant's next turn; it reports false when the budget
+// asked for them back (the tenant then releases them and waits its turn like any other).
+func (b *budget) resume(p *parked) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if p.evicting {
+		return false
+	}
+	b.parked = slices.DeleteFunc(b.parked, func(o *parked) bool { return o == p })
+	return true
+}
+
+// releaseParked gives back p's connections, closed by its tenant.
+func (b *budget) releaseParked(p *parked) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.parked = slices.DeleteFunc(b.parked, func(o *parked) bool { return o == p })
+	b.used -= p.n
 	b.grantWaiting()
 }
 
@@ -137,12 +182,33 @@ func (b *budget) take(n int) {
 	b.peak = max(b.peak, b.used)
 }
 
-// grantWaiting grants waiting requests in order while the oldest fits. Called with mu held.
+// grantWaiting grants waiting requests in order while the oldest fits; when it does not, it
+// asks parked connections back, the longest parked first, until enough are on their way.
+// Called with mu held.
 func (b *budget) grantWaiting() {
 	for len(b.queue) > 0 && b.used+b.queue[0].n <= b.size {
 		g := b.queue[0]
 		b.queue = b.queue[1:]
 		b.take(g.n)
 		close(g.ready)
+	}
+	if len(b.queue) == 0 {
+		return
+	}
+	short := b.used + b.queue[0].n - b.size
+	for _, p := range b.parked {
+		if p.evicting {
+			short -= p.n
+		}
+	}
+	for _, p := range b.parked {
+		if short <= 0 {
+			return
+		}
+		if !p.evicting {
+			p.evicting = true
+			close(p.evict)
+			short -= p.n
+		}
 	}
 }

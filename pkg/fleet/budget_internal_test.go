@@ -116,3 +116,52 @@ func TestShardsSplitTheFleet(t *testing.T) {
 	}
 	require.Zero(t, ShardOf("anything", 1))
 }
+
+// TestParkedConnectionsAreAskedBackOldestFirst: parked connections stay counted; a request
+// that does not fit asks back the longest parked, only as many as it lacks; a parked hold
+// asked back cannot be resumed, one not asked back can; the request is granted once the
+// connections asked back are released, never above the size.
+func TestParkedConnectionsAreAskedBackOldestFirst(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := newBudget(4)
+	require.NoError(t, b.acquire(ctx, 1))
+	first := b.park(1)
+	require.NoError(t, b.acquire(ctx, 1))
+	second := b.park(1)
+	require.NoError(t, b.acquire(ctx, 2)) // fits beside the parked: 4 of 4
+	used, _ := b.usage()
+	require.Equal(t, 4, used, "parked connections stay counted")
+
+	granted := make(chan struct{})
+	go func() {
+		require.NoError(t, b.acquire(ctx, 1)) // lacks 1: the oldest parked is asked back
+		close(granted)
+	}()
+	select {
+	case <-first.evict:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the oldest parked connections were not asked back")
+	}
+	select {
+	case <-second.evict:
+		t.Fatal("more parked connections asked back than the request lacks")
+	default:
+	}
+	require.False(t, b.resume(first), "connections asked back go back to the budget")
+	select {
+	case <-granted:
+		t.Fatal("granted before the connections asked back were released")
+	case <-time.After(20 * time.Millisecond):
+	}
+	b.releaseParked(first)
+	<-granted
+	used, peak := b.usage()
+	require.Equal(t, 4, used)
+	require.Equal(t, 4, peak, "never above the size")
+
+	require.True(t, b.resume(second), "parked connections not asked back are the tenant's next turn's")
+	b.release(1) // that turn ended without parking
+	used, _ = b.usage()
+	require.Equal(t, 3, used)
+}

@@ -26,8 +26,8 @@ const (
 	DefaultSweepInterval = 30 * time.Second
 	// DefaultDetectInterval is how often a server's activity counters are read.
 	DefaultDetectInterval = 250 * time.Millisecond
-	// DefaultIdleClose is how long a tenant with nothing to publish keeps its connections
-	// when no other tenant waits for them.
+	// DefaultIdleClose is how long a tenant keeps its connections parked after a turn that
+	// published, while no other tenant needs them.
 	DefaultIdleClose = 5 * time.Second
 	// DefaultTurn is a tenant's (of weight 1) share of time: see Config.Turn.
 	DefaultTurn = time.Second
@@ -51,7 +51,7 @@ type Config struct {
 	// settings; Tenant is set per tenant, Metrics and MetricsRecorder are the fleet's (per
 	// tenant, see TopTenants). IdleStop is ignored: IdleClose and Turn decide how long a
 	// tenant's relay runs. Pipelines is per unit of weight and defaults to 1: a tenant runs
-	// Weight × Pipelines pipelines (at most 16) on a pool of one connection more.
+	// Weight × Pipelines pipelines (at most 16) on a pool of as many connections.
 	Relay outbox.RelayConfig
 	// Connect returns the pool configuration of a tenant's database; the fleet sets MaxConns
 	// and MinConns. Defaults to parsing Tenant.DatabaseURL; required for tenants given by
@@ -73,8 +73,10 @@ type Config struct {
 	// DetectInterval is how often each server's pg_stat_database is read to find tenant
 	// databases with new writes. Defaults to DefaultDetectInterval.
 	DetectInterval time.Duration
-	// IdleClose is how long a tenant that found nothing to publish keeps its pool before it
-	// closes it. Defaults to DefaultIdleClose.
+	// IdleClose is how long a tenant keeps its connections parked after a turn that
+	// published: its next turn runs on them, found by a look at its own outbox every
+	// DetectInterval. The budget asks parked connections back sooner when another tenant of
+	// the server needs them. Defaults to DefaultIdleClose.
 	IdleClose time.Duration
 	// Turn is a tenant's share of time: a tenant of weight 1 that still has work after Turn
 	// (Weight × Turn for heavier ones) gives its connections back when another tenant of its

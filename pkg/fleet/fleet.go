@@ -42,7 +42,8 @@ type TenantState string
 
 // The states of a tenant.
 const (
-	// StateIdle: no connection open; the tenant waits for writes, its sweep or the registry.
+	// StateIdle: no turn runs; the tenant waits for writes, its sweep or the registry, on its
+	// parked connections for IdleClose after a turn that published, and on none after that.
 	StateIdle TenantState = "idle"
 	// StateWaiting: the tenant has work and waits for its server's connections.
 	StateWaiting TenantState = "waiting"
@@ -58,8 +59,8 @@ type TenantStatus struct {
 	State  TenantState
 	// Published and Claimed count this Fleet's work for the tenant since Run started.
 	Published, Claimed int
-	// Turns counts the tenant's turns (connections opened, the relay run, the connections
-	// closed), and GaveWay those that ended with work left because other tenants waited while
+	// Turns counts the tenant's turns (the relay run on connections opened for it or still
+	// parked from the last turn), and GaveWay those that ended with work left because other tenants waited while
 	// the busy ones held more than Config.BusyShare of the budget.
 	Turns, GaveWay int
 	// Lag is the tenant's backlog as last read (at the end of a turn, at most once per
@@ -259,6 +260,8 @@ type tenant struct {
 	// tenant leaves the registry.
 	pool  *pgxpool.Pool
 	relay *outbox.Relay
+	// head is the newest outbox row id newRows saw (the tenant goroutine's).
+	head int64
 }
 
 func newTenant(f *Fleet, t Tenant, s *server) *tenant {
@@ -290,7 +293,9 @@ func (t *tenant) update(fn func(s *TenantStatus)) {
 }
 
 // run is the tenant's loop: a turn at start, on every wake, at least every SweepInterval,
-// and again after a failure once its backoff ends.
+// and again after a failure once its backoff ends. After a turn that published, it keeps the
+// turn's connections open (parked in its server's budget) for IdleClose, unless the budget
+// asks for them back: the tenant's next turn then needs no new sessions.
 func (t *tenant) run(parent context.Context) {
 	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
@@ -306,29 +311,91 @@ func (t *tenant) run(parent context.Context) {
 			t.drop()
 		}
 	}()
+	var (
+		hold        *parked   // the connections kept open since the last turn, or nil
+		parkedUntil time.Time // when hold is closed unless a turn resumed it
+	)
+	defer func() { t.unpark(ctx, &hold) }() // before drop (defers run last first)
 	cfg := t.f.cfg
-	wait := time.Duration(0) // a new tenant's first turn comes at once; a known one's when its sweep is due
+	due := time.Now() // a new tenant's first turn comes at once; a known one's when its sweep is due
 	if last := t.snapshot().LastTurn; !last.IsZero() {
-		wait = max(0, cfg.SweepInterval-time.Since(last))
+		due = last.Add(cfg.SweepInterval)
 	}
 	fruitless := 0 // turns in a row that claimed nothing
 	for {
-		timer := time.NewTimer(wait)
+		timer := time.NewTimer(time.Until(due))
+		var (
+			evict  <-chan struct{}
+			expire <-chan time.Time
+			look   <-chan time.Time
+		)
+		if hold != nil {
+			evict, expire = hold.evict, time.After(time.Until(parkedUntil))
+			look = time.After(cfg.DetectInterval)
+		}
 		select {
 		case <-ctx.Done():
 			timer.Stop()
 			return
 		case <-t.wake:
 		case <-timer.C:
+		case <-look: // parked: its own connection sees new rows before the server's statistics do
+			timer.Stop()
+			if !t.newRows(ctx) {
+				continue
+			}
+		case <-evict: // another tenant waits for the connections
+			timer.Stop()
+			t.unpark(ctx, &hold)
+			continue
+		case <-expire: // idle for IdleClose: an idle tenant holds no connection
+			timer.Stop()
+			t.unpark(ctx, &hold)
+			continue
 		}
 		timer.Stop()
+		conns := cfg.pipelinesOf(t.t, t.server.size) // a connection per pipeline: the relay's other statements come between its rounds
+		resumed := hold != nil && t.server.budget.resume(hold)
+		if hold != nil && !resumed {
+			t.unpark(ctx, &hold) // asked back meanwhile: give them back, then wait like any other
+		}
+		if !resumed {
+			t.update(func(s *TenantStatus) {
+				if s.State != StateFailing {
+					s.State = StateWaiting
+				}
+			})
+			if t.server.budget.acquire(ctx, conns) != nil {
+				return // ctx ended
+			}
+		}
+		hold = nil // the turn holds the connections now
 		claimed := t.snapshot().Claimed
-		more, retrying, err := t.turn(ctx)
-		if t.snapshot().Claimed > claimed {
+		more, retrying, err := t.turn(ctx, conns)
+		worked := t.snapshot().Claimed > claimed
+		if worked {
 			fruitless = 0
 		} else {
 			fruitless++
 		}
+		if worked {
+			parkedUntil = time.Now().Add(cfg.IdleClose)
+		} else if !resumed {
+			parkedUntil = time.Time{} // a turn on new connections that found nothing closes them
+		}
+		// Parked connections are kept only while nobody waits for them: with the budget short,
+		// closing them at once is what another tenant needs.
+		if err == nil && ctx.Err() == nil && t.pool != nil && time.Now().Before(parkedUntil) && !t.server.budget.waiting() {
+			t.newRows(ctx) // where the outbox ends now: the parked tenant looks for rows after it
+			hold = t.server.budget.park(conns)
+		} else {
+			t.closeConns(ctx)
+			if err != nil {
+				t.drop() // a failed turn starts the next one from new settings (a rotated secret, a fixed schema)
+			}
+			t.server.budget.release(conns)
+		}
+		wait := time.Duration(0)
 		switch {
 		case ctx.Err() != nil:
 			return
@@ -342,14 +409,37 @@ func (t *tenant) run(parent context.Context) {
 			t.f.log.Warn("fleet: tenant turn failed", "tenant", t.t.Name, "failures", n, "error", err)
 			wait = backoff(n, cfg.SweepInterval)
 		case more:
-			wait = 0
 			t.poke() // straight back into its server's queue, behind those who waited
 		case retrying: // rows in backoff: look again soon (no write will wake it), less often while nothing comes of it
 			wait = min(cfg.SweepInterval, retryLook<<min(fruitless, 10))
 		default:
 			wait = cfg.SweepInterval/2 + rand.N(cfg.SweepInterval/2+1) // sweeps spread over the interval
 		}
+		due = time.Now().Add(wait)
 	}
+}
+
+// newRows reports whether the tenant's outbox has rows after the newest it had when last asked
+// (one primary-key lookup on its pool). Only new rows count, as for the activity poll: rows
+// made pending again, or due after a backoff, are found by the sweep and the retry look.
+func (t *tenant) newRows(ctx context.Context) bool {
+	var head int64
+	if t.pool.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM outbox_event`).Scan(&head) != nil {
+		return true // let a turn find out what is wrong
+	}
+	seen := t.head
+	t.head = head
+	return head > seen
+}
+
+// unpark closes the parked connections *hold, if any, and gives them back to the budget.
+func (t *tenant) unpark(ctx context.Context, hold **parked) {
+	if *hold == nil {
+		return
+	}
+	t.closeConns(ctx)
+	t.server.budget.releaseParked(*hold)
+	*hold = nil
 }
 
 // retryLook is how soon a tenant whose last turn left unpublished rows it could not claim (in
@@ -363,41 +453,23 @@ func backoff(n int, most time.Duration) time.Duration {
 	return min(d, most)
 }
 
-// turn runs the tenant's relay on its pool: it takes the server's connections first (and
-// waits its turn for them), and closes the pool's connections and gives them back
-// when the tenant is idle for IdleClose, or when another tenant waits and this one found
-// nothing to publish or used its Weight × Turn. It reports whether work was left, and whether
-// the last round left rows to retry after a backoff.
-func (t *tenant) turn(ctx context.Context) (more, retrying bool, err error) {
+// turn runs the tenant's relay on its pool, on the conns connections run took from the
+// server's budget, until it finds nothing more to publish, or it used its Weight × Turn and
+// must give way. It reports whether work was left, and whether the last round left rows to
+// retry after a backoff.
+func (t *tenant) turn(ctx context.Context, conns int) (more, retrying bool, err error) {
 	cfg := t.f.cfg
-	conns := cfg.pipelinesOf(t.t, t.server.size) // a connection per pipeline: the relay's other statements come between its rounds
-	t.update(func(s *TenantStatus) {
-		if s.State != StateFailing {
-			s.State = StateWaiting
-		}
-	})
-	if err := t.server.budget.acquire(ctx, conns); err != nil {
-		return false, false, nil // ctx ended
-	}
-	defer t.server.budget.release(conns)
-
 	relay, err := t.open(ctx, conns)
 	if err != nil {
 		return false, false, err
 	}
-	defer func() {
-		if err != nil {
-			t.drop() // a failed turn starts the next one from new settings (a rotated secret, a fixed schema)
-		}
-	}()
-	defer t.closeConns(ctx)
 	t.update(func(s *TenantStatus) { s.Turns++ })
 
 	start := time.Now()
 	var lastWork time.Time // the last RunOnce of this turn that claimed rows
 	share := time.Duration(t.t.Weight) * cfg.Turn
 	busy := &busyTurn{n: conns, start: start}
-	defer t.server.budget.turnEnded(busy) // before the connections are released (defers run last first)
+	defer t.server.budget.turnEnded(busy) // before run releases or parks the connections
 	for {
 		// The turn's share ends RunOnce early (its rounds finish) once another tenant has waited.
 		rctx, stop := context.WithCancel(ctx)
@@ -454,34 +526,23 @@ func (t *tenant) turn(ctx context.Context) (more, retrying bool, err error) {
 			t.idle()
 			return true, false, nil
 		}
-		// RunOnce returned: its last pass claimed nothing. A turn that found nothing ends at
-		// once (a sweep, a hint that came to nothing); one that published while another tenant
-		// waits for connections ends when nothing is left pending, and otherwise goes on at
-		// once (its share of time ends it); an unhurried one keeps polling for IdleClose.
-		waiting := t.server.budget.waiting()
-		if st.Claimed == 0 && (lastWork.IsZero() || waiting || time.Since(lastWork) >= cfg.IdleClose) {
-			t.idle()
-			left := pendingLeft(ctx, t.pool)
-			if left && !lastWork.IsZero() {
-				return true, false, nil // it published this turn: straight back into the queue
-			}
-			// Rows left pending now are not claimable (in backoff, behind a quarantined row,
-			// of a destination backing off): no write will wake the tenant when they are due.
-			return false, left, nil
-		}
-		if st.Claimed > 0 && waiting {
-			if !pendingLeft(ctx, t.pool) {
-				t.idle()
-				return false, false, nil
-			}
+		// RunOnce returned: its last pass claimed nothing. A turn that published goes on while
+		// rows came in meanwhile (its share of time ends it); otherwise it ends, and run keeps
+		// its connections parked: the activity poll wakes the tenant for its next rows.
+		if st.Claimed > 0 && pendingLeft(ctx, t.pool) {
 			continue
 		}
-		select { // the relay's own poll interval, or sooner when the server saw writes
-		case <-ctx.Done():
+		t.idle()
+		if st.Claimed > 0 {
 			return false, false, nil
-		case <-t.wake:
-		case <-time.After(cfg.Relay.PollInterval):
 		}
+		left := pendingLeft(ctx, t.pool)
+		if left && !lastWork.IsZero() {
+			return true, false, nil // it published this turn: straight back into the queue
+		}
+		// Rows left pending now are not claimable (in backoff, behind a quarantined row,
+		// of a destination backing off): no write will wake the tenant when they are due.
+		return false, left, nil
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sns"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -345,4 +346,43 @@ func TestOneBackloggedTenantKeepsItsConnectionsBesideQuietOnes(t *testing.T) {
 	}
 	require.Positive(t, hot.pending(t), "the quiet tenants were served while the hot tenant still had a backlog")
 	require.Zero(t, statusOf(t, f, "hot").GaveWay, "the hot tenant never gave way: 1 of 2 connections is within BusyShare")
+}
+
+// fleetSessions returns the process ids of the fleet's relay sessions on d's database.
+func (d tenantDB) fleetSessions(t *testing.T) []int32 {
+	t.Helper()
+	rows, err := d.pool.Query(context.Background(), `SELECT pid FROM pg_stat_activity
+		WHERE datname = current_database() AND application_name = 'sluice-fleet-relay' ORDER BY pid`)
+	require.NoError(t, err)
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	require.NoError(t, err)
+	return pids
+}
+
+// TestATenantKeepsItsConnectionsBetweenTurnsForIdleClose: a tenant that publishes keeps its
+// connections open between turns (its next events need no new sessions) while no other tenant
+// needs them, and closes them once it has published nothing for IdleClose; a tenant whose
+// first turn found nothing (idle) holds none.
+func TestATenantKeepsItsConnectionsBetweenTurnsForIdleClose(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	busy, idle := newTenantDB(t, "busy"), newTenantDB(t, "idle")
+	const idleClose = 3 * time.Second
+	runFleet(t, fleet.Config{Registry: fleet.Static{busy.tenant(), idle.tenant()}, Relay: b.relay,
+		DefaultConnections: 10, SweepInterval: time.Hour, IdleClose: idleClose, RegistryRefresh: time.Hour})
+
+	seen := map[int32]bool{}
+	for i := range 4 {
+		busy.write(t, 2, 1, 2*i)
+		requireInOrder(t, b.receive(t, 2), map[string]int{"busy": 2})
+		for _, pid := range busy.fleetSessions(t) {
+			seen[pid] = true
+		}
+	}
+	require.Len(t, seen, 1, "one session served every turn of the busy tenant")
+	require.Empty(t, idle.fleetSessions(t), "an idle tenant's sweeps keep no session open")
+
+	testwait.Until(t, "the busy tenant's session closed after IdleClose without work", func() bool {
+		return len(busy.fleetSessions(t)) == 0
+	})
 }
