@@ -140,7 +140,7 @@ func (r *FleetResult) markdown(w func(string, ...any)) {
 	for _, s := range r.Single {
 		w("| %s | %d | %s | %s | %s | %.0f%% |\n", s.Name, s.Pipelines, num(float64(s.Events)), s.Elapsed.Round(time.Millisecond), num(s.Rate()), 100*agg/s.Rate())
 	}
-	w("| fleet: the hot tenant (%d turns%s) | %d | %s | %s | %s | |\n", r.With.HotTurns, map[bool]string{true: ", time-boxed"}[r.With.TimeBoxed], max(1, r.HotWeight), num(float64(r.With.HotEvents)), r.With.Window.Round(time.Millisecond), num(r.With.HotRate()))
+	w("| fleet: the hot tenant (%s%s) | %d | %s | %s | %s | |\n", turnCount(r.With.HotTurns), map[bool]string{true: ", time-boxed"}[r.With.TimeBoxed], max(1, r.HotWeight), num(float64(r.With.HotEvents)), r.With.Window.Round(time.Millisecond), num(r.With.HotRate()))
 	w("| **fleet: every tenant (aggregate)** | | %s | %s | **%s** | |\n\n", num(float64(r.With.Published)), r.With.Window.Round(time.Millisecond), num(agg))
 	if len(r.HotStatements) > 0 {
 		var parts []string
@@ -150,8 +150,8 @@ func (r *FleetResult) markdown(w func(string, ...any)) {
 			sum += s.Total
 		}
 		w("Where the hot tenant's window went: its relays' statements (a pgx tracer on its pools, by kind: statements, time) were %s; "+
-			"%s in all over its %d turns in the %s window, the rest of its time was spent publishing (the stub's %s per call), opening and closing pools, "+
-			"and waiting for its turn.\n\n", strings.Join(parts, "; "), sum.Round(time.Millisecond), r.With.HotTurns, r.With.Window.Round(time.Second), r.Delay)
+			"%s in all over its %s in the %s window, the rest of its time was spent publishing (the stub's %s per call), opening and closing pools, "+
+			"and waiting for its turn.\n\n", strings.Join(parts, "; "), sum.Round(time.Millisecond), turnCount(r.With.HotTurns), r.With.Window.Round(time.Second), r.Delay)
 	}
 
 	i := r.Idle
@@ -186,4 +186,12 @@ func perTenantPerSecond(n, tenants int, d time.Duration) float64 {
 		return 0
 	}
 	return float64(n) / float64(tenants) / d.Seconds()
+}
+
+// turnCount is "1 turn" or "n turns".
+func turnCount(n int) string {
+	if n == 1 {
+		return "1 turn"
+	}
+	return fmt.Sprintf("%d turns", n)
 }
