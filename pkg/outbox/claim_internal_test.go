@@ -54,10 +54,7 @@ func TestRoundStatementsAreBoundedWithStatisticsFromAnEmptyBacklog(t *testing.T)
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t)
-	exec := func(sql string, args ...any) {
-		_, err := pool.Exec(ctx, sql, args...)
-		require.NoError(t, err)
-	}
+	exec := execOn(t, pool)
 	exec(`INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload, published_at)
 		SELECT gen_random_uuid(), 'orders', 'order', 'o', 'E', 'k' || (i % 1000), '{}', now() FROM generate_series(1, 20000) i`)
 	exec(`VACUUM ANALYZE outbox_event`)
@@ -108,10 +105,7 @@ func TestReadUsesThePendingKeyIndexWhateverTheStatistics(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t)
-	exec := func(sql string) {
-		_, err := pool.Exec(ctx, sql)
-		require.NoError(t, err)
-	}
+	exec := execOn(t, pool)
 	exec(`INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload)
 		SELECT gen_random_uuid(), 'orders', 'order', 'o', 'E', 'parked', '{}' FROM generate_series(1, 50000)`)
 	exec(`VACUUM ANALYZE outbox_event`)
@@ -144,10 +138,7 @@ func TestSettleIsBoundedAfterABurstOnACachedPlan(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t)
-	exec := func(sql string, args ...any) {
-		_, err := pool.Exec(ctx, sql, args...)
-		require.NoError(t, err)
-	}
+	exec := execOn(t, pool)
 	exec(`ALTER TABLE outbox_event SET (autovacuum_enabled = false)`)
 	exec(`INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload, published_at)
 		SELECT gen_random_uuid(), 'orders', 'order', 'o', 'E', 'k' || i, '{}', now() FROM generate_series(1, 50) i`)
@@ -250,4 +241,13 @@ func TestSettleFailedRecordsEachRowItsOwnValues(t *testing.T) {
 		{Attempts: 4, LastError: text("e3")},
 		{Attempts: 6, LastError: text("e4"), Quarantined: true},
 	}, states)
+}
+
+// execOn returns a function that runs a statement on pool and fails t if it errs.
+func execOn(t *testing.T, pool *pgxpool.Pool) func(sql string, args ...any) {
+	return func(sql string, args ...any) {
+		t.Helper()
+		_, err := pool.Exec(context.Background(), sql, args...)
+		require.NoError(t, err)
+	}
 }

@@ -31,10 +31,7 @@ func measureRelay(t *testing.T, size int64) relayCosts {
 	t.Helper()
 	ctx := context.Background()
 	pool := testdb.Pool(t)
-	exec := func(sql string, args ...any) {
-		_, err := pool.Exec(ctx, sql, args...)
-		require.NoError(t, err)
-	}
+	exec := execOn(t, pool)
 	if size > 0 {
 		_, err := partition.Convert(ctx, pool, partition.Outbox, &partition.Options{Size: size, Ahead: 10}, nil)
 		require.NoError(t, err)
