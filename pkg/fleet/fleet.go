@@ -420,8 +420,9 @@ func (t *tenant) run(parent context.Context) {
 }
 
 // newRows reports whether the tenant's outbox has rows after the newest it had when last asked
-// (one primary-key lookup on its pool). Only new rows count, as for the activity poll: rows
-// made pending again, or due after a backoff, are found by the sweep and the retry look.
+// (one primary-key lookup on its pool). It only makes a turn sooner: a row committed with an id
+// below the newest (its transaction took the id before another committed a later one) is found
+// by the activity poll or the sweep, and so are rows made pending again or due after a backoff.
 func (t *tenant) newRows(ctx context.Context) bool {
 	var head int64
 	if t.pool.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM outbox_event`).Scan(&head) != nil {
