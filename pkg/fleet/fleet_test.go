@@ -386,3 +386,39 @@ func TestATenantKeepsItsConnectionsBetweenTurnsForIdleClose(t *testing.T) {
 		return len(busy.fleetSessions(t)) == 0
 	})
 }
+
+// A parked tenant looks for ids above the newest it has seen; a row whose transaction took its
+// id before a later row committed, and committed after that row was published, lies below it.
+// The look must not be what decides that such a row is found: the activity poll does, long
+// before the sweep (an hour here).
+func TestAParkedTenantPublishesARowCommittedBelowItsNewestId(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	busy := newTenantDB(t, "busy")
+	f := runFleet(t, fleet.Config{Registry: fleet.Static{busy.tenant()}, Relay: b.relay,
+		DefaultConnections: 10, SweepInterval: time.Hour, IdleClose: time.Hour, RegistryRefresh: time.Hour})
+	parked := func() bool { // its turn ended and recorded everything: it waits on its parked connection
+		st := f.Status()
+		return len(st) == 1 && st[0].State == fleet.StateIdle && busy.pending(t) == 0 && len(busy.fleetSessions(t)) == 1
+	}
+
+	busy.write(t, 1, 1, 0)
+	requireInOrder(t, b.receive(t, 1), map[string]int{"busy": 1})
+
+	ctx := context.Background()
+	late, err := busy.pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = outbox.Write(ctx, late, outbox.Message{Topic: "orders", EventType: "OrderCreated", AggregateID: "late",
+		Payload: json.RawMessage(`{"seq":0}`)})
+	require.NoError(t, err)
+	busy.write(t, 1, 1, 1) // a later id, committed first
+	requireInOrder(t, b.receive(t, 1), map[string]int{"busy": 1})
+	testwait.Until(t, "the tenant parked after publishing the later row", parked)
+	turns := f.Status()[0].Turns
+
+	require.NoError(t, late.Commit(ctx))
+	got := b.receive(t, 1)
+	require.Equal(t, "late", got[0].key)
+	testwait.Until(t, "the late row recorded published", func() bool { return busy.pending(t) == 0 })
+	require.Greater(t, f.Status()[0].Turns, turns, "a turn after the late commit published it")
+}
