@@ -60,14 +60,14 @@ func roundEndSQL(pg14 bool) string {
 	return q
 }
 
-// readSettings opens the watcher's read-only transactions with the same plan guards as rounds.
+// readSettings open the watcher's read-only transactions with the same plan guards as rounds.
 // They hold no keys, so their statements may run as long as a lease.
-func readSettings(lease time.Duration) string {
-	q := "BEGIN READ ONLY; SET LOCAL statement_timeout = " + strconv.FormatInt(lease.Milliseconds(), 10)
+func readSettings(lease time.Duration) []string {
+	out := []string{"BEGIN READ ONLY", "SET LOCAL statement_timeout = " + strconv.FormatInt(lease.Milliseconds(), 10)}
 	for _, g := range planGuards {
-		q += "; SET LOCAL " + g
+		out = append(out, "SET LOCAL "+g)
 	}
-	return q
+	return out
 }
 
 // pollSQL returns rows committed since the relay last looked: those after its frontier in id

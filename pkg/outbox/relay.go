@@ -353,23 +353,29 @@ func (s *Stats) add(o Stats) {
 // It ends only after a walk of every pending key, against the database, found nothing it
 // could claim: what it leaves pending is not claimable.
 func (r *Relay) RunOnce(ctx context.Context) (Stats, error) {
-	if err := r.watch.start(ctx); err != nil {
-		return Stats{}, err
-	}
 	var total Stats
 	for {
-		if err := r.watch.poll(ctx); err != nil {
-			return total, err
-		}
-		if err := r.watch.sweep(ctx); err != nil {
-			return total, err
-		}
-		st, err := r.pipelines(ctx, true)
+		st, err := r.RunPass(ctx)
 		total.add(st)
 		if err != nil || st.Claimed == 0 || ctx.Err() != nil {
 			return total, err
 		}
 	}
+}
+
+// RunPass is one pass of RunOnce: it polls for new rows and walks every pending partition key
+// (one read-only transaction when the walk fits in one step), then claims and publishes until
+// nothing it found is claimable. Rows that commit during the pass may be left: RunOnce passes
+// again until a pass claims nothing. A caller that knows cheaper whether rows are left (one
+// lookup in the index of pending rows, as pkg/fleet does) calls it instead of RunOnce.
+func (r *Relay) RunPass(ctx context.Context) (Stats, error) {
+	if err := r.watch.start(ctx); err != nil {
+		return Stats{}, err
+	}
+	if err := r.watch.pollAndSweep(ctx); err != nil {
+		return Stats{}, err
+	}
+	return r.pipelines(ctx, true)
 }
 
 // Run relays until ctx ends: it walks every pending key, then publishes what is due while

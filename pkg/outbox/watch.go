@@ -52,17 +52,23 @@ func newWatcher(r *Relay) *watcher {
 	return &watcher{r: r, gaps: map[int64]time.Time{}, sweepWant: make(chan struct{}, 1)}
 }
 
-// readOnly runs fn in a read-only transaction opened with readSettings.
-func (w *watcher) readOnly(ctx context.Context, fn func(pgx.Tx) error) error {
-	tx, err := w.r.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: readSettings(w.r.cfg.Lease)})
+// readOnly runs b's statements in one read-only transaction opened with readSettings, in one
+// round trip: BEGIN, the settings, b's statements and COMMIT go to the server as one batch. A
+// batch that fails leaves its connection in a failed transaction, which the pool closes
+// instead of reusing.
+func (w *watcher) readOnly(ctx context.Context, b *pgx.Batch) error {
+	conn, err := w.r.pool.Acquire(ctx)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if err := fn(tx); err != nil {
-		return err
+	defer conn.Release()
+	all := &pgx.Batch{}
+	for _, q := range readSettings(w.r.cfg.Lease) {
+		all.Queue(q)
 	}
-	return tx.Commit(ctx)
+	all.QueuedQueries = append(all.QueuedQueries, b.QueuedQueries...)
+	all.Queue("COMMIT")
+	return conn.SendBatch(ctx, all).Close()
 }
 
 // start sets the frontier at the newest row (older ones are the sweep's) and reads what the
@@ -74,13 +80,11 @@ func (w *watcher) start(ctx context.Context) error {
 		return nil
 	}
 	var version int
-	err := w.readOnly(ctx, func(tx pgx.Tx) error {
-		b := &pgx.Batch{}
-		b.Queue(`SELECT current_setting('server_version_num')::int`).QueryRow(func(row pgx.Row) error { return row.Scan(&version) })
-		b.Queue(maxIDSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&w.frontier) })
-		b.Queue(epochSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&w.epoch) })
-		return tx.SendBatch(ctx, b).Close()
-	})
+	b := &pgx.Batch{}
+	b.Queue(`SELECT current_setting('server_version_num')::int`).QueryRow(func(row pgx.Row) error { return row.Scan(&version) })
+	b.Queue(maxIDSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&w.frontier) })
+	b.Queue(epochSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&w.epoch) })
+	err := w.readOnly(ctx, b)
 	if err != nil {
 		return fmt.Errorf("start relay: read the outbox's state (are the migrations applied?): %w", err)
 	}
@@ -125,6 +129,24 @@ type polledRow struct {
 }
 
 func (w *watcher) pollOnce(ctx context.Context) (int, error) {
+	b := &pgx.Batch{}
+	p := w.queuePoll(b)
+	if err := w.readOnly(ctx, b); err != nil {
+		return 0, err
+	}
+	return w.applyPoll(p), nil
+}
+
+// pollRead is what one poll read: the rows after the frontier and the missing ids, and the
+// epoch. Filled when its batch is closed.
+type pollRead struct {
+	at    time.Time
+	rows  *[]polledRow
+	epoch *int64
+}
+
+// queuePoll queues one poll's statements on b (with w.mu held).
+func (w *watcher) queuePoll(b *pgx.Batch) pollRead {
 	now := time.Now()
 	for id, since := range w.gaps {
 		if now.Sub(since) > gapTimeout {
@@ -135,26 +157,23 @@ func (w *watcher) pollOnce(ctx context.Context) (int, error) {
 	for id := range w.gaps {
 		gapIDs = append(gapIDs, id)
 	}
-	var (
-		rows  []polledRow
-		epoch int64
-	)
-	err := w.readOnly(ctx, func(tx pgx.Tx) error {
-		b := &pgx.Batch{}
-		b.Queue(pollSQL, w.frontier, pollRows, gapIDs).Query(func(rs pgx.Rows) error {
-			var p polledRow
-			_, err := pgx.ForEachRow(rs, []any{&p.id, &p.key, &p.published}, func() error {
-				rows = append(rows, p)
-				return nil
-			})
-			return err
+	p := pollRead{at: now, rows: new([]polledRow), epoch: new(int64)}
+	b.Queue(pollSQL, w.frontier, pollRows, gapIDs).Query(func(rs pgx.Rows) error {
+		var r polledRow
+		_, err := pgx.ForEachRow(rs, []any{&r.id, &r.key, &r.published}, func() error {
+			*p.rows = append(*p.rows, r)
+			return nil
 		})
-		b.Queue(epochSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&epoch) })
-		return tx.SendBatch(ctx, b).Close()
+		return err
 	})
-	if err != nil {
-		return 0, err
-	}
+	b.Queue(epochSQL).QueryRow(func(row pgx.Row) error { return row.Scan(p.epoch) })
+	return p
+}
+
+// applyPoll records what a poll read in the book and the frontier, and returns how many rows
+// after the frontier it saw (with w.mu held).
+func (w *watcher) applyPoll(p pollRead) int {
+	now, rows, epoch := p.at, *p.rows, *p.epoch
 	w.lastPoll = now
 	if epoch != w.epoch {
 		w.epoch = epoch
@@ -180,7 +199,35 @@ func (w *watcher) pollOnce(ctx context.Context) (int, error) {
 	if w.r.book.takeOverflow() {
 		w.wantSweep()
 	}
-	return fresh, nil
+	return fresh
+}
+
+// pollAndSweep is RunOnce's look at the outbox, a poll and then a sweep: the first poll and
+// the first sweep step share one read-only transaction (one round trip, where each in its own
+// took two), and each goes on as poll and sweep do while a step came back full.
+func (w *watcher) pollAndSweep(ctx context.Context) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.sweepMu.Lock()
+	defer w.sweepMu.Unlock()
+	b := &pgx.Batch{}
+	p, s := w.queuePoll(b), queueSweep(b, "", true)
+	err := w.readOnly(ctx, b)
+	if err != nil {
+		return fmt.Errorf("poll outbox for new rows and walk pending partition keys: %w", err)
+	}
+	for n := w.applyPoll(p); n >= pollRows; {
+		if n, err = w.pollOnce(ctx); err != nil {
+			return fmt.Errorf("poll outbox for new rows: %w", err)
+		}
+	}
+	n, last := w.applySweep(s)
+	for n >= sweepKeys {
+		if n, last, err = w.sweepStep(ctx, last, false); err != nil {
+			return fmt.Errorf("walk pending partition keys: %w", err)
+		}
+	}
+	return nil
 }
 
 func (w *watcher) wantSweep() {
@@ -219,29 +266,45 @@ func (w *watcher) sweep(ctx context.Context) error {
 
 // sweepStep walks up to sweepKeys keys from after and returns how many it saw and the last one.
 func (w *watcher) sweepStep(ctx context.Context, after string, inclusive bool) (int, string, error) {
-	type head struct {
-		key         string
-		id          int64
-		quarantined bool
-		availableAt *time.Time
-		dbNow       time.Time
+	b := &pgx.Batch{}
+	s := queueSweep(b, after, inclusive)
+	if err := w.readOnly(ctx, b); err != nil {
+		return 0, "", err
 	}
-	var heads []head
-	err := w.readOnly(ctx, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, sweepSQL, after, inclusive, sweepKeys)
-		if err != nil {
-			return err
-		}
-		var h head
-		_, err = pgx.ForEachRow(rows, []any{&h.key, &h.id, &h.quarantined, &h.availableAt, &h.dbNow}, func() error {
-			heads = append(heads, h)
+	n, last := w.applySweep(s)
+	return n, last, nil
+}
+
+// sweptHead is a pending key's head row as a sweep step read it.
+type sweptHead struct {
+	key         string
+	id          int64
+	quarantined bool
+	availableAt *time.Time
+	dbNow       time.Time
+}
+
+// sweepRead is what one sweep step read, filled when its batch is closed.
+type sweepRead struct{ heads *[]sweptHead }
+
+// queueSweep queues one sweep step, up to sweepKeys keys from after, on b.
+func queueSweep(b *pgx.Batch, after string, inclusive bool) sweepRead {
+	s := sweepRead{heads: new([]sweptHead)}
+	b.Queue(sweepSQL, after, inclusive, sweepKeys).Query(func(rows pgx.Rows) error {
+		var h sweptHead
+		_, err := pgx.ForEachRow(rows, []any{&h.key, &h.id, &h.quarantined, &h.availableAt, &h.dbNow}, func() error {
+			*s.heads = append(*s.heads, h)
 			return nil
 		})
 		return err
 	})
-	if err != nil {
-		return 0, "", err
-	}
+	return s
+}
+
+// applySweep records the heads a sweep step read in the book and returns how many it saw and
+// the last key (with w.sweepMu held).
+func (w *watcher) applySweep(s sweepRead) (int, string) {
+	heads := *s.heads
 	now := time.Now()
 	for _, h := range heads {
 		state, at := headClaimable, now
@@ -255,9 +318,9 @@ func (w *watcher) sweepStep(ctx context.Context, after string, inclusive bool) (
 		w.r.book.sawHead(h.key, state, at, now)
 	}
 	if len(heads) == 0 {
-		return 0, "", nil
+		return 0, ""
 	}
-	return len(heads), heads[len(heads)-1].key, nil
+	return len(heads), heads[len(heads)-1].key
 }
 
 // run polls every PollInterval and sweeps every RescanInterval (spaced out to at least ten
