@@ -163,6 +163,28 @@ func (b *budget) giveWay(t *busyTurn, wait time.Duration, busyShare float64) boo
 	return true
 }
 
+// grow takes n more connections for the turn t when they are free and no request waits: the
+// budget lends what nobody asked for. It reports whether it did.
+func (b *budget) grow(t *busyTurn, n int) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.queue) > 0 || b.used+n > b.size {
+		return false
+	}
+	b.take(n)
+	t.n += n
+	return true
+}
+
+// shrink gives back n of the turn t's connections, closed by its tenant.
+func (b *budget) shrink(t *busyTurn, n int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t.n -= n
+	b.used -= n
+	b.grantWaiting()
+}
+
 // turnEnded forgets t (its connections are about to be released).
 func (b *budget) turnEnded(t *busyTurn) {
 	b.mu.Lock()

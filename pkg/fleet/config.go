@@ -50,9 +50,16 @@ type Config struct {
 	// Relay is the configuration of every tenant's relay: Publisher, Topics and the relay's
 	// settings; Tenant is set per tenant, Metrics and MetricsRecorder are the fleet's (per
 	// tenant, see TopTenants). IdleStop is ignored: IdleClose and Turn decide how long a
-	// tenant's relay runs. Pipelines is per unit of weight and defaults to 1: a tenant runs
-	// Weight × Pipelines pipelines (at most 16) on a pool of as many connections.
+	// tenant's relay runs. Pipelines is per unit of weight and defaults to 1: a tenant's turn
+	// starts with Weight × Pipelines pipelines (at most 16) on a pool of as many connections.
 	Relay outbox.RelayConfig
+	// BurstPipelines is, per unit of weight, the pipelines a turn grows to while its tenant has
+	// a backlog (it is still publishing growAfter into its turn) and connections of its server's
+	// budget are free with no tenant waiting: a tenant alone with a backlog drains as fast as a
+	// single-database relay. The extra connections go back as soon as another tenant of the
+	// server waits. Defaults to the relay's default Pipelines (2), or Relay.Pipelines when that
+	// is larger; Relay.Pipelines turns growing off.
+	BurstPipelines int
 	// Connect returns the pool configuration of a tenant's database; the fleet sets MaxConns
 	// and MinConns. Defaults to parsing Tenant.DatabaseURL; required for tenants given by
 	// SecretARN (the relay Lambda's resolves the secret, see pkg/lambdaenv).
@@ -114,6 +121,12 @@ func (c Config) withDefaults() (Config, error) {
 		c.Relay.Pipelines = 1
 	}
 	c.Relay = c.Relay.WithDefaults()
+	if c.BurstPipelines == 0 {
+		c.BurstPipelines = max(c.Relay.Pipelines, int(outbox.RelaySetting("Pipelines").Default))
+	}
+	if c.BurstPipelines < c.Relay.Pipelines {
+		errs = append(errs, fmt.Errorf("fleet: BurstPipelines %d is below Relay.Pipelines %d", c.BurstPipelines, c.Relay.Pipelines))
+	}
 	if c.DefaultConnections == 0 {
 		c.DefaultConnections = DefaultServerConnections
 	}
@@ -190,11 +203,17 @@ func (c Config) budgetOf(server string) int {
 	return c.DefaultConnections
 }
 
-// pipelinesOf is how many pipelines t's relay runs on server budget size: Weight × Pipelines,
-// at most 16 (the relay's bound) and at most what the budget leaves beside the activity poll.
-// A turn takes and opens one connection per pipeline.
+// pipelinesOf is how many pipelines t's relay starts a turn with on server budget size:
+// Weight × Pipelines, at most 16 (the relay's bound) and at most what the budget leaves beside
+// the activity poll. A turn takes and opens one connection per pipeline.
 func (c Config) pipelinesOf(t Tenant, size int) int {
 	return max(1, min(t.Weight*c.Relay.Pipelines, 16, size-1))
+}
+
+// burstOf is the most pipelines t's turn grows to on server budget size (BurstPipelines):
+// Weight × BurstPipelines, bounded as pipelinesOf.
+func (c Config) burstOf(t Tenant, size int) int {
+	return max(1, min(t.Weight*c.BurstPipelines, 16, size-1))
 }
 
 // ShardOf is the shard of n a tenant name belongs to (FNV-1a of the name, modulo n): a

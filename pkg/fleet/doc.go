@@ -16,11 +16,13 @@
 //   - The connections of a fleet never exceed a server's budget: every pool is sized before it
 //     is opened and its connections are taken from that server's budget first, and stay booked
 //     there while parked until the tenant has closed them (budget.go).
-//   - Fairness: the budget is granted first come, first served, a tenant holds at most
-//     Weight × Pipelines connections, and once another tenant has waited a Turn while the
-//     tenants past their Weight × Turn hold more than BusyShare of the budget, the one of them
-//     that began first gives its connections back (budget.go, budget.giveWay; fleet.go,
-//     tenant.turn).
+//   - Fairness: the budget is granted first come, first served; a tenant holds at most
+//     Weight × Pipelines connections while another tenant of its server waits (it grows to
+//     Weight × BurstPipelines only on free connections nobody waits for, and gives the extra
+//     ones back as soon as one does: budget.grow, budget.shrink); and once another tenant has
+//     waited a Turn while the tenants past their Weight × Turn hold more than BusyShare of the
+//     budget, the one of them that began first gives its connections back (budget.go,
+//     budget.giveWay; fleet.go, tenant.turn).
 //   - Liveness: every registered tenant is looked at directly at least every SweepInterval;
 //     the server-wide activity poll (pg_stat_database, one query per server per
 //     DetectInterval) only brings a tenant's turn sooner, it never decides that one is not due.

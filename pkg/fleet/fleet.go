@@ -371,7 +371,7 @@ func (t *tenant) run(parent context.Context) {
 		}
 		hold = nil // the turn holds the connections now
 		claimed := t.snapshot().Claimed
-		more, retrying, err := t.turn(ctx, conns)
+		held, more, retrying, err := t.turn(ctx, conns)
 		worked := t.snapshot().Claimed > claimed
 		if worked {
 			fruitless = 0
@@ -385,15 +385,16 @@ func (t *tenant) run(parent context.Context) {
 		}
 		// Parked connections are kept only while nobody waits for them: with the budget short,
 		// closing them at once is what another tenant needs.
-		if err == nil && ctx.Err() == nil && t.pool != nil && time.Now().Before(parkedUntil) && !t.server.budget.waiting() {
+		// A turn that grew closes its connections: its pool and relay go back to its base size.
+		if err == nil && ctx.Err() == nil && t.pool != nil && held == conns && time.Now().Before(parkedUntil) && !t.server.budget.waiting() {
 			t.newRows(ctx) // where the outbox ends now: the parked tenant looks for rows after it
 			hold = t.server.budget.park(conns)
 		} else {
 			t.closeConns(ctx)
-			if err != nil {
+			if err != nil || held != conns {
 				t.drop() // a failed turn starts the next one from new settings (a rotated secret, a fixed schema)
 			}
-			t.server.budget.release(conns)
+			t.server.budget.release(held)
 		}
 		wait := time.Duration(0)
 		switch {
@@ -454,27 +455,39 @@ func backoff(n int, most time.Duration) time.Duration {
 	return min(d, most)
 }
 
+// growAfter is how long a turn publishes before it counts as a backlog's and may grow to its
+// BurstPipelines: a turn for a few new rows ends within milliseconds.
+const growAfter = 500 * time.Millisecond
+
 // turn runs the tenant's relay on its pool, on the conns connections run took from the
 // server's budget, until it finds nothing more to publish, or it used its Weight × Turn and
-// must give way. It reports whether work was left, and whether the last round left rows to
-// retry after a backoff.
-func (t *tenant) turn(ctx context.Context, conns int) (more, retrying bool, err error) {
+// must give way. While it has a backlog and the budget has free connections nobody waits for,
+// it grows to its BurstPipelines, and shrinks back as soon as a tenant waits (budget.grow,
+// budget.shrink; a pool and relay of the new size replace the old ones, whose sessions are
+// gone first). It reports the connections it holds at its end, whether work was left, and
+// whether the last round left rows to retry after a backoff.
+func (t *tenant) turn(ctx context.Context, conns int) (held int, more, retrying bool, err error) {
 	cfg := t.f.cfg
-	relay, err := t.open(ctx, conns)
+	held = conns
+	relay, err := t.open(ctx, held)
 	if err != nil {
-		return false, false, err
+		return held, false, false, err
 	}
 	t.update(func(s *TenantStatus) { s.Turns++ })
 
 	start := time.Now()
-	var lastWork time.Time // the last RunOnce of this turn that claimed rows
+	var lastWork time.Time // the last pass of this turn that claimed rows
 	share := time.Duration(t.t.Weight) * cfg.Turn
+	most := cfg.burstOf(t.t, t.server.size)
+	shrunk := false // a turn that gave lent connections back does not take them again
 	busy := &busyTurn{n: conns, start: start}
 	defer t.server.budget.turnEnded(busy) // before run releases or parks the connections
 	for {
-		// The turn's share ends RunOnce early (its rounds finish) once another tenant has waited.
+		// The turn's share ends the pass early (its rounds finish) once another tenant has waited;
+		// so does a change of its size (resize: the pipelines it runs next).
 		rctx, stop := context.WithCancel(ctx)
 		yielded := make(chan struct{})
+		resize, size := 0, held
 		go func() {
 			defer close(yielded)
 			tick := time.NewTicker(max(cfg.Relay.PollInterval, 10*time.Millisecond))
@@ -484,6 +497,16 @@ func (t *tenant) turn(ctx context.Context, conns int) (more, retrying bool, err 
 				case <-rctx.Done():
 					return
 				case <-tick.C:
+					if size > conns && t.server.budget.waiting() {
+						resize = conns // lent connections go back at once
+						stop()
+						return
+					}
+					if size < most && !shrunk && time.Since(start) >= growAfter && t.server.budget.grow(busy, most-size) {
+						resize = most
+						stop()
+						return
+					}
 					// A turn past its share gives way to a tenant that has waited a Turn (one
 					// that the other tenants' short turns did not let in meanwhile) when the
 					// turns past their share hold more than BusyShare of the budget, the
@@ -501,49 +524,66 @@ func (t *tenant) turn(ctx context.Context, conns int) (more, retrying bool, err 
 				}
 			}
 		}()
-		st, err := relay.RunOnce(rctx)
-		shareUsed := rctx.Err() != nil && ctx.Err() == nil
+		st, err := relay.RunPass(rctx)
+		cut := rctx.Err() != nil && ctx.Err() == nil // by its share, or to resize
 		stop()
 		<-yielded
 		t.update(func(s *TenantStatus) {
 			s.Published += st.Published
 			s.Claimed += st.Claimed
-			if err == nil || shareUsed {
+			if err == nil || cut {
 				s.State, s.LastError, s.Failures = StateActive, "", 0
 			}
 		})
 		if ctx.Err() != nil {
-			return false, false, nil
+			return held, false, false, nil
 		}
-		if err != nil && !shareUsed {
-			return false, false, fmt.Errorf("tenant %s: %w", t.t.Name, err)
+		if err != nil && !cut {
+			return held, false, false, fmt.Errorf("tenant %s: %w", t.t.Name, err)
 		}
-		t.readLag(ctx, t.pool)
 		if st.Claimed > 0 {
 			lastWork = time.Now()
 		}
-		if shareUsed {
+		if resize != 0 {
+			// A pool and relay of the new size: the old sessions end first, so that the
+			// connections open never exceed what the budget granted.
+			t.closeConns(ctx)
+			t.drop()
+			if resize < held {
+				t.server.budget.shrink(busy, held-resize)
+				shrunk = true
+			}
+			held = resize
+			if relay, err = t.open(ctx, held); err != nil {
+				return held, false, false, err
+			}
+			continue
+		}
+		t.readLag(ctx, t.pool)
+		if cut {
 			t.update(func(s *TenantStatus) { s.GaveWay++ })
 			t.idle()
-			return true, false, nil
+			return held, true, false, nil
 		}
-		// RunOnce returned: its last pass claimed nothing. A turn that published goes on while
-		// rows came in meanwhile (its share of time ends it); otherwise it ends, and run keeps
-		// its connections parked: the activity poll wakes the tenant for its next rows.
+		// The pass ended: nothing it found is claimable. A turn that published goes on with
+		// another pass while rows are pending (new ones, or late commits; its share of time
+		// ends it); otherwise it ends, and run keeps its connections parked: the look and the
+		// activity poll wake the tenant for its next rows. A pass that claimed nothing ends the
+		// turn: what is pending is not claimable now.
 		if st.Claimed > 0 && pendingLeft(ctx, t.pool) {
 			continue
 		}
 		t.idle()
 		if st.Claimed > 0 {
-			return false, false, nil
+			return held, false, false, nil
 		}
 		left := pendingLeft(ctx, t.pool)
 		if left && !lastWork.IsZero() {
-			return true, false, nil // it published this turn: straight back into the queue
+			return held, true, false, nil // it published this turn: straight back into the queue
 		}
 		// Rows left pending now are not claimable (in backoff, behind a quarantined row,
 		// of a destination backing off): no write will wake the tenant when they are due.
-		return false, left, nil
+		return held, false, left, nil
 	}
 }
 

@@ -422,3 +422,64 @@ func TestAParkedTenantPublishesARowCommittedBelowItsNewestId(t *testing.T) {
 	testwait.Until(t, "the late row recorded published", func() bool { return busy.pending(t) == 0 })
 	require.Greater(t, f.Status()[0].Turns, turns, "a turn after the late commit published it")
 }
+
+// TestABackloggedTenantGrowsToItsBurstPipelinesInOrder: a tenant alone on its server with a
+// backlog grows from its one pipeline to BurstPipelines (2, the relay's default) on
+// connections nobody else asked for: its relay is replaced by one of the new size mid-drain,
+// and every event still arrives once, each key in write order, within the budget.
+func TestABackloggedTenantGrowsToItsBurstPipelinesInOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	hot := newTenantDB(t, "hot")
+	admin, err := pgxpool.New(context.Background(), testdb.ServerURL(t))
+	require.NoError(t, err)
+	t.Cleanup(admin.Close)
+	var db string
+	require.NoError(t, hot.pool.QueryRow(context.Background(), `SELECT current_database()`).Scan(&db))
+	hot.write(t, 2000, 40, 0)
+	stop := sampleConnections(t, admin, []string{db})
+
+	relay := b.relay
+	relay.BatchSize = 5 // many short rounds: the drain outlasts growAfter on a fast machine too
+	const budget = 5
+	f := runFleet(t, fleet.Config{Registry: fleet.Static{hot.tenant()}, Relay: relay, DefaultConnections: budget,
+		SweepInterval: time.Hour, RegistryRefresh: time.Hour})
+	testwait.Until(t, "the tenant grown to two relay sessions", func() bool { return len(hot.fleetSessions(t)) == 2 })
+	require.Positive(t, hot.pending(t), "grown while draining")
+	requireInOrder(t, b.receive(t, 2000), map[string]int{"hot": 2000})
+	require.LessOrEqual(t, stop(), budget, "the fleet's connections on the server, as pg_stat_activity counted them")
+	for server, u := range f.BudgetUsage() {
+		require.LessOrEqual(t, u[1], budget, "the budget of %s", server)
+	}
+}
+
+// TestLentConnectionsGoBackWhenATenantWaits: a backlogged tenant that grew on free connections
+// gives the extra ones back as soon as another tenant of its server waits: the quiet tenant's
+// event is published while the backlog is still being drained, and the server never sees more
+// sessions than the budget.
+func TestLentConnectionsGoBackWhenATenantWaits(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	hot, quiet := newTenantDB(t, "hot"), newTenantDB(t, "quiet")
+	admin, err := pgxpool.New(context.Background(), testdb.ServerURL(t))
+	require.NoError(t, err)
+	t.Cleanup(admin.Close)
+	var dbs []string
+	for _, d := range []tenantDB{hot, quiet} {
+		var db string
+		require.NoError(t, d.pool.QueryRow(context.Background(), `SELECT current_database()`).Scan(&db))
+		dbs = append(dbs, db)
+	}
+	hot.backlog(t, 100000)
+	stop := sampleConnections(t, admin, dbs)
+	const budget = 3 // the activity poll and two for the tenants: the grown hot tenant holds both
+	f := runFleet(t, fleet.Config{Registry: fleet.Static{hot.tenant(), quiet.tenant()}, Relay: b.relay,
+		DefaultConnections: budget, DetectInterval: 20 * time.Millisecond, SweepInterval: time.Hour, RegistryRefresh: time.Hour})
+	testwait.Until(t, "the hot tenant grown to two sessions", func() bool { return len(hot.fleetSessions(t)) == 2 })
+
+	quiet.write(t, 1, 1, 0)
+	testwait.Until(t, "the quiet tenant's event published", func() bool { return quiet.pending(t) == 0 })
+	require.Positive(t, hot.pending(t), "published while the hot tenant still had a backlog")
+	require.Zero(t, statusOf(t, f, "hot").GaveWay, "the hot tenant kept its own pipeline: only the lent connection went back")
+	require.LessOrEqual(t, stop(), budget, "the fleet's connections on the server, as pg_stat_activity counted them")
+}
