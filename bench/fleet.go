@@ -88,8 +88,12 @@ type FleetStmtTime struct {
 type FleetSingle struct {
 	Name      string
 	Pipelines int
-	Events    int
-	Elapsed   time.Duration
+	// Writers committed one event a second each into the relay's database during the run, as
+	// the quiet tenants do into theirs in the fleet's window (0: the backlog alone). Events
+	// counts what the relay published in the run, theirs included.
+	Writers int `json:",omitempty"`
+	Events  int
+	Elapsed time.Duration
 }
 
 // Rate is the run's events per second.
@@ -260,6 +264,11 @@ func measureFleet(ctx context.Context, log *slog.Logger, env *Env, fs fleetSize)
 	if res.Single, err = singleRelayRuns(ctx, log, hotPool, fs); err != nil {
 		return nil, err
 	}
+	beside, err := singleRelayBesideWriters(ctx, log, hotPool, hot, len(quiet), fs)
+	if err != nil {
+		return nil, err
+	}
+	res.Single = append(res.Single, beside)
 
 	// The fleet: every setting at its default but the server's connection budget.
 	book := newWaitBook()
@@ -515,6 +524,73 @@ func singleRelayRuns(ctx context.Context, log *slog.Logger, pool *pgxpool.Pool, 
 		return nil, err
 	}
 	return out, nil
+}
+
+// singleRelayBesideWriters is the fleet's workload on one database: one relay at its defaults
+// (warm, running before anything is written, as the fleet is) drains HotRows rows committed in
+// one INSERT while writers (as many as the fleet's quiet tenants) each commit one event a
+// second into the same database, as the quiet tenants do into theirs. It is timed from the
+// backlog's commit until no row up to it is pending, and counts every event published in that
+// time, the writers' included (the fleet's aggregate counts the quiet tenants' the same way).
+func singleRelayBesideWriters(ctx context.Context, log *slog.Logger, pool *pgxpool.Pool, db fleetTenant, writers int, fs fleetSize) (FleetSingle, error) {
+	s := FleetSingle{Name: fmt.Sprintf("single-database relay, defaults, beside %d writers of 1 event/s into its database (the fleet's workload on one database)", writers),
+		Writers: writers}
+	if _, err := pool.Exec(ctx, "TRUNCATE outbox_event RESTART IDENTITY"); err != nil {
+		return s, err
+	}
+	pub := &stubPublisher{Delay: fleetDelay}
+	r, err := outbox.NewRelay(pool, outbox.RelayConfig{Publisher: pub, Topics: map[string]string{"orders": ordersARN}})
+	if err != nil {
+		return s, err
+	}
+	s.Pipelines = outbox.RelayConfig{}.WithDefaults().Pipelines
+	runCtx, stopRelay := context.WithCancel(ctx)
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- r.Run(runCtx) }()
+	defer func() {
+		stopRelay()
+		<-relayDone
+	}()
+	as := make([]fleetTenant, writers)
+	for i := range as {
+		as[i] = fleetTenant{name: fmt.Sprintf("w%03d", i+1), db: db.db, url: db.url}
+	}
+	prod, err := startQuietProducers(ctx, as, newWaitBook())
+	if err != nil {
+		return s, err
+	}
+	defer prod.stop()
+	if err := sleepCtx(ctx, 5*time.Second); err != nil { // every writer past its first events
+		return s, err
+	}
+	if err := insertOutboxRows(ctx, pool, 0, fs.HotRows, fs.HotKeys, false); err != nil {
+		return s, err
+	}
+	start, published0 := time.Now(), pub.events.Load()
+	var last int64
+	if err := pool.QueryRow(ctx, `SELECT max(id) FROM outbox_event`).Scan(&last); err != nil {
+		return s, err
+	}
+	var left bool
+	if err := waitUntil(ctx, fs.Timeout, func() bool {
+		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox_event WHERE published_at IS NULL AND id <= $1)`, last).Scan(&left)
+		return err == nil && !left
+	}); err != nil {
+		return s, fmt.Errorf("%s: %w", s.Name, err)
+	}
+	s.Elapsed, s.Events = time.Since(start), int(pub.events.Load()-published0)
+	prod.stop()
+	if err := prod.failed(); err != nil {
+		return s, fmt.Errorf("%s: a writer: %w", s.Name, err)
+	}
+	log.Info("fleet: single-database relay", "name", s.Name, "pipelines", s.Pipelines, "elapsed", s.Elapsed.Round(time.Millisecond), "events/s", int(s.Rate()))
+	stopRelay()
+	<-relayDone
+	relayDone <- nil // for the deferred stop
+	if _, err := pool.Exec(ctx, "TRUNCATE outbox_event RESTART IDENTITY"); err != nil {
+		return s, err
+	}
+	return s, nil
 }
 
 // measureIdle measures the fleet over window while no tenant writes.

@@ -48,7 +48,8 @@ func TestFleetSuiteSmoke(t *testing.T) {
 	if res.BudgetPeak == 0 || res.BudgetPeak > fs.Budget || res.ConnsMax == 0 || res.ConnsMax > fs.Budget {
 		t.Errorf("budget %d: granted at most %d at once, %d sessions seen", fs.Budget, res.BudgetPeak, res.ConnsMax)
 	}
-	if len(res.Single) != 2 || res.Single[0].Rate() <= 0 || res.Single[1].Pipelines != 1 {
+	if len(res.Single) != 3 || res.Single[0].Rate() <= 0 || res.Single[1].Pipelines != 1 || res.Single[2].Writers != fs.Databases-1 ||
+		res.Single[2].Events < fs.HotRows {
 		t.Errorf("single-database runs: %+v", res.Single)
 	}
 	if res.Idle.Tenants != fs.Databases || res.Idle.ActivityConnsMax != 1 {
@@ -101,6 +102,15 @@ func TestFleetTargets(t *testing.T) {
 	r.ConnsMax = 41
 	if got := status(r); got[0] == "met" || got[2] == "met" {
 		t.Errorf("an event never published and 41 sessions on a budget of 40: %v, want fairness and budget not met", got)
+	}
+	// The relay serving the fleet's workload on one database is the aggregate's reference when
+	// measured: 80,000 events/s of the fleet against its 10,000 are met, though half of the
+	// relay alone.
+	loaded := res(ms(1300), 80_000)
+	loaded.Single[0].Elapsed = 5 * time.Second
+	loaded.Single = append(loaded.Single, FleetSingle{Name: "beside writers", Pipelines: 2, Writers: 199, Events: 100_000, Elapsed: 10 * time.Second})
+	if got := status(loaded); got[1] != "met" || !strings.Contains(loaded.targets()[1].Measured, "alone on an idle server (20,000 events/s): 40%") {
+		t.Errorf("against the relay beside the writers: %v %q, want met, and the ratio to the relay alone shown", got, loaded.targets()[1].Measured)
 	}
 	var b strings.Builder
 	r.markdown(func(f string, a ...any) { fmt.Fprintf(&b, f, a...) })
