@@ -147,9 +147,9 @@ func (r *FleetResult) markdown(w func(string, ...any)) {
 	w("| **added by the backlog** (against the better window without it, figure by figure) | | | **%s** | %s | **%s** | %s | | | |\n\n", signed(d50), signed(d95), signed(d99), signed(dmax))
 
 	w("**Throughput** on the same server: the single-database relay (`outbox.Relay.Run` on one pool, the same stub) drained the same " +
-		"backlog in the hot tenant's database before the fleet started, committed the same way (one `INSERT`, no `VACUUM` after it): "+
-		"alone, and (the aggregate target's reference) beside as many writers as the fleet has quiet tenants, each committing one event "+
-		"a second into that database, the relay running before anything was written, timed from the backlog's commit until no row up to it "+
+		"backlog in the hot tenant's database before the fleet started, committed the same way (one `INSERT`, no `VACUUM` after it): " +
+		"alone, and (the aggregate target's reference) beside as many writers as the fleet has quiet tenants, each committing one event " +
+		"a second into that database, the relay running before anything was written, timed from the backlog's commit until no row up to it " +
 		"was pending, every event published in that time counted:\n\n")
 	w("| run | pipelines | events | time | events/s | fleet aggregate ÷ this |\n|---|---:|---:|---:|---:|---:|\n")
 	agg := r.With.Aggregate()
