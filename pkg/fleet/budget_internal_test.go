@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
 // TestBudgetGrantsInArrivalOrderAndNeverAboveItsSize: a request that does not fit waits, later
@@ -164,4 +166,53 @@ func TestParkedConnectionsAreAskedBackOldestFirst(t *testing.T) {
 	b.release(1) // that turn ended without parking
 	used, _ = b.usage()
 	require.Equal(t, 3, used)
+}
+
+// BurstPipelines defaults to the relay's default Pipelines (or Relay.Pipelines when larger),
+// bounds a turn's growth with the tenant's weight, and below Relay.Pipelines is refused.
+func TestBurstPipelinesDefaultAndBound(t *testing.T) {
+	t.Parallel()
+	reg := Static{{Name: "a", DatabaseURL: "postgres://u@h/a"}}
+	c, err := Config{Registry: reg}.withDefaults()
+	require.NoError(t, err)
+	require.Equal(t, 1, c.Relay.Pipelines)
+	require.Equal(t, 2, c.BurstPipelines)
+	require.Equal(t, 1, c.pipelinesOf(Tenant{Weight: 1}, 20))
+	require.Equal(t, 2, c.burstOf(Tenant{Weight: 1}, 20))
+	require.Equal(t, 6, c.burstOf(Tenant{Weight: 3}, 20))
+	require.Equal(t, 2, c.burstOf(Tenant{Weight: 3}, 3), "at most the budget beside the activity poll")
+	require.Equal(t, 16, c.burstOf(Tenant{Weight: 100}, 100), "at most the relay's 16")
+
+	c, err = Config{Registry: reg, Relay: outbox.RelayConfig{Pipelines: 4}}.withDefaults()
+	require.NoError(t, err)
+	require.Equal(t, 4, c.BurstPipelines, "never below Relay.Pipelines")
+
+	_, err = Config{Registry: reg, Relay: outbox.RelayConfig{Pipelines: 3}, BurstPipelines: 2}.withDefaults()
+	require.ErrorContains(t, err, "BurstPipelines 2 is below Relay.Pipelines 3")
+}
+
+// A turn grows only on connections that are free while nobody waits, and what it gives back
+// goes to the waiting request.
+func TestBudgetLendsOnlyWhatNobodyWaitsFor(t *testing.T) {
+	t.Parallel()
+	b := newBudget(4)
+	ctx := context.Background()
+	require.NoError(t, b.acquire(ctx, 1))
+	turn := &busyTurn{n: 1, start: time.Now()}
+	require.False(t, b.grow(turn, 4), "more than is free")
+	require.True(t, b.grow(turn, 2))
+	require.Equal(t, 3, turn.n)
+	used, _ := b.usage()
+	require.Equal(t, 3, used)
+
+	granted := make(chan error, 1)
+	go func() { granted <- b.acquire(ctx, 2) }()
+	require.Eventually(t, b.waiting, time.Second, time.Millisecond)
+	require.False(t, b.grow(turn, 1), "a request waits: nothing is lent, though one is free")
+	b.shrink(turn, 2)
+	require.NoError(t, <-granted)
+	require.Equal(t, 1, turn.n)
+	used, peak := b.usage()
+	require.Equal(t, 3, used)
+	require.LessOrEqual(t, peak, 4)
 }

@@ -37,6 +37,10 @@ const (
 	// FleetShard is "I/N": this function serves the tenants whose fleet.ShardOf(name, N) is I,
 	// so N functions (each with its own schedule) split a large fleet. Defaults to "0/1".
 	FleetShard = "SLUICE_FLEET_SHARD"
+	// FleetBurstPipelines is fleet.Config.BurstPipelines: the pipelines per unit of weight a
+	// backlogged tenant's turn grows to on connections nobody waits for. Defaults to the
+	// fleet's default (the relay's default Pipelines).
+	FleetBurstPipelines = "SLUICE_FLEET_BURST_PIPELINES"
 )
 
 // FleetEnabled reports whether the environment asks for a fleet (FleetTenants,
@@ -170,7 +174,8 @@ func FleetConnector(getenv Getenv, secrets SecretGetter) func(context.Context, f
 }
 
 // FleetConfig reads the fleet's settings: the registry (FleetRegistry), the connection
-// budgets (FleetServerConnections, FleetDefaultServerConnections) and the shard (FleetShard).
+// budgets (FleetServerConnections, FleetDefaultServerConnections), the shard (FleetShard) and
+// FleetBurstPipelines.
 // Relay, MetricsRecorder and Logger are left to the caller. close closes the registry's pool.
 func FleetConfig(ctx context.Context, getenv Getenv, secrets SecretGetter) (cfg fleet.Config, close func(), err error) {
 	var errs []error
@@ -180,6 +185,9 @@ func FleetConfig(ctx context.Context, getenv Getenv, secrets SecretGetter) (cfg 
 		}
 	}
 	if cfg.DefaultConnections, err = positiveInt(getenv, FleetDefaultServerConnections, fleet.DefaultServerConnections); err != nil {
+		errs = append(errs, err)
+	}
+	if cfg.BurstPipelines, err = positiveInt(getenv, FleetBurstPipelines, 0); err != nil {
 		errs = append(errs, err)
 	}
 	if raw := getenv(FleetShard); raw != "" {
