@@ -260,8 +260,10 @@ type tenant struct {
 	// tenant leaves the registry.
 	pool  *pgxpool.Pool
 	relay *outbox.Relay
-	// head is the newest outbox row id newRows saw (the tenant goroutine's).
-	head int64
+	// head is the newest outbox row id newRows or pendingLeft saw, and headRead whether the
+	// turn that just ended read it (the tenant goroutine's).
+	head     int64
+	headRead bool
 }
 
 func newTenant(f *Fleet, t Tenant, s *server) *tenant {
@@ -387,7 +389,9 @@ func (t *tenant) run(parent context.Context) {
 		// closing them at once is what another tenant needs.
 		// A turn that grew closes its connections: its pool and relay go back to its base size.
 		if err == nil && ctx.Err() == nil && t.pool != nil && held == conns && time.Now().Before(parkedUntil) && !t.server.budget.waiting() {
-			t.newRows(ctx) // where the outbox ends now: the parked tenant looks for rows after it
+			if !t.headRead {
+				t.newRows(ctx) // where the outbox ends now: the parked tenant looks for rows after it
+			}
 			hold = t.server.budget.park(conns)
 		} else {
 			t.closeConns(ctx)
@@ -469,6 +473,7 @@ const growAfter = 500 * time.Millisecond
 func (t *tenant) turn(ctx context.Context, conns int) (held int, more, retrying bool, err error) {
 	cfg := t.f.cfg
 	held = conns
+	t.headRead = false
 	relay, err := t.open(ctx, held)
 	if err != nil {
 		return held, false, false, err
@@ -570,14 +575,14 @@ func (t *tenant) turn(ctx context.Context, conns int) (held int, more, retrying 
 		// ends it); otherwise it ends, and run keeps its connections parked: the look and the
 		// activity poll wake the tenant for its next rows. A pass that claimed nothing ends the
 		// turn: what is pending is not claimable now.
-		if st.Claimed > 0 && pendingLeft(ctx, t.pool) {
+		if st.Claimed > 0 && t.pendingLeft(ctx) {
 			continue
 		}
 		t.idle()
 		if st.Claimed > 0 {
 			return held, false, false, nil
 		}
-		left := pendingLeft(ctx, t.pool)
+		left := t.pendingLeft(ctx)
 		if left && !lastWork.IsZero() {
 			return held, true, false, nil // it published this turn: straight back into the queue
 		}
@@ -588,11 +593,20 @@ func (t *tenant) turn(ctx context.Context, conns int) (held int, more, retrying 
 }
 
 // pendingLeft reports whether the tenant's outbox has unpublished, unquarantined rows (one
-// lookup in the index of unpublished rows).
-func pendingLeft(ctx context.Context, pool *pgxpool.Pool) bool {
-	var left bool
-	err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox_event WHERE published_at IS NULL AND quarantined_at IS NULL)`).Scan(&left)
-	return err == nil && left
+// lookup in the index of unpublished rows), and, in the same statement, where the outbox ends
+// (the head a parked tenant's look starts from: a turn that ends here needs no newRows).
+func (t *tenant) pendingLeft(ctx context.Context) bool {
+	var (
+		left bool
+		head int64
+	)
+	err := t.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox_event WHERE published_at IS NULL AND quarantined_at IS NULL),
+		(SELECT coalesce(max(id), 0) FROM outbox_event)`).Scan(&left, &head)
+	if err != nil {
+		return false
+	}
+	t.head, t.headRead = head, true
+	return left
 }
 
 // open returns the tenant's relay, making it and its pool (no connection yet) on the first
