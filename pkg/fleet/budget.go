@@ -176,6 +176,14 @@ func (b *budget) grow(t *busyTurn, n int) bool {
 	return true
 }
 
+// room reports whether n more connections are free with no request waiting (what grow would
+// take now).
+func (b *budget) room(n int) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.queue) == 0 && b.used+n <= b.size
+}
+
 // shrink gives back n of the turn t's connections, closed by its tenant.
 func (b *budget) shrink(t *busyTurn, n int) {
 	b.mu.Lock()

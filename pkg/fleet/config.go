@@ -54,9 +54,9 @@ type Config struct {
 	// starts with Weight × Pipelines pipelines (at most 16) on a pool of as many connections.
 	Relay outbox.RelayConfig
 	// BurstPipelines is, per unit of weight, the pipelines a turn grows to while its tenant has
-	// a backlog (it is still publishing growAfter into its turn) and connections of its server's
-	// budget are free with no tenant waiting: a tenant alone with a backlog drains as fast as a
-	// single-database relay. The extra connections go back as soon as another tenant of the
+	// a backlog (still publishing growAfter into its turn, with a full batch per pipeline
+	// claimed) and connections of its server's budget are free with no tenant waiting: a
+	// tenant alone with a backlog drains as fast as a single-database relay. The extra connections go back as soon as another tenant of the
 	// server waits. Defaults to the relay's default Pipelines (2), or Relay.Pipelines when that
 	// is larger; Relay.Pipelines turns growing off.
 	BurstPipelines int

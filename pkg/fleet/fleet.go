@@ -459,8 +459,9 @@ func backoff(n int, most time.Duration) time.Duration {
 	return min(d, most)
 }
 
-// growAfter is how long a turn publishes before it counts as a backlog's and may grow to its
-// BurstPipelines: a turn for a few new rows ends within milliseconds.
+// growAfter is how long a turn publishes before it is weighed for growing to its
+// BurstPipelines: a turn for a few new rows ends within milliseconds; one still publishing
+// grows when it has claimed a full batch per pipeline by then (a backlog, not a slow machine).
 const growAfter = 500 * time.Millisecond
 
 // turn runs the tenant's relay on its pool, on the conns connections run took from the
@@ -484,7 +485,9 @@ func (t *tenant) turn(ctx context.Context, conns int) (held int, more, retrying 
 	var lastWork time.Time // the last pass of this turn that claimed rows
 	share := time.Duration(t.t.Weight) * cfg.Turn
 	most := cfg.burstOf(t.t, t.server.size)
-	shrunk := false // a turn that gave lent connections back does not take them again
+	shrunk := false  // a turn that gave lent connections back does not take them again
+	weighed := false // growing was considered (once a turn)
+	claimed := 0     // the rows this turn's passes claimed
 	busy := &busyTurn{n: conns, start: start}
 	defer t.server.budget.turnEnded(busy) // before run releases or parks the connections
 	for {
@@ -492,7 +495,7 @@ func (t *tenant) turn(ctx context.Context, conns int) (held int, more, retrying 
 		// so does a change of its size (resize: the pipelines it runs next).
 		rctx, stop := context.WithCancel(ctx)
 		yielded := make(chan struct{})
-		resize, size := 0, held
+		resize, size, weigh := 0, held, false
 		go func() {
 			defer close(yielded)
 			tick := time.NewTicker(max(cfg.Relay.PollInterval, 10*time.Millisecond))
@@ -507,8 +510,10 @@ func (t *tenant) turn(ctx context.Context, conns int) (held int, more, retrying 
 						stop()
 						return
 					}
-					if size < most && !shrunk && time.Since(start) >= growAfter && t.server.budget.grow(busy, most-size) {
-						resize = most
+					// A turn still publishing after growAfter may have a backlog, or a busy
+					// machine: its pass ends (its rounds finish) so that what it claimed decides.
+					if size < most && !shrunk && !weighed && time.Since(start) >= growAfter && t.server.budget.room(most-size) {
+						weigh = true
 						stop()
 						return
 					}
@@ -530,7 +535,7 @@ func (t *tenant) turn(ctx context.Context, conns int) (held int, more, retrying 
 			}
 		}()
 		st, err := relay.RunPass(rctx)
-		cut := rctx.Err() != nil && ctx.Err() == nil // by its share, or to resize
+		cut := rctx.Err() != nil && ctx.Err() == nil // by its share, to resize, or to weigh growing
 		stop()
 		<-yielded
 		t.update(func(s *TenantStatus) {
@@ -548,6 +553,16 @@ func (t *tenant) turn(ctx context.Context, conns int) (held int, more, retrying 
 		}
 		if st.Claimed > 0 {
 			lastWork = time.Now()
+		}
+		claimed += st.Claimed
+		if weigh {
+			// A backlog is at least a full batch per pipeline claimed by now; a turn for a few
+			// rows that was merely slow goes on at its size.
+			weighed = true
+			if claimed < cfg.Relay.BatchSize*held || !t.server.budget.grow(busy, most-held) {
+				continue
+			}
+			resize = most
 		}
 		if resize != 0 {
 			// A pool and relay of the new size: the old sessions end first, so that the
