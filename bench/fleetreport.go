@@ -179,7 +179,7 @@ func (r *FleetResult) markdown(w func(string, ...any)) {
 	w("| activity poll sessions (`sluice-fleet-activity`), mean / max | %.2f / %d | |\n", i.ActivityConnsMean, i.ActivityConnsMax)
 	w("| transactions/s in the tenant databases (`xact_commit + xact_rollback`) | %.1f | %.3f (median database %.3f) |\n", i.Xacts, i.Xacts/float64(max(1, i.Tenants)), i.XactsMedian)
 	w("| busiest tenant database (%s: the activity poll's connection is on it) | %.1f | |\n", i.XactsMaxDB, i.XactsMax)
-	w("| turns (a pool opened, `RunOnce` until idle, the pool closed) per minute | %.1f | %.2f |\n\n",
+	w("| turns (`RunPass` until nothing is pending, on a parked or a new pool) per minute | %.1f | %.2f |\n\n",
 		float64(i.Turns)/i.Window.Minutes(), float64(i.Turns)/i.Window.Minutes()/float64(max(1, i.Tenants)))
 
 	w("The budget: at most %d connections granted at once (of %d), at most %d `sluice-fleet-*` sessions seen in `pg_stat_activity` (sampled every 250 ms) over the whole run. "+
