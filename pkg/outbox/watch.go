@@ -98,15 +98,19 @@ func (w *watcher) start(ctx context.Context) error {
 func (w *watcher) poll(ctx context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for {
-		n, err := w.pollOnce(ctx)
-		if err != nil {
+	return w.pollOn(ctx, pollRows)
+}
+
+// pollOn polls again while the last poll came back full (n rows after the frontier), with
+// w.mu held.
+func (w *watcher) pollOn(ctx context.Context, n int) error {
+	for n >= pollRows {
+		var err error
+		if n, err = w.pollOnce(ctx); err != nil {
 			return fmt.Errorf("poll outbox for new rows: %w", err)
 		}
-		if n < pollRows {
-			return nil
-		}
 	}
+	return nil
 }
 
 // pollIfDue polls unless another poll runs or the last one is younger than PollInterval.
@@ -204,7 +208,8 @@ func (w *watcher) applyPoll(p pollRead) int {
 
 // pollAndSweep is RunOnce's look at the outbox, a poll and then a sweep: the first poll and
 // the first sweep step share one read-only transaction (one round trip, where each in its own
-// took two), and each goes on as poll and sweep do while a step came back full.
+// took two), and each goes on as poll and sweep do while a step came back full (pollOn,
+// sweepOn).
 func (w *watcher) pollAndSweep(ctx context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -212,22 +217,14 @@ func (w *watcher) pollAndSweep(ctx context.Context) error {
 	defer w.sweepMu.Unlock()
 	b := &pgx.Batch{}
 	p, s := w.queuePoll(b), queueSweep(b, "", true)
-	err := w.readOnly(ctx, b)
-	if err != nil {
+	if err := w.readOnly(ctx, b); err != nil {
 		return fmt.Errorf("poll outbox for new rows and walk pending partition keys: %w", err)
 	}
-	for n := w.applyPoll(p); n >= pollRows; {
-		if n, err = w.pollOnce(ctx); err != nil {
-			return fmt.Errorf("poll outbox for new rows: %w", err)
-		}
+	if err := w.pollOn(ctx, w.applyPoll(p)); err != nil {
+		return err
 	}
 	n, last := w.applySweep(s)
-	for n >= sweepKeys {
-		if n, last, err = w.sweepStep(ctx, last, false); err != nil {
-			return fmt.Errorf("walk pending partition keys: %w", err)
-		}
-	}
-	return nil
+	return w.sweepOn(ctx, n, last)
 }
 
 func (w *watcher) wantSweep() {
@@ -251,17 +248,22 @@ func (w *watcher) sweepWanted() bool {
 func (w *watcher) sweep(ctx context.Context) error {
 	w.sweepMu.Lock()
 	defer w.sweepMu.Unlock()
-	after, inclusive := "", true
-	for {
-		n, last, err := w.sweepStep(ctx, after, inclusive)
-		if err != nil {
+	n, last, err := w.sweepStep(ctx, "", true)
+	if err != nil {
+		return fmt.Errorf("walk pending partition keys: %w", err)
+	}
+	return w.sweepOn(ctx, n, last)
+}
+
+// sweepOn walks on after last while the last step came back full (n keys), with w.sweepMu held.
+func (w *watcher) sweepOn(ctx context.Context, n int, last string) error {
+	for n >= sweepKeys {
+		var err error
+		if n, last, err = w.sweepStep(ctx, last, false); err != nil {
 			return fmt.Errorf("walk pending partition keys: %w", err)
 		}
-		if n < sweepKeys {
-			return nil
-		}
-		after, inclusive = last, false
 	}
+	return nil
 }
 
 // sweepStep walks up to sweepKeys keys from after and returns how many it saw and the last one.
