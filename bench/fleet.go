@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -301,14 +302,9 @@ func measureFleet(ctx context.Context, log *slog.Logger, env *Env, fs fleetSize)
 	res.Settings = fmt.Sprintf("DefaultConnections %d; the hot tenant's Weight %d (the others 1); the rest at their defaults: Relay.Pipelines 1 per unit of weight, "+
 		"DetectInterval %s, SweepInterval %s, IdleClose %s, Turn %s, RegistryRefresh %s", fs.Budget, fs.HotWeight, fleet.DefaultDetectInterval,
 		fleet.DefaultSweepInterval, fleet.DefaultIdleClose, fleet.DefaultTurn, fleet.DefaultRegistryRefresh)
-	fctx, stopFleet := context.WithCancel(ctx)
-	fleetDone := make(chan error, 1)
 	started := time.Now()
-	go func() { fleetDone <- f.Run(fctx) }()
-	defer func() {
-		stopFleet()
-		<-fleetDone
-	}()
+	stopFleet := inBackground(ctx, f.Run)
+	defer stopFleet()
 	connsAll := probe.sample(ctx) // over the whole run, for the budget check
 	defer connsAll.stop()
 
@@ -407,11 +403,9 @@ func measureFleet(ctx context.Context, log *slog.Logger, env *Env, fs fleetSize)
 	if n, err := pendingCount(ctx, hotPool); err != nil || n != 0 {
 		return nil, fmt.Errorf("the hot tenant has %d rows pending after its drain (%v)", n, err)
 	}
-	stopFleet()
-	if err := <-fleetDone; err != nil {
+	if err := stopFleet(); err != nil {
 		return nil, fmt.Errorf("fleet run: %w", err)
 	}
-	fleetDone <- nil // for the deferred stop
 	res.ConnsMax = connsAll.stop().totalMax
 	for _, u := range f.BudgetUsage() {
 		res.BudgetPeak = max(res.BudgetPeak, u[1])
@@ -544,13 +538,8 @@ func singleRelayBesideWriters(ctx context.Context, log *slog.Logger, pool *pgxpo
 		return s, err
 	}
 	s.Pipelines = outbox.RelayConfig{}.WithDefaults().Pipelines
-	runCtx, stopRelay := context.WithCancel(ctx)
-	relayDone := make(chan error, 1)
-	go func() { relayDone <- r.Run(runCtx) }()
-	defer func() {
-		stopRelay()
-		<-relayDone
-	}()
+	stopRelay := inBackground(ctx, r.Run)
+	defer stopRelay()
 	as := make([]fleetTenant, writers)
 	for i := range as {
 		as[i] = fleetTenant{name: fmt.Sprintf("w%03d", i+1), db: db.db, url: db.url}
@@ -584,9 +573,7 @@ func singleRelayBesideWriters(ctx context.Context, log *slog.Logger, pool *pgxpo
 		return s, fmt.Errorf("%s: a writer: %w", s.Name, err)
 	}
 	log.Info("fleet: single-database relay", "name", s.Name, "pipelines", s.Pipelines, "elapsed", s.Elapsed.Round(time.Millisecond), "events/s", int(s.Rate()))
-	stopRelay()
-	<-relayDone
-	relayDone <- nil // for the deferred stop
+	_ = stopRelay()
 	if _, err := pool.Exec(ctx, "TRUNCATE outbox_event RESTART IDENTITY"); err != nil {
 		return s, err
 	}
@@ -690,6 +677,18 @@ func measurePhase(ctx context.Context, probe *fleetProbe, f *fleet.Fleet, prod *
 	res.QuietEvents, res.Quiet, res.Missing = len(ids), summarize(waits), missing
 	res.Published = pub.publishedBetween(from, to)
 	return res, nil
+}
+
+// inBackground runs run in a goroutine on a context of its own; stop cancels that context,
+// waits for run to return and returns its error (every call, the same).
+func inBackground(ctx context.Context, run func(context.Context) error) (stop func() error) {
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- run(rctx) }()
+	return sync.OnceValue(func() error {
+		cancel()
+		return <-done
+	})
 }
 
 // waitUntil polls cond every 20 ms until it holds, for at most d.
