@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -264,6 +265,12 @@ type tenant struct {
 	// turn that just ended read it (the tenant goroutine's).
 	head     int64
 	headRead bool
+	// inserted counts the rows its server's activity poll saw inserted into its database
+	// since its last turn began (detect adds, turn takes), and looked the rows its parked
+	// looks saw added to its outbox meanwhile (newRows adds, turn takes; the tenant
+	// goroutine's): hints of a backlog (backlogAtStart).
+	inserted atomic.Int64
+	looked   int64
 }
 
 func newTenant(f *Fleet, t Tenant, s *server) *tenant {
@@ -390,7 +397,7 @@ func (t *tenant) run(parent context.Context) {
 		// A turn that grew closes its connections: its pool and relay go back to its base size.
 		if err == nil && ctx.Err() == nil && t.pool != nil && held == conns && time.Now().Before(parkedUntil) && !t.server.budget.waiting() {
 			if !t.headRead {
-				t.newRows(ctx) // where the outbox ends now: the parked tenant looks for rows after it
+				t.readHead(ctx) // where the outbox ends now: the parked tenant looks for rows after it
 			}
 			hold = t.server.budget.park(conns)
 		} else {
@@ -429,13 +436,23 @@ func (t *tenant) run(parent context.Context) {
 // below the newest (its transaction took the id before another committed a later one) is found
 // by the activity poll or the sweep, and so are rows made pending again or due after a backoff.
 func (t *tenant) newRows(ctx context.Context) bool {
-	var head int64
-	if t.pool.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM outbox_event`).Scan(&head) != nil {
+	added, err := t.readHead(ctx)
+	if err != nil {
 		return true // let a turn find out what is wrong
 	}
-	seen := t.head
-	t.head = head
-	return head > seen
+	t.looked += added
+	return added > 0
+}
+
+// readHead reads where the tenant's outbox ends into t.head and returns how many ids past the
+// previous head that is.
+func (t *tenant) readHead(ctx context.Context) (added int64, err error) {
+	var head int64
+	if err := t.pool.QueryRow(ctx, maxIDSQL).Scan(&head); err != nil {
+		return 0, err
+	}
+	added, t.head = max(head-t.head, 0), head
+	return added, nil
 }
 
 // unpark closes the parked connections *hold, if any, and gives them back to the budget.
@@ -475,6 +492,8 @@ func (t *tenant) turn(ctx context.Context, conns int) (held int, more, retrying 
 	cfg := t.f.cfg
 	held = conns
 	t.headRead = false
+	inserted, looked := t.inserted.Swap(0), t.looked
+	t.looked = 0
 	relay, err := t.open(ctx, held)
 	if err != nil {
 		return held, false, false, err
@@ -490,6 +509,13 @@ func (t *tenant) turn(ctx context.Context, conns int) (held int, more, retrying 
 	claimed := 0     // the rows this turn's passes claimed
 	busy := &busyTurn{n: conns, start: start}
 	defer t.server.budget.turnEnded(busy) // before run releases or parks the connections
+	// A turn woken by a backlog grows before its first pass, not growAfter into it.
+	if most > held && t.server.budget.room(most-held) && t.backlogAtStart(ctx, inserted, looked, held) && t.server.budget.grow(busy, most-held) {
+		weighed, held = true, most
+		if relay, err = t.reopen(ctx, held); err != nil {
+			return held, false, false, err
+		}
+	}
 	for {
 		// The turn's share ends the pass early (its rounds finish) once another tenant has waited;
 		// so does a change of its size (resize: the pipelines it runs next).
@@ -565,16 +591,13 @@ func (t *tenant) turn(ctx context.Context, conns int) (held int, more, retrying 
 			resize = most
 		}
 		if resize != 0 {
-			// A pool and relay of the new size: the old sessions end first, so that the
-			// connections open never exceed what the budget granted.
-			t.closeConns(ctx)
-			t.drop()
 			if resize < held {
+				t.closeConns(ctx) // their sessions gone before the budget counts them free
 				t.server.budget.shrink(busy, held-resize)
 				shrunk = true
 			}
 			held = resize
-			if relay, err = t.open(ctx, held); err != nil {
+			if relay, err = t.reopen(ctx, held); err != nil {
 				return held, false, false, err
 			}
 			continue
@@ -606,6 +629,27 @@ func (t *tenant) turn(ctx context.Context, conns int) (held int, more, retrying 
 		return held, false, left, nil
 	}
 }
+
+// backlogAtStart reports whether a turn on held pipelines starts on a backlog of at least a
+// full batch per pipeline of new outbox rows: its parked looks saw as many added (looked), or
+// its server's activity poll counted as many rows inserted into its database (inserted) and
+// the outbox's newest id is as far past the newest the tenant knew (one lookup at the primary
+// key's end: rows of other tables count in the poll's figure, not in the outbox). Only a hint
+// for growing sooner: a turn that starts small grows growAfter into it on what it claimed.
+func (t *tenant) backlogAtStart(ctx context.Context, inserted, looked int64, held int) bool {
+	need := int64(t.f.cfg.Relay.BatchSize * held)
+	if looked >= need {
+		return true
+	}
+	if inserted < need {
+		return false
+	}
+	added, err := t.readHead(ctx)
+	return err == nil && added >= need
+}
+
+// maxIDSQL reads where the tenant's outbox ends.
+const maxIDSQL = `SELECT coalesce(max(id), 0) FROM outbox_event`
 
 // pendingLeft reports whether the tenant's outbox has unpublished, unquarantined rows (one
 // lookup in the index of unpublished rows), and, in the same statement, where the outbox ends
@@ -674,6 +718,16 @@ func (t *tenant) closeConns(ctx context.Context) {
 	}
 	t.pool.Reset()
 	t.server.awaitGone(ctx, pids)
+}
+
+// reopen replaces the tenant's pool and relay with ones of the given pipelines (a turn that
+// grows or shrinks): the old sessions end first, so that the connections open never exceed
+// what the budget granted. The old relay's state is only a cache (per-key order is its
+// claim's), so the new one starts from the database.
+func (t *tenant) reopen(ctx context.Context, pipelines int) (*outbox.Relay, error) {
+	t.closeConns(ctx)
+	t.drop()
+	return t.open(ctx, pipelines)
 }
 
 // drop forgets the tenant's relay and pool.
@@ -800,6 +854,7 @@ func (s *server) detect(ctx context.Context) {
 		for db, n := range seen {
 			if old, ok := last[db]; ok && n != old {
 				for _, t := range byDB[db] {
+					t.inserted.Add(max(n-old, 0))
 					t.poke()
 				}
 			}

@@ -1,0 +1,43 @@
+package fleet
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/internal/testdb"
+	"github.com/sluicehq/sluice/pkg/outbox"
+)
+
+// TestBacklogAtStartNeedsAFullBatchPerPipelineOfNewOutboxRows: a turn grows before its first
+// pass only on a full batch per pipeline of rows added to the outbox since the tenant last
+// knew its end, seen by its looks or counted by its server's activity poll and found in the
+// outbox; inserts into other tables (counted by the poll, absent from the outbox) are not a
+// backlog.
+func TestBacklogAtStartNeedsAFullBatchPerPipelineOfNewOutboxRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	write := func(n int) {
+		t.Helper()
+		_, err := pool.Exec(ctx, `INSERT INTO outbox_event (event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload)
+			SELECT gen_random_uuid(), 'orders', 'order', 'o', 'E', 'k' || i, '{}' FROM generate_series(1, $1::int) i`, n)
+		require.NoError(t, err)
+	}
+	tn := &tenant{f: &Fleet{cfg: Config{Relay: outbox.RelayConfig{BatchSize: 10}}}, pool: pool}
+	write(5)
+	_, err := tn.readHead(ctx)
+	require.NoError(t, err)
+
+	write(9)
+	require.False(t, tn.backlogAtStart(ctx, 9, 0, 1), "9 new rows: less than a batch")
+	write(10)
+	require.False(t, tn.backlogAtStart(ctx, 5, 0, 1), "the poll counted less than a batch: the outbox is not read")
+	require.True(t, tn.backlogAtStart(ctx, 10, 0, 1), "19 rows since the head the tenant knew")
+	require.False(t, tn.backlogAtStart(ctx, 50, 0, 1), "50 inserts counted, none of them into the outbox since")
+	write(15)
+	require.False(t, tn.backlogAtStart(ctx, 15, 0, 2), "two pipelines: a backlog is 20 rows")
+	require.True(t, tn.backlogAtStart(ctx, 0, 20, 2), "the parked looks saw 20 rows added")
+	require.False(t, tn.backlogAtStart(ctx, 0, 19, 2), "and 19 are not enough")
+}
