@@ -136,6 +136,9 @@ type FleetPhase struct {
 	TimeBoxed            bool
 	// Turns is the quiet tenants' turns in the window, HotTurns the hot tenant's.
 	Turns, HotTurns int
+	// HotSessionsMax is the most relay sessions the hot tenant had on the server at once
+	// (sampled every 250 ms): the pipelines it grew to.
+	HotSessionsMax int
 	// The fleet's sessions (pg_stat_activity) over the window, sampled every 250 ms.
 	ConnsMean float64
 	ConnsMax  int
@@ -256,6 +259,7 @@ func measureFleet(ctx context.Context, log *slog.Logger, env *Env, fs fleetSize)
 	res.CreateDatabases = time.Since(t0)
 	log.Info("fleet: tenant databases created", "databases", len(tenants), "took", res.CreateDatabases.Round(time.Millisecond))
 	hot, quiet := tenants[0], tenants[1:]
+	probe.hotDB = hot.db
 
 	hotPool, err := openPool(ctx, hot.url, 4)
 	if err != nil {
@@ -660,7 +664,7 @@ func measurePhase(ctx context.Context, probe *fleetProbe, f *fleet.Fleet, prod *
 		res.HotEvents = pub.count(hotTenant) - hot0
 	}
 	c := s.stop()
-	res.ConnsMean, res.ConnsMax = c.relayMean+c.activityMean, c.totalMax
+	res.ConnsMean, res.ConnsMax, res.HotSessionsMax = c.relayMean+c.activityMean, c.totalMax, c.hotMax
 	res.Window = to.Sub(from)
 	turns1 := turnsOf(f)
 	for n, v := range turns1 {

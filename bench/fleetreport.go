@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -156,7 +157,11 @@ func (r *FleetResult) markdown(w func(string, ...any)) {
 	for _, s := range r.Single {
 		w("| %s | %d | %s | %s | %s | %.0f%% |\n", s.Name, s.Pipelines, num(float64(s.Events)), s.Elapsed.Round(time.Millisecond), num(s.Rate()), 100*agg/s.Rate())
 	}
-	w("| fleet: the hot tenant (%s%s) | %d | %s | %s | %s | |\n", turnCount(r.With.HotTurns), map[bool]string{true: ", time-boxed"}[r.With.TimeBoxed], max(1, r.HotWeight), num(float64(r.With.HotEvents)), r.With.Window.Round(time.Millisecond), num(r.With.HotRate()))
+	pipelines := strconv.Itoa(max(1, r.HotWeight))
+	if n := r.With.HotSessionsMax; n > max(1, r.HotWeight) {
+		pipelines += fmt.Sprintf(", grew to %d (relay sessions seen)", n)
+	}
+	w("| fleet: the hot tenant (%s%s) | %s | %s | %s | %s | |\n", turnCount(r.With.HotTurns), map[bool]string{true: ", time-boxed"}[r.With.TimeBoxed], pipelines, num(float64(r.With.HotEvents)), r.With.Window.Round(time.Millisecond), num(r.With.HotRate()))
 	w("| **fleet: every tenant (aggregate)** | | %s | %s | **%s** | |\n\n", num(float64(r.With.Published)), r.With.Window.Round(time.Millisecond), num(agg))
 	if len(r.HotStatements) > 0 {
 		var parts []string

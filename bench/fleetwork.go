@@ -267,6 +267,8 @@ func (p *quietProducers) failed() error {
 // own transactions are in no tenant's counters).
 type fleetProbe struct {
 	pool *pgxpool.Pool
+	// hotDB is the hot tenant's database, whose relay sessions the sampler also counts.
+	hotDB string
 }
 
 func newFleetProbe(ctx context.Context, adminURL string) (*fleetProbe, error) {
@@ -310,10 +312,12 @@ func (p *fleetProbe) xacts(ctx context.Context, tenants []fleetTenant) (map[stri
 	return out, rows.Err()
 }
 
-// fleetSessionsSQL counts the fleet's sessions on the server: its relays' pools and its
-// activity poll (pkg/fleet names them by application_name).
+// fleetSessionsSQL counts the fleet's sessions on the server: its relays' pools, its
+// activity poll (pkg/fleet names them by application_name), and the relay sessions in
+// database $1 (the hot tenant's).
 const fleetSessionsSQL = `SELECT count(*) FILTER (WHERE application_name = 'sluice-fleet-relay'),
-	count(*) FILTER (WHERE application_name = 'sluice-fleet-activity'), count(*)
+	count(*) FILTER (WHERE application_name = 'sluice-fleet-activity'), count(*),
+	count(*) FILTER (WHERE application_name = 'sluice-fleet-relay' AND datname = $1)
 	FROM pg_stat_activity WHERE application_name LIKE 'sluice-fleet-%'`
 
 // connSampler samples the fleet's sessions every 250 ms until stopped.
@@ -325,11 +329,11 @@ type connSampler struct {
 }
 
 // connStats are a sampler's figures: the mean and the max of the relays' sessions, of the
-// activity poll's, and the max of their sum.
+// activity poll's, the max of their sum, and the max of the hot tenant's relay sessions.
 type connStats struct {
-	samples                         int
-	relayMean, activityMean         float64
-	relayMax, activityMax, totalMax int
+	samples                                 int
+	relayMean, activityMean                 float64
+	relayMax, activityMax, totalMax, hotMax int
 }
 
 func (p *fleetProbe) sample(ctx context.Context) *connSampler {
@@ -340,11 +344,12 @@ func (p *fleetProbe) sample(ctx context.Context) *connSampler {
 		tick := time.NewTicker(250 * time.Millisecond)
 		defer tick.Stop()
 		for {
-			var r, a, all int
-			if err := p.pool.QueryRow(ctx, fleetSessionsSQL).Scan(&r, &a, &all); err == nil {
+			var r, a, all, hot int
+			if err := p.pool.QueryRow(ctx, fleetSessionsSQL, p.hotDB).Scan(&r, &a, &all, &hot); err == nil {
 				st.samples++
 				sumR, sumA = sumR+r, sumA+a
 				st.relayMax, st.activityMax, st.totalMax = max(st.relayMax, r), max(st.activityMax, a), max(st.totalMax, all)
+				st.hotMax = max(st.hotMax, hot)
 			}
 			select {
 			case <-s.stopc:
