@@ -136,6 +136,9 @@ type FleetPhase struct {
 	TimeBoxed            bool
 	// Turns is the quiet tenants' turns in the window, HotTurns the hot tenant's.
 	Turns, HotTurns int
+	// HotFirst is how long after the backlog's commit the hot tenant's first event was
+	// acknowledged (the fleet noticing the backlog, its turn starting and its first round).
+	HotFirst time.Duration
 	// HotSessionsMax is the most relay sessions the hot tenant had on the server at once
 	// (sampled every 250 ms): the pipelines it grew to.
 	HotSessionsMax int
@@ -662,6 +665,9 @@ func measurePhase(ctx context.Context, probe *fleetProbe, f *fleet.Fleet, prod *
 			to = pub.lastAck(hotTenant)
 		}
 		res.HotEvents = pub.count(hotTenant) - hot0
+		if first := pub.firstAck(hotTenant); hot0 == 0 && !first.IsZero() {
+			res.HotFirst = first.Sub(from)
+		}
 	}
 	c := s.stop()
 	res.ConnsMean, res.ConnsMax, res.HotSessionsMax = c.relayMean+c.activityMean, c.totalMax, c.hotMax

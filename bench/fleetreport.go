@@ -172,7 +172,12 @@ func (r *FleetResult) markdown(w func(string, ...any)) {
 		}
 		w("Where the hot tenant's window went: its relays' statements (a pgx tracer on its pools, by kind: statements, time) were %s; "+
 			"%s in all over its %s in the %s window, the rest of its time was spent publishing (the stub's %s per call), opening and closing pools, "+
-			"and waiting for its turn.\n\n", strings.Join(parts, "; "), sum.Round(time.Millisecond), turnCount(r.With.HotTurns), r.With.Window.Round(time.Second), r.Delay)
+			"and waiting for its turn.", strings.Join(parts, "; "), sum.Round(time.Millisecond), turnCount(r.With.HotTurns), r.With.Window.Round(time.Second), r.Delay)
+		if r.With.HotFirst > 0 {
+			w(" Its first event was acknowledged %s after the backlog's commit: the activity poll's next look at the server's statistics "+
+				"(which PostgreSQL publishes within about a second of a commit), the turn's new connections and its first round.", r.With.HotFirst.Round(time.Millisecond))
+		}
+		w("\n\n")
 	}
 
 	i := r.Idle

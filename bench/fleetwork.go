@@ -28,6 +28,7 @@ type fleetPublisher struct {
 	mu       sync.Mutex
 	byTenant map[string]int
 	last     map[string]time.Time // each tenant's latest acknowledgement
+	first    map[string]time.Time // each tenant's first acknowledgement
 	calls    []ackedCall
 	header   map[uuid.UUID]string // the tenant header of each event's first publish
 	again    int                  // publishes of an event already acknowledged
@@ -44,7 +45,7 @@ var _ outbox.Publisher = (*fleetPublisher)(nil)
 
 func newFleetPublisher(book *waitBook) *fleetPublisher {
 	return &fleetPublisher{ack: &ackPublisher{Delay: fleetDelay, book: book},
-		byTenant: map[string]int{}, last: map[string]time.Time{}, header: map[uuid.UUID]string{}, againBy: map[string]int{}}
+		byTenant: map[string]int{}, last: map[string]time.Time{}, first: map[string]time.Time{}, header: map[uuid.UUID]string{}, againBy: map[string]int{}}
 }
 
 // PublishBatch implements outbox.Publisher.
@@ -68,6 +69,9 @@ func (p *fleetPublisher) PublishBatch(ctx context.Context, dest string, events [
 		p.header[e.EventID] = tenant
 		p.byTenant[tenant]++
 		p.last[tenant] = now
+		if _, ok := p.first[tenant]; !ok {
+			p.first[tenant] = now
+		}
 	}
 	p.calls = append(p.calls, ackedCall{now, n})
 	return errs
@@ -85,6 +89,13 @@ func (p *fleetPublisher) lastAck(tenant string) time.Time {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.last[tenant]
+}
+
+// firstAck returns when tenant's first event was acknowledged (zero: none yet).
+func (p *fleetPublisher) firstAck(tenant string) time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.first[tenant]
 }
 
 // publishedBetween counts the acknowledgements in [from, to].
