@@ -71,6 +71,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -412,6 +413,19 @@ func mergeOnto(base string, part *Report) (*Report, error) {
 	if len(names) > 1 {
 		list = strings.Join(names[:len(names)-1], ", ") + " and " + names[len(names)-1]
 	}
+	// An earlier re-run of only suites this one re-ran again no longer shows anywhere.
+	rep.Merged = slices.DeleteFunc(rep.Merged, func(m string) bool {
+		suites, _, ok := strings.Cut(strings.TrimPrefix(m, "the "), " suites were re-run on ")
+		if !ok {
+			return false
+		}
+		for _, n := range strings.FieldsFunc(strings.ReplaceAll(suites, " and ", ", "), func(r rune) bool { return r == ',' || r == ' ' }) {
+			if !slices.Contains(names, n) {
+				return false
+			}
+		}
+		return true
+	})
 	rep.Merged = append(rep.Merged, fmt.Sprintf("the %s suites were re-run on %s UTC (%s; load average %s at the start, %s at the end; %s; `%s`)",
 		list, part.Started.UTC().Format("2006-01-02 15:04"), part.Finished.Sub(part.Started).Round(time.Second),
 		part.Machine.LoadStart, part.LoadEnd, part.Machine.Code, part.Command))
