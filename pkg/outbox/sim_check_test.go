@@ -153,9 +153,11 @@ func (c *simChecker) String() string {
 }
 
 // explained reports whether a quarantine of row has a cause in the schedule: a hostile row,
-// or a Permanent error the destination or the store gave its event.
+// or a Permanent error the destination or the store gave its event. Called with c.dest.mu held
+// (check and checkQuarantined take it): it once took the lock itself, and a run whose row ended
+// quarantined for a destination's refusal hung its checker.
 func (c *simChecker) explained(row *simRow, ev uuid.UUID) bool {
-	return (row != nil && row.hostile != "") || c.dest.wasRefused(ev) || c.store.wasRefused(ev.String())
+	return (row != nil && row.hostile != "") || c.dest.refused[ev] || c.store.wasRefused(ev.String())
 }
 
 // checkQuarantined checks rows quarantined at the end of the fault phase: every one must have
@@ -163,6 +165,8 @@ func (c *simChecker) explained(row *simRow, ev uuid.UUID) bool {
 func (c *simChecker) checkQuarantined(rows []QuarantinedRow) {
 	c.hist.mu.Lock()
 	defer c.hist.mu.Unlock()
+	c.dest.mu.Lock()
+	defer c.dest.mu.Unlock()
 	for _, q := range rows {
 		if !c.explained(c.hist.rows[q.EventID], q.EventID) {
 			c.report(findQuarantine, "row %d (key %s) quarantined after %d attempts with no permanent error injected: %s",

@@ -437,13 +437,6 @@ func (d *simDestination) resetKey(key string) {
 	d.resets[len(d.deliveries)] = append(d.resets[len(d.deliveries)], key)
 }
 
-// wasRefused reports whether the destination gave ev a Permanent error.
-func (d *simDestination) wasRefused(ev uuid.UUID) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.refused[ev]
-}
-
 // simStore is the fake claim-check store (the PayloadStore the relay calls).
 type simStore struct {
 	seed   int64
