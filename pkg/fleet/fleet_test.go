@@ -329,15 +329,18 @@ func TestBackloggedTenantsGiveWayToAWaitingOne(t *testing.T) {
 
 // TestOneBackloggedTenantKeepsItsConnectionsBesideQuietOnes: a backlogged tenant that holds
 // no more than BusyShare of the budget keeps its connections past its turn while quiet tenants
-// come and go on the rest (their turns are far shorter than a Turn): they are served without
-// taking its turn away.
+// come and go on the rest: they are served without taking its turn away. A quiet tenant's turn
+// is far shorter than a Turn, except on a machine busy enough to stretch it past one: then it
+// counts as busy too, so BusyShare is set to hold the hot tenant's connection and one such
+// quiet turn's (2 of 3; at the default half, a CI run beside the soak once saw the hot tenant
+// give way).
 func TestOneBackloggedTenantKeepsItsConnectionsBesideQuietOnes(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	hot, q1, q2 := newTenantDB(t, "hot"), newTenantDB(t, "q1"), newTenantDB(t, "q2")
 	hot.backlog(t, 100000)
 	f := runFleet(t, fleet.Config{Registry: fleet.Static{hot.tenant(), q1.tenant(), q2.tenant()}, Relay: b.relay,
-		DefaultConnections: 3, Turn: time.Second, DetectInterval: 20 * time.Millisecond})
+		DefaultConnections: 3, Turn: time.Second, BusyShare: 0.7, DetectInterval: 20 * time.Millisecond})
 	testwait.Until(t, "the hot tenant publishing", func() bool { return hot.pending(t) < 100000 })
 	for i := range 3 {
 		q1.write(t, 1, 1, i)
@@ -345,7 +348,7 @@ func TestOneBackloggedTenantKeepsItsConnectionsBesideQuietOnes(t *testing.T) {
 		testwait.Until(t, "the quiet tenants' events published", func() bool { return q1.pending(t) == 0 && q2.pending(t) == 0 })
 	}
 	require.Positive(t, hot.pending(t), "the quiet tenants were served while the hot tenant still had a backlog")
-	require.Zero(t, statusOf(t, f, "hot").GaveWay, "the hot tenant never gave way: 1 of 2 connections is within BusyShare")
+	require.Zero(t, statusOf(t, f, "hot").GaveWay, "the hot tenant never gave way: its connection and a quiet turn's are within BusyShare")
 }
 
 // fleetSessions returns the process ids of the fleet's relay sessions on d's database.
