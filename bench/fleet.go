@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -52,6 +53,9 @@ type FleetResult struct {
 	// starts: the relay at its defaults, and with the pipelines the fleet gives a tenant of
 	// weight 1.
 	Single []FleetSingle
+	// Pairs are the aggregate's alternating windows, measured after the phases below with the
+	// fleet stopped between its windows: the aggregate target is judged on their median ratio.
+	Pairs []FleetPair `json:",omitempty"`
 	// Startup is how long it took from Run until every tenant had ended its first turn.
 	Startup time.Duration
 	// Idle is the idle window: no tenant writes.
@@ -99,6 +103,29 @@ type FleetSingle struct {
 
 // Rate is the run's events per second.
 func (s FleetSingle) Rate() float64 { return rate(s.Events, s.Elapsed) }
+
+// FleetPair is one pair of the aggregate's windows, measured one right after the other on the
+// same server so that the machine's drift falls on both alike: the single-database relay at its
+// defaults draining the backlog in the hot tenant's database beside as many writers of one
+// event a second as the fleet has quiet tenants (the fleet's workload on one database), and the
+// fleet, started afresh, draining the same backlog there while its quiet tenants write as many
+// events into their own databases. Both are timed from the backlog's commit until the same
+// check found none of its rows pending, and count every event published meanwhile.
+type FleetPair struct {
+	// FleetFirst: the fleet's window came first (the pairs alternate the order).
+	FleetFirst bool `json:",omitempty"`
+	// Reference is the single-database relay's window; Fleet the fleet's (its Pipelines: the
+	// most relay sessions the hot tenant had at once, sampled every 250 ms).
+	Reference, Fleet FleetSingle
+}
+
+// Ratio is the fleet's events per second over the reference's.
+func (p FleetPair) Ratio() float64 {
+	if p.Reference.Rate() == 0 {
+		return 0
+	}
+	return p.Fleet.Rate() / p.Reference.Rate()
+}
 
 // FleetIdle is the cost of the fleet while no tenant writes.
 type FleetIdle struct {
@@ -175,6 +202,8 @@ type fleetSize struct {
 	HotWeight int
 	// Timeout bounds each wait: start-up, a drain.
 	Timeout time.Duration
+	// Pairs is how many alternating pairs of windows measure the aggregate (FleetPair); 0: none.
+	Pairs int
 	// HotBox, when set, time-boxes the fleet's window with the backlog: the hot tenant's
 	// throughput and the aggregate are then measured over it, and the rest of the backlog is
 	// left pending. Zero: the window lasts until the backlog is drained (at most Timeout).
@@ -213,10 +242,10 @@ func fleetSizeFor(sz Sizes) fleetSize {
 	}
 	if sz.Name == "full" {
 		return fleetSize{Databases: 200, HotRows: 100_000, HotKeys: 1_000, IdleWindow: 40 * time.Second, QuietWindow: 30 * time.Second,
-			Budget: budget, Timeout: 4 * time.Minute, HotBox: time.Minute, HotWeight: sz.FleetHotWeight}
+			Budget: budget, Timeout: 4 * time.Minute, HotBox: time.Minute, HotWeight: sz.FleetHotWeight, Pairs: 4}
 	}
 	return fleetSize{Databases: 20, HotRows: 10_000, HotKeys: 1_000, IdleWindow: 10 * time.Second, QuietWindow: 10 * time.Second,
-		Budget: budget, Timeout: 2 * time.Minute, HotBox: time.Minute, HotWeight: sz.FleetHotWeight}
+		Budget: budget, Timeout: 2 * time.Minute, HotBox: time.Minute, HotWeight: sz.FleetHotWeight, Pairs: 2}
 }
 
 func runFleetSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, rep *Report) error {
@@ -272,7 +301,7 @@ func measureFleet(ctx context.Context, log *slog.Logger, env *Env, fs fleetSize)
 	if res.Single, err = singleRelayRuns(ctx, log, hotPool, fs); err != nil {
 		return nil, err
 	}
-	beside, err := singleRelayBesideWriters(ctx, log, hotPool, hot, len(quiet), fs)
+	beside, err := singleRelayBesideWriters(ctx, log, hotPool, hot, len(quiet), 0, fs)
 	if err != nil {
 		return nil, err
 	}
@@ -306,6 +335,7 @@ func measureFleet(ctx context.Context, log *slog.Logger, env *Env, fs fleetSize)
 	if err != nil {
 		return nil, err
 	}
+	fleets := []*fleet.Fleet{f}
 	res.Settings = fmt.Sprintf("DefaultConnections %d; the hot tenant's Weight %d (the others 1); the rest at their defaults: Relay.Pipelines 1 per unit of weight, "+
 		"DetectInterval %s, SweepInterval %s, IdleClose %s, Turn %s, RegistryRefresh %s", fs.Budget, fs.HotWeight, fleet.DefaultDetectInterval,
 		fleet.DefaultSweepInterval, fleet.DefaultIdleClose, fleet.DefaultTurn, fleet.DefaultRegistryRefresh)
@@ -316,16 +346,8 @@ func measureFleet(ctx context.Context, log *slog.Logger, env *Env, fs fleetSize)
 	defer connsAll.stop()
 
 	// Start-up: every tenant gets a turn at once; wait until each has ended its first.
-	if err := waitUntil(ctx, fs.Timeout, func() bool {
-		st := f.Status()
-		for _, s := range st {
-			if s.LastTurn.IsZero() {
-				return false
-			}
-		}
-		return len(st) == len(tenants)
-	}); err != nil {
-		return nil, fmt.Errorf("fleet start-up: not every tenant had its first turn: %w", err)
+	if err := firstTurnsEnded(ctx, f, len(tenants), fs.Timeout); err != nil {
+		return nil, err
 	}
 	res.Startup = time.Since(started)
 	log.Info("fleet: every tenant had its first turn", "took", res.Startup.Round(time.Millisecond))
@@ -413,12 +435,29 @@ func measureFleet(ctx context.Context, log *slog.Logger, env *Env, fs fleetSize)
 	if err := stopFleet(); err != nil {
 		return nil, fmt.Errorf("fleet run: %w", err)
 	}
+
+	// The aggregate's pairs of windows.
+	pr := &pairRunner{log: log, probe: probe, hotPool: hotPool, hot: hot, quiet: quiet, fs: fs, pub: pub, book: book,
+		newFleet: func() (*fleet.Fleet, error) { return fleet.New(cfg) }, prods: []*quietProducers{prod}}
+	for i := range fs.Pairs {
+		pair, err := pr.pair(ctx, i%2 == 1)
+		if err != nil {
+			return nil, fmt.Errorf("the aggregate's pair %d: %w", i+1, err)
+		}
+		res.Pairs = append(res.Pairs, pair)
+		log.Info("fleet: aggregate pair", "pair", i+1, "fleet_first", pair.FleetFirst, "reference_events/s", int(pair.Reference.Rate()),
+			"fleet_events/s", int(pair.Fleet.Rate()), "ratio", fmt.Sprintf("%.2f", pair.Ratio()))
+	}
+	fleets = append(fleets, pr.fleets...)
+
 	res.ConnsMax = connsAll.stop().totalMax
-	for _, u := range f.BudgetUsage() {
-		res.BudgetPeak = max(res.BudgetPeak, u[1])
+	for _, f := range fleets {
+		for _, u := range f.BudgetUsage() {
+			res.BudgetPeak = max(res.BudgetPeak, u[1])
+		}
 	}
 	res.Duplicates, res.DuplicatesBy = pub.duplicates()
-	res.HeaderMismatches = pub.mismatches(prod.tenantOf)
+	res.HeaderMismatches = pub.mismatches(pr.tenantOf)
 	if c := problems.counts(); len(c) > 0 {
 		res.Problems, res.ProblemSamples = c, problems.samples()
 		for _, p := range res.ProblemSamples {
@@ -533,7 +572,7 @@ func singleRelayRuns(ctx context.Context, log *slog.Logger, pool *pgxpool.Pool, 
 // second into the same database, as the quiet tenants do into theirs. It is timed from the
 // backlog's commit until no row up to it is pending, and counts every event published in that
 // time, the writers' included (the fleet's aggregate counts the quiet tenants' the same way).
-func singleRelayBesideWriters(ctx context.Context, log *slog.Logger, pool *pgxpool.Pool, db fleetTenant, writers int, fs fleetSize) (FleetSingle, error) {
+func singleRelayBesideWriters(ctx context.Context, log *slog.Logger, pool *pgxpool.Pool, db fleetTenant, writers int, idBase int64, fs fleetSize) (FleetSingle, error) {
 	s := FleetSingle{Name: fmt.Sprintf("single-database relay, defaults, beside %d writers of 1 event/s into its database (the fleet's workload on one database)", writers),
 		Writers: writers}
 	if _, err := pool.Exec(ctx, "TRUNCATE outbox_event RESTART IDENTITY"); err != nil {
@@ -559,22 +598,12 @@ func singleRelayBesideWriters(ctx context.Context, log *slog.Logger, pool *pgxpo
 	if err := sleepCtx(ctx, 5*time.Second); err != nil { // every writer past its first events
 		return s, err
 	}
-	if err := insertOutboxRows(ctx, pool, 0, fs.HotRows, fs.HotKeys, false); err != nil {
-		return s, err
-	}
-	start, published0 := time.Now(), pub.events.Load()
-	var last int64
-	if err := pool.QueryRow(ctx, `SELECT max(id) FROM outbox_event`).Scan(&last); err != nil {
-		return s, err
-	}
-	var left bool
-	if err := waitUntil(ctx, fs.Timeout, func() bool {
-		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox_event WHERE published_at IS NULL AND id <= $1)`, last).Scan(&left)
-		return err == nil && !left
-	}); err != nil {
+	published0 := pub.events.Load()
+	from, to, err := drainBacklog(ctx, pool, idBase, fs)
+	if err != nil {
 		return s, fmt.Errorf("%s: %w", s.Name, err)
 	}
-	s.Elapsed, s.Events = time.Since(start), int(pub.events.Load()-published0)
+	s.Elapsed, s.Events = to.Sub(from), int(pub.events.Load()-published0)
 	prod.stop()
 	if err := prod.failed(); err != nil {
 		return s, fmt.Errorf("%s: a writer: %w", s.Name, err)
@@ -585,6 +614,152 @@ func singleRelayBesideWriters(ctx context.Context, log *slog.Logger, pool *pgxpo
 		return s, err
 	}
 	return s, nil
+}
+
+// drainBacklog commits fs.HotRows rows in one INSERT into pool's outbox (their event ids made
+// from idBase on, insertOutboxRows: a backlog's events are new to the stub's count) and waits until none of
+// them is pending (checked every 20 ms, one lookup in the index of unpublished rows): it
+// returns when the commit returned and when the check first found nothing left. Both windows
+// of a FleetPair end by it.
+func drainBacklog(ctx context.Context, pool *pgxpool.Pool, idBase int64, fs fleetSize) (from, to time.Time, err error) {
+	if err := insertOutboxRows(ctx, pool, idBase, fs.HotRows, fs.HotKeys, false); err != nil {
+		return from, to, err
+	}
+	from = time.Now()
+	var last int64
+	if err := pool.QueryRow(ctx, `SELECT max(id) FROM outbox_event`).Scan(&last); err != nil {
+		return from, to, err
+	}
+	var left bool
+	err = waitUntil(ctx, fs.Timeout, func() bool {
+		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox_event WHERE published_at IS NULL AND id <= $1)`, last).Scan(&left)
+		return err == nil && !left
+	})
+	return from, time.Now(), err
+}
+
+// firstTurnsEnded waits until each of f's n tenants has ended its first turn.
+func firstTurnsEnded(ctx context.Context, f *fleet.Fleet, n int, timeout time.Duration) error {
+	err := waitUntil(ctx, timeout, func() bool {
+		st := f.Status()
+		for _, s := range st {
+			if s.LastTurn.IsZero() {
+				return false
+			}
+		}
+		return len(st) == n
+	})
+	if err != nil {
+		return fmt.Errorf("fleet start-up: not every tenant had its first turn: %w", err)
+	}
+	return nil
+}
+
+// pairRunner measures the aggregate's pairs of windows (FleetPair) after the suite's phases,
+// on the same databases: the fleet is started afresh for each of its windows and stopped
+// after it, so that nothing of it runs in the reference's.
+type pairRunner struct {
+	log      *slog.Logger
+	probe    *fleetProbe
+	hotPool  *pgxpool.Pool
+	hot      fleetTenant
+	quiet    []fleetTenant
+	fs       fleetSize
+	pub      *fleetPublisher
+	book     *waitBook
+	newFleet func() (*fleet.Fleet, error)
+	// prods are every set of quiet producers of the run, fleets the fleets the pairs ran.
+	prods  []*quietProducers
+	fleets []*fleet.Fleet
+	// backlogs is how many backlogs the pairs committed: each window's events get ids of their
+	// own (the suite's phases used the first HotRows).
+	backlogs int64
+}
+
+// nextBase is where the next window's backlog's event ids start.
+func (r *pairRunner) nextBase() int64 {
+	r.backlogs++
+	return r.backlogs * int64(r.fs.HotRows)
+}
+
+// pair measures one pair of windows, the fleet's first when fleetFirst.
+func (r *pairRunner) pair(ctx context.Context, fleetFirst bool) (FleetPair, error) {
+	p := FleetPair{FleetFirst: fleetFirst}
+	var err error
+	for _, fleetNow := range []bool{fleetFirst, !fleetFirst} {
+		if fleetNow {
+			p.Fleet, err = r.fleetWindow(ctx)
+		} else {
+			p.Reference, err = singleRelayBesideWriters(ctx, r.log, r.hotPool, r.hot, len(r.quiet), r.nextBase(), r.fs)
+		}
+		if err != nil {
+			return p, err
+		}
+	}
+	return p, nil
+}
+
+// fleetWindow starts a new fleet on the suite's tenants, lets its quiet tenants write for as
+// long as the reference's writers do before the backlog, drains the backlog in the hot
+// tenant's database (emptied first), waits for the quiet tenants' events and stops the fleet.
+func (r *pairRunner) fleetWindow(ctx context.Context) (FleetSingle, error) {
+	s := FleetSingle{Name: fmt.Sprintf("fleet, the backlog in one tenant's database beside %d quiet tenants of 1 event/s", len(r.quiet)),
+		Writers: len(r.quiet)}
+	if _, err := r.hotPool.Exec(ctx, "TRUNCATE outbox_event RESTART IDENTITY"); err != nil {
+		return s, err
+	}
+	f, err := r.newFleet()
+	if err != nil {
+		return s, err
+	}
+	r.fleets = append(r.fleets, f)
+	stopFleet := inBackground(ctx, f.Run)
+	defer stopFleet()
+	if err := firstTurnsEnded(ctx, f, len(r.quiet)+1, r.fs.Timeout); err != nil {
+		return s, err
+	}
+	prod, err := startQuietProducers(ctx, r.quiet, r.book)
+	if err != nil {
+		return s, err
+	}
+	r.prods = append(r.prods, prod)
+	defer prod.stop()
+	if err := sleepCtx(ctx, 5*time.Second); err != nil { // as singleRelayBesideWriters waits for its writers
+		return s, err
+	}
+	sessions := r.probe.sample(ctx)
+	published0 := r.pub.count(hotTenant)
+	from, to, err := drainBacklog(ctx, r.hotPool, r.nextBase(), r.fs)
+	s.Pipelines = sessions.stop().hotMax
+	if err != nil {
+		return s, fmt.Errorf("%s: %w", s.Name, err)
+	}
+	s.Elapsed, s.Events = to.Sub(from), r.pub.publishedBetween(from, to)
+	if hot := r.pub.count(hotTenant) - published0; hot < r.fs.HotRows {
+		return s, fmt.Errorf("%s: %d of the backlog's %d events acknowledged when none was pending", s.Name, hot, r.fs.HotRows)
+	}
+	ids := prod.stop()
+	if err := prod.failed(); err != nil {
+		return s, fmt.Errorf("%s: a quiet tenant's producer: %w", s.Name, err)
+	}
+	if err := waitUntil(ctx, time.Minute, func() bool { return r.book.pending(ids) == 0 }); err != nil {
+		return s, fmt.Errorf("%s: %d of the quiet tenants' %d events not published a minute after the last commit: %w", s.Name, r.book.pending(ids), len(ids), err)
+	}
+	if err := stopFleet(); err != nil {
+		return s, fmt.Errorf("%s: fleet run: %w", s.Name, err)
+	}
+	r.log.Info("fleet: aggregate window", "name", s.Name, "hot_sessions_max", s.Pipelines, "elapsed", s.Elapsed.Round(time.Millisecond), "events/s", int(s.Rate()))
+	return s, nil
+}
+
+// tenantOf names the quiet tenant that wrote id, whichever of the run's producers wrote it.
+func (r *pairRunner) tenantOf(id uuid.UUID) (string, bool) {
+	for _, p := range r.prods {
+		if t, ok := p.tenantOf(id); ok {
+			return t, true
+		}
+	}
+	return "", false
 }
 
 // measureIdle measures the fleet over window while no tenant writes.

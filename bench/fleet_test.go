@@ -23,7 +23,7 @@ func TestFleetSuiteSmoke(t *testing.T) {
 
 	// A budget of 5 holds the activity poll and four tenants' pools (a connection each): the
 	// fifth tenant waits its turn.
-	fs := fleetSize{Databases: 5, HotRows: 2_000, HotKeys: 50, IdleWindow: 2 * time.Second, QuietWindow: 3 * time.Second, Budget: 5, Timeout: 2 * time.Minute}
+	fs := fleetSize{Databases: 5, HotRows: 2_000, HotKeys: 50, IdleWindow: 2 * time.Second, QuietWindow: 3 * time.Second, Budget: 5, Timeout: 2 * time.Minute, Pairs: 1}
 	res, err := measureFleet(ctx, log, env, fs)
 	if err != nil {
 		t.Fatal(err)
@@ -51,6 +51,13 @@ func TestFleetSuiteSmoke(t *testing.T) {
 	if len(res.Single) != 3 || res.Single[0].Rate() <= 0 || res.Single[1].Pipelines != 1 || res.Single[2].Writers != fs.Databases-1 ||
 		res.Single[2].Events < fs.HotRows {
 		t.Errorf("single-database runs: %+v", res.Single)
+	}
+	if len(res.Pairs) != 1 {
+		t.Fatalf("pairs: %+v", res.Pairs)
+	}
+	if p := res.Pairs[0]; p.Reference.Events < fs.HotRows || p.Fleet.Events < fs.HotRows || p.Fleet.Pipelines < 1 || p.Ratio() <= 0 ||
+		p.Reference.Writers != fs.Databases-1 || p.Fleet.Writers != fs.Databases-1 {
+		t.Errorf("the aggregate's pair: %+v", p)
 	}
 	if res.Idle.Tenants != fs.Databases || res.Idle.ActivityConnsMax != 1 {
 		t.Errorf("idle: %d tenants, %d activity poll sessions at most; want %d and 1", res.Idle.Tenants, res.Idle.ActivityConnsMax, fs.Databases)
@@ -112,6 +119,26 @@ func TestFleetTargets(t *testing.T) {
 	if got := status(loaded); got[1] != "met" || !strings.Contains(loaded.targets()[1].Measured, "alone on an idle server (20,000 events/s): 40%") {
 		t.Errorf("against the relay beside the writers: %v %q, want met, and the ratio to the relay alone shown", got, loaded.targets()[1].Measured)
 	}
+	// With pairs of windows, the target is judged on their median ratio, whatever the
+	// reference measured minutes before the fleet's window says.
+	paired := res(ms(1300), 10_000)
+	pair := func(ref, fl time.Duration) FleetPair {
+		return FleetPair{Reference: FleetSingle{Writers: 199, Events: 100_000, Elapsed: ref}, Fleet: FleetSingle{Writers: 199, Events: 100_000, Elapsed: fl}}
+	}
+	paired.Pairs = []FleetPair{pair(8*time.Second, 10*time.Second), pair(8*time.Second, 16*time.Second), pair(9*time.Second, 10*time.Second)}
+	if got := status(paired); got[1] != "met" || !strings.Contains(paired.targets()[1].Measured, "median 80% over 3 pairs") {
+		t.Errorf("pairs at 80%%, 50%%, 90%%: %v %q, want met on their median", got, paired.targets()[1].Measured)
+	}
+	paired.Pairs[2] = pair(8*time.Second, 10_001*time.Millisecond)
+	if got := status(paired); got[1] == "met" {
+		t.Errorf("pairs at 80%%, 50%%, 79.99%%: %v, want not met", got)
+	}
+	var pb strings.Builder
+	paired.markdown(func(f string, a ...any) { fmt.Fprintf(&pb, f, a...) })
+	if !strings.Contains(pb.String(), "| 2 | relay | 100,000 in 8s: 12,500 | 100,000 in 16s: 6,250 | 0 | 50% |") || !strings.Contains(pb.String(), "| **median** | | | | | **80%** |") {
+		t.Errorf("the pairs' table:\n%s", pb.String())
+	}
+
 	var b strings.Builder
 	r.markdown(func(f string, a ...any) { fmt.Fprintf(&b, f, a...) })
 	for _, want := range []string{"| **added by the backlog** (against the better window without it, figure by figure) | | | **+300.00 ms** |", "| defaults | 2 | 100,000 | 10s | 10,000 | 100% |",
