@@ -40,4 +40,11 @@ func TestBacklogAtStartNeedsAFullBatchPerPipelineOfNewOutboxRows(t *testing.T) {
 	require.False(t, tn.backlogAtStart(ctx, 15, 0, 2), "two pipelines: a backlog is 20 rows")
 	require.True(t, tn.backlogAtStart(ctx, 0, 20, 2), "the parked looks saw 20 rows added")
 	require.False(t, tn.backlogAtStart(ctx, 0, 19, 2), "and 19 are not enough")
+	// A parked tenant's looks moved its head as they saw rows: the rows after the last look
+	// add to theirs.
+	write(12)
+	_, err = tn.readHead(ctx) // the last look, which saw the 12
+	require.NoError(t, err)
+	write(10)
+	require.True(t, tn.backlogAtStart(ctx, 22, 12, 2), "12 rows seen by the looks and 10 since the last: a batch for each of two pipelines")
 }

@@ -633,8 +633,9 @@ func (t *tenant) turn(ctx context.Context, conns int) (held int, more, retrying 
 // backlogAtStart reports whether a turn on held pipelines starts on a backlog of at least a
 // full batch per pipeline of new outbox rows: its parked looks saw as many added (looked), or
 // its server's activity poll counted as many rows inserted into its database (inserted) and
-// the outbox's newest id is as far past the newest the tenant knew (one lookup at the primary
-// key's end: rows of other tables count in the poll's figure, not in the outbox). Only a hint
+// the outbox's newest id is as far past the newest the tenant knew, with what the looks saw
+// before it (one lookup at the primary key's end: rows of other tables count in the poll's
+// figure, not in the outbox). Only a hint
 // for growing sooner: a turn that starts small grows growAfter into it on what it claimed.
 func (t *tenant) backlogAtStart(ctx context.Context, inserted, looked int64, held int) bool {
 	need := int64(t.f.cfg.Relay.BatchSize * held)
@@ -644,8 +645,8 @@ func (t *tenant) backlogAtStart(ctx context.Context, inserted, looked int64, hel
 	if inserted < need {
 		return false
 	}
-	added, err := t.readHead(ctx)
-	return err == nil && added >= need
+	added, err := t.readHead(ctx) // past the head of the tenant's last look: the looks' rows count too
+	return err == nil && looked+added >= need
 }
 
 // maxIDSQL reads where the tenant's outbox ends.
