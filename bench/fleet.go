@@ -163,6 +163,11 @@ type FleetPhase struct {
 	TimeBoxed            bool
 	// Turns is the quiet tenants' turns in the window, HotTurns the hot tenant's.
 	Turns, HotTurns int
+	// QuietXacts is the transactions committed or rolled back in the quiet tenants' databases
+	// over the window (pg_stat_database: their producers' and the fleet's, a statement outside
+	// a transaction block counting as one): divided by QuietEvents, what one quiet event costs
+	// the server in transactions.
+	QuietXacts int64 `json:",omitempty"`
 	// HotFirst is how long after the backlog's commit the hot tenant's first event was
 	// acknowledged (the fleet noticing the backlog, its turn starting and its first round).
 	HotFirst time.Duration
@@ -815,6 +820,10 @@ func measurePhase(ctx context.Context, probe *fleetProbe, f *fleet.Fleet, prod *
 	d time.Duration, hotRows int, begin func() (time.Time, error)) (FleetPhase, error) {
 	res := FleetPhase{Name: name, QuietTenants: len(prod.tenants)}
 	turns0 := turnsOf(f)
+	x0, err := probe.xacts(ctx, prod.tenants)
+	if err != nil {
+		return res, err
+	}
 	s := probe.sample(ctx)
 	defer s.stop()
 	var from, to time.Time
@@ -845,6 +854,13 @@ func measurePhase(ctx context.Context, probe *fleetProbe, f *fleet.Fleet, prod *
 		}
 	}
 	c := s.stop()
+	x1, err := probe.xacts(ctx, prod.tenants)
+	if err != nil {
+		return res, err
+	}
+	for db, n := range x1 {
+		res.QuietXacts += n - x0[db]
+	}
 	res.ConnsMean, res.ConnsMax, res.HotSessionsMax = c.relayMean+c.activityMean, c.totalMax, c.hotMax
 	res.Window = to.Sub(from)
 	turns1 := turnsOf(f)

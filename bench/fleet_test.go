@@ -35,6 +35,9 @@ func TestFleetSuiteSmoke(t *testing.T) {
 		if p.QuietEvents == 0 || p.Missing != 0 || p.Quiet.N != p.QuietEvents {
 			t.Errorf("%s: %d quiet events, %d never published, %d measured", p.Name, p.QuietEvents, p.Missing, p.Quiet.N)
 		}
+		if p.QuietXacts < int64(p.QuietEvents) {
+			t.Errorf("%s: %d transactions in the quiet tenants' databases for %d events (each event is at least its producer's)", p.Name, p.QuietXacts, p.QuietEvents)
+		}
 		if p.QuietTenants != fs.Databases-1 {
 			t.Errorf("%s: %d quiet tenants, want %d", p.Name, p.QuietTenants, fs.Databases-1)
 		}

@@ -158,18 +158,24 @@ func (r *FleetResult) markdown(w func(string, ...any)) {
 		quiet, r.Without.Window.Round(time.Second), withEnd(r))
 
 	w("**Quiet tenants' commit-to-publish** (their producer's `Commit` returning to the stub's acknowledgement, the stub's %s included):\n\n", r.Delay)
-	w("| window | length | quiet events | p50 | p95 | p99 | max | not published within a minute | quiet tenants' turns per tenant per s | fleet sessions, mean / max |\n")
-	w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	w("| window | length | quiet events | p50 | p95 | p99 | max | not published within a minute | quiet tenants' turns per tenant per s | transactions in the quiet tenants' databases per quiet event | fleet sessions, mean / max |\n")
+	w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, p := range []FleetPhase{r.Without, r.With, r.WithoutAfter} {
 		if p.Name == "" {
 			continue
 		}
-		w("| %s | %s | %s | %s | %s | **%s** | %s | %d | %.2f | %.1f / %d |\n", p.Name, p.Window.Round(100*time.Millisecond), num(float64(p.QuietEvents)),
+		w("| %s | %s | %s | %s | %s | **%s** | %s | %d | %.2f | %s | %.1f / %d |\n", p.Name, p.Window.Round(100*time.Millisecond), num(float64(p.QuietEvents)),
 			dur(p.Quiet.P50), dur(p.Quiet.P95), dur(p.Quiet.P99), dur(p.Quiet.Max), p.Missing, perTenantPerSecond(p.Turns, p.QuietTenants, p.Window),
-			p.ConnsMean, p.ConnsMax)
+			xactsPerEvent(p), p.ConnsMean, p.ConnsMax)
 	}
 	d50, d95, d99, dmax := r.added()
-	w("| **added by the backlog** (against the better window without it, figure by figure) | | | **%s** | %s | **%s** | %s | | | |\n\n", signed(d50), signed(d95), signed(d99), signed(dmax))
+	w("| **added by the backlog** (against the better window without it, figure by figure) | | | **%s** | %s | **%s** | %s | | | | |\n\n", signed(d50), signed(d95), signed(d99), signed(dmax))
+	if r.Without.QuietXacts > 0 {
+		w("A quiet event costs its database one transaction of its producer's; the rest are the fleet's: the parked tenant's looks at its "+
+			"outbox (every %s), the turn's read-only pass, the round's lock, read, settle and reset, and the pending check. A single-database "+
+			"relay publishes the same writers' events inside its rounds: what these transactions cost the server is what the aggregate below "+
+			"loses on a machine whose cores PostgreSQL and the relay share.\n\n", fleet.DefaultDetectInterval)
+	}
 
 	w("**Throughput** on the same server: the single-database relay (`outbox.Relay.Run` on one pool, the same stub) drained the same " +
 		"backlog in the hot tenant's database before the fleet started, committed the same way (one `INSERT`, no `VACUUM` after it): " +
@@ -256,6 +262,14 @@ func (r *FleetResult) markdown(w func(string, ...any)) {
 		}
 	}
 	w("\n\n")
+}
+
+// xactsPerEvent renders p's transactions per quiet event, or "—" when not measured.
+func xactsPerEvent(p FleetPhase) string {
+	if p.QuietXacts == 0 || p.QuietEvents == 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.1f", float64(p.QuietXacts)/float64(p.QuietEvents))
 }
 
 func perTenantPerSecond(n, tenants int, d time.Duration) float64 {
