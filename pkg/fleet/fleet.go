@@ -635,8 +635,8 @@ func (t *tenant) turn(ctx context.Context, conns int) (held int, more, retrying 
 // its server's activity poll counted as many rows inserted into its database (inserted) and
 // the outbox's newest id is as far past the newest the tenant knew, with what the looks saw
 // before it (one lookup at the primary key's end: rows of other tables count in the poll's
-// figure, not in the outbox). Only a hint
-// for growing sooner: a turn that starts small grows growAfter into it on what it claimed.
+// figure, not in the outbox). Only a hint for growing sooner: a turn that starts small grows
+// growAfter into it on what it claimed.
 func (t *tenant) backlogAtStart(ctx context.Context, inserted, looked int64, held int) bool {
 	need := int64(t.f.cfg.Relay.BatchSize * held)
 	if looked >= need {
@@ -649,8 +649,13 @@ func (t *tenant) backlogAtStart(ctx context.Context, inserted, looked int64, hel
 	return err == nil && looked+added >= need
 }
 
-// maxIDSQL reads where the tenant's outbox ends.
+// maxIDSQL reads where the tenant's outbox ends (pkg/outbox's relay starts its frontier with
+// the same statement; it is not part of that package's API).
 const maxIDSQL = `SELECT coalesce(max(id), 0) FROM outbox_event`
+
+// pendingLeftSQL is pendingLeft's lookup: whether unpublished, unquarantined rows are left, and
+// maxIDSQL beside it.
+const pendingLeftSQL = `SELECT EXISTS (SELECT 1 FROM outbox_event WHERE published_at IS NULL AND quarantined_at IS NULL), (` + maxIDSQL + `)`
 
 // pendingLeft reports whether the tenant's outbox has unpublished, unquarantined rows (one
 // lookup in the index of unpublished rows), and, in the same statement, where the outbox ends
@@ -660,8 +665,7 @@ func (t *tenant) pendingLeft(ctx context.Context) bool {
 		left bool
 		head int64
 	)
-	err := t.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox_event WHERE published_at IS NULL AND quarantined_at IS NULL),
-		(SELECT coalesce(max(id), 0) FROM outbox_event)`).Scan(&left, &head)
+	err := t.pool.QueryRow(ctx, pendingLeftSQL).Scan(&left, &head)
 	if err != nil {
 		return false
 	}
