@@ -74,17 +74,43 @@ func TestKeyInBackoffWithABacklogDelaysNoOtherKey(t *testing.T) {
 	for _, k := range idleKeys(20) {
 		b.writeKey(t, k, testTopic, 1)
 	}
-	var failed atomic.Bool
+	// The destination refuses hot's head (a retryable error) until the relay has counted an
+	// attempt of it, and works for every other key. Refused alone in a call before any call to
+	// the destination succeeded, the row's failure is rightly judged the destination's (an
+	// outage: no attempt, and the row goes again once the destination answers), hence "until
+	// an attempt"; and such a call is answered only once another key's call was acknowledged,
+	// or the whole destination would back off for the hour. That ack comes: other keys move
+	// while hot's head is in flight (the promise under test).
+	var failed, heldInVain atomic.Bool
 	b.rec.setFail(func(e *outbox.Event) error {
-		if e.EventID == hot[0].EventID && failed.CompareAndSwap(false, true) {
+		if e.EventID != hot[0].EventID {
+			return nil
+		}
+		var attempts int
+		if err := b.pool.QueryRow(context.Background(), "SELECT attempts FROM outbox_event WHERE id = $1", e.ID).Scan(&attempts); err != nil || attempts == 0 {
+			failed.Store(true)
 			return errors.New("Throttled")
 		}
 		return nil
 	})
+	acked := make(chan struct{})
+	var ackOnce sync.Once
+	b.rec.after = func() { ackOnce.Do(func() { close(acked) }) }
+	b.rec.hold = func(events []*outbox.Event) {
+		if len(events) != 1 || events[0].EventID != hot[0].EventID {
+			return
+		}
+		select {
+		case <-acked:
+		case <-time.After(time.Minute):
+			heldInVain.Store(true)
+		}
+	}
 	r := b.relay(t, func(c *outbox.RelayConfig) { c.BackoffBase, c.BackoffMax = time.Hour, time.Hour })
 	st, err := r.RunOnce(context.Background())
 	require.NoError(t, err)
 	require.True(t, failed.Load())
+	require.False(t, heldInVain.Load(), "no other key was acknowledged while hot's head was in flight")
 	got := b.rec.publishedKeys()
 	for _, k := range idleKeys(20) {
 		require.Equal(t, 1, got[k], "key %s published while hot backs off", k)
