@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -194,7 +195,8 @@ func sampleConnections(t *testing.T, admin *pgxpool.Pool, databases []string) (s
 }
 
 // TestFleetPublishesEveryTenantInOrderWithinTheBudget: three tenant databases on one server
-// and two broken ones (a server that does not answer, a database without sluice's tables).
+// and three broken ones (a server that does not answer, a login the server refuses as it does
+// a wrong password, a database without sluice's tables).
 // Every event of the healthy tenants arrives once, named by its tenant, each key in order;
 // the broken ones show as failing and cost the others nothing; the connections on the server
 // never exceed its budget, as pg_stat_activity shows them.
@@ -205,8 +207,12 @@ func TestFleetPublishesEveryTenantInOrderWithinTheBudget(t *testing.T) {
 	for _, d := range dbs {
 		d.write(t, 120, 6, 0)
 	}
+	refused, err := url.Parse(dbs[0].url)
+	require.NoError(t, err)
+	refused.User = url.UserPassword("no_such_role", "s3cr3t-pw")
 	reg := fleet.Static{
 		{Name: "unreachable", DatabaseURL: "postgres://nobody@127.0.0.1:1/none?connect_timeout=2"},
+		{Name: "refused", DatabaseURL: refused.String()},
 		{Name: "no-schema", DatabaseURL: testdb.EmptyURL(t)},
 	}
 	for _, d := range dbs {
@@ -232,18 +238,23 @@ func TestFleetPublishesEveryTenantInOrderWithinTheBudget(t *testing.T) {
 		require.Zero(t, d.pending(t), d.name)
 	}
 
-	testwait.Until(t, "both broken tenants failing", func() bool {
+	testwait.Until(t, "the broken tenants failing", func() bool {
 		failing := map[string]string{}
 		for _, s := range f.Status() {
 			if s.State == fleet.StateFailing {
 				failing[s.Tenant.Name] = s.LastError
 			}
 		}
-		return strings.Contains(failing["no-schema"], "outbox") && failing["unreachable"] != ""
+		return strings.Contains(failing["no-schema"], "outbox") && failing["unreachable"] != "" &&
+			strings.Contains(failing["refused"], "no_such_role")
 	})
 	st := f.Status()
-	require.Equal(t, fleet.StateFailing, st[0].State, "the failing tenants sort first")
-	require.Equal(t, fleet.StateFailing, st[1].State)
+	for i := range 3 {
+		require.Equal(t, fleet.StateFailing, st[i].State, "the failing tenants sort first")
+	}
+	for _, s := range st {
+		require.NotContains(t, s.LastError, "s3cr3t-pw", "no password in a tenant's status")
+	}
 
 	for server, u := range f.BudgetUsage() {
 		require.LessOrEqual(t, u[1], budget, "the budget of %s", server)
