@@ -476,9 +476,12 @@ func backoff(n int, most time.Duration) time.Duration {
 	return min(d, most)
 }
 
-// growAfter is how long a turn publishes before it is weighed for growing to its
+// growAfter is how long a turn publishes before it is first weighed for growing to its
 // BurstPipelines: a turn for a few new rows ends within milliseconds; one still publishing
 // grows when it has claimed a full batch per pipeline by then (a backlog, not a slow machine).
+// One that has not is weighed again at twice the time, then four times, and so on: a backlog
+// whose first half second was slow (a busy server, a lock) still grows once it has claimed a
+// full batch, and a slow turn for a few rows is cut for weighing only a few times.
 const growAfter = 500 * time.Millisecond
 
 // turn runs the tenant's relay on its pool, on the conns connections run took from the
@@ -504,14 +507,15 @@ func (t *tenant) turn(ctx context.Context, conns int) (held int, more, retrying 
 	var lastWork time.Time // the last pass of this turn that claimed rows
 	share := time.Duration(t.t.Weight) * cfg.Turn
 	most := cfg.burstOf(t.t, t.server.size)
-	shrunk := false  // a turn that gave lent connections back does not take them again
-	weighed := false // growing was considered (once a turn)
-	claimed := 0     // the rows this turn's passes claimed
+	shrunk := false      // a turn that gave lent connections back does not take them again
+	grown := false       // it grew (once a turn)
+	weighAt := growAfter // when, into the turn, growing is weighed next
+	claimed := 0         // the rows this turn's passes claimed
 	busy := &busyTurn{n: conns, start: start}
 	defer t.server.budget.turnEnded(busy) // before run releases or parks the connections
 	// A turn woken by a backlog grows before its first pass, not growAfter into it.
 	if most > held && t.server.budget.room(most-held) && t.backlogAtStart(ctx, inserted, looked, held) && t.server.budget.grow(busy, most-held) {
-		weighed, held = true, most
+		grown, held = true, most
 		if relay, err = t.reopen(ctx, held); err != nil {
 			return held, false, false, err
 		}
@@ -536,9 +540,9 @@ func (t *tenant) turn(ctx context.Context, conns int) (held int, more, retrying 
 						stop()
 						return
 					}
-					// A turn still publishing after growAfter may have a backlog, or a busy
+					// A turn still publishing at weighAt may have a backlog, or a busy
 					// machine: its pass ends (its rounds finish) so that what it claimed decides.
-					if size < most && !shrunk && !weighed && time.Since(start) >= growAfter && t.server.budget.room(most-size) {
+					if size < most && !shrunk && !grown && time.Since(start) >= weighAt && t.server.budget.room(most-size) {
 						weigh = true
 						stop()
 						return
@@ -582,13 +586,13 @@ func (t *tenant) turn(ctx context.Context, conns int) (held int, more, retrying 
 		}
 		claimed += st.Claimed
 		if weigh {
-			// A backlog is at least a full batch per pipeline claimed by now; a turn for a few
-			// rows that was merely slow goes on at its size.
-			weighed = true
+			// A backlog is at least a full batch per pipeline claimed by now; a turn that has
+			// not claimed as much goes on at its size and is weighed again later (growAfter).
 			if claimed < cfg.Relay.BatchSize*held || !t.server.budget.grow(busy, most-held) {
+				weighAt = 2 * time.Since(start)
 				continue
 			}
-			resize = most
+			grown, resize = true, most
 		}
 		if resize != 0 {
 			if resize < held {

@@ -373,6 +373,44 @@ func (d tenantDB) fleetSessions(t *testing.T) []int32 {
 	return pids
 }
 
+// TestABackloggedTenantSlowAtFirstStillGrows: a turn that claimed nothing in its first half
+// second (its outbox locked by another transaction, as a busy server may hold it back) is not
+// left on one pipeline for the whole backlog: it is weighed again and grows once it claimed a
+// full batch.
+func TestABackloggedTenantSlowAtFirstStillGrows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	hot := newTenantDB(t, "hot")
+	const rows = 5000
+	hot.backlog(t, rows)
+	lock, err := hot.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer lock.Rollback(ctx)
+	_, err = lock.Exec(ctx, `LOCK TABLE outbox_event IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+
+	relay := b.relay
+	relay.BatchSize = 5 // many short rounds: one pipeline drains slowly
+	runFleet(t, fleet.Config{Registry: fleet.Static{hot.tenant()}, Relay: relay, DefaultConnections: 5,
+		SweepInterval: time.Hour, RegistryRefresh: time.Hour})
+	testwait.Until(t, "the turn's relay waiting for the lock", func() bool {
+		var n int
+		require.NoError(t, hot.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = 'sluice-fleet-relay' AND wait_event_type = 'Lock'`).Scan(&n))
+		return n > 0
+	})
+	time.Sleep(time.Second) // past the turn's first weighing (growAfter), with nothing claimed
+	require.NoError(t, lock.Rollback(ctx))
+
+	grown := false
+	testwait.Until(t, "grown to two relay sessions, or 3,000 rows published on one", func() bool {
+		grown = grown || len(hot.fleetSessions(t)) == 2
+		return grown || rows-hot.pending(t) >= 3000
+	})
+	require.True(t, grown, "the backlog grew to its BurstPipelines after its slow start")
+}
+
 // TestATenantKeepsItsConnectionsBetweenTurnsForIdleClose: a tenant that publishes keeps its
 // connections open between turns (its next events need no new sessions) while no other tenant
 // needs them, and closes them once it has published nothing for IdleClose; a tenant whose
