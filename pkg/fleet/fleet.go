@@ -587,7 +587,8 @@ func (t *tenant) turn(ctx context.Context, conns int) (held int, more, retrying 
 		claimed += st.Claimed
 		if weigh {
 			// A backlog is at least a full batch per pipeline claimed by now; a turn that has
-			// not claimed as much goes on at its size and is weighed again later (growAfter).
+			// not claimed as much goes on at its size and is weighed again at twice the time
+			// into it (growAfter).
 			if claimed < cfg.Relay.BatchSize*held || !t.server.budget.grow(busy, most-held) {
 				weighAt = 2 * time.Since(start)
 				continue
@@ -639,8 +640,8 @@ func (t *tenant) turn(ctx context.Context, conns int) (held int, more, retrying 
 // its server's activity poll counted as many rows inserted into its database (inserted) and
 // the outbox's newest id is as far past the newest the tenant knew, with what the looks saw
 // before it (one lookup at the primary key's end: rows of other tables count in the poll's
-// figure, not in the outbox). Only a hint for growing sooner: a turn that starts small grows
-// growAfter into it on what it claimed.
+// figure, not in the outbox). Only a hint for growing sooner: a turn that starts small is
+// weighed from growAfter into it on what it claimed.
 func (t *tenant) backlogAtStart(ctx context.Context, inserted, looked int64, held int) bool {
 	need := int64(t.f.cfg.Relay.BatchSize * held)
 	if looked >= need {
