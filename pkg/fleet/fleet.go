@@ -699,13 +699,17 @@ func (t *tenant) open(ctx context.Context, pipelines int) (*outbox.Relay, error)
 	t.mu.Lock()
 	t.database = pcfg.ConnConfig.Database
 	t.mu.Unlock()
+	rcfg := cfg.Relay
+	rcfg.Tenant, rcfg.Pipelines = t.t.Name, pipelines
+	rcfg.Logger = cfg.Logger.With("tenant", t.t.Name)
+	// The pool is the relay's alone (the fleet's own lookups on it are bounded reads): its
+	// sessions keep the rounds' settings, which spares a quiet tenant's round most of its
+	// statements.
+	outbox.DedicatePool(pcfg, rcfg)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("tenant %s: open pool: %w", t.t.Name, err)
 	}
-	rcfg := cfg.Relay
-	rcfg.Tenant, rcfg.Pipelines = t.t.Name, pipelines
-	rcfg.Logger = cfg.Logger.With("tenant", t.t.Name)
 	relay, err := outbox.NewRelay(pool, rcfg)
 	if err != nil {
 		pool.Close()

@@ -61,9 +61,13 @@ func roundSettings(lease time.Duration, pg14 bool) []string {
 	return out
 }
 
+// unlockAllSQL releases every key the session still holds: a round's end on a dedicated
+// connection (DedicatePool), whose settings stay.
+const unlockAllSQL = "SELECT pg_advisory_unlock_all()"
+
 // roundEndSQL releases every key the session still holds and undoes roundSettings.
 func roundEndSQL(pg14 bool) string {
-	q := "SELECT pg_advisory_unlock_all(); RESET statement_timeout"
+	q := unlockAllSQL + "; RESET statement_timeout"
 	for _, g := range roundGuards {
 		q += "; RESET " + strings.Fields(g)[0]
 	}
@@ -74,9 +78,14 @@ func roundEndSQL(pg14 bool) string {
 }
 
 // readSettings open the watcher's read-only transactions with the same plan guards as rounds.
-// They hold no keys, so their statements may run as long as a lease.
-func readSettings(lease time.Duration) []string {
+// They hold no keys, so their statements may run as long as a lease. A dedicated connection
+// (DedicatePool) has the guards already; its transactions put back the server's plan cache
+// mode, which the guards' roundPlanCache changed, so that they plan as on any other.
+func readSettings(lease time.Duration, dedicated bool) []string {
 	out := []string{"BEGIN READ ONLY", "SET LOCAL statement_timeout = " + strconv.FormatInt(lease.Milliseconds(), 10)}
+	if dedicated {
+		return append(out, "SET LOCAL "+strings.Fields(roundPlanCache)[0]+" TO DEFAULT")
+	}
 	for _, g := range planGuards {
 		out = append(out, "SET LOCAL "+g)
 	}

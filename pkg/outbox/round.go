@@ -36,6 +36,13 @@ import (
 type roundConn struct {
 	conn *pgxpool.Conn
 	pg14 bool
+	// dedicated: the session holds the round settings since it connected (DedicatePool); the
+	// round neither sets nor resets them.
+	dedicated bool
+	// held counts the advisory locks the session holds, from the server's answers: the keys
+	// lockKeysSQL returned less those unlockKeysSQL reported released. Used by the round, then
+	// by its settler, then by close, one after another.
+	held int64
 	// broken: a statement failed; the connection is closed instead of returned to the pool,
 	// which releases whatever locks it held.
 	broken bool
@@ -48,11 +55,19 @@ func (c *roundConn) fail(err error) error {
 }
 
 // close ends the round on the connection: it releases every lock left and undoes the round's
-// settings, or, when that fails or the connection broke, closes it.
+// settings, or, when that fails or the connection broke, closes it. A dedicated connection
+// whose settler released every lock the round took needs no statement.
 func (c *roundConn) close(ctx context.Context, lease time.Duration) {
-	if !c.broken {
+	if !c.broken && !(c.dedicated && c.held == 0) {
 		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lease/2)
-		_, err := c.conn.Exec(ectx, roundEndSQL(c.pg14), pgx.QueryExecModeSimpleProtocol)
+		end := unlockAllSQL
+		if !c.dedicated {
+			// RESET puts the server's defaults back, not what DedicatePool set: a connection
+			// of a dedicated pool that a relay of another lease used is an ordinary one now.
+			undedicate(c.conn.Conn())
+			end = roundEndSQL(c.pg14)
+		}
+		_, err := c.conn.Exec(ectx, end, pgx.QueryExecModeSimpleProtocol)
 		cancel()
 		c.broken = err != nil
 	}
@@ -76,7 +91,7 @@ func (r *Relay) round(ctx context.Context, taken roundKeys) (Stats, error) {
 	if err != nil {
 		return Stats{}, r.quiet(ctx, fmt.Errorf("relay round: acquire a connection: %w", err))
 	}
-	rc := &roundConn{conn: conn, pg14: r.watch.pg14}
+	rc := &roundConn{conn: conn, pg14: r.watch.pg14, dedicated: dedicated(conn.Conn(), r.cfg.Lease)}
 	defer rc.close(ctx, r.cfg.Lease)
 	acquired := time.Now()
 
@@ -147,17 +162,21 @@ func (r *Relay) quiet(ctx context.Context, err error) error {
 	return err
 }
 
-// lockKeys takes, with the round's settings, the advisory locks of the keys no other round holds.
+// lockKeys takes, with the round's settings (already on a dedicated connection), the advisory
+// locks of the keys no other round holds.
 func (r *Relay) lockKeys(ctx context.Context, rc *roundConn, keys []string) (map[string]bool, error) {
 	b := &pgx.Batch{}
-	for _, s := range roundSettings(r.cfg.Lease, rc.pg14) {
-		b.Queue(s)
+	if !rc.dedicated {
+		for _, s := range roundSettings(r.cfg.Lease, rc.pg14) {
+			b.Queue(s)
+		}
 	}
 	locked := make(map[string]bool, len(keys))
 	b.Queue(lockKeysSQL, keys).Query(func(rows pgx.Rows) error {
 		var k string
 		_, err := pgx.ForEachRow(rows, []any{&k}, func() error {
 			locked[k] = true
+			rc.held++
 			return nil
 		})
 		return err
@@ -298,7 +317,12 @@ func (s *roundSettler) flush(ctx context.Context, plans []*keyPlan) (Stats, erro
 	b.Queue("COMMIT")
 	// After the COMMIT above, in the same round trip: the next round to lock a key reads what
 	// this one recorded.
-	b.Queue(unlockKeysSQL, keys)
+	b.Queue(unlockKeysSQL, keys).QueryRow(func(row pgx.Row) error {
+		var released int64
+		err := row.Scan(&released)
+		s.rc.held -= released
+		return err
+	})
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.r.cfg.Lease/2)
 	defer cancel()
 	if err := s.rc.conn.SendBatch(fctx, b).Close(); err != nil {

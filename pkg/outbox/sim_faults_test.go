@@ -112,8 +112,11 @@ type simSchedule struct {
 	// several rows of a key, and a failed entry fails every later entry of its key in the call
 	// (but see rates.overtake).
 	keyOrder bool
-	rates    simRates
-	actions  []simAction
+	// dedicated relay slots (0..dedicated-1) run on pools made with DedicatePool: their
+	// sessions keep the round settings; the others set and reset them every round.
+	dedicated int
+	rates     simRates
+	actions   []simAction
 }
 
 // drawSchedule draws seed's schedule from rng.
@@ -127,6 +130,7 @@ func drawSchedule(seed int64, rng *rand.Rand, p simProfile) *simSchedule {
 		s.keys = 4 + rng.IntN(12)
 		s.serialized = s.keys
 		s.maxRows = 4
+		s.dedicated = rng.IntN(s.relays + 1) // drawn last, as below
 		return s
 	}
 	s.keys = 30 + rng.IntN(271)
@@ -186,14 +190,15 @@ func drawSchedule(seed int64, rng *rand.Rand, p simProfile) *simSchedule {
 	if s.keyOrder {
 		s.rates.overtake = pick(0.05)
 	}
+	s.dedicated = rng.IntN(s.relays + 1)
 	return s
 }
 
 // String is the schedule in one compact paragraph, for a failing seed's report.
 func (s *simSchedule) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "relays=%d pipelines=%d producers=%d keys=%d serialized=%d retiring=%d@%dms rows/tx<=%d fault=%dms claimcheck=%t dest2=%t keyorder=%t\n",
-		s.relays, s.pipelines, s.producers, s.keys, s.serialized, s.retiring, s.retireAt.Milliseconds(), s.maxRows,
+	fmt.Fprintf(&b, "relays=%d (dedicated pools %d) pipelines=%d producers=%d keys=%d serialized=%d retiring=%d@%dms rows/tx<=%d fault=%dms claimcheck=%t dest2=%t keyorder=%t\n",
+		s.relays, s.dedicated, s.pipelines, s.producers, s.keys, s.serialized, s.retiring, s.retireAt.Milliseconds(), s.maxRows,
 		s.faultPhase.Milliseconds(), s.claimCheck, s.secondDest, s.keyOrder)
 	r := s.rates
 	fmt.Fprintf(&b, "rates: delay=%.2f(<=%dms) hang=%.3f callErr=%.2f throttle=%.2f lostCall=%.2f entryErr=%.2f permanent=%.3f lostEntry=%.2f storeErr=%.2f overtake=%.3f\n",

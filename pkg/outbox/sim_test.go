@@ -180,7 +180,7 @@ func runSim(t *testing.T, seed int64, prof simProfile) *simResult {
 	began := time.Now()
 	rng := rand.New(rand.NewPCG(uint64(seed), 0x5eed))
 	w := &simWorld{t: t, seed: seed, sched: drawSchedule(seed, rng, prof), url: testdb.URL(t), hist: newSimHistory()}
-	w.admin = w.pool("admin", 4)
+	w.admin = w.pool("admin", 4, false)
 	w.start = time.Now()
 	if w.sched.claimCheck {
 		w.store = newSimStore(seed, w.sched.rates.storeErr, &w.faulty)
@@ -200,7 +200,7 @@ func runSim(t *testing.T, seed int64, prof simProfile) *simResult {
 	var producers sync.WaitGroup
 	for p := range w.sched.producers {
 		producers.Add(1)
-		prod := &simProducer{w: w, rng: rand.New(rand.NewPCG(uint64(seed), uint64(p+1))), pool: w.pool(fmt.Sprintf("producer-%d", p), 2)}
+		prod := &simProducer{w: w, rng: rand.New(rand.NewPCG(uint64(seed), uint64(p+1))), pool: w.pool(fmt.Sprintf("producer-%d", p), 2, false)}
 		go func() {
 			defer producers.Done()
 			prod.run(stop)
@@ -246,12 +246,16 @@ func (w *simWorld) logf(format string, args ...any) {
 }
 
 // pool opens a pool on the seed's database whose sessions carry application_name
-// sim-<seed>-<role>, so that they can be found and terminated.
-func (w *simWorld) pool(role string, conns int32) *pgxpool.Pool {
+// sim-<seed>-<role>, so that they can be found and terminated; dedicated to relays of
+// relayConfig when dedicate is set (DedicatePool).
+func (w *simWorld) pool(role string, conns int32, dedicate bool) *pgxpool.Pool {
 	cfg, err := pgxpool.ParseConfig(w.url)
 	require.NoError(w.t, err)
 	cfg.ConnConfig.RuntimeParams["application_name"] = w.appName(role)
 	cfg.MaxConns = conns
+	if dedicate {
+		DedicatePool(cfg, w.relayConfig())
+	}
 	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(w.t, err)
 	w.t.Cleanup(p.Close)
@@ -308,7 +312,7 @@ func (w *simWorld) startRelay(i int) {
 	r := w.relays[i]
 	r.gen++
 	r.name = fmt.Sprintf("relay-%d-%d", i, r.gen)
-	r.pool = w.pool(r.name, 6)
+	r.pool = w.pool(r.name, 6, i < w.sched.dedicated)
 	relay, err := NewRelay(r.pool, w.relayConfig())
 	require.NoError(w.t, err)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -63,7 +63,7 @@ func (w *watcher) readOnly(ctx context.Context, b *pgx.Batch) error {
 	}
 	defer conn.Release()
 	all := &pgx.Batch{}
-	for _, q := range readSettings(w.r.cfg.Lease) {
+	for _, q := range readSettings(w.r.cfg.Lease, dedicated(conn.Conn(), w.r.cfg.Lease)) {
 		all.Queue(q)
 	}
 	all.QueuedQueries = append(all.QueuedQueries, b.QueuedQueries...)
