@@ -172,7 +172,7 @@ func (r *FleetResult) markdown(w func(string, ...any)) {
 	w("| **added by the backlog** (against the better window without it, figure by figure) | | | **%s** | %s | **%s** | %s | | | | |\n\n", signed(d50), signed(d95), signed(d99), signed(dmax))
 	if r.Without.QuietXacts > 0 {
 		w("A quiet event costs its database one transaction of its producer's; the rest are the fleet's: the parked tenant's looks at its "+
-			"outbox (every %s), the turn's read-only pass, the round's lock, read, settle and reset, and the pending check. A single-database "+
+			"outbox (every %s), the turn's read-only pass, the round's lock, read and settle (the round's session settings were taken once, when the tenant's pool connected: outbox.DedicatePool), and the pending check. A single-database "+
 			"relay publishes the same writers' events inside its rounds: what these transactions cost the server is what the aggregate below "+
 			"loses on a machine whose cores PostgreSQL and the relay share.\n\n", fleet.DefaultDetectInterval)
 	}
