@@ -25,7 +25,8 @@ import (
 //     never holds the other keys of its round.
 //
 // The keys' locks are the only thing that makes a key one round's at a time. They end with the
-// settler's unlock, with roundEndSQL, or with the session: a relay that dies (SIGKILL, lost
+// settler's unlock, with the round's end (roundConn.close: roundEndSQL, or unlockAllSQL on a
+// dedicated connection that still holds any), or with the session: a relay that dies (SIGKILL, lost
 // connection) releases them when PostgreSQL sees its connection close, within a second even
 // mid-statement (client_connection_check_interval), and one that hangs or is frozen is cut off
 // by idle_session_timeout after the lease. Any failed statement destroys the connection, so a
