@@ -77,9 +77,11 @@ func TestADedicatedPoolKeepsTheRoundSettingsAndReleasesEveryKey(t *testing.T) {
 // replaces it before a round uses it, and the relay goes on publishing.
 func TestADedicatedConnectionClosedByTheServerIsReplaced(t *testing.T) {
 	t.Parallel()
-	const lease = 500 * time.Millisecond
+	// Short enough for the test, long enough that a busy machine's statements stay within
+	// half of it (the session's statement_timeout).
+	const lease = 3 * time.Second
 	b := dedicatedSetup(t, lease)
-	r := b.relay(t, func(c *outbox.RelayConfig) { c.Lease, c.PublishTimeout = lease, 200*time.Millisecond })
+	r := b.relay(t, func(c *outbox.RelayConfig) { c.Lease = lease })
 	b.write(t, 5, 1)
 	drainUntil(t, r, func() bool { return b.countWhere(t, "published_at IS NULL") == 0 })
 	first, _, _, _, _ := sessionState(t, b.pool)
