@@ -18,8 +18,8 @@ import (
 // fleet's quiet tenants). Use it only for a pool no one but relays uses: its sessions keep
 // the plan guards, a statement timeout of half the lease and, on PostgreSQL 14 and later, an
 // idle_session_timeout of the lease (the server closes a connection left idle that long, such
-// as a frozen Lambda's; the pool pings a connection idle for half the lease before handing it
-// out and replaces it if it was closed).
+// as a frozen Lambda's; the pool pings a connection idle for half the lease, or for a second if
+// that is shorter, before handing it out, and replaces it if it was closed).
 //
 // Call it before pgxpool.NewWithConfig; it keeps pcfg's own AfterConnect and ShouldPing hooks.
 // A relay with another Lease on the pool sets and resets its settings around each round as
