@@ -81,7 +81,7 @@ STRESS_PKGS     ?= ./...
 STRESS_CLI_PKGS ?= ./...
 
 .PHONY: test-stress
-test-stress: ## Run the root module's and the CLI's suites STRESS_RUNS times (default 3) while STRESS_LOAD busy loops (default one per core) keep every core busy; stops at the first failed run, naming it and its failed tests.
+test-stress: deps ## Run the root module's and the CLI's suites STRESS_RUNS times (default 3) while STRESS_LOAD busy loops (default one per core) keep every core busy; stops at the first failed run, naming it and its failed tests.
 	@mkdir -p .cache/stress; \
 	  $(GO) test -count=1 -run '^$$' $(STRESS_PKGS) >/dev/null || exit 1; \
 	  if [ -n "$(STRESS_CLI_PKGS)" ]; then (cd cmd/sluice && $(GO) test -count=1 -run '^$$' $(STRESS_CLI_PKGS) >/dev/null) || exit 1; fi; \
@@ -104,7 +104,7 @@ test-stress: ## Run the root module's and the CLI's suites STRESS_RUNS times (de
 SOAK_SEEDS ?= 3000
 
 .PHONY: soak
-soak: ## Run the relay fault simulator over SOAK_SEEDS seeds (default 3000, about 40 min here) from a random base, then print its summary line.
+soak: deps ## Run the relay fault simulator over SOAK_SEEDS seeds (default 3000, about 40 min here) from a random base, then print its summary line.
 	@mkdir -p .cache && rm -f .cache/soak-summary.txt
 	$(DEVENV) $(GO) test -count=1 -timeout 0 ./pkg/outbox -run '^TestSimulation$$' -sim.random -sim.seeds=$(SOAK_SEEDS) \
 	  -sim.summary=$(CURDIR)/.cache/soak-summary.txt; status=$$?; cat .cache/soak-summary.txt 2>/dev/null; exit $$status
