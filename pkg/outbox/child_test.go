@@ -20,9 +20,13 @@ import (
 // against it instead of the tests: a relay in a process of its own, which a test can SIGKILL.
 const childRelayEnv = "SLUICE_TEST_CHILD_RELAY_URL"
 
-// childPauseEnv, when set to a file name, makes the child relay stop after a round locked its
-// keys, before it reads their rows, until that file exists: a test can then block the read.
+// childPauseEnv, when set to a file name, makes the child relay stop before a round's claim (the
+// batch that locks its keys and reads their rows) until that file exists, after making the same
+// name with childPausedSuffix: a test can then block the read.
 const childPauseEnv = "SLUICE_TEST_CHILD_PAUSE_FILE"
+
+// childPausedSuffix names the file the paused child makes (childPauseEnv).
+const childPausedSuffix = ".paused"
 
 // startChildRelay starts the test binary as a relay process with the given lease (and extra
 // environment, such as childPauseEnv).
@@ -46,7 +50,7 @@ func runChildRelay(url string) int {
 	}
 	cfg.ConnConfig.RuntimeParams["application_name"] = "sluice-child-relay"
 	if f := os.Getenv(childPauseEnv); f != "" {
-		cfg.ConnConfig.Tracer = pauseAfterLock{file: f}
+		cfg.ConnConfig.Tracer = pauseBeforeClaim{file: f}
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -72,32 +76,45 @@ func runChildRelay(url string) int {
 	return 0
 }
 
-// pauseAfterLock holds the child relay after the statement that locks a round's keys until its
-// file exists.
-type pauseAfterLock struct{ file string }
+// pauseBeforeClaim holds the child relay before it sends a round's claim until its file exists.
+type pauseBeforeClaim struct{ file string }
 
-func (p pauseAfterLock) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+func (p pauseBeforeClaim) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
 	return ctx
 }
 
-func (p pauseAfterLock) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (p pauseBeforeClaim) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
-func (p pauseAfterLock) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	return ctx
-}
-
-// TraceBatchQuery pauses once the round's lock statement (sent in a batch with its settings)
-// answered.
-func (p pauseAfterLock) TraceBatchQuery(_ context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
-	if data.Err != nil || !strings.Contains(data.SQL, "pg_try_advisory_lock") {
-		return
+// TraceBatchStart pauses before the batch that holds the round's lock statement goes out. It
+// first prepares the batch's statements with parameters (named by their text, which the batch
+// then uses), as a relay that ran a round before has them: the read's preparation would wait
+// for a table lock before the lock statement ran.
+func (p pauseBeforeClaim) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
+	claim := false
+	for _, q := range data.Batch.QueuedQueries {
+		claim = claim || strings.Contains(q.SQL, "pg_try_advisory_lock")
+	}
+	if !claim {
+		return ctx
+	}
+	for _, q := range data.Batch.QueuedQueries {
+		if strings.Contains(q.SQL, "$1") {
+			if _, err := conn.Prepare(ctx, q.SQL, q.SQL); err != nil {
+				fmt.Fprintln(os.Stderr, "child relay: prepare:", err)
+			}
+		}
+	}
+	if err := os.WriteFile(p.file+childPausedSuffix, nil, 0o600); err != nil {
+		fmt.Fprintln(os.Stderr, "child relay:", err)
 	}
 	for {
 		if _, err := os.Stat(p.file); err == nil {
-			return
+			return ctx
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 }
 
-func (p pauseAfterLock) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+func (p pauseBeforeClaim) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+
+func (p pauseBeforeClaim) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}

@@ -1,7 +1,6 @@
 package outbox
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -204,14 +203,8 @@ type claimedRow struct {
 	loaded bool
 }
 
-// readRows runs readSQL for keys (locked by this session) and returns their rows, each key's in
-// id order, keys in the order given.
-func (r *Relay) readRows(ctx context.Context, conn querier, keys []string, perKey int) ([]*claimedRow, error) {
-	rows, err := conn.Query(ctx, readSQL, keys, perKey, r.cfg.MaxRoundBytes, r.readBytes)
-	if err != nil {
-		return nil, fmt.Errorf("read claimed outbox rows: %w", err)
-	}
-	defer rows.Close()
+// scanClaimed reads readSQL's rows: each key's in id order, keys in the order given.
+func (r *Relay) scanClaimed(rows pgx.Rows) ([]*claimedRow, error) {
 	var out []*claimedRow
 	for rows.Next() {
 		var (
@@ -266,11 +259,6 @@ func skipHeads(rows []*claimedRow) []*claimedRow {
 		out = append(out, c)
 	}
 	return out
-}
-
-// querier is what a round reads with: its connection.
-type querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
 // looseHeaders keeps the string-valued entries of a headers object.

@@ -475,11 +475,9 @@ func TestRelayKilledMidClaimFreesItsKeysWithinTheLease(t *testing.T) {
 
 	goOn := filepath.Join(t.TempDir(), "go-on")
 	child := startChildRelay(t, b.pool.Config().ConnString(), killLease, childPauseEnv+"="+goOn)
-	testwait.Until(t, "the child's round holds the key and pauses before its read", func() bool { // the child's round holds the key and pauses before its read
-		var n int
-		_ = b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
-			WHERE l.locktype = 'advisory' AND l.granted AND a.application_name = 'sluice-child-relay'`).Scan(&n)
-		return n > 0
+	testwait.Until(t, "the child's round about to claim its key", func() bool {
+		_, err := os.Stat(goOn + childPausedSuffix)
+		return err == nil
 	})
 	blocker, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
@@ -487,7 +485,11 @@ func TestRelayKilledMidClaimFreesItsKeysWithinTheLease(t *testing.T) {
 	_, err = blocker.Exec(ctx, "LOCK TABLE outbox_event IN ACCESS EXCLUSIVE MODE") // the read needs it
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(goOn, nil, 0o600))
-	b.waitForChildStatement(t, "WITH chain") // the read runs (waiting for the table lock)
+	b.waitForChildStatement(t, "WITH chain") // the key locked (the lock statement needs no table), the read waits
+	var held int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+		WHERE l.locktype = 'advisory' AND l.granted AND a.application_name = 'sluice-child-relay'`).Scan(&held))
+	require.Equal(t, 1, held, "the child holds its key while its read waits")
 	b.requireKilledKeyFreeSoon(t, child, "k")
 	require.NoError(t, blocker.Rollback(ctx))
 	drainUntil(t, b.relay(t), func() bool { return b.countWhere(t, "published_at IS NULL") == 0 })

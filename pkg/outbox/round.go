@@ -96,7 +96,11 @@ func (r *Relay) round(ctx context.Context, taken roundKeys) (Stats, error) {
 	defer rc.close(ctx, r.cfg.Lease)
 	acquired := time.Now()
 
-	locked, err := r.lockKeys(ctx, rc, taken.keys)
+	perKey := max(1, min(r.cfg.MaxPerKey, r.cfg.BatchSize/len(taken.keys)))
+	if taken.probe != "" {
+		perKey = 1 // a probe is one call's worth of rows
+	}
+	locked, read, err := r.claimKeys(ctx, rc, taken.keys, perKey)
 	if err != nil {
 		return Stats{}, r.quiet(ctx, rc.fail(err))
 	}
@@ -114,14 +118,12 @@ func (r *Relay) round(ctx context.Context, taken roundKeys) (Stats, error) {
 	if len(mine) == 0 {
 		return Stats{}, nil
 	}
-	perKey := max(1, min(r.cfg.MaxPerKey, r.cfg.BatchSize/len(mine)))
-	if taken.probe != "" {
-		perKey = 1 // a probe is one call's worth of rows
-	}
 	lockedAt := time.Now()
-	rows, err := r.readRows(ctx, rc.conn, mine, perKey)
-	if err != nil {
-		return Stats{}, r.quiet(ctx, rc.fail(fmt.Errorf("read claimed outbox rows: %w", err)))
+	rows := read[:0] // the locked keys' rows: what was read of the others is dropped unseen
+	for _, c := range read {
+		if locked[c.PartitionKey] {
+			rows = append(rows, c)
+		}
 	}
 	plan := r.planRound(mine, rows, perKey)
 	claimed := time.Now()
@@ -163,10 +165,15 @@ func (r *Relay) quiet(ctx context.Context, err error) error {
 	return err
 }
 
-// lockKeys takes, with the round's settings (already on a dedicated connection), the advisory
-// locks of the keys no other round holds.
-func (r *Relay) lockKeys(ctx context.Context, rc *roundConn, keys []string) (map[string]bool, error) {
+// claimKeys takes, with the round's settings (already on a dedicated connection), the advisory
+// locks of the keys no other round holds, and reads the keys' first pending rows (readSQL, up
+// to perKey a key), in one round trip: both statements in one READ COMMITTED transaction, so
+// the read's snapshot is taken when it starts, after the lock statement returned. A key's rows
+// are thus read only once its lock is held, whatever the database's default isolation; the
+// rows of keys it did not lock are the caller's to drop.
+func (r *Relay) claimKeys(ctx context.Context, rc *roundConn, keys []string, perKey int) (map[string]bool, []*claimedRow, error) {
 	b := &pgx.Batch{}
+	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	if !rc.dedicated {
 		for _, s := range roundSettings(r.cfg.Lease, rc.pg14) {
 			b.Queue(s)
@@ -182,10 +189,17 @@ func (r *Relay) lockKeys(ctx context.Context, rc *roundConn, keys []string) (map
 		})
 		return err
 	})
+	var read []*claimedRow
+	b.Queue(readSQL, keys, perKey, r.cfg.MaxRoundBytes, r.readBytes).Query(func(rows pgx.Rows) error {
+		var err error
+		read, err = r.scanClaimed(rows)
+		return err
+	})
+	b.Queue("COMMIT")
 	if err := rc.conn.SendBatch(ctx, b).Close(); err != nil {
-		return nil, fmt.Errorf("lock partition keys: %w", err)
+		return nil, nil, fmt.Errorf("lock partition keys and read their rows: %w", err)
 	}
-	return locked, nil
+	return locked, read, nil
 }
 
 // keyReturns hands a round's keys back to the book, each once: as its verdict comes, or, for
