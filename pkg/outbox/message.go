@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -18,9 +17,12 @@ import (
 // most Write lets a message carry: SNS's limit less the one the claim check adds
 // (ExtendedPayloadSize) when it stores the payload in S3, as AWS's extended clients reserve it
 // (their MAX_ALLOWED_ATTRIBUTES = 10 - 1), so that an offloaded message never loses a header.
+// attributesBeforeHeaders is the most attributes a message carries before its headers: the
+// five contract attributes and ExtendedPayloadSize.
 const (
-	snsMaxAttributes   = 10
-	maxWriteAttributes = snsMaxAttributes - 1
+	snsMaxAttributes        = 10
+	maxWriteAttributes      = snsMaxAttributes - 1
+	attributesBeforeHeaders = 6
 )
 
 // reservedAttributes are the contract's attributes; headers may not reuse their names.
@@ -84,13 +86,25 @@ var ErrInvalidMessage = errors.New("invalid outbox message")
 // Is lets errors.Is(err, ErrInvalidMessage) match.
 func (e *ValidationError) Is(target error) bool { return target == ErrInvalidMessage }
 
-// attrName is what SNS accepts as a message attribute name.
-var attrName = regexp.MustCompile(`^[A-Za-z0-9_\-.]{1,256}$`)
+// attrName reports whether name is what SNS accepts as a message attribute name's
+// characters: 1 to 256 letters, digits, '_', '-' and '.'.
+func attrName(name string) bool {
+	if len(name) == 0 || len(name) > 256 {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
 
 // checkHeaderName returns why SNS would refuse name as an attribute name, or "".
 func checkHeaderName(name string) string {
 	switch {
-	case !attrName.MatchString(name):
+	case !attrName(name):
 		return "must be 1-256 characters of letters, digits, '-', '_' and '.'"
 	case strings.HasPrefix(name, ".") || strings.HasSuffix(name, "."):
 		return "must not start or end with '.'"

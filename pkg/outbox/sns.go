@@ -1,12 +1,13 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -123,15 +124,30 @@ func entryIndex(id *string, n int) (int, bool) {
 	return i, err == nil && i >= 0 && i < n
 }
 
-// attributes returns the message attributes of the wire contract for e: the five contract
-// attributes (empty values omitted, as SNS refuses them), the claim check's Number attribute
-// ExtendedPayloadSize when the payload is in S3, and then headers, traceparent and tracestate
-// first and the rest by name, while SNS's limit of 10 attributes allows.
+// attributes returns the message attributes of the wire contract for e (wireAttributes) as
+// SNS takes them.
 func attributes(e *Event) map[string]types.MessageAttributeValue {
-	attrs := make(map[string]types.MessageAttributeValue, snsMaxAttributes)
+	list := wireAttributes(e, make([]wireAttribute, 0, snsMaxAttributes))
+	attrs := make(map[string]types.MessageAttributeValue, len(list))
+	for _, a := range list {
+		attrs[a.name] = types.MessageAttributeValue{DataType: aws.String(a.dataType), StringValue: aws.String(a.value)}
+	}
+	return attrs
+}
+
+// wireAttribute is one message attribute: its name, SNS data type and value.
+type wireAttribute struct{ name, dataType, value string }
+
+// wireAttributes appends to list the message attributes of the wire contract for e, in the
+// order they are taken: the five contract attributes (empty values omitted, as SNS refuses
+// them), the claim check's Number attribute ExtendedPayloadSize when the payload is in S3,
+// and then headers, traceparent and tracestate first and the rest by name, while SNS's limit
+// of 10 attributes allows. The one place that decides what a message carries: attributes
+// publishes it, attributesSize measures it, droppedHeaders reports what did not fit.
+func wireAttributes(e *Event, list []wireAttribute) []wireAttribute {
 	put := func(k, v string) {
-		if v != "" && len(attrs) < snsMaxAttributes {
-			attrs[k] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}
+		if v != "" && len(list) < snsMaxAttributes {
+			list = append(list, wireAttribute{k, "String", v})
 		}
 	}
 	put(wire.MessageID, e.EventID.String())
@@ -140,17 +156,21 @@ func attributes(e *Event) map[string]types.MessageAttributeValue {
 	put(wire.AggregateID, e.AggregateID)
 	put(wire.CreatedAt, e.CreatedAt.UTC().Format(time.RFC3339Nano))
 	if e.ExtendedPayloadSize > 0 {
-		attrs[wire.ExtendedPayloadSize] = types.MessageAttributeValue{DataType: aws.String("Number"), StringValue: aws.String(extendedSizeAttr(e.ExtendedPayloadSize))}
+		list = append(list, wireAttribute{wire.ExtendedPayloadSize, "Number", extendedSizeAttr(e.ExtendedPayloadSize)})
 	}
 	for _, k := range headerOrder(e.Headers) {
 		if checkHeaderName(k) == "" && checkAttrValue(e.Headers[k]) == "" {
 			put(k, e.Headers[k])
 		}
 	}
-	return attrs
+	return list
 }
 
+// headerOrder returns h's names in the order wireAttributes takes them.
 func headerOrder(h map[string]string) []string {
+	if len(h) == 0 {
+		return nil
+	}
 	keys := make([]string, 0, len(h))
 	for k := range h {
 		keys = append(keys, k)
@@ -166,11 +186,11 @@ func headerOrder(h map[string]string) []string {
 		}
 		return 3
 	}
-	sort.Slice(keys, func(i, j int) bool {
-		if rank(keys[i]) != rank(keys[j]) {
-			return rank(keys[i]) < rank(keys[j])
+	slices.SortFunc(keys, func(a, b string) int {
+		if c := cmp.Compare(rank(a), rank(b)); c != 0 {
+			return c
 		}
-		return keys[i] < keys[j]
+		return strings.Compare(a, b)
 	})
 	return keys
 }
@@ -195,9 +215,10 @@ func groupID(key string) string {
 // attributesSize is the size SNS counts for a published event's attributes: names, types
 // and values. The message's size is the payload's length plus this.
 func attributesSize(e *Event) int {
+	var buf [snsMaxAttributes]wireAttribute
 	n := 0
-	for k, v := range attributes(e) {
-		n += len(k) + len(aws.ToString(v.DataType)) + len(aws.ToString(v.StringValue))
+	for _, a := range wireAttributes(e, buf[:0]) {
+		n += len(a.name) + len(a.dataType) + len(a.value)
 	}
 	return n
 }
@@ -205,10 +226,15 @@ func attributesSize(e *Event) int {
 // droppedHeaders returns the valid headers of e that do not fit SNS's attribute limit after
 // the contract's attributes (rows written with plain SQL; Write refuses such messages).
 func droppedHeaders(e *Event) []string {
-	attrs := attributes(e)
+	if len(e.Headers) <= snsMaxAttributes-attributesBeforeHeaders { // every header fits
+		return nil
+	}
+	var buf [snsMaxAttributes]wireAttribute
+	taken := wireAttributes(e, buf[:0])
 	var dropped []string
 	for _, k := range headerOrder(e.Headers) {
-		if _, ok := attrs[k]; !ok && checkHeaderName(k) == "" && checkAttrValue(e.Headers[k]) == "" {
+		if !slices.ContainsFunc(taken, func(a wireAttribute) bool { return a.name == k }) &&
+			checkHeaderName(k) == "" && checkAttrValue(e.Headers[k]) == "" {
 			dropped = append(dropped, k)
 		}
 	}
