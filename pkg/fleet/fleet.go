@@ -198,6 +198,7 @@ func (f *Fleet) refresh(ctx context.Context) error {
 			f.servers[t.t.Server].remove(t)
 		}
 	}
+	var added []*server
 	for name, w := range want {
 		if _, ok := f.tenants[name]; ok {
 			continue
@@ -206,12 +207,15 @@ func (f *Fleet) refresh(ctx context.Context) error {
 		if s == nil {
 			s = newServer(f, w.Server)
 			f.servers[w.Server] = s
-			f.startServer(ctx, s)
+			added = append(added, s)
 		}
 		t := newTenant(f, w, s)
 		s.add(t)
 		f.tenants[name] = t
 		f.startTenant(ctx, t)
+	}
+	for _, s := range added { // with its tenants: its first poll, at once, has them
+		f.startServer(ctx, s)
 	}
 	return readErr
 }
@@ -247,8 +251,15 @@ type tenant struct {
 	t      Tenant
 	server *server
 	wake   chan struct{} // a hint that the tenant may have work (its server saw writes)
-	ctx    context.Context
-	cancel context.CancelFunc
+	// stirred: its database's sessions did something since its server's last poll (detect); a
+	// parked tenant looks at its outbox (run). watchedUntil (unix ns): until then, every commit
+	// in its database stirs it, so a parked tenant needs no periodic look.
+	stirred      chan struct{}
+	watchedUntil atomic.Int64
+	// turnStarted is when its last turn began (unix ns; 0: none yet in this process).
+	turnStarted atomic.Int64
+	ctx         context.Context
+	cancel      context.CancelFunc
 
 	mu     sync.Mutex // guards status and database
 	status TenantStatus
@@ -265,6 +276,10 @@ type tenant struct {
 	// turn that just ended read it (the tenant goroutine's).
 	head     int64
 	headRead bool
+	// lastClaim is when the tenant's last pass that claimed rows ended (the tenant
+	// goroutine's): a pass that starts within a DetectInterval of it is a busy tenant's, which
+	// checks for pending rows before its turn ends (turn).
+	lastClaim time.Time
 	// inserted counts the rows its server's activity poll saw inserted into its database
 	// since its last turn began (detect adds, turn takes), and looked the rows its parked
 	// looks saw added to its outbox meanwhile (newRows adds, turn takes; the tenant
@@ -275,7 +290,7 @@ type tenant struct {
 
 func newTenant(f *Fleet, t Tenant, s *server) *tenant {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &tenant{f: f, t: t, server: s, wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel,
+	return &tenant{f: f, t: t, server: s, wake: make(chan struct{}, 1), stirred: make(chan struct{}, 1), ctx: ctx, cancel: cancel,
 		status: TenantStatus{Tenant: t, State: StateIdle}}
 }
 
@@ -287,6 +302,32 @@ func (t *tenant) poke() {
 	case t.wake <- struct{}{}:
 	default:
 	}
+}
+
+// stir tells a parked tenant to look at its outbox.
+func (t *tenant) stir() {
+	select {
+	case t.stirred <- struct{}{}:
+	default:
+	}
+}
+
+// watch records a poll of its server's activity at at: complete when every session of its
+// database showed its state, so the next poll will see every commit made after this one. The
+// watch lasts three DetectIntervals (the next poll, late on a busy machine): a poll that sees
+// hidden sessions ends it, and polls that fail let it lapse; the parked tenant then looks
+// every DetectInterval again.
+func (t *tenant) watch(at time.Time, complete bool) {
+	if !complete {
+		t.watchedUntil.Store(0)
+		return
+	}
+	t.watchedUntil.Store(at.Add(3 * t.f.cfg.DetectInterval).UnixNano())
+}
+
+// watched reports whether its server's polls see every commit in its database now (watch).
+func (t *tenant) watched() bool {
+	return time.Now().UnixNano() < t.watchedUntil.Load()
 }
 
 func (t *tenant) snapshot() TenantStatus {
@@ -329,6 +370,8 @@ func (t *tenant) run(parent context.Context) {
 	due := time.Now() // a new tenant's first turn comes at once; a known one's when its sweep is due
 	if last := t.snapshot().LastTurn; !last.IsZero() {
 		due = last.Add(cfg.SweepInterval)
+	} else {
+		t.server.awaitFirstPoll(ctx)
 	}
 	fruitless := 0 // turns in a row that claimed nothing
 	for {
@@ -337,10 +380,11 @@ func (t *tenant) run(parent context.Context) {
 			evict  <-chan struct{}
 			expire <-chan time.Time
 			look   <-chan time.Time
+			stir   <-chan struct{}
 		)
 		if hold != nil {
 			evict, expire = hold.evict, time.After(time.Until(parkedUntil))
-			look = time.After(cfg.DetectInterval)
+			look, stir = time.After(cfg.DetectInterval), t.stirred
 		}
 		select {
 		case <-ctx.Done():
@@ -348,9 +392,14 @@ func (t *tenant) run(parent context.Context) {
 			return
 		case <-t.wake:
 		case <-timer.C:
-		case <-look: // parked: its own connection sees new rows before the server's statistics do
+		case <-stir: // parked, and its database's sessions did something: a commit, perhaps
 			timer.Stop()
 			if !t.newRows(ctx) {
+				continue
+			}
+		case <-look: // parked: unless watched, its own connection sees new rows before the server's statistics do
+			timer.Stop()
+			if t.watched() || !t.newRows(ctx) { // watched: a commit would have stirred it
 				continue
 			}
 		case <-evict: // another tenant waits for the connections
@@ -380,6 +429,7 @@ func (t *tenant) run(parent context.Context) {
 		}
 		hold = nil // the turn holds the connections now
 		claimed := t.snapshot().Claimed
+		t.turnStarted.Store(time.Now().UnixNano())
 		held, more, retrying, err := t.turn(ctx, conns)
 		worked := t.snapshot().Claimed > claimed
 		if worked {
@@ -564,6 +614,7 @@ func (t *tenant) turn(ctx context.Context, conns int) (held int, more, retrying 
 				}
 			}
 		}()
+		passStart := time.Now()
 		st, err := relay.RunPass(rctx)
 		cut := rctx.Err() != nil && ctx.Err() == nil // by its share, to resize, or to weigh growing
 		stop()
@@ -615,16 +666,24 @@ func (t *tenant) turn(ctx context.Context, conns int) (held int, more, retrying 
 		}
 		// The pass ended: nothing it found is claimable. A turn that published goes on with
 		// another pass while rows are pending (new ones, or late commits; its share of time
-		// ends it); otherwise it ends, and run keeps its connections parked: the look and the
-		// activity poll wake the tenant for its next rows. A pass that claimed nothing ends the
-		// turn: what is pending is not claimable now.
-		if st.Claimed > 0 && t.pendingLeft(ctx) {
-			continue
-		}
-		t.idle()
+		// ends it); otherwise it ends, and run keeps its connections parked: the activity
+		// poll's stir, the look and the counters wake the tenant for its next rows. A pass
+		// that claimed nothing ends the turn: what is pending is not claimable now.
 		if st.Claimed > 0 {
+			busy := passStart.Sub(t.lastClaim) < cfg.DetectInterval
+			t.lastClaim = time.Now()
+			if (busy || st.Claimed >= cfg.Relay.BatchSize || st.Retrying > 0 || st.Outage > 0) && t.pendingLeft(ctx) {
+				continue
+			}
+			// A few rows of a tenant that writes now and then: the rows committed since the
+			// pass's poll are past its frontier, and their commits stir the tenant (detect)
+			// as any other's do; the pending check would cost this turn another round trip
+			// for what is almost never there.
+			t.head, t.headRead = relay.Frontier(), true
+			t.idle()
 			return held, false, false, nil
 		}
+		t.idle()
 		left := t.pendingLeft(ctx)
 		if left && !lastWork.IsZero() {
 			return held, true, false, nil // it published this turn: straight back into the queue
@@ -791,12 +850,35 @@ type server struct {
 	// counters are the databases' write counters as the last poll read them (owned by detect;
 	// kept between runs).
 	counters map[string]int64
+	// polled is closed when the first activity poll with tenants ended (awaitFirstPoll).
+	polled     chan struct{}
+	polledOnce sync.Once
 }
 
 func newServer(f *Fleet, name string) *server {
 	size := f.cfg.budgetOf(name)
 	// One connection of the budget is the activity poll's, reserved: the tenants share the rest.
-	return &server{f: f, name: name, size: size, budget: newBudget(size - 1), tenants: map[*tenant]bool{}}
+	return &server{f: f, name: name, size: size, budget: newBudget(size - 1), tenants: map[*tenant]bool{}, polled: make(chan struct{})}
+}
+
+// firstPolled closes polled once, when the server's first activity poll with tenants ended.
+func (s *server) firstPolled() {
+	s.polledOnce.Do(func() { close(s.polled) })
+}
+
+// awaitFirstPoll waits, for at most four DetectIntervals, until the server's activity poll has
+// read the counters once: a turn that begins after that poll reads every row the counters
+// include, so the next poll compares with a count the turn has seen. Without it, a row
+// committed between a tenant's first turn and the poll that takes the first count would wait
+// for the sweep.
+func (s *server) awaitFirstPoll(ctx context.Context) {
+	t := time.NewTimer(4 * s.f.cfg.DetectInterval)
+	defer t.Stop()
+	select {
+	case <-s.polled:
+	case <-t.C:
+	case <-ctx.Done():
+	}
 }
 
 func (s *server) add(t *tenant) {
@@ -828,28 +910,67 @@ func (s *server) members() ([]*tenant, map[string][]*tenant) {
 	return all, byDB
 }
 
-// activitySQL reads every database's count of inserted rows on the server: one query for all
-// its tenants. Inserts only: a relay marking its rows published updates them, and would wake
-// its own tenant for an empty turn; rows made pending again by an update (sluice replay, dead
-// retry) are found by the tenant's sweep. The counters are PostgreSQL's cumulative statistics, published by each backend
-// within about a second of its commit; they only hint, the tenants' sweeps do not depend on
-// them.
-const activitySQL = `SELECT datname, tup_inserted FROM pg_stat_database WHERE datname IS NOT NULL`
+// activitySQL reads, for every database on the server in one query for all its tenants, its
+// count of inserted rows and what its sessions are doing now.
+//
+// The count: PostgreSQL's cumulative statistics, published by each backend within about a
+// second of its commit (up to PGSTAT_IDLE_INTERVAL, 10 s, when it flushed less than a second
+// before). Inserts only: a relay marking its rows published updates them, and would wake its own
+// tenant for an empty turn; rows made pending again by an update (sluice replay, dead retry) are
+// found by the tenant's sweep.
+//
+// The sessions (pg_stat_activity, the server's live table of backends, which has no delay): a
+// signature of each session's pid and state_change (when its state last changed; every
+// statement's start and every return to idle change it): the sessions that can commit rows,
+// clients and logical replication's workers, the fleet's own left out (autovacuum's are not
+// writes, and would stir tenants for nothing).
+// A backend reports itself idle only after its commit is visible, and one that ends leaves the
+// table, so every commit in a database changes its signature at the next poll, unless a
+// session hides its state: another role's session without pg_read_all_stats (state_change is
+// then NULL), or one with track_activities off (state 'disabled'). hidden counts those; a
+// database with hidden sessions gets no live hint (activityOf).
+//
+// Both only hint: the tenants' sweeps do not depend on them.
+const activitySQL = `SELECT d.datname, d.tup_inserted, coalesce(a.sessions, ''), coalesce(a.hidden, 0)
+FROM pg_stat_database d
+LEFT JOIN (
+	SELECT datname,
+		sum(hashtextextended(pid::text || ' ' || coalesce(state_change::text, ''), 0))::text AS sessions,
+		count(*) FILTER (WHERE state_change IS NULL OR state IS NULL OR state = 'disabled') AS hidden
+	FROM pg_stat_activity
+	WHERE datname IS NOT NULL AND application_name NOT LIKE 'sluice-fleet-%'
+		AND (backend_type = 'client backend' OR backend_type LIKE 'logical replication%')
+	GROUP BY datname
+) a USING (datname)
+WHERE d.datname IS NOT NULL`
+
+// dbActivity is one database's line of activitySQL.
+type dbActivity struct {
+	inserted int64
+	sessions string // the signature of its sessions' states; "" when it has none
+	hidden   int64  // its sessions whose state this role cannot see
+}
 
 // detect polls the server's activity every DetectInterval on one connection (taken from the
-// budget) and wakes each tenant whose database's counters moved. It connects through one of
-// its tenants' settings and lets go of the connection when that tenant leaves.
+// budget). It wakes each tenant whose database's insert counter moved (a turn), and stirs each
+// whose database's sessions changed since the last poll (a parked tenant looks at its outbox:
+// tenant.run); a tenant whose database showed every session's state is watched until the next
+// poll, and its parked look skips its periodic round trip. It connects through one of its
+// tenants' settings and lets go of the connection when that tenant leaves.
 func (s *server) detect(ctx context.Context) {
 	last := s.counters // from the last Run: writes between two runs wake their tenants
 	defer func() { s.counters = last }()
+	sessions := map[string]string{} // each database's signature at the last poll
 	defer s.closeConn(ctx)
 	tick := time.NewTicker(s.f.cfg.DetectInterval)
 	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
+	for first := true; ; first = false {
+		if !first { // the first poll comes at once: the tenants' first turns wait for it
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
 		}
 		all, byDB := s.members()
 		s.connMu.Lock()
@@ -861,25 +982,41 @@ func (s *server) detect(ctx context.Context) {
 				continue
 			}
 		}
+		polled := time.Now().UnixNano()
 		seen, err := s.activity(ctx, all)
+		s.firstPolled()
 		if err != nil {
-			continue // the tenants' sweeps carry on without the hint
+			s.f.log.Debug("fleet: activity poll failed", "error", err)
+			continue // the tenants' sweeps carry on without the hint; watches lapse
 		}
-		for db, n := range seen {
-			if old, ok := last[db]; ok && n != old {
-				for _, t := range byDB[db] {
-					t.inserted.Add(max(n-old, 0))
+		at := time.Now()
+		counters := make(map[string]int64, len(seen))
+		for db, a := range seen {
+			counters[db] = a.inserted
+			old, known := sessions[db]
+			for _, t := range byDB[db] {
+				n, ok := last[db]
+				if ok && a.inserted != n {
+					t.inserted.Add(max(a.inserted-n, 0))
 					t.poke()
+				} else if started := t.turnStarted.Load(); !ok && started != 0 && started < polled {
+					// No count to compare with yet (the Run's first poll, a new database): a
+					// row may have committed between the tenant's last turn and this poll.
+					t.poke()
+				} else if !known || a.sessions != old {
+					t.stir() // (a turn woken by the counter reads the outbox anyway)
 				}
+				t.watch(at, a.hidden == 0)
 			}
+			sessions[db] = a.sessions
 		}
-		last = seen
+		last = counters
 	}
 }
 
-// activity reads every database's write counters on the activity poll's connection,
+// activity reads every database's activity (activitySQL) on the activity poll's connection,
 // connecting first when it has none.
-func (s *server) activity(ctx context.Context, all []*tenant) (map[string]int64, error) {
+func (s *server) activity(ctx context.Context, all []*tenant) (map[string]dbActivity, error) {
 	s.connMu.Lock()
 	defer s.connMu.Unlock()
 	if err := s.connectLocked(ctx, all); err != nil {
@@ -890,14 +1027,14 @@ func (s *server) activity(ctx context.Context, all []*tenant) (map[string]int64,
 		s.closeConnLocked(ctx)
 		return nil, err
 	}
-	seen := map[string]int64{}
+	seen := map[string]dbActivity{}
 	for rows.Next() {
 		var (
 			db string
-			n  int64
+			a  dbActivity
 		)
-		if rows.Scan(&db, &n) == nil {
-			seen[db] = n
+		if rows.Scan(&db, &a.inserted, &a.sessions, &a.hidden) == nil {
+			seen[db] = a
 		}
 	}
 	rows.Close()

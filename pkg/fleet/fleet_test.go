@@ -535,3 +535,83 @@ func TestLentConnectionsGoBackWhenATenantWaits(t *testing.T) {
 	require.Zero(t, statusOf(t, f, "hot").GaveWay, "the hot tenant kept its own pipeline: only the lent connection went back")
 	require.LessOrEqual(t, stop(), budget, "the fleet's connections on the server, as pg_stat_activity counted them")
 }
+
+// TestAParkedTenantLooksOnlyWhenItsDatabaseIsActive: while the activity poll sees every session
+// of its database, a parked tenant sends nothing on its parked connection; a commit in its
+// database is still published on it. A session whose state the poll cannot see (here:
+// track_activities off) brings back its periodic looks.
+func TestAParkedTenantLooksOnlyWhenItsDatabaseIsActive(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	busy := newTenantDB(t, "busy")
+	admin, err := pgxpool.New(ctx, testdb.ServerURL(t)) // another database: its sessions do not stir the tenant
+	require.NoError(t, err)
+	t.Cleanup(admin.Close)
+	var db string
+	require.NoError(t, busy.pool.QueryRow(ctx, `SELECT current_database()`).Scan(&db))
+	f := runFleet(t, fleet.Config{Registry: fleet.Static{busy.tenant()}, Relay: b.relay, DefaultConnections: 10,
+		SweepInterval: time.Hour, IdleClose: time.Hour, RegistryRefresh: time.Hour, DetectInterval: 100 * time.Millisecond})
+	stateChange := func(pid int32) time.Time {
+		var at time.Time
+		require.NoError(t, admin.QueryRow(ctx, `SELECT state_change FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&at))
+		return at
+	}
+	// parkedSession returns the tenant's one relay session and when it last changed state, once
+	// the tenant published published events and is idle on it.
+	parkedSession := func(published int) (pid int32, changed time.Time) {
+		testwait.Until(t, "the tenant parked on one session after publishing", func() bool {
+			st := f.Status()
+			if len(st) != 1 || st[0].State != fleet.StateIdle || st[0].Published < published {
+				return false
+			}
+			rows, err := admin.Query(ctx, `SELECT pid FROM pg_stat_activity
+				WHERE datname = $1 AND application_name = 'sluice-fleet-relay' AND state = 'idle'`, db)
+			require.NoError(t, err)
+			pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+			require.NoError(t, err)
+			if len(pids) != 1 {
+				return false
+			}
+			pid = pids[0]
+			return true
+		})
+		// What the write left to come (a counter that moved after the turn, a stir that waited
+		// for the turn's end) comes within a few polls.
+		time.Sleep(500 * time.Millisecond)
+		return pid, stateChange(pid)
+	}
+	// writeAlone commits an event of key k-0 on a session of its own, which then ends: its
+	// statistics are flushed as it exits, not up to 10 s later, when a counter's wake would
+	// come in the middle of the test.
+	writeAlone := func(seq int) {
+		conn, err := pgx.Connect(ctx, busy.url)
+		require.NoError(t, err)
+		defer conn.Close(ctx)
+		tx, err := conn.Begin(ctx)
+		require.NoError(t, err)
+		_, err = outbox.Write(ctx, tx, outbox.Message{Topic: "orders", EventType: "OrderCreated", AggregateID: "k-0",
+			Payload: json.RawMessage(fmt.Sprintf(`{"seq":%d}`, seq))})
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit(ctx))
+	}
+
+	writeAlone(0)
+	requireInOrder(t, b.receive(t, 1), map[string]int{"busy": 1})
+	pid, at := parkedSession(1)
+	time.Sleep(time.Second) // ten polls
+	require.Equal(t, at, stateChange(pid), "no statement on the parked session while its database was quiet")
+
+	writeAlone(1)
+	requireInOrder(t, b.receive(t, 1), map[string]int{"busy": 1})
+	pid, at = parkedSession(2)
+
+	hidden, err := pgx.Connect(ctx, busy.url)
+	require.NoError(t, err)
+	defer hidden.Close(ctx)
+	_, err = hidden.Exec(ctx, `SET track_activities = off`)
+	require.NoError(t, err)
+	testwait.Until(t, "the parked tenant looking again beside a session it cannot see", func() bool {
+		return !stateChange(pid).Equal(at)
+	})
+}

@@ -378,6 +378,15 @@ func (r *Relay) RunPass(ctx context.Context) (Stats, error) {
 	return r.pipelines(ctx, true)
 }
 
+// Frontier is the newest outbox id the relay's polls have read (0 before its first): a row
+// with a higher id is one it has not seen. A caller that runs passes (RunPass) can watch for
+// rows past it instead of asking the outbox where it ends.
+func (r *Relay) Frontier() int64 {
+	r.watch.mu.Lock()
+	defer r.watch.mu.Unlock()
+	return r.watch.frontier
+}
+
 // Run relays until ctx ends: it walks every pending key, then publishes what is due while
 // polling for new rows every PollInterval and walking all pending keys every RescanInterval.
 // Database errors are logged and retried; Run returns nil when ctx ends, or when it was idle
