@@ -99,6 +99,9 @@ type FleetSingle struct {
 	Writers int `json:",omitempty"`
 	Events  int
 	Elapsed time.Duration
+	// FirstAck is how long after the backlog's commit its first event was acknowledged (the
+	// fleet's windows of the aggregate's pairs: how soon the hot tenant's turn began).
+	FirstAck time.Duration `json:",omitempty"`
 }
 
 // Rate is the run's events per second.
@@ -734,12 +737,14 @@ func (r *pairRunner) fleetWindow(ctx context.Context) (FleetSingle, error) {
 	}
 	sessions := r.probe.sample(ctx)
 	published0 := r.pub.count(hotTenant)
+	r.pub.forgetFirst(hotTenant)
 	from, to, err := drainBacklog(ctx, r.hotPool, r.nextBase(), r.fs)
 	s.Pipelines = sessions.stop().hotMax
 	if err != nil {
 		return s, fmt.Errorf("%s: %w", s.Name, err)
 	}
 	s.Elapsed, s.Events = to.Sub(from), r.pub.publishedBetween(from, to)
+	s.FirstAck = r.pub.firstAck(hotTenant).Sub(from)
 	if hot := r.pub.count(hotTenant) - published0; hot < r.fs.HotRows {
 		return s, fmt.Errorf("%s: %d of the backlog's %d events acknowledged when none was pending", s.Name, hot, r.fs.HotRows)
 	}
@@ -753,7 +758,8 @@ func (r *pairRunner) fleetWindow(ctx context.Context) (FleetSingle, error) {
 	if err := stopFleet(); err != nil {
 		return s, fmt.Errorf("%s: fleet run: %w", s.Name, err)
 	}
-	r.log.Info("fleet: aggregate window", "name", s.Name, "hot_sessions_max", s.Pipelines, "elapsed", s.Elapsed.Round(time.Millisecond), "events/s", int(s.Rate()))
+	r.log.Info("fleet: aggregate window", "name", s.Name, "hot_sessions_max", s.Pipelines, "elapsed", s.Elapsed.Round(time.Millisecond), "events/s", int(s.Rate()),
+		"first_ack", s.FirstAck.Round(time.Millisecond))
 	return s, nil
 }
 

@@ -208,17 +208,21 @@ func (r *FleetResult) markdown(w func(string, ...any)) {
 			"started, with the table emptied and the backlog committed in one `INSERT`, and ended when the same check (every 20 ms) first found "+
 			"none of the backlog's rows pending, every event published in it counted. The target is judged on the median of the pairs' ratios:\n\n",
 			num(lo), num(hi), len(r.Pairs), r.Pairs[0].Reference.Writers, r.Pairs[0].Fleet.Writers)
-		w("| pair | first | single-database relay: events, time, events/s | fleet: events, time, events/s | hot tenant's relay sessions | fleet ÷ relay |\n|---:|---|---:|---:|---:|---:|\n")
+		w("| pair | first | single-database relay: events, time, events/s | fleet: events, time, events/s | fleet: the backlog's first event acknowledged after | hot tenant's relay sessions | fleet ÷ relay |\n|---:|---|---:|---:|---:|---:|---:|\n")
 		for i, p := range r.Pairs {
 			first := "relay"
 			if p.FleetFirst {
 				first = "fleet"
 			}
-			w("| %d | %s | %s in %s: %s | %s in %s: %s | %d | %.0f%% |\n", i+1, first,
+			ack := "–" // runs before it was measured
+			if p.Fleet.FirstAck > 0 {
+				ack = p.Fleet.FirstAck.Round(time.Millisecond).String()
+			}
+			w("| %d | %s | %s in %s: %s | %s in %s: %s | %s | %d | %.0f%% |\n", i+1, first,
 				num(float64(p.Reference.Events)), p.Reference.Elapsed.Round(time.Millisecond), num(p.Reference.Rate()),
-				num(float64(p.Fleet.Events)), p.Fleet.Elapsed.Round(time.Millisecond), num(p.Fleet.Rate()), p.Fleet.Pipelines, 100*p.Ratio())
+				num(float64(p.Fleet.Events)), p.Fleet.Elapsed.Round(time.Millisecond), num(p.Fleet.Rate()), ack, p.Fleet.Pipelines, 100*p.Ratio())
 		}
-		w("| **median** | | | | | **%.0f%%** |\n\n", 100*r.pairsRatio())
+		w("| **median** | | | | | | **%.0f%%** |\n\n", 100*r.pairsRatio())
 	}
 	if len(r.HotStatements) > 0 {
 		var parts []string

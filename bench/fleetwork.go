@@ -98,6 +98,13 @@ func (p *fleetPublisher) firstAck(tenant string) time.Time {
 	return p.first[tenant]
 }
 
+// forgetFirst makes firstAck of tenant report its next acknowledgement.
+func (p *fleetPublisher) forgetFirst(tenant string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.first, tenant)
+}
+
 // publishedBetween counts the acknowledgements in [from, to].
 func (p *fleetPublisher) publishedBetween(from, to time.Time) int {
 	p.mu.Lock()

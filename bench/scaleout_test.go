@@ -16,7 +16,7 @@ func TestScaleoutSuiteTiny(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(env.Close)
-	spec := scaleoutSpec{Rows: 600, Keys: 60, Repeats: 1, Relays: []int{1, 4}, OnePipelines: []int{4}, Delays: []time.Duration{0, 10 * time.Millisecond},
+	spec := scaleoutSpec{Rows: 3000, Keys: 60, Repeats: 1, Relays: []int{1, 4}, OnePipelines: []int{4}, Delays: []time.Duration{0, 10 * time.Millisecond},
 		Rescans: []time.Duration{5 * time.Second}, Timeout: time.Minute}
 	res, err := measureScaleout(ctx, log, env, spec)
 	if err != nil {
