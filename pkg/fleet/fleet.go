@@ -930,13 +930,19 @@ func (s *server) members() ([]*tenant, map[string][]*tenant) {
 // then NULL), or one with track_activities off (state 'disabled'). hidden counts those; a
 // database with hidden sessions gets no live hint (activityOf).
 //
-// Both only hint: the tenants' sweeps do not depend on them.
-const activitySQL = `SELECT d.datname, d.tup_inserted, coalesce(a.sessions, ''), coalesce(a.hidden, 0)
+// writers names the transactions that have written (backend_xid, which every role may read)
+// and not ended: a transaction seen writing by one poll and gone at the next has committed (or
+// rolled back). A bulk write is thus seen when it ends, whatever the statistics' delay; the
+// short ones that no poll catches are the count's and the signature's.
+//
+// All three only hint: the tenants' sweeps do not depend on them.
+const activitySQL = `SELECT d.datname, d.tup_inserted, coalesce(a.sessions, ''), coalesce(a.hidden, 0), coalesce(a.writers, '{}')
 FROM pg_stat_database d
 LEFT JOIN (
 	SELECT datname,
 		sum(hashtextextended(pid::text || ' ' || coalesce(state_change::text, ''), 0))::text AS sessions,
-		count(*) FILTER (WHERE state_change IS NULL OR state IS NULL OR state = 'disabled') AS hidden
+		count(*) FILTER (WHERE state_change IS NULL OR state IS NULL OR state = 'disabled') AS hidden,
+		array_agg(pid::text || ' ' || backend_xid::text) FILTER (WHERE backend_xid IS NOT NULL) AS writers
 	FROM pg_stat_activity
 	WHERE datname IS NOT NULL AND application_name NOT LIKE 'sluice-fleet-%'
 		AND (backend_type = 'client backend' OR backend_type LIKE 'logical replication%')
@@ -949,6 +955,7 @@ type dbActivity struct {
 	inserted int64
 	sessions string // the signature of its sessions' states; "" when it has none
 	hidden   int64  // its sessions whose state this role cannot see
+	writers  []string
 }
 
 // detect polls the server's activity every DetectInterval on one connection (taken from the
@@ -960,7 +967,8 @@ type dbActivity struct {
 func (s *server) detect(ctx context.Context) {
 	last := s.counters // from the last Run: writes between two runs wake their tenants
 	defer func() { s.counters = last }()
-	sessions := map[string]string{} // each database's signature at the last poll
+	sessions := map[string]string{}  // each database's signature at the last poll
+	writing := map[string][]string{} // each database's writing transactions at the last poll
 	defer s.closeConn(ctx)
 	tick := time.NewTicker(s.f.cfg.DetectInterval)
 	defer tick.Stop()
@@ -991,25 +999,32 @@ func (s *server) detect(ctx context.Context) {
 		}
 		at := time.Now()
 		counters := make(map[string]int64, len(seen))
+		nextSessions, nextWriting := make(map[string]string, len(seen)), make(map[string][]string, len(seen))
 		for db, a := range seen {
-			counters[db] = a.inserted
+			counters[db], nextSessions[db], nextWriting[db] = a.inserted, a.sessions, a.writers
+			n, counted := last[db]
 			old, known := sessions[db]
+			// A write a poll saw in flight has ended (a burst, perhaps), or the count moved.
+			wrote := slices.ContainsFunc(writing[db], func(w string) bool { return !slices.Contains(a.writers, w) }) ||
+				counted && a.inserted != n
 			for _, t := range byDB[db] {
-				n, ok := last[db]
-				if ok && a.inserted != n {
-					t.inserted.Add(max(a.inserted-n, 0))
+				if counted && a.inserted > n {
+					t.inserted.Add(a.inserted - n)
+				}
+				switch started := t.turnStarted.Load(); {
+				case wrote:
 					t.poke()
-				} else if started := t.turnStarted.Load(); !ok && started != 0 && started < polled {
-					// No count to compare with yet (the Run's first poll, a new database): a
-					// row may have committed between the tenant's last turn and this poll.
+				case !counted && started != 0 && started < polled:
+					// No count to compare with yet (a database new to the poll): a row may
+					// have committed between the tenant's last turn and this poll.
 					t.poke()
-				} else if !known || a.sessions != old {
-					t.stir() // (a turn woken by the counter reads the outbox anyway)
+				case !known || a.sessions != old:
+					t.stir() // (a turn woken above reads the outbox anyway)
 				}
 				t.watch(at, a.hidden == 0)
 			}
-			sessions[db] = a.sessions
 		}
+		sessions, writing = nextSessions, nextWriting
 		last = counters
 	}
 }
@@ -1033,7 +1048,7 @@ func (s *server) activity(ctx context.Context, all []*tenant) (map[string]dbActi
 			db string
 			a  dbActivity
 		)
-		if rows.Scan(&db, &a.inserted, &a.sessions, &a.hidden) == nil {
+		if rows.Scan(&db, &a.inserted, &a.sessions, &a.hidden, &a.writers) == nil {
 			seen[db] = a
 		}
 	}
