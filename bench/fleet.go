@@ -400,7 +400,7 @@ func measureFleet(ctx context.Context, log *slog.Logger, env *Env, fs fleetSize)
 	if err != nil {
 		return nil, err
 	}
-	for _, kind := range []string{stmtPoll, stmtSweep, stmtLock, stmtRead, stmtSettle} {
+	for _, kind := range []string{stmtPoll, stmtSweep, stmtLock, stmtSettle} { // lock: the claim, its keys' locks and rows in one round trip
 		st := FleetStmtTime{Kind: kind}
 		for _, s := range hotTracer.take(kind) {
 			st.N++

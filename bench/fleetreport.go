@@ -171,8 +171,10 @@ func (r *FleetResult) markdown(w func(string, ...any)) {
 	d50, d95, d99, dmax := r.added()
 	w("| **added by the backlog** (against the better window without it, figure by figure) | | | **%s** | %s | **%s** | %s | | | | |\n\n", signed(d50), signed(d95), signed(d99), signed(dmax))
 	if r.Without.QuietXacts > 0 {
-		w("A quiet event costs its database one transaction of its producer's; the rest are the fleet's: the parked tenant's looks at its "+
-			"outbox (every %s), the turn's read-only pass, the round's lock, read and settle (the round's session settings were taken once, when the tenant's pool connected: outbox.DedicatePool), and the pending check. A single-database "+
+		w("A quiet event costs its database one transaction of its producer's; the rest are the fleet's: the turn's read-only pass, "+
+			"the round's claim (its keys' locks and rows in one round trip) and settle (the round's session settings were taken once, when the tenant's "+
+			"pool connected: outbox.DedicatePool), sometimes a look at the outbox (a parked tenant looks when the activity poll, every %s, saw its "+
+			"database's sessions do something), and a few fruitless turns. A single-database "+
 			"relay publishes the same writers' events inside its rounds: what these transactions cost the server is what the aggregate below "+
 			"loses on a machine whose cores PostgreSQL and the relay share.\n\n", fleet.DefaultDetectInterval)
 	}
@@ -228,15 +230,22 @@ func (r *FleetResult) markdown(w func(string, ...any)) {
 		var parts []string
 		var sum time.Duration
 		for _, s := range r.HotStatements {
-			parts = append(parts, fmt.Sprintf("%s %s in %s", s.Kind, num(float64(s.N)), s.Total.Round(time.Millisecond)))
+			kind := s.Kind
+			if kind == stmtLock {
+				kind = "claim (the keys' locks and rows)" // one round trip since the read joined the lock
+			}
+			if kind == stmtRead && s.N == 0 {
+				continue // runs before the read joined the lock counted it apart
+			}
+			parts = append(parts, fmt.Sprintf("%s %s in %s", kind, num(float64(s.N)), s.Total.Round(time.Millisecond)))
 			sum += s.Total
 		}
 		w("Where the hot tenant's window went: its relays' statements (a pgx tracer on its pools, by kind: statements, time) were %s; "+
 			"%s in all over its %s in the %s window, the rest of its time was spent publishing (the stub's %s per call), opening and closing pools, "+
 			"and waiting for its turn.", strings.Join(parts, "; "), sum.Round(time.Millisecond), turnCount(r.With.HotTurns), r.With.Window.Round(time.Second), r.Delay)
 		if r.With.HotFirst > 0 {
-			w(" Its first event was acknowledged %s after the backlog's commit: the activity poll's next look at the server's statistics "+
-				"(which PostgreSQL publishes within about a second of a commit), the turn's new connections and its first round.", r.With.HotFirst.Round(time.Millisecond))
+			w(" Its first event was acknowledged %s after the backlog's commit: the activity poll's next look (which sees the backlog's "+
+				"transaction end, or the count the statistics publish), the turn's new connections and its first round.", r.With.HotFirst.Round(time.Millisecond))
 		}
 		w("\n\n")
 	}

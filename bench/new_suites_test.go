@@ -110,6 +110,18 @@ func TestRelayTracer(t *testing.T) {
 	if st, ok := tr.lastOf(stmtSettle); !ok || len(tr.take(stmtSettle)) != 1 || len(st.Args) != 1 {
 		t.Fatal("the settle batch was not recorded")
 	}
+	// A round's claim: its keys' locks and rows in one batch.
+	bc = tr.TraceBatchStart(ctx, conn, pgx.TraceBatchStartData{})
+	tr.TraceBatchQuery(bc, conn, pgx.TraceBatchQueryData{SQL: "BEGIN ISOLATION LEVEL READ COMMITTED"})
+	tr.TraceBatchQuery(bc, conn, pgx.TraceBatchQueryData{SQL: "SELECT k FROM unnest($1::text[]) AS k WHERE pg_try_advisory_lock(k)"})
+	tr.TraceBatchQuery(bc, conn, pgx.TraceBatchQueryData{SQL: "WITH chain AS (SELECT 1)", CommandTag: pgconn.NewCommandTag("SELECT 7")})
+	tr.TraceBatchEnd(bc, conn, pgx.TraceBatchEndData{})
+	if claims := tr.take("claim"); len(claims) != 1 || claims[0].Rows != 7 || len(tr.take(stmtLock)) != 1 {
+		t.Fatalf("the claim batch: claims %+v", claims)
+	}
+	if sql, _, rows := tr.biggest(); !strings.HasPrefix(sql, "WITH chain AS") || rows != 7 {
+		t.Fatalf("biggest read after the claim batch = %q, %d rows", sql, rows)
+	}
 }
 
 func TestIndexesInPlan(t *testing.T) {

@@ -99,6 +99,10 @@ type queryStart struct {
 type batchState struct {
 	at   time.Time
 	kind string
+	// read: the batch held a read (a round's claim: its keys' locks and rows in one round
+	// trip), which returned rows rows.
+	read bool
+	rows int64
 }
 
 // TraceQueryStart implements pgx.QueryTracer.
@@ -152,14 +156,27 @@ func (t *relayTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.Tr
 }
 
 // TraceBatchQuery implements pgx.BatchTracer: a batch is named by its first statement the
-// tracer recognises.
+// tracer recognises; one that holds a read is also a claim, whose read is kept as a query's.
 func (t *relayTracer) TraceBatchQuery(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
-	if bs, ok := ctx.Value(batchStateKey{}).(*batchState); ok && bs.kind == "" {
-		if k := relayStmtKind(data.SQL); k != stmtOther {
-			bs.kind = k
-			t.mu.Lock()
-			t.last[k] = sentStmt{data.SQL, data.Args}
-			t.mu.Unlock()
+	bs, ok := ctx.Value(batchStateKey{}).(*batchState)
+	if !ok {
+		return
+	}
+	k := relayStmtKind(data.SQL)
+	if k == stmtOther {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if bs.kind == "" {
+		bs.kind = k
+		t.last[k] = sentStmt{data.SQL, data.Args}
+	}
+	if k == stmtRead && data.Err == nil {
+		bs.read, bs.rows = true, data.CommandTag.RowsAffected()
+		t.last[k] = sentStmt{data.SQL, data.Args}
+		if bs.rows > t.biggestRead.rows {
+			t.biggestRead.sql, t.biggestRead.args, t.biggestRead.rows = data.SQL, data.Args, bs.rows
 		}
 	}
 }
@@ -173,7 +190,12 @@ func (t *relayTracer) TraceBatchEnd(ctx context.Context, _ *pgx.Conn, data pgx.T
 	now := time.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.samples[bs.kind] = append(t.samples[bs.kind], stmtSample{At: now.Sub(t.start), Took: now.Sub(bs.at)})
+	sample := stmtSample{At: now.Sub(t.start), Took: now.Sub(bs.at)}
+	t.samples[bs.kind] = append(t.samples[bs.kind], sample)
+	if bs.read && bs.rows > 0 {
+		sample.Rows = bs.rows
+		t.claims = append(t.claims, sample)
+	}
 }
 
 // take returns and forgets the samples of kind (stmtLock, ...), or of the claims with "claim".
