@@ -928,7 +928,8 @@ func (s *server) members() ([]*tenant, map[string][]*tenant) {
 // table, so every commit in a database changes its signature at the next poll, unless a
 // session hides its state: another role's session without pg_read_all_stats (state_change is
 // then NULL), or one with track_activities off (state 'disabled'). hidden counts those; a
-// database with hidden sessions gets no live hint (activityOf).
+// database with hidden sessions is not watched, and its parked tenants keep their periodic
+// looks (tenant.watch).
 //
 // writers names the transactions that have written (backend_xid, which every role may read)
 // and not ended: a transaction seen writing by one poll and gone at the next has committed (or
