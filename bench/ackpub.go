@@ -15,11 +15,20 @@ import (
 
 // waitBook pairs events' commit times (when the producer's Commit returned) with the times the
 // stub broker acknowledged them, for commit-to-acknowledgement latencies. Only the first
-// acknowledgement of an event counts (the relay may publish an event twice).
+// acknowledgement of an event counts (the relay may publish an event twice). An acknowledgement
+// is only appended to a log in the broker's call; the readers file the log into the map first
+// (file), so that the book's cost lands when results are read, not in the relay's rounds.
 type waitBook struct {
 	mu        sync.Mutex
 	committed map[uuid.UUID]time.Time
 	acked     map[uuid.UUID]time.Time
+	unfiled   []bookedAck // acknowledgements not yet in acked, in the order they were recorded
+}
+
+// bookedAck is one acknowledgement the book has not filed yet.
+type bookedAck struct {
+	id uuid.UUID
+	at time.Time
 }
 
 func newWaitBook() *waitBook {
@@ -35,13 +44,24 @@ func (b *waitBook) commit(at time.Time, ids ...uuid.UUID) {
 	}
 }
 
-// ack records that id was acknowledged at at, unless it was before.
-func (b *waitBook) ack(id uuid.UUID, at time.Time) {
+// ack records that the events ids were acknowledged at at (an event's first acknowledgement
+// is the one that counts).
+func (b *waitBook) ack(at time.Time, ids ...uuid.UUID) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if _, ok := b.acked[id]; !ok {
-		b.acked[id] = at
+	for _, id := range ids {
+		b.unfiled = append(b.unfiled, bookedAck{id, at})
 	}
+}
+
+// file moves the unfiled acknowledgements into acked, each event's first kept. b.mu is held.
+func (b *waitBook) file() {
+	for _, a := range b.unfiled {
+		if _, ok := b.acked[a.id]; !ok {
+			b.acked[a.id] = a.at
+		}
+	}
+	b.unfiled = b.unfiled[:0]
 }
 
 // committedCount returns how many events were committed.
@@ -55,6 +75,7 @@ func (b *waitBook) committedCount() int {
 func (b *waitBook) ackedCount() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.file()
 	return len(b.acked)
 }
 
@@ -62,6 +83,7 @@ func (b *waitBook) ackedCount() int {
 func (b *waitBook) pending(ids []uuid.UUID) int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.file()
 	n := 0
 	for _, id := range ids {
 		if _, ok := b.acked[id]; !ok {
@@ -90,6 +112,7 @@ func (b *waitBook) committedSince(ids []uuid.UUID, t time.Time) []uuid.UUID {
 func (b *waitBook) waits(ids []uuid.UUID) (waits []time.Duration, missing int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.file()
 	for _, id := range ids {
 		c, okc := b.committed[id]
 		a, oka := b.acked[id]
@@ -138,6 +161,7 @@ func (p *ackPublisher) PublishBatch(ctx context.Context, dest string, events []*
 		}
 	}
 	now := time.Now()
+	acked := make([]uuid.UUID, 0, len(events))
 	for i, e := range events {
 		if p.failEvent != nil {
 			if errs[i] = p.failEvent(e); errs[i] != nil {
@@ -145,10 +169,11 @@ func (p *ackPublisher) PublishBatch(ctx context.Context, dest string, events []*
 				continue
 			}
 		}
-		p.events.Add(1)
-		if p.book != nil {
-			p.book.ack(e.EventID, now)
-		}
+		acked = append(acked, e.EventID)
+	}
+	p.events.Add(int64(len(acked)))
+	if p.book != nil {
+		p.book.ack(now, acked...)
 	}
 	return errs
 }

@@ -12,6 +12,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
 // Issue 11's overhead ratio is what outbox.Write adds over what the minimal row adds.
@@ -53,9 +55,9 @@ func TestWaitBook(t *testing.T) {
 	t0 := time.Unix(100, 0)
 	a, c, d := uuid.New(), uuid.New(), uuid.New()
 	b.commit(t0, a, c, d)
-	b.ack(a, t0.Add(30*time.Millisecond))
-	b.ack(a, t0.Add(90*time.Millisecond)) // a duplicate publish: the first acknowledgement counts
-	b.ack(c, t0.Add(-time.Microsecond))   // acknowledged just before Commit returned
+	b.ack(t0.Add(30*time.Millisecond), a)
+	b.ack(t0.Add(90*time.Millisecond), a) // a duplicate publish: the first acknowledgement counts
+	b.ack(t0.Add(-time.Microsecond), c)   // acknowledged just before Commit returned
 	waits, missing := b.waits([]uuid.UUID{a, c, d})
 	if missing != 1 || len(waits) != 2 || waits[0] != 30*time.Millisecond || waits[1] != 0 {
 		t.Fatalf("waits = %v, missing = %d", waits, missing)
@@ -350,5 +352,39 @@ func TestNotesRender(t *testing.T) {
 	}
 	if bad := (&Report{}).renderNotes("{{.no_such_value}}"); !strings.Contains(bad, "does not render") {
 		t.Errorf("a misspelt value must show, got %q", bad)
+	}
+}
+
+// The fleet's stub files its calls when read: per-tenant counts, first and last
+// acknowledgements, repeated publishes and the calls in a window, as if counted in the call.
+func TestFleetPublisherFilesOnRead(t *testing.T) {
+	t.Parallel()
+	book := newWaitBook()
+	p := newFleetPublisher(book)
+	p.ack.Delay = 0
+	ctx := context.Background()
+	ev := func(tenant string) *outbox.Event {
+		return &outbox.Event{EventID: uuid.New(), Headers: map[string]string{outbox.TenantHeader: tenant}}
+	}
+	a, b, c := ev("hot"), ev("hot"), ev("q001")
+	from := time.Now()
+	p.PublishBatch(ctx, "orders", []*outbox.Event{a, c})
+	p.forgetFirst("hot")                                 // what was acknowledged before it is filed first
+	p.PublishBatch(ctx, "orders", []*outbox.Event{b, a}) // a again: a repeated publish
+	to := time.Now()
+	if p.count("hot") != 2 || p.count("q001") != 1 {
+		t.Fatalf("counts: hot %d, q001 %d", p.count("hot"), p.count("q001"))
+	}
+	if first, last := p.firstAck("hot"), p.lastAck("hot"); first.IsZero() || !first.Equal(last) {
+		t.Fatalf("hot: first %v (want the second call's), last %v", first, last)
+	}
+	if n, by := p.duplicates(); n != 1 || by["hot"] != 1 {
+		t.Fatalf("duplicates %d %v", n, by)
+	}
+	if n := p.publishedBetween(from, to); n != 4 {
+		t.Fatalf("published between: %d, want 4 acknowledgements", n)
+	}
+	if book.ackedCount() != 3 || book.pending([]uuid.UUID{a.EventID, b.EventID, c.EventID}) != 0 {
+		t.Fatalf("book: %d acknowledged", book.ackedCount())
 	}
 }
