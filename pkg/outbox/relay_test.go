@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/internal/testdb"
@@ -458,4 +459,66 @@ func TestRunRepublishesReplayedRowsInKeyOrderWithoutWaitingForARescan(t *testing
 			require.Greater(t, second[i], second[i-1], "key %s: replay and new rows in id order", key)
 		}
 	}
+}
+
+// pollCounter counts the relay's polls (pollSQL, sent in batches) on a pool's connections
+// before its first claim (the advisory locks of a round).
+type pollCounter struct {
+	mu      sync.Mutex
+	n       int
+	claimed bool
+}
+
+func (c *pollCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+func (c *pollCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *pollCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+func (c *pollCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case strings.Contains(d.SQL, "pg_try_advisory_lock"):
+		c.claimed = true
+	case strings.Contains(d.SQL, "WHERE id > $1 ORDER BY id LIMIT $2") && !c.claimed:
+		c.n++
+	}
+}
+func (c *pollCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// A pass over a backlog larger than one poll reads (pollRows, 10,000) polls once before its
+// first claim and moves its frontier to the outbox's end: its sweep walks every pending key, the backlog's among them, so
+// it claims at once instead of paging through the backlog first. Every row is published once,
+// each key in order.
+func TestAPassOverABacklogPollsOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pcfg, err := pgxpool.ParseConfig(testdb.URL(t))
+	require.NoError(t, err)
+	polls := &pollCounter{}
+	pcfg.ConnConfig.Tracer = polls
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	b := &bundle{pool: pool, rec: newRecorder()}
+	r := b.relay(t)
+	_, err = r.RunPass(ctx) // the relay has looked at the empty outbox: its frontier is before the backlog
+	require.NoError(t, err)
+
+	b.write(t, 25_000, 100)
+	polls.mu.Lock()
+	polls.n, polls.claimed = 0, false
+	polls.mu.Unlock()
+	st, err := r.RunPass(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, polls.n, "one poll before the first claim, not one per 10,000 rows")
+	require.Equal(t, 25_000, st.Published)
+	var newest int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT max(id) FROM outbox_event`).Scan(&newest))
+	require.Equal(t, newest, r.Frontier())
+	require.Equal(t, 25_000, b.rec.count())
+	b.rec.requireKeyOrder(t)
+	require.Zero(t, b.countWhere(t, "published_at IS NULL"))
 }

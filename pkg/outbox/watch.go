@@ -208,8 +208,11 @@ func (w *watcher) applyPoll(p pollRead) int {
 
 // pollAndSweep is RunOnce's look at the outbox, a poll and then a sweep: the first poll and
 // the first sweep step share one read-only transaction (one round trip, where each in its own
-// took two), and each goes on as poll and sweep do while a step came back full (pollOn,
-// sweepOn).
+// took two), and the sweep goes on while a step came back full (sweepOn). A first poll that
+// came back full (a backlog) is not paged through as polling does: the sweep walks every
+// pending key, the backlog's among them, so the frontier moves to the outbox's newest row
+// (jumpFrontier) as a relay's start sets it, one round trip where paging took one per
+// pollRows rows before the pass's first claim.
 func (w *watcher) pollAndSweep(ctx context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -220,11 +223,28 @@ func (w *watcher) pollAndSweep(ctx context.Context) error {
 	if err := w.readOnly(ctx, b); err != nil {
 		return fmt.Errorf("poll outbox for new rows and walk pending partition keys: %w", err)
 	}
-	if err := w.pollOn(ctx, w.applyPoll(p)); err != nil {
-		return err
+	if w.applyPoll(p) >= pollRows {
+		if err := w.jumpFrontier(ctx); err != nil {
+			return err
+		}
 	}
 	n, last := w.applySweep(s)
 	return w.sweepOn(ctx, n, last)
+}
+
+// jumpFrontier moves the frontier to the outbox's newest row (with w.mu held). The rows it
+// passes over are the sweep's, as start leaves the rows before the first frontier: the ones
+// that committed before the pass's sweep step are in its walk, and the ones not committed
+// yet are found by a later sweep (the next pass's).
+func (w *watcher) jumpFrontier(ctx context.Context) error {
+	var newest int64
+	b := &pgx.Batch{}
+	b.Queue(maxIDSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&newest) })
+	if err := w.readOnly(ctx, b); err != nil {
+		return fmt.Errorf("read where the outbox ends: %w", err)
+	}
+	w.frontier = max(w.frontier, newest)
+	return nil
 }
 
 func (w *watcher) wantSweep() {
