@@ -77,8 +77,10 @@ type Config struct {
 	// SweepInterval is the longest a registered tenant goes without a turn. Defaults to
 	// DefaultSweepInterval.
 	SweepInterval time.Duration
-	// DetectInterval is how often each server's pg_stat_database is read to find tenant
-	// databases with new writes. Defaults to DefaultDetectInterval.
+	// DetectInterval is how often each server's activity is read (pg_stat_database and
+	// pg_stat_activity) to find tenant databases with new writes; a write transaction a poll
+	// saw in flight is asked about sooner (pg_xact_status), so that its commit is seen a moment
+	// after it. Defaults to DefaultDetectInterval.
 	DetectInterval time.Duration
 	// IdleClose is how long a tenant keeps its connections parked after a turn that
 	// published: its next turn runs on them, found by a look at its own outbox every

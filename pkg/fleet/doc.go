@@ -25,8 +25,9 @@
 //     budget.giveWay; fleet.go, tenant.turn).
 //   - Liveness: every registered tenant is looked at directly at least every SweepInterval;
 //     the server-wide activity poll (pg_stat_database and pg_stat_activity, one query per
-//     server per DetectInterval) only brings a tenant's turn sooner, it never decides that one
-//     is not due.
+//     server per DetectInterval, and between polls a commit-log lookup for each write
+//     transaction the last poll saw in flight: writes.go) only brings a tenant's turn sooner,
+//     it never decides that one is not due.
 //   - A failing tenant (unreachable, wrong password, broken schema) costs only its own turns:
 //     its error is recorded in its [TenantStatus] and it is retried with a backoff.
 //

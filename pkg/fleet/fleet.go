@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -286,6 +287,10 @@ type tenant struct {
 	// goroutine's): hints of a backlog (backlogAtStart).
 	inserted atomic.Int64
 	looked   int64
+	// writeEnded: a write transaction its server's activity poll saw in flight in its database
+	// has ended since its last turn began (detect and awaitPoll set it, turn takes it): a
+	// bulk write's rows are in the outbox before its statistics count them (backlogAtStart).
+	writeEnded atomic.Bool
 }
 
 func newTenant(f *Fleet, t Tenant, s *server) *tenant {
@@ -545,7 +550,7 @@ func (t *tenant) turn(ctx context.Context, conns int) (held int, more, retrying 
 	cfg := t.f.cfg
 	held = conns
 	t.headRead = false
-	inserted, looked := t.inserted.Swap(0), t.looked
+	inserted, looked, wrote := t.inserted.Swap(0), t.looked, t.writeEnded.Swap(false)
 	t.looked = 0
 	relay, err := t.open(ctx, held)
 	if err != nil {
@@ -564,7 +569,7 @@ func (t *tenant) turn(ctx context.Context, conns int) (held int, more, retrying 
 	busy := &busyTurn{n: conns, start: start}
 	defer t.server.budget.turnEnded(busy) // before run releases or parks the connections
 	// A turn woken by a backlog grows before its first pass, not growAfter into it.
-	if most > held && t.server.budget.room(most-held) && t.backlogAtStart(ctx, inserted, looked, held) && t.server.budget.grow(busy, most-held) {
+	if most > held && t.server.budget.room(most-held) && t.backlogAtStart(ctx, inserted, looked, wrote, held) && t.server.budget.grow(busy, most-held) {
 		grown, held = true, most
 		if relay, err = t.reopen(ctx, held); err != nil {
 			return held, false, false, err
@@ -696,17 +701,18 @@ func (t *tenant) turn(ctx context.Context, conns int) (held int, more, retrying 
 
 // backlogAtStart reports whether a turn on held pipelines starts on a backlog of at least a
 // full batch per pipeline of new outbox rows: its parked looks saw as many added (looked), or
-// its server's activity poll counted as many rows inserted into its database (inserted) and
+// its server's activity poll counted as many rows inserted into its database (inserted) or saw
+// a write transaction in it end (wrote: a bulk write, before its statistics count it), and
 // the outbox's newest id is as far past the newest the tenant knew, with what the looks saw
 // before it (one lookup at the primary key's end: rows of other tables count in the poll's
 // figure, not in the outbox). Only a hint for growing sooner: a turn that starts small is
 // weighed from growAfter into it on what it claimed.
-func (t *tenant) backlogAtStart(ctx context.Context, inserted, looked int64, held int) bool {
+func (t *tenant) backlogAtStart(ctx context.Context, inserted, looked int64, wrote bool, held int) bool {
 	need := int64(t.f.cfg.Relay.BatchSize * held)
 	if looked >= need {
 		return true
 	}
-	if inserted < need {
+	if inserted < need && !wrote {
 		return false
 	}
 	added, err := t.readHead(ctx) // past the head of the tenant's last look: the looks' rows count too
@@ -936,8 +942,13 @@ func (s *server) members() ([]*tenant, map[string][]*tenant) {
 // rolled back). A bulk write is thus seen when it ends, whatever the statistics' delay; the
 // short ones that no poll catches are the count's and the signature's.
 //
-// All three only hint: the tenants' sweeps do not depend on them.
-const activitySQL = `SELECT d.datname, d.tup_inserted, coalesce(a.sessions, ''), coalesce(a.hidden, 0), coalesce(a.writers, '{}')
+// Beside them, the statement's snapshot xmax, a 64-bit transaction id: the writers' 32-bit ids
+// are placed by it (fullXid) for awaitPoll, which asks whether each has ended before the next
+// poll.
+//
+// All of it only hints: the tenants' sweeps do not depend on it.
+const activitySQL = `SELECT d.datname, d.tup_inserted, coalesce(a.sessions, ''), coalesce(a.hidden, 0), coalesce(a.writers, '{}'),
+	pg_snapshot_xmax(pg_current_snapshot())::text
 FROM pg_stat_database d
 LEFT JOIN (
 	SELECT datname,
@@ -957,28 +968,29 @@ type dbActivity struct {
 	sessions string // the signature of its sessions' states; "" when it has none
 	hidden   int64  // its sessions whose state this role cannot see
 	writers  []string
+	xmax     uint64 // the poll's snapshot xmax (xid8), which places the writers' ids
 }
 
 // detect polls the server's activity every DetectInterval on one connection (taken from the
 // budget). It wakes each tenant whose database's insert counter moved (a turn), and stirs each
 // whose database's sessions changed since the last poll (a parked tenant looks at its outbox:
 // tenant.run); a tenant whose database showed every session's state is watched until the next
-// poll, and its parked look skips its periodic round trip. It connects through one of its
-// tenants' settings and lets go of the connection when that tenant leaves.
+// poll, and its parked look skips its periodic round trip. Between two polls, it asks whether
+// the write transactions the last one saw in flight have ended (awaitPoll). It connects
+// through one of its tenants' settings and lets go of the connection when that tenant leaves.
 func (s *server) detect(ctx context.Context) {
 	last := s.counters // from the last Run: writes between two runs wake their tenants
 	defer func() { s.counters = last }()
-	sessions := map[string]string{}  // each database's signature at the last poll
-	writing := map[string][]string{} // each database's writing transactions at the last poll
+	sessions := map[string]string{}      // each database's signature at the last poll
+	writing := map[string][]string{}     // each database's writing transactions at the last poll
+	writes := map[string]writeInFlight{} // the same, until awaitPoll sees them end
 	defer s.closeConn(ctx)
 	tick := time.NewTicker(s.f.cfg.DetectInterval)
 	defer tick.Stop()
 	for first := true; ; first = false {
 		if !first { // the first poll comes at once: the tenants' first turns wait for it
-			select {
-			case <-ctx.Done():
+			if !s.awaitPoll(ctx, tick.C, writes, writing) {
 				return
-			case <-tick.C:
 			}
 		}
 		all, byDB := s.members()
@@ -1006,11 +1018,14 @@ func (s *server) detect(ctx context.Context) {
 			n, counted := last[db]
 			old, known := sessions[db]
 			// A write a poll saw in flight has ended (a burst, perhaps), or the count moved.
-			wrote := slices.ContainsFunc(writing[db], func(w string) bool { return !slices.Contains(a.writers, w) }) ||
-				counted && a.inserted != n
+			ended := slices.ContainsFunc(writing[db], func(w string) bool { return !slices.Contains(a.writers, w) })
+			wrote := ended || counted && a.inserted != n
 			for _, t := range byDB[db] {
 				if counted && a.inserted > n {
 					t.inserted.Add(a.inserted - n)
+				}
+				if ended {
+					t.writeEnded.Store(true)
 				}
 				switch started := t.turnStarted.Load(); {
 				case wrote:
@@ -1026,6 +1041,7 @@ func (s *server) detect(ctx context.Context) {
 			}
 		}
 		sessions, writing = nextSessions, nextWriting
+		writes = writesInFlight(seen, writes, at)
 		last = counters
 	}
 }
@@ -1046,10 +1062,11 @@ func (s *server) activity(ctx context.Context, all []*tenant) (map[string]dbActi
 	seen := map[string]dbActivity{}
 	for rows.Next() {
 		var (
-			db string
-			a  dbActivity
+			db, xmax string
+			a        dbActivity
 		)
-		if rows.Scan(&db, &a.inserted, &a.sessions, &a.hidden, &a.writers) == nil {
+		if rows.Scan(&db, &a.inserted, &a.sessions, &a.hidden, &a.writers, &xmax) == nil {
+			a.xmax, _ = strconv.ParseUint(xmax, 10, 64)
 			seen[db] = a
 		}
 	}

@@ -615,3 +615,34 @@ func TestAParkedTenantLooksOnlyWhenItsDatabaseIsActive(t *testing.T) {
 		return !stateChange(pid).Equal(at)
 	})
 }
+
+// A write transaction the activity poll saw in flight wakes its tenant when it commits, not at
+// the next poll (an hour here, as is the sweep): a backlog committed in one transaction is
+// published a moment after its commit.
+func TestAWriteSeenInFlightWakesItsTenantWhenItCommits(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	bulk := newTenantDB(t, "bulk")
+	tx, err := bulk.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // committed below
+	var msgs []outbox.Message
+	for i := range 20 {
+		msgs = append(msgs, outbox.Message{Topic: "orders", EventType: "OrderCreated", AggregateID: fmt.Sprintf("k-%d", i%4),
+			Payload: json.RawMessage(fmt.Sprintf(`{"seq":%d}`, i/4))})
+	}
+	_, err = outbox.Write(ctx, tx, msgs...)
+	require.NoError(t, err)
+
+	f := runFleet(t, fleet.Config{Registry: fleet.Static{bulk.tenant()}, Relay: b.relay, DefaultConnections: 10,
+		DetectInterval: time.Hour, SweepInterval: time.Hour, IdleClose: time.Hour, RegistryRefresh: time.Hour})
+	testwait.Until(t, "the tenant's first turn ended (the run's first poll saw the write in flight)", func() bool {
+		st := f.Status()
+		return len(st) == 1 && !st[0].LastTurn.IsZero() && st[0].State == fleet.StateIdle
+	})
+	require.Zero(t, f.Status()[0].Published, "nothing committed yet")
+
+	require.NoError(t, tx.Commit(ctx))
+	requireInOrder(t, b.receive(t, 20), map[string]int{"bulk": 20})
+}
