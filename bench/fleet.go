@@ -243,6 +243,8 @@ const fleetHarnessConns = 10
 // fleetSizeFor derives the suite's size from the run's: issue 24's 200 databases and
 // 100,000-row backlog at full size, a tenth of them with -quick; the hot tenant's weight is
 // the run's (-fleet-hot-weight), and so is the server's connection budget (-fleet-budget, defaultFleetBudget).
+// The aggregate is judged on the median of 8 pairs at full size: on this shared machine one
+// run's pairs ranged from 69% to 86%, and another's from 63% to 98%.
 func fleetSizeFor(sz Sizes) fleetSize {
 	budget := sz.FleetBudget
 	if budget == 0 {
@@ -250,7 +252,7 @@ func fleetSizeFor(sz Sizes) fleetSize {
 	}
 	if sz.Name == "full" {
 		return fleetSize{Databases: 200, HotRows: 100_000, HotKeys: 1_000, IdleWindow: 40 * time.Second, QuietWindow: 30 * time.Second,
-			Budget: budget, Timeout: 4 * time.Minute, HotBox: time.Minute, HotWeight: sz.FleetHotWeight, Pairs: 4}
+			Budget: budget, Timeout: 4 * time.Minute, HotBox: time.Minute, HotWeight: sz.FleetHotWeight, Pairs: 8}
 	}
 	return fleetSize{Databases: 20, HotRows: 10_000, HotKeys: 1_000, IdleWindow: 10 * time.Second, QuietWindow: 10 * time.Second,
 		Budget: budget, Timeout: 2 * time.Minute, HotBox: time.Minute, HotWeight: sz.FleetHotWeight, Pairs: 2}
