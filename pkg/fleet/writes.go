@@ -18,8 +18,10 @@ import (
 // and writeCheckShare how much later each next question comes, as a share of the youngest
 // write's age: a write that has run for a second is asked about every 30 ms, one stuck for a
 // minute every DetectInterval at most (the next poll's). A write is thus seen ended within
-// about 2% of its length after its commit, plus writeCheckFirst, and a transaction left open
-// costs a few dozen statements in all.
+// about 2% of its length after its commit, plus writeCheckFirst. The short writes a poll
+// catches have ended by the first question (one lookup after the poll); a write of a second
+// costs about 40; a transaction left open, one per DetectInterval beside the poll while it
+// stays open.
 const (
 	writeCheckFirst = 10 * time.Millisecond
 	writeCheckShare = 50
