@@ -115,8 +115,13 @@ type simSchedule struct {
 	// dedicated relay slots (0..dedicated-1) run on pools made with DedicatePool: their
 	// sessions keep the round settings; the others set and reset them every round.
 	dedicated int
-	rates     simRates
-	actions   []simAction
+	// passes: the last relay slots (relays-passes..relays-1) run RunOnce in a loop, as a relay
+	// started on a schedule does, instead of Run, and poll pageRows rows at a time, so that
+	// their polls page and their passes move the frontier past rows they have not read
+	// (watcher.jumpFrontier).
+	passes, pageRows int
+	rates            simRates
+	actions          []simAction
 }
 
 // drawSchedule draws seed's schedule from rng.
@@ -131,6 +136,7 @@ func drawSchedule(seed int64, rng *rand.Rand, p simProfile) *simSchedule {
 		s.serialized = s.keys
 		s.maxRows = 4
 		s.dedicated = rng.IntN(s.relays + 1) // drawn last, as below
+		s.passes, s.pageRows = rng.IntN(s.relays+1), 1+rng.IntN(8)
 		return s
 	}
 	s.keys = 30 + rng.IntN(271)
@@ -191,14 +197,15 @@ func drawSchedule(seed int64, rng *rand.Rand, p simProfile) *simSchedule {
 		s.rates.overtake = pick(0.05)
 	}
 	s.dedicated = rng.IntN(s.relays + 1)
+	s.passes, s.pageRows = rng.IntN(s.relays+1), 1+rng.IntN(8)
 	return s
 }
 
 // String is the schedule in one compact paragraph, for a failing seed's report.
 func (s *simSchedule) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "relays=%d (dedicated pools %d) pipelines=%d producers=%d keys=%d serialized=%d retiring=%d@%dms rows/tx<=%d fault=%dms claimcheck=%t dest2=%t keyorder=%t\n",
-		s.relays, s.dedicated, s.pipelines, s.producers, s.keys, s.serialized, s.retiring, s.retireAt.Milliseconds(), s.maxRows,
+	fmt.Fprintf(&b, "relays=%d (dedicated pools %d, passes %d of %d rows a poll) pipelines=%d producers=%d keys=%d serialized=%d retiring=%d@%dms rows/tx<=%d fault=%dms claimcheck=%t dest2=%t keyorder=%t\n",
+		s.relays, s.dedicated, s.passes, s.pageRows, s.pipelines, s.producers, s.keys, s.serialized, s.retiring, s.retireAt.Milliseconds(), s.maxRows,
 		s.faultPhase.Milliseconds(), s.claimCheck, s.secondDest, s.keyOrder)
 	r := s.rates
 	fmt.Fprintf(&b, "rates: delay=%.2f(<=%dms) hang=%.3f callErr=%.2f throttle=%.2f lostCall=%.2f entryErr=%.2f permanent=%.3f lostEntry=%.2f storeErr=%.2f overtake=%.3f\n",

@@ -313,15 +313,27 @@ func (w *simWorld) startRelay(i int) {
 	r.gen++
 	r.name = fmt.Sprintf("relay-%d-%d", i, r.gen)
 	r.pool = w.pool(r.name, 6, i < w.sched.dedicated)
-	relay, err := NewRelay(r.pool, w.relayConfig())
+	cfg := w.relayConfig()
+	relay, err := NewRelay(r.pool, cfg)
 	require.NoError(w.t, err)
+	passes := i >= w.sched.relays-w.sched.passes
+	if passes {
+		relay.watch.pageRows = w.sched.pageRows
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel, r.done = cancel, make(chan struct{})
 	w.maxLive.Store(max(w.maxLive.Load(), w.live.Add(1)))
 	go func() {
 		defer close(r.done)
 		defer w.live.Add(-1)
-		_ = relay.Run(ctx)
+		if !passes {
+			_ = relay.Run(ctx)
+			return
+		}
+		for ctx.Err() == nil { // a relay started on a schedule: a drain, then the next start
+			_, _ = relay.RunOnce(ctx)
+			sleep(ctx, cfg.PollInterval)
+		}
 	}()
 }
 

@@ -33,6 +33,10 @@ type watcher struct {
 
 	sweepMu   sync.Mutex // one sweep at a time
 	sweepWant chan struct{}
+
+	// pageRows is the most rows one poll reads: pollRows (the fault simulator sets a few, so
+	// that its small outboxes page and its passes jump their frontier).
+	pageRows int
 }
 
 // Limits of one poll and one sweep step.
@@ -49,7 +53,7 @@ const (
 )
 
 func newWatcher(r *Relay) *watcher {
-	return &watcher{r: r, gaps: map[int64]time.Time{}, sweepWant: make(chan struct{}, 1)}
+	return &watcher{r: r, gaps: map[int64]time.Time{}, sweepWant: make(chan struct{}, 1), pageRows: pollRows}
 }
 
 // readOnly runs b's statements in one read-only transaction opened with readSettings, in one
@@ -98,13 +102,13 @@ func (w *watcher) start(ctx context.Context) error {
 func (w *watcher) poll(ctx context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.pollOn(ctx, pollRows)
+	return w.pollOn(ctx, w.pageRows)
 }
 
 // pollOn polls again while the last poll came back full (n rows after the frontier), with
 // w.mu held.
 func (w *watcher) pollOn(ctx context.Context, n int) error {
-	for n >= pollRows {
+	for n >= w.pageRows {
 		var err error
 		if n, err = w.pollOnce(ctx); err != nil {
 			return fmt.Errorf("poll outbox for new rows: %w", err)
@@ -162,7 +166,7 @@ func (w *watcher) queuePoll(b *pgx.Batch) pollRead {
 		gapIDs = append(gapIDs, id)
 	}
 	p := pollRead{at: now, rows: new([]polledRow), epoch: new(int64)}
-	b.Queue(pollSQL, w.frontier, pollRows, gapIDs).Query(func(rs pgx.Rows) error {
+	b.Queue(pollSQL, w.frontier, w.pageRows, gapIDs).Query(func(rs pgx.Rows) error {
 		var r polledRow
 		_, err := pgx.ForEachRow(rs, []any{&r.id, &r.key, &r.published}, func() error {
 			*p.rows = append(*p.rows, r)
@@ -223,7 +227,7 @@ func (w *watcher) pollAndSweep(ctx context.Context) error {
 	if err := w.readOnly(ctx, b); err != nil {
 		return fmt.Errorf("poll outbox for new rows and walk pending partition keys: %w", err)
 	}
-	if w.applyPoll(p) >= pollRows {
+	if w.applyPoll(p) >= w.pageRows {
 		if err := w.jumpFrontier(ctx); err != nil {
 			return err
 		}
