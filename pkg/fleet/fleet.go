@@ -982,14 +982,13 @@ func (s *server) detect(ctx context.Context) {
 	last := s.counters // from the last Run: writes between two runs wake their tenants
 	defer func() { s.counters = last }()
 	sessions := map[string]string{}      // each database's signature at the last poll
-	writing := map[string][]string{}     // each database's writing transactions at the last poll
-	writes := map[string]writeInFlight{} // the same, until awaitPoll sees them end
+	writes := map[string]writeInFlight{} // the writes the last poll saw in flight, until one ends
 	defer s.closeConn(ctx)
 	tick := time.NewTicker(s.f.cfg.DetectInterval)
 	defer tick.Stop()
 	for first := true; ; first = false {
 		if !first { // the first poll comes at once: the tenants' first turns wait for it
-			if !s.awaitPoll(ctx, tick.C, writes, writing) {
+			if !s.awaitPoll(ctx, tick.C, writes) {
 				return
 			}
 		}
@@ -1012,13 +1011,19 @@ func (s *server) detect(ctx context.Context) {
 		}
 		at := time.Now()
 		counters := make(map[string]int64, len(seen))
-		nextSessions, nextWriting := make(map[string]string, len(seen)), make(map[string][]string, len(seen))
+		nextSessions := make(map[string]string, len(seen))
+		ended := map[string]bool{} // the databases where a write the last poll saw in flight has ended
+		for w, x := range writes {
+			if !slices.Contains(seen[x.db].writers, w) {
+				ended[x.db] = true
+			}
+		}
 		for db, a := range seen {
-			counters[db], nextSessions[db], nextWriting[db] = a.inserted, a.sessions, a.writers
+			counters[db], nextSessions[db] = a.inserted, a.sessions
 			n, counted := last[db]
 			old, known := sessions[db]
 			// A write a poll saw in flight has ended (a burst, perhaps), or the count moved.
-			ended := slices.ContainsFunc(writing[db], func(w string) bool { return !slices.Contains(a.writers, w) })
+			ended := ended[db]
 			wrote := ended || counted && a.inserted != n
 			for _, t := range byDB[db] {
 				if counted && a.inserted > n {
@@ -1040,7 +1045,7 @@ func (s *server) detect(ctx context.Context) {
 				t.watch(at, a.hidden == 0)
 			}
 		}
-		sessions, writing = nextSessions, nextWriting
+		sessions = nextSessions
 		writes = writesInFlight(seen, writes, at)
 		last = counters
 	}

@@ -3,7 +3,6 @@ package fleet
 import (
 	"context"
 	"errors"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -27,10 +26,12 @@ const (
 	writeCheckShare = 50
 )
 
-// writeInFlight is a write transaction seen in flight by the activity poll.
+// writeInFlight is a write transaction seen in flight by the activity poll, named by
+// activitySQL's writers ("pid xid"). detect owns the set (awaitPoll, which it calls, drops the
+// ones that ended): a write it held and the next poll no longer sees has ended.
 type writeInFlight struct {
 	db    string
-	xid   string    // its 64-bit transaction id (xid8), as text
+	xid   string    // its 64-bit transaction id (xid8), as text; "" when it could not be placed
 	since time.Time // when a poll first saw it
 }
 
@@ -47,23 +48,24 @@ func fullXid(ref uint64, xid uint32) (full uint64, ok bool) {
 }
 
 // writesInFlight returns the writes of seen in flight (activitySQL's writers, "pid xid"), each
-// with the time the earlier polls first saw it (known) or now.
+// with the time the earlier polls first saw it (known) or now, and its id placed again (one
+// that a failed question left unasked is asked again). A write whose id cannot be placed is
+// kept, for the next poll to see it end, but not asked about.
 func writesInFlight(seen map[string]dbActivity, known map[string]writeInFlight, now time.Time) map[string]writeInFlight {
 	out := map[string]writeInFlight{}
 	for db, a := range seen {
 		for _, w := range a.writers {
+			in := writeInFlight{db: db, since: now}
 			if k, ok := known[w]; ok {
-				out[w] = k
-				continue
+				in.since = k.since
 			}
 			_, x, _ := strings.Cut(w, " ")
-			xid, err := strconv.ParseUint(x, 10, 32)
-			if err != nil {
-				continue
+			if xid, err := strconv.ParseUint(x, 10, 32); err == nil {
+				if full, ok := fullXid(a.xmax, uint32(xid)); ok {
+					in.xid = strconv.FormatUint(full, 10)
+				}
 			}
-			if full, ok := fullXid(a.xmax, uint32(xid)); ok {
-				out[w] = writeInFlight{db: db, xid: strconv.FormatUint(full, 10), since: now}
-			}
+			out[w] = in
 		}
 	}
 	return out
@@ -79,16 +81,18 @@ const endedWritesSQL = `SELECT w FROM unnest($1::text[], $2::text[]) AS u(w, x) 
 // awaitPoll waits for the next poll's tick (true) or the end of ctx (false). Meanwhile it asks
 // whether the writes the last poll saw in flight have ended, writeCheckFirst after the poll and
 // then at intervals growing with the youngest write's age (writeCheckShare), and wakes the
-// tenants of the database of each that has; it is removed from writes and from writing (the
-// next poll would wake them again). A question that fails leaves the rest to the next poll.
-func (s *server) awaitPoll(ctx context.Context, tick <-chan time.Time, writes map[string]writeInFlight, writing map[string][]string) bool {
+// tenants of the database of each that has; it is removed from writes (the next poll would
+// wake them again). A question that fails leaves the rest to the next poll.
+func (s *server) awaitPoll(ctx context.Context, tick <-chan time.Time, writes map[string]writeInFlight) bool {
 	for {
 		var check <-chan time.Time
-		if len(writes) > 0 {
-			youngest := time.Duration(1 << 62)
-			for _, w := range writes {
-				youngest = min(youngest, time.Since(w.since))
+		youngest, asked := time.Duration(1<<62), false
+		for _, w := range writes {
+			if w.xid != "" {
+				youngest, asked = min(youngest, time.Since(w.since)), true
 			}
+		}
+		if asked {
 			check = time.After(min(writeCheckFirst+youngest/writeCheckShare, s.f.cfg.DetectInterval))
 		}
 		select {
@@ -101,7 +105,10 @@ func (s *server) awaitPoll(ctx context.Context, tick <-chan time.Time, writes ma
 		ended, err := s.endedWrites(ctx, writes)
 		if err != nil {
 			s.f.log.Debug("fleet: ask whether writes ended", "error", err)
-			clear(writes)
+			for w, x := range writes {
+				x.xid = "" // the next poll sees them end
+				writes[w] = x
+			}
 			continue
 		}
 		_, byDB := s.members()
@@ -111,7 +118,6 @@ func (s *server) awaitPoll(ctx context.Context, tick <-chan time.Time, writes ma
 				t.writeEnded.Store(true)
 				t.poke()
 			}
-			writing[db] = slices.DeleteFunc(writing[db], func(x string) bool { return x == w })
 			delete(writes, w)
 		}
 	}
@@ -122,7 +128,9 @@ func (s *server) awaitPoll(ctx context.Context, tick <-chan time.Time, writes ma
 func (s *server) endedWrites(ctx context.Context, writes map[string]writeInFlight) ([]string, error) {
 	names, xids := make([]string, 0, len(writes)), make([]string, 0, len(writes))
 	for w, x := range writes {
-		names, xids = append(names, w), append(xids, x.xid)
+		if x.xid != "" {
+			names, xids = append(names, w), append(xids, x.xid)
+		}
 	}
 	s.connMu.Lock()
 	defer s.connMu.Unlock()
