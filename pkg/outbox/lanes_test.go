@@ -140,7 +140,7 @@ func TestLaneSetStopsHandingOutCallsWhenStopping(t *testing.T) {
 
 func TestDestinationsBackOffAsAWholeAndProbeOnce(t *testing.T) {
 	t.Parallel()
-	d := newDestinations(time.Second, 8*time.Second, func(time.Duration) time.Duration { return 0 })
+	d := newDestinations(time.Second, 8*time.Second, time.Hour, func(time.Duration) time.Duration { return 0 })
 	now := time.Now()
 	ok, _ := d.admit("A", "")
 	require.True(t, ok)
