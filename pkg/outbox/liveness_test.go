@@ -125,7 +125,7 @@ func TestAHeldKeyFollowsItsHeadToAHealthyDestination(t *testing.T) {
 		return nil
 	}
 	late, commit := b.lateRow(t, "k-late", testTopic) // the key's head, once committed
-	for i := range 400 {                             // many keys held: a probe takes ten
+	for i := range 400 {                              // many keys held: a probe takes ten
 		b.writeKey(t, fmt.Sprintf("k-%03d", i), downTopic, 1)
 	}
 	b.writeKey(t, "k-late", downTopic, 1) // held behind the failing destination until then
