@@ -505,11 +505,11 @@ func NewConsumer(scope constructs.Construct, id string, props *ConsumerProps) Co
 		return q
 	}
 
-	// No queue of the account may name a DLQ as its own dead-letter queue: SQS's move of a
-	// failed message is no SendMessage, so the DLQs' Deny would not stop a forged one, and
-	// `sluice redrive` would hand it to the consumer. The subscription DLQ and a stream
-	// consumer's DLQ are no queue's (deny all); the consumer DLQ admits the consumer's queue
-	// only (byQueue, set by restrictDeadLetterSource once the queue exists).
+	// No queue of the account may name these queues as its dead-letter queue: SQS's move of a
+	// failed message is no SendMessage, so their Deny would not stop a forged one, and the
+	// consumer (after `sluice redrive`, for a DLQ) would apply it. The queue, the subscription
+	// DLQ and a stream consumer's DLQ are no queue's (deny all); the consumer DLQ admits the
+	// consumer's queue only (byQueue, set by restrictDeadLetterSource once the queue exists).
 	denyAllSources := func(q *awssqs.QueueProps) *awssqs.QueueProps {
 		q.RedriveAllowPolicy = &awssqs.RedriveAllowPolicy{RedrivePermission: awssqs.RedrivePermission_DENY_ALL}
 		return q
@@ -522,7 +522,8 @@ func NewConsumer(scope constructs.Construct, id string, props *ConsumerProps) Co
 	default:
 		c.dlq = awssqs.NewQueue(this, jsii.String("DeadLetterQueue"), queueProps(p.DeadLetterRetentionPeriod))
 		c.subDLQ = awssqs.NewQueue(this, jsii.String("SubscriptionDeadLetterQueue"), denyAllSources(queueProps(p.DeadLetterRetentionPeriod)))
-		qp := queueProps(p.RetentionPeriod)
+		// The queue is no queue's DLQ either: a move into it would bypass its Deny as well.
+		qp := denyAllSources(queueProps(p.RetentionPeriod))
 		qp.VisibilityTimeout = seconds(p.VisibilityTimeout)
 		qp.DeadLetterQueue = &awssqs.DeadLetterQueue{Queue: c.dlq, MaxReceiveCount: jsii.Number(float64(p.MaxReceiveCount))}
 		c.queue = awssqs.NewQueue(this, jsii.String("Queue"), qp)
