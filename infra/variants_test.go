@@ -28,7 +28,9 @@ var exampleVariants = []struct {
 	name  string
 	props func(t *testing.T) *infra.SluiceStackProps
 }{
-	{"Default", func(*testing.T) *infra.SluiceStackProps { return &infra.SluiceStackProps{AlarmEmail: "oncall@example.com"} }},
+	{"Default", func(*testing.T) *infra.SluiceStackProps {
+		return &infra.SluiceStackProps{AlarmEmail: "oncall@example.com"}
+	}},
 	{"Fargate", func(t *testing.T) *infra.SluiceStackProps {
 		return &infra.SluiceStackProps{NoAlarmDestination: true, RelayImageDir: imageDir(t)}
 	}},
@@ -53,7 +55,9 @@ var exampleVariants = []struct {
 	{"FifoNat", func(*testing.T) *infra.SluiceStackProps {
 		return &infra.SluiceStackProps{NoAlarmDestination: true, Fifo: true, NatGateways: 1}
 	}},
-	{"Fleet", func(*testing.T) *infra.SluiceStackProps { return &infra.SluiceStackProps{NoAlarmDestination: true, Fleet: 2} }},
+	{"Fleet", func(*testing.T) *infra.SluiceStackProps {
+		return &infra.SluiceStackProps{NoAlarmDestination: true, Fleet: 2}
+	}},
 }
 
 // synthesizedVariant is one variant's stack and its template as written to the cloud assembly.
