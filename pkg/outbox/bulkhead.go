@@ -26,9 +26,29 @@ import (
 // calls it until it answers again.
 var errSlowCall = errors.New("call cut short: its destination was slow (SlowCall) and every pipeline was needed for other destinations")
 
-// slowAfter is how long a call may be in flight before its destination counts as slow.
+// slowAfter is how long a call may be in flight before its destination counts as slow; 0 when
+// the relay routes to a single destination: its slowness then costs no other destination's
+// rows time, and treating it as failing would only cost its own (a loaded machine's calls
+// that take longer than SlowCall would be cut, backed off and probed for nothing).
 func (c RelayConfig) slowAfter() time.Duration {
+	if !c.manyDestinations() {
+		return 0
+	}
 	return min(c.SlowCall, c.PublishTimeout)
+}
+
+// manyDestinations reports whether c routes rows to more than one destination.
+func (c RelayConfig) manyDestinations() bool {
+	one := c.DefaultTopic
+	for _, d := range c.Topics {
+		if one == "" {
+			one = d
+		}
+		if d != one {
+			return true
+		}
+	}
+	return false
 }
 
 // PoolSize returns the connections a relay with c uses at most, for sizing its pool: one per
@@ -144,6 +164,10 @@ type roundRun struct {
 // when it ends). A slow round that cannot be detached has its slow calls cut short, and is
 // waited for.
 func (r *Relay) runRound(ctx context.Context, taken roundKeys, wg *sync.WaitGroup, detachedRan func(Stats, error)) (Stats, error, bool) {
+	if r.cfg.slowAfter() == 0 {
+		st, err := r.round(ctx, taken, nil)
+		return st, err, true
+	}
 	calls := newRoundCalls(r.cfg.slowAfter())
 	done := make(chan roundRun, 1)
 	go func() {

@@ -29,8 +29,9 @@ type destState struct {
 	probing bool
 	// lastSuccess is when a call to the destination last had an acknowledged entry.
 	lastSuccess time.Time
-	// downSince is when the current outage began (zero when healthy).
-	downSince time.Time
+	// downSince is when the current outage began (zero when healthy); failedAt when its last
+	// counted failure was recorded.
+	downSince, failedAt time.Time
 	lastErr   string
 	// calls are the calls in flight to the destination, each with when it started.
 	calls map[*callTrack]time.Time
@@ -67,6 +68,9 @@ func (d *destinations) callEnded(dest string, c *callTrack) {
 
 // slowLocked reports whether s has a call in flight for longer than slowAfter (with d.mu held).
 func (d *destinations) slowLocked(s *destState, now time.Time) bool {
+	if d.slowAfter == 0 {
+		return false // one destination: nothing to isolate it from (RelayConfig.slowAfter)
+	}
 	for _, started := range s.calls {
 		if now.Sub(started) >= d.slowAfter {
 			return true
@@ -129,11 +133,13 @@ func (d *destinations) succeeded(dest string, now time.Time) {
 	*s = destState{lastSuccess: now, calls: s.calls}
 }
 
-// failedWhole records a call to dest whose every entry failed with a retryable error. It
-// reports an outage, and when to probe again, when the failure is the destination's: nothing
-// sent to it succeeded since since. Then the destination backs off as a whole. When other
-// calls to it succeed, the rows are to blame and it reports false.
-func (d *destinations) failedWhole(dest string, since, now time.Time, err error) (time.Time, bool) {
+// failedWhole records a call to dest, begun at started, whose every entry failed with a
+// retryable error. It reports an outage, and when to probe again, when the failure is the
+// destination's: nothing sent to it succeeded since since. Then the destination backs off as a
+// whole. When other calls to it succeed, the rows are to blame and it reports false. A call
+// begun before the outage's last failure was recorded (one of several in flight when it began)
+// does not double the backoff again: only calls made since, the probes, count.
+func (d *destinations) failedWhole(dest string, since, started, now time.Time, err error) (time.Time, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	s := d.get(dest)
@@ -145,8 +151,11 @@ func (d *destinations) failedWhole(dest string, since, now time.Time, err error)
 	}
 	if s.failures == 0 {
 		s.downSince = now
+	} else if started.Before(s.failedAt) {
+		return s.retryAt, true
 	}
 	s.failures++
+	s.failedAt = now
 	s.probing = false
 	delay := d.base
 	for i := 1; i < s.failures && delay < d.max; i++ {

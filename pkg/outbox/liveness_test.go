@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/internal/testwait"
@@ -228,4 +229,60 @@ func TestASlowOrHangingDestinationDelaysNoHealthyKey(t *testing.T) {
 			b.rec.requireKeyOrder(t)
 		})
 	}
+}
+
+// slowPublisher answers every call, after delay.
+type slowPublisher struct {
+	rec   *recorder
+	delay time.Duration
+}
+
+func (p slowPublisher) PublishBatch(ctx context.Context, dest string, events []*outbox.Event) []error {
+	select {
+	case <-time.After(p.delay):
+	case <-ctx.Done():
+		return outbox.CallFailed(len(events), ctx.Err())
+	}
+	return p.rec.PublishBatch(ctx, dest, events)
+}
+
+// A relay with one destination has nothing to isolate it from: a call slower than SlowCall
+// (a loaded machine, a slow region) is waited for, never cut short and backed off as a
+// failing destination's, even on a pool with no connection to spare for a detached round (the
+// fleet's). Cutting used to turn every slow call into an outage whose backoff doubled with each
+// call in flight: a tenant with a backlog then claimed nothing for seconds at a time.
+func TestASlowOnlyDestinationIsNeverBackedOff(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pcfg, err := pgxpool.ParseConfig(b.pool.Config().ConnString())
+	require.NoError(t, err)
+	pcfg.MaxConns = 2 // the pipelines' own: no round can be detached
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	r, err := outbox.NewRelay(pool, outbox.RelayConfig{Publisher: slowPublisher{rec: b.rec, delay: 200 * time.Millisecond},
+		Topics: map[string]string{testTopic: testARN}, Pipelines: 2, SlowCall: 50 * time.Millisecond,
+		PollInterval: 20 * time.Millisecond, Lease: 30 * time.Second, PublishTimeout: 10 * time.Second, Logger: testLogger()})
+	require.NoError(t, err)
+	written := b.write(t, 40, 8)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = r.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	var down atomic.Bool
+	allOut := func() bool {
+		if len(r.DestinationsDown()) > 0 {
+			down.Store(true)
+		}
+		for _, m := range written {
+			if !b.rec.published(m.EventID) {
+				return false
+			}
+		}
+		return true
+	}
+	testwait.Until(t, "every row published", allOut)
+	require.False(t, down.Load(), "the only destination, slow but answering, was backed off as failing")
+	b.rec.requireKeyOrder(t)
 }

@@ -76,7 +76,8 @@ type RelayConfig struct {
 	// PublishConcurrency, and the round that made it gives its pipeline back (while the pool
 	// has a connection for another round; otherwise the slow call is cut short and the
 	// destination is backed off and probed as a failing one). So a slow or hanging destination
-	// delays only its own rows (docs/outbox.md, "Liveness"). Defaults to 250ms.
+	// delays only its own rows (docs/outbox.md, "Liveness"). A relay with one destination has
+	// nothing to isolate it from and does none of this. Defaults to 250ms.
 	SlowCall time.Duration
 	// Lease bounds how long one round holds its partition keys: publishing stops at three
 	// quarters of it, every statement of the round is cancelled after half of it, and

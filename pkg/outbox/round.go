@@ -443,6 +443,7 @@ func (r *Relay) call(ctx context.Context, roundStart time.Time, dest string, bat
 	}
 	errs := make([]error, len(events))
 	var sendErrs []error
+	started := time.Now()
 	if len(sent) > 0 {
 		toSend := make([]*Event, len(sent))
 		for j, i := range sent {
@@ -515,7 +516,7 @@ func (r *Relay) call(ctx context.Context, roundStart time.Time, dest string, bat
 		if errors.Is(sendErrs[0], errSlowCall) {
 			since = now // slow: the destination's failure, even if other calls to it succeeded
 		}
-		retryAt, outage := r.dests.failedWhole(dest, since, now, sendErrs[0])
+		retryAt, outage := r.dests.failedWhole(dest, since, started, now, sendErrs[0])
 		for i := range results {
 			switch {
 			case results[i].err == nil || stored[i] != nil:

@@ -94,7 +94,7 @@ var relaySettings = []Setting{
 		Doc: "bounds one PublishBatch call; shorter than Lease",
 		ref: func(c *RelayConfig, _ bool) any { return &c.PublishTimeout }},
 	{Field: "SlowCall", Env: "SLUICE_RELAY_SLOW_CALL", Unit: "duration", Default: int64(250 * time.Millisecond), Min: int64(time.Millisecond), Max: int64(15 * time.Minute),
-		Doc: "a call in flight longer than this (or PublishTimeout, if shorter) makes its destination slow: ordinary rounds send it nothing more until that call ends, and the call no longer holds a pipeline or a PublishConcurrency slot (docs/outbox.md, \"Liveness\")",
+		Doc: "a call in flight longer than this (or PublishTimeout, if shorter) makes its destination slow: ordinary rounds send it nothing more until that call ends, and the call no longer holds a pipeline or a PublishConcurrency slot; unused by a relay with one destination (docs/outbox.md, \"Liveness\")",
 		ref: func(c *RelayConfig, _ bool) any { return &c.SlowCall }},
 	{Field: "Lease", Env: "SLUICE_RELAY_LEASE", Unit: "duration", Default: int64(30 * time.Second), Min: int64(100 * time.Millisecond), Max: int64(time.Hour),
 		Doc: "the most a round may hold its keys: publishing stops at ¾ of it, each statement at ½, and PostgreSQL ends a round's session idle longer",
