@@ -32,7 +32,7 @@ type destState struct {
 	// downSince is when the current outage began (zero when healthy); failedAt when its last
 	// counted failure was recorded.
 	downSince, failedAt time.Time
-	lastErr   string
+	lastErr             string
 	// calls are the calls in flight to the destination, each with when it started.
 	calls map[*callTrack]time.Time
 }
