@@ -379,6 +379,7 @@ func (t *tenant) run(parent context.Context) {
 		t.server.awaitFirstPoll(ctx)
 	}
 	fruitless := 0 // turns in a row that claimed nothing
+	failed := false // the last turn failed: its backoff runs until due, whatever wakes it
 	for {
 		timer := time.NewTimer(time.Until(due))
 		var (
@@ -386,7 +387,13 @@ func (t *tenant) run(parent context.Context) {
 			expire <-chan time.Time
 			look   <-chan time.Time
 			stir   <-chan struct{}
+			wake   = t.wake
 		)
+		if failed {
+			// Writes to a failing tenant's database (its activity poll's wake-ups) do not cut its
+			// backoff short: its next turn comes when the backoff ends.
+			wake = nil
+		}
 		if hold != nil {
 			evict, expire = hold.evict, time.After(time.Until(parkedUntil))
 			look, stir = time.After(cfg.DetectInterval), t.stirred
@@ -395,7 +402,7 @@ func (t *tenant) run(parent context.Context) {
 		case <-ctx.Done():
 			timer.Stop()
 			return
-		case <-t.wake:
+		case <-wake:
 		case <-timer.C:
 		case <-stir: // parked, and its database's sessions did something: a commit, perhaps
 			timer.Stop()
@@ -463,6 +470,7 @@ func (t *tenant) run(parent context.Context) {
 			t.server.budget.release(held)
 		}
 		wait := time.Duration(0)
+		failed = err != nil
 		switch {
 		case ctx.Err() != nil:
 			return

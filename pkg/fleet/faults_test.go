@@ -1,0 +1,44 @@
+package fleet_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/internal/testdb"
+	"github.com/sluicehq/sluice/pkg/fleet"
+)
+
+// TestAFailingTenantKeepsItsBackoffWhileItsDatabaseIsWritten: a tenant whose turns fail (its
+// database has no outbox) is retried on its 1 s-doubling backoff even while its database is
+// written all the time: the activity poll's wake-ups do not cut the backoff short.
+func TestAFailingTenantKeepsItsBackoffWhileItsDatabaseIsWritten(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	url := testdb.EmptyURL(t)
+	db, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(db.Close)
+	_, err = db.Exec(ctx, `CREATE TABLE busy (id bigserial PRIMARY KEY, v int)`)
+	require.NoError(t, err)
+
+	f := runFleet(t, fleet.Config{Registry: fleet.Static{{Name: "no-schema", DatabaseURL: url}}, Relay: b.relay,
+		RegistryRefresh: time.Hour, SweepInterval: time.Minute})
+	// Writes all the time: every activity poll sees the database's counters move.
+	const window = 6 * time.Second
+	start := time.Now()
+	for time.Since(start) < window {
+		_, err := db.Exec(ctx, `INSERT INTO busy (v) SELECT g FROM generate_series(1, 10) g`)
+		require.NoError(t, err)
+		time.Sleep(20 * time.Millisecond)
+	}
+	s := statusOf(t, f, "no-schema")
+	require.Equal(t, fleet.StateFailing, s.State)
+	// The backoff (1 s, 2 s, 4 s, ...) allows turns at about 0, 1, 3 and 7 s: three in the
+	// window, four with a late first one.
+	require.LessOrEqual(t, s.Failures, 4, "failed turns in %v: the backoff allows 3", window)
+}
