@@ -2,6 +2,8 @@ package fleet_test
 
 import (
 	"context"
+	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -9,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/internal/testdb"
+	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/pkg/fleet"
 )
 
@@ -41,4 +44,52 @@ func TestAFailingTenantKeepsItsBackoffWhileItsDatabaseIsWritten(t *testing.T) {
 	// The backoff (1 s, 2 s, 4 s, ...) allows turns at about 0, 1, 3 and 7 s: three in the
 	// window, four with a late first one.
 	require.LessOrEqual(t, s.Failures, 4, "failed turns in %v: the backoff allows 3", window)
+}
+
+// silentServer accepts connections and never answers: a control database that hangs.
+func silentServer(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return l.Addr().String()
+}
+
+// TestStaticTenantsAreServedWhileTheControlDatabaseHangs: on a cold start whose control
+// database accepts connections but never answers, the registry read times out and the static
+// tenants are served; the read is retried every RegistryRefresh.
+func TestStaticTenantsAreServedWhileTheControlDatabaseHangs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	control, err := pgxpool.New(context.Background(), "postgres://sluice@"+silentServer(t)+"/control?sslmode=disable")
+	require.NoError(t, err)
+	t.Cleanup(control.Close)
+	acme := newTenantDB(t, "acme")
+	acme.write(t, 3, 3, 0)
+	runFleet(t, fleet.Config{Registry: fleet.Registries{fleet.Static{acme.tenant()}, fleet.Table{DB: control, Timeout: time.Second}},
+		Relay: b.relay, RegistryRefresh: time.Hour})
+	requireInOrder(t, b.receive(t, 3), map[string]int{"acme": 3})
+	testwait.Until(t, "acme's rows marked published", func() bool { return acme.pending(t) == 0 })
 }

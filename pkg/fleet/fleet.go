@@ -378,7 +378,7 @@ func (t *tenant) run(parent context.Context) {
 	} else {
 		t.server.awaitFirstPoll(ctx)
 	}
-	fruitless := 0 // turns in a row that claimed nothing
+	fruitless := 0  // turns in a row that claimed nothing
 	failed := false // the last turn failed: its backoff runs until due, whatever wakes it
 	for {
 		timer := time.NewTimer(time.Until(due))
