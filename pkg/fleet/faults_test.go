@@ -7,12 +7,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/internal/testdb"
 	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/pkg/fleet"
+	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
 // TestAFailingTenantKeepsItsBackoffWhileItsDatabaseIsWritten: a tenant whose turns fail (its
@@ -92,4 +96,35 @@ func TestStaticTenantsAreServedWhileTheControlDatabaseHangs(t *testing.T) {
 		Relay: b.relay, RegistryRefresh: time.Hour})
 	requireInOrder(t, b.receive(t, 3), map[string]int{"acme": 3})
 	testwait.Until(t, "acme's rows marked published", func() bool { return acme.pending(t) == 0 })
+}
+
+// TestFIFOGroupsAreTenantQualified: two tenants' events with the same partition key go to
+// different FIFO message groups ("tenant:key"), so one tenant's stuck message never holds the
+// other's at the queue.
+func TestFIFOGroupsAreTenantQualified(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	acme, globex := newTenantDB(t, "acme"), newTenantDB(t, "globex")
+	acme.write(t, 2, 1, 0)
+	globex.write(t, 2, 1, 0)
+	runFleet(t, fleet.Config{Registry: fleet.Static{acme.tenant(), globex.tenant()}, Relay: b.relay, RegistryRefresh: time.Hour})
+	groups := map[string]string{} // message id → group
+	testwait.Progress(t, "every message received", func() (int, bool) {
+		out, err := b.sqsc.ReceiveMessage(context.Background(), &sqs.ReceiveMessageInput{QueueUrl: aws.String(b.pipe.QueueURL),
+			MaxNumberOfMessages: 10, WaitTimeSeconds: 1, MessageAttributeNames: []string{"All"},
+			MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameAll}})
+		require.NoError(t, err)
+		for _, m := range out.Messages {
+			tenant := aws.ToString(m.MessageAttributes[outbox.TenantHeader].StringValue)
+			groups[aws.ToString(m.MessageAttributes["messageId"].StringValue)] = tenant + " " + m.Attributes["MessageGroupId"]
+			_, err := b.sqsc.DeleteMessage(context.Background(), &sqs.DeleteMessageInput{QueueUrl: aws.String(b.pipe.QueueURL), ReceiptHandle: m.ReceiptHandle})
+			require.NoError(t, err)
+		}
+		return len(groups), len(groups) >= 4
+	})
+	count := map[string]int{}
+	for _, g := range groups {
+		count[g]++
+	}
+	require.Equal(t, map[string]int{"acme acme:k-0": 2, "globex globex:k-0": 2}, count)
 }
