@@ -3,6 +3,7 @@ package fleet_test
 import (
 	"context"
 	"net"
+	"net/url"
 	"sync"
 	"testing"
 	"time"
@@ -127,4 +128,33 @@ func TestFIFOGroupsAreTenantQualified(t *testing.T) {
 		count[g]++
 	}
 	require.Equal(t, map[string]int{"acme acme:k-0": 2, "globex globex:k-0": 2}, count)
+}
+
+// TestATenantURLWithoutADatabaseNameIsFoundByTheActivityPoll: a tenant whose URL names no
+// database (PostgreSQL takes the user's name) is recognized by its server's activity poll by
+// the name the server knows (current_database()): its write is published though its sweep is
+// an hour away, and its status says the poll sees it.
+func TestATenantURLWithoutADatabaseNameIsFoundByTheActivityPoll(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	d := newTenantDB(t, "unnamed")
+	var db string
+	require.NoError(t, d.pool.QueryRow(ctx, `SELECT current_database()`).Scan(&db))
+	// A role named as the database: a URL without a database name connects to it.
+	_, err := d.pool.Exec(ctx, `CREATE ROLE "`+db+`" LOGIN SUPERUSER`)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = d.pool.Exec(context.WithoutCancel(ctx), `DROP ROLE IF EXISTS "`+db+`"`) })
+	u, err := url.Parse(d.url)
+	require.NoError(t, err)
+	u.User, u.Path = url.User(db), ""
+
+	f := runFleet(t, fleet.Config{Registry: fleet.Static{{Name: "unnamed", DatabaseURL: u.String()}}, Relay: b.relay,
+		RegistryRefresh: time.Hour, SweepInterval: time.Hour, IdleClose: time.Millisecond})
+	testwait.Until(t, "the tenant's first turn and a poll after it", func() bool {
+		st := f.Status()
+		return len(st) == 1 && st[0].Detection == fleet.DetectPoll
+	})
+	d.write(t, 3, 3, 0) // after the first turn, which found nothing: only the poll can wake it now
+	requireInOrder(t, b.receive(t, 3), map[string]int{"unnamed": 3})
 }
