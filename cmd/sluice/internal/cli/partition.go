@@ -45,6 +45,7 @@ created go to a default partition, which is purged row by row.`,
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	cmd.AddCommand(a.partitionStatusCommand(), a.partitionConvertCommand(), a.partitionMaintainCommand())
+	readsOnly(cmd)
 	return cmd
 }
 
@@ -104,6 +105,7 @@ func (a *app) partitionStatusCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	readsOnly(cmd)
 	return cmd
 }
 
@@ -154,6 +156,9 @@ type PartitionConvertOptions struct {
 	Size     int64
 	// Yes converts; without it ConvertPartitioned only plans and returns ErrNotConfirmed.
 	Yes bool
+	// Confirm, when set, is given the plan before anything changes (with Yes); an error stops
+	// it, nothing changed.
+	Confirm func(PartitionConvertResult) error
 	// Progress receives each completed step (nil for none).
 	Progress func(step string)
 }
@@ -208,27 +213,36 @@ func ConvertPartitioned(ctx context.Context, db DB, opts PartitionConvertOptions
 	if !opts.Yes {
 		return res, fmt.Errorf("refusing to convert %s without --yes (%w): nothing was changed", t, ErrNotConfirmed)
 	}
+	if opts.Confirm != nil {
+		if err := opts.Confirm(res); err != nil {
+			return res, err
+		}
+	}
 	_, err = partition.Convert(ctx, db, t, o, opts.Progress)
 	res.Converted = err == nil
 	return res, err
 }
 
 func (a *app) partitionConvertCommand() *cobra.Command {
-	var opts PartitionConvertOptions
+	var (
+		opts PartitionConvertOptions
+		g    guard
+	)
 	cmd := &cobra.Command{
-		Use:   "convert outbox|inbox [--interval D] [--ahead N] [--size N] --yes",
+		Use:   "convert outbox|inbox [--interval D] [--ahead N] [--size N] [--dry-run] [--yes]",
 		Short: "Convert outbox_event or inbox_event to a partitioned table, without copying a row",
 		Long: `Convert outbox_event (partitioned by RANGE (id)) or inbox_event (by RANGE (received_at)) to a
 partitioned table. No row is copied, moved or deleted: the plain table becomes the first partition of
 a new partitioned table of the same name, with the same columns, constraints, identity, indexes,
 grants, row-level security policies and owner; partitions are created ahead of it.
 
-It prints the plan first and refuses without --yes. Producers, relays and consumers keep running: the
+It prints the plan first; --dry-run stops there. On a terminal it asks for confirmation; --yes
+confirms for scripts; without a terminal and without --yes it refuses. Producers, relays and consumers keep running: the
 table is validated and indexed while writers continue, then switched in a transaction that holds an
 ACCESS EXCLUSIVE lock for milliseconds. Upgrade every consumer to this version before converting the
 inbox (older ones fail every record until upgraded). An interrupted conversion is finished by running
 it again. There is no automatic way back to a plain table.`,
-		Example: `  sluice partition convert outbox
+		Example: `  sluice partition convert outbox --dry-run
   sluice partition convert outbox --yes
   sluice partition convert inbox --interval 7d --yes`,
 		Args: cobra.ExactArgs(1),
@@ -242,25 +256,38 @@ it again. There is no automatic way back to a plain table.`,
 			if err != nil {
 				return err
 			}
-			opts.Progress = func(s string) { fmt.Fprintln(a.io.Out, "done: "+s) }
-			res, err := ConvertPartitioned(ctx, pool, opts)
-			if len(res.Steps) > 0 && !res.Converted {
-				fmt.Fprintf(a.io.Out, "Converting %s to a partitioned table:\n", res.Table)
-				for i, s := range res.Steps {
-					fmt.Fprintf(a.io.Out, "  %d. %s\n", i+1, s)
+			opts.Progress = func(s string) {
+				if g.json {
+					emitJSON(a.io.Out, map[string]any{"event": "progress", "op": "partition convert", "done": s})
+					return
 				}
-				for _, n := range res.Notes {
-					fmt.Fprintln(a.io.Out, "  note: "+n)
-				}
+				fmt.Fprintln(a.io.Out, "done: "+s)
 			}
-			return err
+			opts.Yes = true // the guard asks: Confirm
+			opts.Confirm = func(plan PartitionConvertResult) error {
+				a.printPlan(g, "partition convert", plan, func(w io.Writer) {
+					fmt.Fprintf(w, "Converting %s to a partitioned table:\n", plan.Table)
+					for i, s := range plan.Steps {
+						fmt.Fprintf(w, "  %d. %s\n", i+1, s)
+					}
+					for _, n := range plan.Notes {
+						fmt.Fprintln(w, "  note: "+n)
+					}
+				})
+				return a.proceedOrStop(g, "Convert "+plan.Table+"?", "convert "+plan.Table)
+			}
+			res, err := ConvertPartitioned(ctx, pool, opts)
+			if g.json && err == nil {
+				emitJSON(a.io.Out, map[string]any{"event": "result", "op": "partition convert", "table": res.Table, "converted": res.Converted})
+			}
+			return ignoreDryRun(err)
 		},
 	}
 	fl := cmd.Flags()
 	fl.Var(&durationValue{d: &opts.Interval}, "interval", fmt.Sprintf("time one partition covers (inbox) or fills in at the observed rate (outbox) (default %s)", FormatDuration(partition.DefaultInterval)))
 	fl.IntVar(&opts.Ahead, "ahead", 0, fmt.Sprintf("empty partitions to keep ready (default %d)", partition.DefaultAhead))
 	fl.Int64Var(&opts.Size, "size", 0, "ids per outbox partition instead of a size from the observed rate")
-	fl.BoolVarP(&opts.Yes, "yes", "y", false, "convert (without it, only print the plan)")
+	g.flags(cmd, "be done")
 	return cmd
 }
 
