@@ -262,6 +262,12 @@ func chooseInbox(ctx context.Context, db Querier, consumer string, all bool, mes
 		if len(missing) > 0 {
 			return nil, nil, nil, fmt.Errorf("inbox rows %s of consumer %q are not parked or dead letters; nothing retried", strings.Join(missing, ", "), consumer)
 		}
+		for _, d := range found {
+			// Said before the plan: what RetryDeadLetters would refuse once confirmed.
+			if d.MessageID == "" || d.ErrorClass == inbox.ClassClaimCheck {
+				return nil, nil, nil, fmt.Errorf("%w: %s/%s (%s); redrive its source's copy once the cause is fixed; nothing retried", inbox.ErrNotRetryable, d.Consumer, d.Key, d.ErrorClass)
+			}
+		}
 		letters = found
 	}
 	return parked, letters, nil, nil

@@ -297,6 +297,13 @@ terminal and without --yes it refuses.`,
 			if (add.DatabaseURL == "") == (add.SecretARN == "") {
 				return usagef("pass exactly one of --url and --secret-arn")
 			}
+			// What AddTenant would refuse is said before the plan, not after a confirmation.
+			if err := fleet.CheckName(add.Name); err != nil {
+				return err
+			}
+			if add.Weight != 0 && (add.Weight < 1 || add.Weight > fleet.MaxWeight) {
+				return fmt.Errorf("tenant %s: weight %d is outside 1 to %d", add.Name, add.Weight, fleet.MaxWeight)
+			}
 			pool, err := a.registryDB(ctx, src)
 			if err != nil {
 				return err

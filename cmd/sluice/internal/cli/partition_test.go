@@ -25,7 +25,7 @@ func TestPartitionConvertPrintsThePlanAndRefusesWithoutYes(t *testing.T) {
 
 	r := b.run(t, "partition", "convert", "outbox")
 	require.Equal(t, cli.ExitError, r.code)
-	require.Contains(t, r.err, "refusing to convert outbox_event without --yes")
+	require.Contains(t, r.err, "refusing to convert outbox_event (not confirmed): stdin is not a terminal; pass --yes")
 	require.Contains(t, r.out, "Converting outbox_event to a partitioned table:")
 	require.Contains(t, r.out, "1. add CHECK (id < ")
 	require.Contains(t, r.out, "note: unique index outbox_event_event_id_key stays on outbox_event_p0 only")

@@ -86,7 +86,7 @@ func TestRelayAndReplay(t *testing.T) {
 	// Without a terminal and without --yes, replay refuses and changes nothing.
 	before := b.fingerprint(t)
 	r := b.run(t, "replay", "--since", "-1h", "--aggregate-id", "o-1")
-	requireOneLineError(t, r, 1, "refusing to replay 1 events")
+	requireOneLineError(t, r, 1, "refusing to replay 1 events (not confirmed)")
 	require.Equal(t, before, b.fingerprint(t))
 	require.Contains(t, b.ok(t, "replay", "--since", "-1h", "--aggregate-id", "o-1", "--dry-run"), "1 published events match")
 	require.Equal(t, before, b.fingerprint(t), "--dry-run changes nothing")
