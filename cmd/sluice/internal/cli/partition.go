@@ -296,10 +296,10 @@ type PartitionMaintainOptions struct {
 	// OlderThan, when positive, drops partitions whose rows were all published (outbox) or
 	// processed (inbox) longer ago. Defaults to 0: only create partitions ahead.
 	OlderThan time.Duration
-	// Queues are SQS queue URLs of inbox consumers: dropping inbox partitions is refused when
-	// OlderThan is not longer than one's retention (or its DLQ's; without Queues, SQS's 14-day
-	// maximum), as in Purge.
-	Queues []string
+	// InboxSources name the inbox consumers' queues, streams and topics: dropping inbox
+	// partitions is refused when OlderThan is not longer than the longest retention among them
+	// (without any, SQS's 14-day maximum), as in Purge.
+	InboxSources
 	// AllowDuplicateApplies drops inbox partitions even then. Defaults to false: ErrGuarantee.
 	AllowDuplicateApplies bool
 	// OutboxOnly and InboxOnly maintain one table only; at most one may be set.
@@ -341,6 +341,17 @@ type PartitionMaintainResult struct {
 }
 
 // of returns the report field of table t.
+// partitioned reports whether any table maintained is partitioned (on a plain one
+// maintenance does nothing).
+func (r *PartitionMaintainResult) partitioned() bool {
+	for _, t := range partition.Tables() {
+		if rep := *r.of(t); rep != nil && rep.Partitioned {
+			return true
+		}
+	}
+	return false
+}
+
 func (r *PartitionMaintainResult) of(t *partition.Table) **partition.Report {
 	if t == partition.Inbox {
 		return &r.Inbox
@@ -359,7 +370,7 @@ func MaintainPartitions(ctx context.Context, db DB, c SQSAPI, opts PartitionMain
 	doInbox, doOutbox := !opts.OutboxOnly, !opts.InboxOnly
 	if doInbox && opts.OlderThan > 0 {
 		var err error
-		if _, _, res.Warning, err = checkInboxRetention(ctx, c, opts.OlderThan, opts.Queues, opts.AllowDuplicateApplies, "drop inbox partitions"); err != nil {
+		if _, _, res.Warning, err = checkInboxRetention(ctx, c, opts.InboxSources, opts.OlderThan, opts.AllowDuplicateApplies, "drop inbox partitions"); err != nil {
 			return res, err
 		}
 	}
@@ -391,6 +402,9 @@ func MaintainPartitions(ctx context.Context, db DB, c SQSAPI, opts PartitionMain
 		plan, err := run(true)
 		if err != nil || opts.Confirm == nil && opts.DryRun {
 			return plan, err
+		}
+		if !opts.DryRun && !plan.partitioned() {
+			return plan, nil // plain tables: nothing to create or drop, nothing to confirm
 		}
 		if opts.Confirm != nil {
 			if err := opts.Confirm(plan); err != nil {
@@ -435,11 +449,15 @@ maximum) unless --allow-duplicate-applies accepts that risk. Ctrl-C stops betwee
 				return err
 			}
 			var c SQSAPI
-			if len(opts.Queues) > 0 && !opts.OutboxOnly && opts.OlderThan > 0 {
-				var err error
-				if c, err = a.sqsClient(ctx); err != nil {
+			if !opts.OutboxOnly && opts.OlderThan > 0 {
+				var (
+					closeSources func()
+					err          error
+				)
+				if c, closeSources, err = a.connectSources(ctx, &opts.InboxSources); err != nil {
 					return err
 				}
+				defer closeSources()
 			}
 			pool, err := a.db(ctx)
 			if err != nil {
@@ -479,7 +497,7 @@ maximum) unless --allow-duplicate-applies accepts that risk. Ctrl-C stops betwee
 	}
 	fl := cmd.Flags()
 	fl.Var(&durationValue{d: &opts.OlderThan}, "older-than", "retention: drop partitions whose rows were all published/processed longer ago (e.g. 30d)")
-	fl.StringArrayVar(&opts.Queues, "queue", nil, "SQS queue URL of an inbox consumer; refuse if its (or its DLQ's) retention is not shorter than --older-than (repeatable)")
+	opts.InboxSources.flags(fl)
 	fl.BoolVar(&opts.OutboxOnly, "outbox-only", false, "maintain only the outbox")
 	fl.BoolVar(&opts.InboxOnly, "inbox-only", false, "maintain only the inbox")
 	fl.Var(&durationValue{d: &opts.Interval}, "interval", fmt.Sprintf("time one new partition covers (inbox) or fills in at the observed rate (outbox) (default %s)", FormatDuration(partition.DefaultInterval)))
