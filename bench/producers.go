@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,6 +24,9 @@ type ProducersResult struct {
 	Runs []ProducersRun
 	// Durable says the server's commits wait for their WAL flush.
 	Durable bool
+	// Server is the settings that decide what a commit costs, as the suite's connections saw
+	// them (fsync, synchronous_commit, ...).
+	Server string `json:",omitempty"`
 }
 
 // ProducersRun is one variant at one client count, over all its blocks.
@@ -129,19 +133,37 @@ func runProducersSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes
 	if err != nil {
 		return err
 	}
-	maxClients := sz.ProducersClients[len(sz.ProducersClients)-1]
-	pool, _, err := denv.NewDatabase(ctx, "producers", int32(maxClients), nil)
+	res, err := measureConcurrent(ctx, log, denv, "producers", sz.ProducersClients, producersVariants, sz.ProducersRounds, sz.ProducersBlock)
 	if err != nil {
 		return err
 	}
+	rep.Producers = res
+	return nil
+}
+
+// measureConcurrent runs variants from each of clients (ascending) concurrent clients on a
+// fresh database of env named db: for each round, each client count and each variant (rotated
+// by round, so that none always runs first or last), a block of block during which that many
+// clients run that variant's transaction back to back, after a warm-up of every variant on
+// every connection.
+func measureConcurrent(ctx context.Context, log *slog.Logger, env *Env, db string, clients []int, variants []producersVariant,
+	rounds int, blockLen time.Duration) (*ProducersResult, error) {
+	maxClients := clients[len(clients)-1]
+	pool, _, err := env.NewDatabase(ctx, db, int32(maxClients), nil)
+	if err != nil {
+		return nil, err
+	}
 	defer pool.Close()
 	if _, err := pool.Exec(ctx, createOrders); err != nil {
-		return err
+		return nil, err
 	}
 	if _, err := pool.Exec(ctx, createNotifyFunctions); err != nil {
-		return err
+		return nil, err
 	}
-	res := &ProducersResult{Clients: sz.ProducersClients, Rounds: sz.ProducersRounds, Block: sz.ProducersBlock, Durable: denv.Durable}
+	res := &ProducersResult{Clients: clients, Rounds: rounds, Block: blockLen, Durable: env.Durable}
+	if res.Server, err = commitSettings(ctx, pool); err != nil {
+		return nil, err
+	}
 
 	type runKey struct {
 		variant string
@@ -167,18 +189,18 @@ func runProducersSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes
 		return lat, took, err
 	}
 	// Warm-up: every variant on every connection (prepared statements, caches).
-	for _, v := range producersVariants {
-		if _, _, err := block(v, maxClients, sz.ProducersBlock/2); err != nil {
-			return err
+	for _, v := range variants {
+		if _, _, err := block(v, maxClients, blockLen/2); err != nil {
+			return nil, err
 		}
 	}
-	for round := range sz.ProducersRounds {
-		for _, n := range sz.ProducersClients {
-			for k := range producersVariants {
-				v := producersVariants[(round+k)%len(producersVariants)]
-				lat, took, err := block(v, n, sz.ProducersBlock)
+	for round := range rounds {
+		for _, n := range clients {
+			for k := range variants {
+				v := variants[(round+k)%len(variants)]
+				lat, took, err := block(v, n, blockLen)
 				if err != nil {
-					return fmt.Errorf("%s, %d clients: %w", v.name, n, err)
+					return nil, fmt.Errorf("%s, %d clients: %w", v.name, n, err)
 				}
 				key := runKey{v.name, n}
 				r := runs[key]
@@ -193,17 +215,30 @@ func runProducersSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes
 			}
 		}
 	}
-	for _, n := range sz.ProducersClients {
-		for _, v := range producersVariants {
+	for _, n := range clients {
+		for _, v := range variants {
 			key := runKey{v.name, n}
 			r := runs[key]
 			r.Latency = summarize(samples[key])
 			res.Runs = append(res.Runs, *r)
-			log.Info("producers", "variant", v.name, "clients", n, "tx/s", int(r.Rate()), "p50", r.Latency.P50, "p99", r.Latency.P99)
+			log.Info(db, "variant", v.name, "clients", n, "tx/s", int(r.Rate()), "p50", r.Latency.P50, "p99", r.Latency.P99)
 		}
 	}
-	rep.Producers = res
-	return nil
+	return res, nil
+}
+
+// commitSettings reads, on one of pool's connections, the settings that decide what a commit
+// costs, as "name=value, ...".
+func commitSettings(ctx context.Context, pool *pgxpool.Pool) (string, error) {
+	var parts []string
+	for _, s := range []string{"fsync", "synchronous_commit", "full_page_writes", "wal_sync_method", "shared_buffers", "max_wal_size"} {
+		var v string
+		if err := pool.QueryRow(ctx, "SELECT current_setting($1)", s).Scan(&v); err != nil {
+			return "", fmt.Errorf("read %s: %w", s, err)
+		}
+		parts = append(parts, s+"="+v)
+	}
+	return strings.Join(parts, ", "), nil
 }
 
 // runBlock runs n clients of orderTx variant v back to back for d, each transaction numbered
