@@ -88,7 +88,7 @@ func runProducerSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes,
 	if rep.ProducerDurable, err = measureProducer(ctx, log, denv, sz); err != nil {
 		return fmt.Errorf("durable: %w", err)
 	}
-	c, err := measureConcurrent(ctx, log, denv, "producer_concurrent", producerClients, producerVariants, sz.ProducersRounds, sz.ProducersBlock)
+	c, err := measureConcurrent(ctx, log, denv, "producer_concurrent", producerClients, producerVariants, sz.ProducerRounds, sz.ProducerBlock)
 	if err != nil {
 		return fmt.Errorf("durable, concurrent: %w", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -40,6 +41,57 @@ type ProducersRun struct {
 	Latency Latencies
 	// BlockRates is each block's tx/s, in the order run.
 	BlockRates []float64
+	// CPU is where the blocks' CPU time went (seconds, summed over the blocks; zero in older
+	// results): Harness is this process (the clients: outbox.Write's validation and pgx),
+	// Backends the PostgreSQL backends of the suite's database, Postgres the server's other
+	// processes (WAL writer, checkpointer, ...), Others what the machine spent on everything
+	// else meanwhile (other users' work).
+	CPU BlockCPU `json:",omitempty"`
+}
+
+// BlockCPU is CPU time by owner over some blocks, in seconds.
+type BlockCPU struct {
+	Harness, Backends, Postgres, Others float64
+}
+
+// perTx returns s seconds over n transactions, in microseconds.
+func perTx(s float64, n int) float64 {
+	if n == 0 {
+		return 0
+	}
+	return s * 1e6 / float64(n)
+}
+
+// processCPU returns this process's CPU time so far (user and system), with getrusage's
+// microsecond resolution.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// concurrentCPULabels group the concurrent-producer blocks' CPU time.
+var concurrentCPULabels = cpuLabels{Self: "harness", Backends: "backends"}
+
+// addCPU adds to c what a and b, snapshots taken around a block, say went to each owner.
+func (c *BlockCPU) addCPU(a, b cpuSnapshot) {
+	groups, _, others := cpuBetween(a, b)
+	secs := b.at.Sub(a.at).Seconds()
+	for _, g := range groups {
+		switch g.Group {
+		case concurrentCPULabels.Self:
+			// Measured by the caller with getrusage, without the snapshots' own work.
+		case concurrentCPULabels.Backends:
+			c.Backends += g.Cores * secs
+		default:
+			if strings.HasPrefix(g.Group, "PostgreSQL") {
+				c.Postgres += g.Cores * secs
+			}
+		}
+	}
+	c.Others += others * secs
 }
 
 // Rate is transactions per second over every block.
@@ -198,7 +250,11 @@ func measureConcurrent(ctx context.Context, log *slog.Logger, env *Env, db strin
 		for _, n := range clients {
 			for k := range variants {
 				v := variants[(round+k)%len(variants)]
+				before := takeCPUSnapshot(db, concurrentCPULabels)
+				selfBefore := processCPU()
 				lat, took, err := block(v, n, blockLen)
+				selfAfter := processCPU()
+				after := takeCPUSnapshot(db, concurrentCPULabels)
 				if err != nil {
 					return nil, fmt.Errorf("%s, %d clients: %w", v.name, n, err)
 				}
@@ -211,6 +267,8 @@ func measureConcurrent(ctx context.Context, log *slog.Logger, env *Env, db strin
 				r.Tx += len(lat)
 				r.Elapsed += took
 				r.BlockRates = append(r.BlockRates, float64(len(lat))/took.Seconds())
+				r.CPU.addCPU(before, after)
+				r.CPU.Harness += (selfAfter - selfBefore).Seconds()
 				samples[key] = append(samples[key], lat...)
 			}
 		}
@@ -221,7 +279,8 @@ func measureConcurrent(ctx context.Context, log *slog.Logger, env *Env, db strin
 			r := runs[key]
 			r.Latency = summarize(samples[key])
 			res.Runs = append(res.Runs, *r)
-			log.Info(db, "variant", v.name, "clients", n, "tx/s", int(r.Rate()), "p50", r.Latency.P50, "p99", r.Latency.P99)
+			log.Info(db, "variant", v.name, "clients", n, "tx/s", int(r.Rate()), "p50", r.Latency.P50, "p99", r.Latency.P99,
+				"harness_us/tx", int(perTx(r.CPU.Harness, r.Tx)), "backends_us/tx", int(perTx(r.CPU.Backends, r.Tx)), "others_cores", r.CPU.Others/r.Elapsed.Seconds())
 		}
 	}
 	return res, nil
