@@ -81,6 +81,10 @@ const (
 	troubledHang  = time.Hour
 	troubledEvery = 100 * time.Millisecond
 	troubledKeys  = 10
+	// troubledSpan is how long the waves go on: several slow calls one after another, and
+	// beyond the relay's default PublishTimeout (10 s), so that a hanging call's timeout, the
+	// backoff and the probes that follow fall within it.
+	troubledSpan = 15 * time.Second
 )
 
 // troubledScenario is an isolation scenario whose blocker is topic `audit`'s destination,
@@ -90,7 +94,7 @@ func troubledScenario(name, blocker string, delay time.Duration) isolationScenar
 	var calls atomic.Int64
 	hangs := delay >= troubledHang
 	return isolationScenario{
-		name: name, blocker: blocker,
+		name: name, blocker: blocker, span: troubledSpan,
 		prepare: func(ctx context.Context, pool *pgxpool.Pool) error {
 			for k := range troubledKeys {
 				if err := insertKeyRows(ctx, pool, fmt.Sprintf("audit-%02d", k), "audit", 3, `jsonb_build_object('n', i)`); err != nil {
@@ -141,16 +145,30 @@ func troubledScenario(name, blocker string, delay time.Duration) isolationScenar
 			if err != nil {
 				return "", false, err
 			}
-			steady, err := countRows(ctx, pool, "partition_key LIKE 'steady-%' AND published_at IS NOT NULL")
+			steady, err := steadyRows(ctx, pool)
 			n := calls.Load()
 			if hangs {
-				return fmt.Sprintf("`audit`: %d calls, none answered; %s of its rows published, %s pending; `steady-*` rows published: %s",
-					n, num(float64(published)), num(float64(left)), num(float64(steady))), n > 0 && published == 0, err
+				return fmt.Sprintf("`audit`: %d calls, none answered; %s of its rows published, %s pending; %s",
+					n, num(float64(published)), num(float64(left)), steady), n > 0 && published == 0, err
 			}
-			return fmt.Sprintf("`audit`: %d calls of %s each; %s of its rows published, %s pending; `steady-*` rows published: %s",
-				n, delay, num(float64(published)), num(float64(left)), num(float64(steady))), n > 0 && published > 0, err
+			return fmt.Sprintf("`audit`: %d calls of %s each; %s of its rows published, %s pending; %s",
+				n, delay, num(float64(published)), num(float64(left)), steady), n > 1 && published > 0, err
 		},
 	}
+}
+
+// steadyRows describes the steady traffic's `orders` rows: how many were published, how many
+// are pending, and the longest published_at − created_at of the published ones (the relay's
+// settle time, a little after the broker's acknowledgement, minus the insert's start, a
+// little before its commit: an upper bound of the wait the idle rows measure).
+func steadyRows(ctx context.Context, pool *pgxpool.Pool) (string, error) {
+	var published, pending int
+	var longest time.Duration
+	err := pool.QueryRow(ctx, `SELECT count(published_at), count(*) - count(published_at),
+			coalesce(max(published_at - created_at), interval '0')
+		FROM outbox_event WHERE partition_key LIKE 'steady-%'`).Scan(&published, &pending, &longest)
+	return fmt.Sprintf("`steady-*` (`orders`): %s rows published, %s pending, longest published_at − created_at %s",
+		num(float64(published)), num(float64(pending)), dur(longest)), err
 }
 
 // ignoreCancel returns nil for an error caused by ctx ending, else err.
@@ -177,6 +195,9 @@ type isolationScenario struct {
 	// traffic, when set, commits the scenario's steady traffic from just before the relay
 	// starts until every idle row was acknowledged (or Settle ran out); it returns when ctx ends.
 	traffic func(ctx context.Context, pool *pgxpool.Pool) error
+	// span, when set, makes the waves go on for at least this long (more than Waves of them),
+	// for blockers whose effect takes seconds to show.
+	span time.Duration
 }
 
 func isolationScenarios() []isolationScenario {
@@ -322,10 +343,10 @@ func isolationScenarios() []isolationScenario {
 			},
 		},
 		troubledScenario("(f) slow destination", fmt.Sprintf("topic `audit` (its own ARN): every call answers, after %s; steady traffic, "+
-			"one row every %s to each of `audit` (%d keys) and `orders` (%d keys `steady-*`, beside the idle keys), from before the relay starts",
-			troubledSlow, troubledEvery, troubledKeys, troubledKeys), troubledSlow),
+			"one row every %s to each of `audit` (%d keys) and `orders` (%d keys `steady-*`, beside the idle keys), from before the relay starts; "+
+			"waves for %s", troubledSlow, troubledEvery, troubledKeys, troubledKeys, troubledSpan), troubledSlow),
 		troubledScenario("(g) hanging destination", fmt.Sprintf("topic `audit` (its own ARN): no call ever answers (each ends at the relay's "+
-			"`PublishTimeout`, or when the relay cuts it); the steady traffic of (f)"), troubledHang),
+			"`PublishTimeout`, or when the relay cuts it); the steady traffic and waves of (f)"), troubledHang),
 	}
 }
 
@@ -442,13 +463,18 @@ func runIsolationScenario(ctx context.Context, pool *pgxpool.Pool, dbURL string,
 			break
 		}
 		if time.Now().After(deadline) {
-			return run, fmt.Errorf("the blocker was not in force 30 s after the relay started")
+			state, _, _ := sc.state(ctx, pool, r)
+			return run, fmt.Errorf("the blocker was not in force 30 s after the relay started (%s)", state)
 		}
 		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
 			return run, err
 		}
 	}
-	for w := 1; w <= res.Waves; w++ {
+	waves := res.Waves
+	if sc.span > 0 {
+		waves = max(waves, int(sc.span/res.WaveEvery))
+	}
+	for w := 1; w <= waves; w++ {
 		if err := sleepCtx(ctx, res.WaveEvery); err != nil {
 			return run, err
 		}
