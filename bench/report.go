@@ -899,7 +899,7 @@ func (r *Report) isolationMarkdown(w func(string, ...any)) {
 	if iso == nil {
 		return
 	}
-	w("## 6. Isolation: one troubled key, topic or row against 20 idle keys\n\n")
+	w("## 6. Isolation: one troubled key, topic, row or destination against 20 idle keys\n\n")
 	w("Issue 10's scenarios. Each starts from an empty `outbox_event` into which the blocker's rows are inserted; then one row of each of "+
 		"%d idle keys (`idle-00` … `idle-%02d`, topic `orders`) is committed, each in its own transaction with `outbox.Write`, and one relay "+
 		"starts (`outbox.NewRelay` with its defaults and `Run`, on a pool of its own of `RelayConfig.PoolSize()` connections, %d at the "+
