@@ -59,6 +59,9 @@ type IsolationRun struct {
 	Over int
 }
 
+// errNotInForce is a scenario whose blocker was not in force 30 s after the relay started.
+var errNotInForce = errors.New("the blocker was not in force")
+
 // isolationTarget is issue 10's bound on an idle key's wait in every scenario.
 const isolationTarget = time.Second
 
@@ -238,6 +241,7 @@ func isolationScenarios() []isolationScenario {
 			},
 			configure: func(_ context.Context, _ *pgxpool.Pool, cfg *outbox.RelayConfig, pub *ackPublisher) error {
 				cfg.BackoffBase, cfg.BackoffMax = time.Hour, time.Hour
+				hotFailed.Store(false) // a scenario set up again fails the new head once
 				pub.failEvent = func(e *outbox.Event) error {
 					if e.EventID == hotHead && hotFailed.CompareAndSwap(false, true) {
 						return errors.New("Throttled: Rate exceeded")
@@ -380,6 +384,14 @@ func runIsolationSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes
 	res := &IsolationResult{Delay: 10 * time.Millisecond, IdleKeys: 20, Waves: sz.IsolationWaves, WaveEvery: sz.IsolationWaveEvery, Settle: 10 * time.Second}
 	for _, sc := range isolationScenarios() {
 		run, err := runIsolationScenario(ctx, pool, dbURL, res, sc)
+		if errors.Is(err, errNotInForce) {
+			// Setting a blocker up can miss: (b)'s head fails one attempt only when the stub
+			// fails it in a call with other keys' rows (alone, its call fails as a whole, which
+			// is no attempt of the row). Set it up once more, from scratch, and say so.
+			log.Warn("isolation: blocker not in force; setting the scenario up again", "scenario", sc.name, "error", err)
+			run, err = runIsolationScenario(ctx, pool, dbURL, res, sc)
+			run.State = strings.TrimSpace(run.State + " (set up twice: the first time, the blocker was not in force)")
+		}
 		if err != nil {
 			return fmt.Errorf("%s: %w", sc.name, err)
 		}
@@ -464,7 +476,7 @@ func runIsolationScenario(ctx context.Context, pool *pgxpool.Pool, dbURL string,
 		}
 		if time.Now().After(deadline) {
 			state, _, _ := sc.state(ctx, pool, r)
-			return run, fmt.Errorf("the blocker was not in force 30 s after the relay started (%s)", state)
+			return run, fmt.Errorf("%w 30 s after the relay started (%s)", errNotInForce, state)
 		}
 		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
 			return run, err
