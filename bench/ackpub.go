@@ -135,6 +135,9 @@ type ackPublisher struct {
 	failCall func(dest string) error
 	// failEvent, when set and returning an error, fails that entry.
 	failEvent func(e *outbox.Event) error
+	// delayOf, when set and returning true, gives a call to dest its own latency instead of
+	// Delay (a slow destination; one longer than the relay's PublishTimeout never answers).
+	delayOf func(dest string) (time.Duration, bool)
 
 	calls, events, failures atomic.Int64
 }
@@ -145,7 +148,13 @@ var _ outbox.Publisher = (*ackPublisher)(nil)
 func (p *ackPublisher) PublishBatch(ctx context.Context, dest string, events []*outbox.Event) []error {
 	p.calls.Add(1)
 	errs := make([]error, len(events))
-	if err := sleepCtx(ctx, p.Delay); err != nil {
+	delay := p.Delay
+	if p.delayOf != nil {
+		if d, ok := p.delayOf(dest); ok {
+			delay = d
+		}
+	}
+	if err := sleepCtx(ctx, delay); err != nil {
 		for i := range errs {
 			errs[i] = err
 		}

@@ -20,8 +20,9 @@
 //
 // The suites:
 //
-//  1. relay throughput: sluice's relay (1 and 4 instances), the textbook relay, watermill-sql's
-//     forwarder and the claim+mark ceiling, with a publisher stub of 0 ms and 10 ms per call;
+//  1. relay throughput: sluice's relay (1 and 4 instances with Run, 1 with RunOnce in a loop at
+//     0 ms), the textbook relay, watermill-sql's forwarder and the claim+mark ceiling, with a
+//     publisher stub of 0 ms and 10 ms per call;
 //  2. producer overhead: a business transaction with and without outbox.Write, and bulk writes;
 //  3. consumer throughput with 10% duplicates: inbox per-record vs batched commits;
 //     both run on the fast-commit server and again on a durable one (fsync and synchronous
@@ -30,7 +31,8 @@
 //     runtime interface emulator), with diagnostics of where the time goes (e2ediag.go);
 //  5. scale: claim latency with published rows retained, purge throughput, sizes after a purge;
 //  6. isolation (issue 10): how long idle keys wait behind a hot key, a key in backoff, a failing
-//     topic, a quarantined key's backlog and a hostile plain-SQL payload;
+//     topic, a quarantined key's backlog and a hostile plain-SQL payload, and (issue 40) beside a
+//     destination that answers after 3 s and one that never answers, under steady traffic;
 //  7. concurrent producers (issue 11) on the durable server: 1, 4 and 16 clients, the order alone
 //     and with a minimal hand-written outbox row, outbox.Write or outbox.Queue;
 //  8. wake-up (issue 11): commit-to-publish latency of a running relay at 100 events/s, with no
