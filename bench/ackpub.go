@@ -106,6 +106,20 @@ func (b *waitBook) committedSince(ids []uuid.UUID, t time.Time) []uuid.UUID {
 	return out
 }
 
+// committedBetween returns the ids, in their order, whose commit was recorded in [from, to).
+func (b *waitBook) committedBetween(ids []uuid.UUID, from, to time.Time) []uuid.UUID {
+	var out []uuid.UUID
+	for _, id := range b.committedSince(ids, from) {
+		b.mu.Lock()
+		c := b.committed[id]
+		b.mu.Unlock()
+		if c.Before(to) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
 // waits returns the commit-to-acknowledgement time of each of ids that was acknowledged, in
 // the order of ids, and how many were not. A wait is never negative: the broker can
 // acknowledge an event a few microseconds before its producer's Commit call returns.

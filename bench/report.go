@@ -63,6 +63,8 @@ type Report struct {
 	Scaleout *ScaleoutResult `json:",omitempty"`
 	// Fleet is issue 24's fleet suite (bench/fleet.go).
 	Fleet *FleetResult `json:",omitempty"`
+	// WALWake is issue 44's WAL wake-up suite (bench/walwake.go).
+	WALWake *WALWakeResult `json:",omitempty"`
 }
 
 // suiteTime is how long one suite took.
@@ -217,6 +219,7 @@ func (r *Report) targets() []target {
 	ts = append(ts, r.hotKeyTargets()...)   // issue 25, bench/hotkey.go
 	ts = append(ts, r.scaleoutTargets()...) // issue 25, bench/scaleout.go
 	ts = append(ts, r.Fleet.targets()...)   // issue 24, bench/fleet.go
+	ts = append(ts, r.walWakeTargets()...)  // issue 44, bench/walwake.go
 	return ts
 }
 
@@ -287,6 +290,7 @@ func (r *Report) Markdown() string {
 	r.hotKeyMarkdown(w)       // issue 25, bench/hotkey.go
 	r.scaleoutMarkdown(w)     // issue 25, bench/scaleout.go
 	r.Fleet.markdown(w)       // issue 24, bench/fleet.go
+	r.walWakeMarkdown(w)      // issue 44, bench/walwake.go
 
 	w("## Analysis\n\n%s\n", strings.TrimSpace(r.renderNotes(notes)))
 	w("\n## Run time\n\n| suite | time |\n|---|---|\n")
