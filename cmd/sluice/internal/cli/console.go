@@ -1,0 +1,228 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sluicehq/sluice/cmd/sluice/internal/console"
+	"github.com/sluicehq/sluice/pkg/lambdaenv"
+)
+
+// EnvConsoleToken is the environment variable `sluice console` reads its token from when
+// --token is not given (a flag's value shows in the process list; the environment's does not).
+const EnvConsoleToken = "SLUICE_CONSOLE_TOKEN"
+
+// ConsoleActions are the console's actions, done by the CLI's own commands: a retry's plan is
+// RetryDead's dry run printed as `sluice dead retry --dry-run` prints it, and the retry is
+// RetryDead, which releases exactly the rows of the confirmed plan.
+type ConsoleActions struct {
+	DB Querier
+}
+
+var _ console.Actions = ConsoleActions{}
+
+func (c ConsoleActions) options(req console.RetryRequest) (DeadRetryOptions, error) {
+	opts := DeadRetryOptions{Consumer: req.Consumer, All: req.All, IDs: req.IDs}
+	if opts.All == (len(opts.IDs) > 0) {
+		return opts, usagef("give either all or the ids to retry, not both and not neither")
+	}
+	if opts.Consumer == "" {
+		if _, err := outboxIDs(opts.IDs); err != nil {
+			return opts, err
+		}
+	}
+	return opts, nil
+}
+
+// PlanRetry is `sluice dead retry --dry-run`: it chooses the rows and changes nothing.
+func (c ConsoleActions) PlanRetry(ctx context.Context, req console.RetryRequest) (console.Plan, error) {
+	opts, err := c.options(req)
+	if err != nil {
+		return console.Plan{}, err
+	}
+	opts.DryRun = true
+	res, err := RetryDead(ctx, c.DB, opts)
+	if err != nil {
+		return console.Plan{}, err
+	}
+	var text bytes.Buffer
+	printDeadRetry(&text, res, true, false)
+	return console.Plan{Text: text.String(), Chosen: res.Chosen(), Digest: retryDigest(res), Command: console.RetryCommand(req)}, nil
+}
+
+// Retry is `sluice dead retry --yes` whose confirmation checks that the rows chosen now are
+// those of the plan the operator confirmed (digest): otherwise nothing is changed.
+func (c ConsoleActions) Retry(ctx context.Context, req console.RetryRequest, digest string) (string, error) {
+	opts, err := c.options(req)
+	if err != nil {
+		return "", err
+	}
+	opts.Confirm = func(plan DeadRetryResult) error {
+		if retryDigest(plan) != digest {
+			return console.ErrPlanChanged
+		}
+		return nil
+	}
+	res, err := RetryDead(ctx, c.DB, opts)
+	if err == nil && res.Chosen() == 0 && retryDigest(res) != digest {
+		err = console.ErrPlanChanged
+	}
+	var text bytes.Buffer
+	if err == nil {
+		printDeadRetry(&text, res, false, true)
+	}
+	return text.String(), err
+}
+
+// retryDigest identifies the rows a retry chose: outbox row ids, parked rows and dead letters
+// by consumer and key.
+func retryDigest(res DeadRetryResult) string {
+	var ids []string
+	for _, r := range res.Outbox {
+		ids = append(ids, "outbox/"+strconv.FormatInt(r.ID, 10))
+	}
+	for _, p := range res.Inbox {
+		ids = append(ids, "parked/"+p.Consumer+"\x00"+p.MessageID)
+	}
+	for _, d := range res.DeadLetters {
+		ids = append(ids, "dead/"+d.Consumer+"\x00"+d.Key)
+	}
+	slices.Sort(ids)
+	h := sha256.New()
+	for _, id := range ids {
+		h.Write([]byte(id))
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// consoleOptions are `sluice console`'s flags.
+type consoleOptions struct {
+	listen       string
+	token        string
+	allowActions bool
+	hidePayloads bool
+	allowHosts   []string
+	sampleEvery  time.Duration
+}
+
+func (a *app) consoleCommand() *cobra.Command {
+	o := consoleOptions{listen: console.DefaultListen, sampleEvery: console.DefaultSampleEvery}
+	cmd := &cobra.Command{
+		Use:   "console",
+		Short: "Serve an operator's web console: overview, a key's chain, events, dead letters",
+		Long: `Serve a web console over the outbox and the inbox of the database: an overview per destination
+and consumer with a lag chart of the last hour (sampled while it runs) that updates live, a
+partition key's pending rows and why each waits, an event's payload and state, and dead letters
+grouped by error class and message.
+
+It is read-only unless started with --allow-actions; then each retry first shows the plan of
+` + "`sluice dead retry --dry-run`" + ` and changes exactly those rows once confirmed. It listens on
+127.0.0.1 by default and refuses any other address without --token ($` + EnvConsoleToken + `),
+which every request must then carry (as a bearer token, or as the basic-auth password a browser
+asks for). --hide-payloads never shows payloads. docs/console.md says how to reach it in AWS.`,
+		Example: `  sluice console
+  sluice console --allow-actions --listen 127.0.0.1:9000
+  SLUICE_CONSOLE_TOKEN=$(openssl rand -hex 16) sluice console --listen 0.0.0.0:8089 --hide-payloads`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.token == "" {
+				o.token = a.io.Getenv(EnvConsoleToken)
+			}
+			if err := console.CheckListen(o.listen, o.token); err != nil {
+				return usageError{err}
+			}
+			if o.sampleEvery < time.Second {
+				return usagef("--sample-every must be at least 1s, got %s", o.sampleEvery)
+			}
+			ctx := cmd.Context()
+			pool, err := a.db(ctx)
+			if err != nil {
+				return err
+			}
+			u, _ := a.databaseURLResolved(ctx)
+			cfg := console.Config{DB: pool, Token: o.token, HidePayloads: o.hidePayloads, SampleEvery: o.sampleEvery,
+				Database: databaseLabel(u), AllowedHosts: o.allowHosts,
+				ClaimCheckBucket: a.io.Getenv(lambdaenv.ClaimCheckBucket), ClaimCheckPrefix: a.io.Getenv(lambdaenv.ClaimCheckPrefix),
+				Logger: slog.New(slog.NewJSONHandler(a.io.Err, nil))}
+			if cfg.ClaimCheckBucket != "" {
+				if cfg.ClaimCheckThreshold, err = lambdaenv.ClaimCheckThresholdOf(a.io.Getenv); err != nil {
+					return err
+				}
+			}
+			if o.allowActions {
+				cfg.Actions = ConsoleActions{DB: pool}
+			}
+			srv, err := console.New(cfg)
+			if err != nil {
+				return err
+			}
+			ln, err := net.Listen("tcp", o.listen)
+			if err != nil {
+				return fmt.Errorf("listen on %s: %w", o.listen, err)
+			}
+			mode := "read-only"
+			if o.allowActions {
+				mode = "actions allowed"
+			}
+			fmt.Fprintf(a.io.Out, "sluice console on http://%s (%s)\n", ln.Addr(), mode)
+			return ServeConsole(ctx, srv, ln)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&o.listen, "listen", o.listen, "HOST:PORT to listen on; an address other than loopback needs --token")
+	fl.StringVar(&o.token, "token", "", "token every request must carry (bearer, or basic-auth password); default $"+EnvConsoleToken)
+	fl.BoolVar(&o.allowActions, "allow-actions", false, "allow retries (each shows its dry-run plan and asks for confirmation); read-only without it")
+	fl.BoolVar(&o.hidePayloads, "hide-payloads", false, "never show payloads (sizes only), for sensitive data")
+	fl.StringArrayVar(&o.allowHosts, "allow-host", nil, "host name besides localhost the console answers to without --token, e.g. the name an authenticating proxy forwards (repeatable)")
+	fl.Var(&durationValue{d: &o.sampleEvery}, "sample-every", fmt.Sprintf("how often the lag chart samples the outbox (default %s)", console.DefaultSampleEvery))
+	// Its own changes go through the dead retry command's code and plan, confirmed in the page.
+	unguarded(cmd, "its retries run `sluice dead retry`'s code after its dry-run plan is shown and confirmed in the page, and only with --allow-actions")
+	return cmd
+}
+
+// ServeConsole serves srv on ln, with its lag sampler, until ctx ends.
+func ServeConsole(ctx context.Context, srv *console.Server, ln net.Listener) error {
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	sctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go srv.Run(sctx)
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	shut, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := hs.Shutdown(shut); err != nil {
+		return err
+	}
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// databaseLabel names a database URL's host and database, never its user or password.
+func databaseLabel(u string) string {
+	p, err := url.Parse(u)
+	if err != nil || p.Host == "" {
+		return ""
+	}
+	return p.Host + p.Path
+}
