@@ -13,11 +13,16 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/cmd/sluice/internal/console"
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
 // envChromium names the browser the browser tests drive, when it is not chromium on PATH.
 const envChromium = "SLUICE_CHROMIUM"
+
+// envScreenshot, when set, names the PNG file the browser test writes the overview's screenshot
+// to (README's docs/console.png: SLUICE_CONSOLE_SCREENSHOT=$PWD/docs/console.png).
+const envScreenshot = "SLUICE_CONSOLE_SCREENSHOT"
 
 // browserWait bounds each wait of a browser test: the pages answer from a local database, so
 // this only ends a test that hangs, on however busy a machine.
@@ -70,7 +75,7 @@ func read[T any](t *testing.T, ctx context.Context, a chromedp.Action[T]) T {
 // retry shows the CLI's plan, asks, and once confirmed stores the letters in the inbox once.
 func TestBrowserOverviewChainAndConfirmedRetry(t *testing.T) {
 	t.Parallel()
-	b := setup(t, true)
+	b := setup(t, true, func(c *console.Config) { c.SampleEvery = time.Second })
 	ctx := browser(t)
 	css := func(s string) chromedp.CSS { return chromedp.CSS(s) }
 
@@ -86,6 +91,11 @@ func TestBrowserOverviewChainAndConfirmedRetry(t *testing.T) {
 	updated := read(t, ctx, chromedp.Poll[bool](`document.getElementById("outbox-pending").textContent.trim() === "7"`,
 		chromedp.WithPollingTimeout(browserWait)))
 	require.True(t, updated, "the overview updates itself")
+	if path := os.Getenv(envScreenshot); path != "" {
+		step(t, ctx, chromedp.EmulateViewport(1280, 900))
+		png := read(t, ctx, chromedp.FullScreenshot(100))
+		require.NoError(t, os.WriteFile(path, png, 0o644))
+	}
 
 	// Follow the quarantined key to its chain.
 	step(t, ctx, chromedp.Click(css(`a[href="/key?k=order-2"]`)), chromedp.WaitVisible(css("#chain")))

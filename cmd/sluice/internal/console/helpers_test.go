@@ -55,6 +55,10 @@ func setup(t *testing.T, actions bool, mutate ...func(*console.Config)) *bundle 
 	}
 	s, err := console.New(cfg)
 	require.NoError(t, err)
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); s.Run(ctx) }() // the lag chart's sampler
+	t.Cleanup(func() { stop(); <-done })
 	b.srv = httptest.NewServer(s)
 	t.Cleanup(b.srv.Close)
 	jar, err := cookiejar.New(nil)
