@@ -28,31 +28,47 @@ type DestinationLag struct {
 	Outage bool
 	// LastError is the error of the most recently failing row ("" when none fails).
 	LastError string
+	// PublishedLastMinute counts its rows published in the last minute, among the newest
+	// 100,000 rows (as Lag.PublishedLastMinute).
+	PublishedLastMinute int64
 }
 
-// DestinationsOf reads the backlog of every topic with unpublished rows, by topic name. Like
-// LagOf, it reads only the unpublished rows, so its cost follows the backlog, not the table.
+// DestinationsOf reads the backlog of every topic with unpublished rows or rows published in
+// the last minute, by topic name. Like LagOf, it reads only the unpublished rows and the newest
+// 100,000 rows, so its cost follows the backlog, not the table.
 func DestinationsOf(ctx context.Context, db Querier) ([]DestinationLag, error) {
 	rows, err := db.Query(ctx, `
-		SELECT topic,
-		       count(*) FILTER (WHERE quarantined_at IS NULL),
-		       coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE quarantined_at IS NULL)), 0)::float8,
-		       count(*) FILTER (WHERE quarantined_at IS NOT NULL),
-		       count(DISTINCT partition_key) FILTER (WHERE quarantined_at IS NOT NULL),
-		       count(*) FILTER (WHERE quarantined_at IS NULL AND failing_since IS NOT NULL),
-		       min(failing_since) FILTER (WHERE quarantined_at IS NULL),
-		       coalesce(bool_or(quarantined_at IS NULL AND failing_since IS NOT NULL AND attempts = 0), false),
-		       coalesce((array_agg(last_error ORDER BY failing_since DESC)
-		                 FILTER (WHERE quarantined_at IS NULL AND failing_since IS NOT NULL AND last_error IS NOT NULL))[1], '')
-		FROM outbox_event WHERE published_at IS NULL
-		GROUP BY topic ORDER BY topic`)
+		WITH pending AS (
+		    SELECT topic,
+		           count(*) FILTER (WHERE quarantined_at IS NULL) AS pending,
+		           coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE quarantined_at IS NULL)), 0)::float8 AS age,
+		           count(*) FILTER (WHERE quarantined_at IS NOT NULL) AS quarantined,
+		           count(DISTINCT partition_key) FILTER (WHERE quarantined_at IS NOT NULL) AS quarantined_keys,
+		           count(*) FILTER (WHERE quarantined_at IS NULL AND failing_since IS NOT NULL) AS failing,
+		           min(failing_since) FILTER (WHERE quarantined_at IS NULL) AS failing_since,
+		           coalesce(bool_or(quarantined_at IS NULL AND failing_since IS NOT NULL AND attempts = 0), false) AS outage,
+		           coalesce((array_agg(last_error ORDER BY failing_since DESC)
+		                     FILTER (WHERE quarantined_at IS NULL AND failing_since IS NOT NULL AND last_error IS NOT NULL))[1], '') AS last_error
+		    FROM outbox_event WHERE published_at IS NULL
+		    GROUP BY topic
+		), recent AS (
+		    SELECT topic, count(*) AS published
+		    FROM (SELECT topic, published_at FROM outbox_event ORDER BY id DESC LIMIT 100000) r
+		    WHERE published_at > now() - interval '1 minute'
+		    GROUP BY topic
+		)
+		SELECT topic, coalesce(p.pending, 0), coalesce(p.age, 0), coalesce(p.quarantined, 0), coalesce(p.quarantined_keys, 0),
+		       coalesce(p.failing, 0), p.failing_since, coalesce(p.outage, false), coalesce(p.last_error, ''), coalesce(r.published, 0)
+		FROM pending p FULL JOIN recent r USING (topic)
+		ORDER BY topic`)
 	if err != nil {
 		return nil, fmt.Errorf("read outbox destinations: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DestinationLag, error) {
 		var d DestinationLag
 		var age float64
-		err := r.Scan(&d.Topic, &d.Pending, &age, &d.Quarantined, &d.QuarantinedKeys, &d.Failing, &d.FailingSince, &d.Outage, &d.LastError)
+		err := r.Scan(&d.Topic, &d.Pending, &age, &d.Quarantined, &d.QuarantinedKeys, &d.Failing, &d.FailingSince, &d.Outage,
+			&d.LastError, &d.PublishedLastMinute)
 		d.OldestPendingAge = time.Duration(age * float64(time.Second))
 		return d, err
 	})

@@ -101,11 +101,18 @@ func TestDestinationsOfReportsEachTopic(t *testing.T) {
 		UPDATE outbox_event SET failing_since = now() - interval '1 minute', attempts = 0, last_error = 'sns down' WHERE id = 2;
 		UPDATE outbox_event SET created_at = now() - interval '2 minutes' WHERE id = 3`)
 	require.NoError(t, err)
+	// A topic with nothing pending that published in the last minute, and an older publication.
+	b.write(t, 2, 2) // ids 5, 6
+	_, err = b.pool.Exec(ctx, `
+		UPDATE outbox_event SET topic = 'payments', published_at = now() WHERE id = 5;
+		UPDATE outbox_event SET topic = 'payments', published_at = now() - interval '5 minutes' WHERE id = 6`)
+	require.NoError(t, err)
 
 	ds, err := outbox.DestinationsOf(ctx, b.pool)
 	require.NoError(t, err)
-	require.Len(t, ds, 2)
-	inv, ord := ds[0], ds[1]
+	require.Len(t, ds, 3)
+	inv, ord, pay := ds[0], ds[1], ds[2]
+	require.Equal(t, outbox.DestinationLag{Topic: "payments", PublishedLastMinute: 1}, pay)
 	require.Equal(t, "invoices", inv.Topic)
 	require.Equal(t, int64(1), inv.Pending)
 	require.Zero(t, inv.Failing)

@@ -22,6 +22,7 @@ func TestOverviewReflectsTheBacklog(t *testing.T) {
 	require.Contains(t, page, `<dd id="outbox-pending">5</dd>`, "5 pending rows besides the quarantined one")
 	require.Contains(t, page, `<dd id="outbox-quarantined" class="bad">1</dd>`)
 	require.Regexp(t, `<th scope="row">orders</th><td>5</td>`, page)
+	require.Regexp(t, `<td>1</td><td>1</td><td>0</td>\s*</tr>`, page, "orders: 1 quarantined row, 1 key, none published in the last minute")
 	require.Contains(t, page, `<a href="/key?k=order-2">order-2</a>`, "the quarantined key links to its chain")
 	require.Contains(t, page, "SNS rejected the message: InvalidParameter")
 	require.Regexp(t, `<th scope="row">billing</th><td>0</td><td>0s</td>\s*<td>0</td><td class="bad"><a href="/dead">3</a></td>`, page)
