@@ -117,6 +117,7 @@ type consoleOptions struct {
 	hidePayloads bool
 	allowHosts   []string
 	sampleEvery  time.Duration
+	queues       []string
 }
 
 func (a *app) consoleCommand() *cobra.Command {
@@ -166,6 +167,17 @@ asks for). --hide-payloads never shows payloads. docs/console.md says how to rea
 			if o.allowActions {
 				cfg.Actions = ConsoleActions{DB: pool}
 			}
+			if len(o.queues) > 0 {
+				c, err := a.sqsClient(ctx)
+				if err != nil {
+					return err
+				}
+				// A wrong URL is reported now, not on the page.
+				if _, err := consoleQueues(ctx, c, o.queues); err != nil {
+					return err
+				}
+				cfg.Queues = func(ctx context.Context) ([]console.Queue, error) { return consoleQueues(ctx, c, o.queues) }
+			}
 			srv, err := console.New(cfg)
 			if err != nil {
 				return err
@@ -188,10 +200,28 @@ asks for). --hide-payloads never shows payloads. docs/console.md says how to rea
 	fl.BoolVar(&o.allowActions, "allow-actions", false, "allow retries (each shows its dry-run plan and asks for confirmation); read-only without it")
 	fl.BoolVar(&o.hidePayloads, "hide-payloads", false, "never show payloads (sizes only), for sensitive data")
 	fl.StringArrayVar(&o.allowHosts, "allow-host", nil, "host name besides localhost the console answers to without --token, e.g. the name an authenticating proxy forwards (repeatable)")
+	fl.StringArrayVar(&o.queues, "queue", nil, "SQS queue URL whose depth and DLQ depth the overview shows, read every --sample-every (repeatable)")
 	fl.Var(&durationValue{d: &o.sampleEvery}, "sample-every", fmt.Sprintf("how often the lag chart samples the outbox (default %s)", console.DefaultSampleEvery))
 	// Its own changes go through the dead retry command's code and plan, confirmed in the page.
 	unguarded(cmd, "its retries run `sluice dead retry`'s code after its dry-run plan is shown and confirmed in the page, and only with --allow-actions")
 	return cmd
+}
+
+// consoleQueues reads the queues' depths and their DLQs' as `sluice status --queue` does.
+func consoleQueues(ctx context.Context, c SQSAPI, urls []string) ([]console.Queue, error) {
+	out := make([]console.Queue, 0, len(urls))
+	for _, u := range urls {
+		qs, _, err := queueDepth(ctx, c, u)
+		if err != nil {
+			return nil, err
+		}
+		q := console.Queue{URL: qs.URL, Visible: qs.MessagesVisible, InFlight: qs.MessagesInFlight, Delayed: qs.MessagesDelayed}
+		if qs.DLQ != nil {
+			q.DLQ, q.DLQVisible = qs.DLQ.URL, qs.DLQ.MessagesVisible
+		}
+		out = append(out, q)
+	}
+	return out, nil
 }
 
 // ServeConsole serves srv on ln, with its lag sampler, until ctx ends.

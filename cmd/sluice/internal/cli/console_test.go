@@ -10,9 +10,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/cmd/sluice/internal/cli"
+	"github.com/sluicehq/sluice/internal/testwait"
 )
 
 // `sluice console` refuses a non-loopback address without a token, changing nothing and
@@ -22,6 +25,47 @@ func TestConsoleRefusesAnOpenAddressWithoutAToken(t *testing.T) {
 	b := setup(t)
 	requireOneLineError(t, b.run(t, "console", "--listen", "0.0.0.0:0"), cli.ExitUsage, "is not a loopback address: pass --token")
 	requireOneLineError(t, b.run(t, "console", "--sample-every", "10ms"), cli.ExitUsage, "--sample-every must be at least 1s")
+}
+
+// serveConsole runs `sluice console args...` with the bundle's environment until the test
+// ends or stop is called, and returns its base URL once it listens, and stop, which returns its
+// exit code.
+func serveConsole(t *testing.T, b *testBundle, args ...string) (base string, stop func() int) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	outR, outW := io.Pipe()
+	done := make(chan int, 1)
+	go func() {
+		done <- cli.Run(ctx, append([]string{"console"}, args...), cli.IO{Out: outW, Err: io.Discard,
+			Getenv: func(k string) string { return b.env[k] }})
+		outW.Close()
+	}()
+	line, err := bufio.NewReader(outR).ReadString('\n')
+	require.NoError(t, err)
+	m := regexp.MustCompile(`^sluice console on (http://127\.0\.0\.1:\d+) \((read-only|actions allowed)\)\n$`).FindStringSubmatch(line)
+	require.NotNil(t, m, line)
+	go func() { _, _ = io.Copy(io.Discard, outR) }()
+	var code *int
+	stop = func() int {
+		if code == nil {
+			cancel()
+			c := <-done
+			code = &c
+		}
+		return *code
+	}
+	t.Cleanup(func() { stop() })
+	return m[1], stop
+}
+
+func getPage(t *testing.T, u string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(u)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(body)
 }
 
 // `sluice console` serves the console until its context ends, read-only by default, naming the
@@ -34,41 +78,43 @@ func TestConsoleServesUntilInterrupted(t *testing.T) {
 	u.User = url.UserPassword(u.User.Username(), "hunter2-secret") // the test cluster trusts local connections
 	b.env["DATABASE_URL"] = u.String()
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	outR, outW := io.Pipe()
-	done := make(chan int, 1)
-	go func() {
-		done <- cli.Run(ctx, []string{"console", "--listen", "127.0.0.1:0"}, cli.IO{Out: outW, Err: io.Discard,
-			Getenv: func(k string) string { return b.env[k] }})
-		outW.Close()
-	}()
-	line, err := bufio.NewReader(outR).ReadString('\n')
-	require.NoError(t, err)
-	m := regexp.MustCompile(`^sluice console on (http://127\.0\.0\.1:\d+) \(read-only\)\n$`).FindStringSubmatch(line)
-	require.NotNil(t, m, line)
-	go func() { _, _ = io.Copy(io.Discard, outR) }()
-
-	resp, err := http.Get(m[1] + "/")
-	require.NoError(t, err)
-	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	page := string(body)
+	base, stop := serveConsole(t, b, "--listen", "127.0.0.1:0")
+	status, page := getPage(t, base+"/")
+	require.Equal(t, http.StatusOK, status)
 	require.Contains(t, page, "<strong>read-only</strong>")
 	require.Contains(t, page, "database "+u.Host+u.Path)
 	require.NotContains(t, page, "hunter2-secret")
 	require.NotContains(t, page, u.User.Username()+"@")
+	require.NotContains(t, page, "sslmode", "no connection parameters are shown")
 
-	resp, err = http.PostForm(m[1]+"/retry", url.Values{"all": {"1"}, "digest": {"x"}})
+	resp, err := http.PostForm(base+"/retry", url.Values{"all": {"1"}, "digest": {"x"}})
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusForbidden, resp.StatusCode, "read-only without --allow-actions")
 
-	cancel()
-	require.Equal(t, cli.ExitOK, <-done)
-	_, err = http.Get(m[1] + "/")
+	require.Equal(t, cli.ExitOK, stop())
+	_, err = http.Get(base + "/")
 	require.Error(t, err, "the console stopped listening")
-	require.False(t, strings.Contains(page, "sslmode"), "no connection parameters are shown")
+}
+
+// With --queue, the overview shows each queue's depth and its DLQ's, as sluice status does; a
+// wrong URL is refused at start.
+func TestConsoleShowsQueueAndDLQDepth(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.withAWS(t)
+	qURL, dlqURL := queuePair(t, c, false)
+	for _, u := range []string{dlqURL, dlqURL, qURL} {
+		_, err := c.SendMessage(context.Background(), &sqs.SendMessageInput{QueueUrl: aws.String(u), MessageBody: aws.String(`{}`)})
+		require.NoError(t, err)
+	}
+	requireOneLineError(t, b.run(t, "console", "--listen", "127.0.0.1:0", "--queue", qURL+"-missing"), cli.ExitError, "does not exist")
+
+	base, _ := serveConsole(t, b, "--listen", "127.0.0.1:0", "--queue", qURL, "--sample-every", "1s")
+	var page string
+	testwait.Until(t, "the overview shows the queues' first reading", func() bool {
+		_, page = getPage(t, base+"/")
+		return strings.Contains(page, `<table id="queues">`) && !strings.Contains(page, "Not read yet.")
+	})
+	require.Regexp(t, `<th scope="row">`+regexp.QuoteMeta(qURL)+`</th><td>1</td><td>0</td><td>0</td><td class="bad">2</td>`, page)
 }

@@ -61,6 +61,16 @@ type Plan struct {
 	Command string
 }
 
+// Queue is an SQS queue's depth and its DLQ's, as the overview shows them.
+type Queue struct {
+	URL                        string
+	Visible, InFlight, Delayed int64
+	// DLQ is the dead-letter queue's URL ("" when the queue has no redrive policy), DLQVisible
+	// its visible messages.
+	DLQ        string
+	DLQVisible int64
+}
+
 // ErrPlanChanged is returned by Actions.Retry when the rows chosen now are not those of the
 // plan the operator confirmed: nothing was changed.
 var ErrPlanChanged = errors.New("the rows to retry changed since the plan was shown; nothing was changed")
@@ -118,6 +128,10 @@ type Config struct {
 	// request for another host is refused, so that a web page cannot reach the console through
 	// DNS rebinding. Defaults to none.
 	AllowedHosts []string
+	// Queues, when set, reads the SQS queues the overview shows with their DLQs (the CLI's
+	// --queue). The sampler calls it every SampleEvery, so a slow AWS API never slows a page;
+	// the overview shows the last reading and its time. Defaults to nil: no queues.
+	Queues func(context.Context) ([]Queue, error)
 	// Logger logs requests that failed. Defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -132,6 +146,7 @@ type Server struct {
 	static  http.Handler
 	mux     *http.ServeMux
 	samples *samples
+	queues  queueReading
 	// csrfKey signs the CSRF tokens: a token is HMAC(csrfKey, the browser's cookie).
 	csrfKey []byte
 }
@@ -195,6 +210,7 @@ func (s *Server) Run(ctx context.Context) {
 	defer t.Stop()
 	for {
 		s.sample(ctx)
+		s.readQueues(ctx)
 		select {
 		case <-ctx.Done():
 			return

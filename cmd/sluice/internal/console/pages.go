@@ -102,6 +102,12 @@ type overview struct {
 	Quarantined  []outbox.QuarantinedRow
 	Charts       []chart
 	SampleEvery  time.Duration
+	// Queues are the last reading of Config.Queues (QueuesOn), taken at QueuesAt; QueuesErr
+	// the last reading's error.
+	QueuesOn  bool
+	Queues    []Queue
+	QueuesAt  time.Time
+	QueuesErr string
 }
 
 // consumerRow is one inbox consumer on the overview.
@@ -152,6 +158,13 @@ func (s *Server) readOverview(ctx context.Context) (overview, error) {
 		o.Consumers = append(o.Consumers, *c)
 	}
 	slices.SortFunc(o.Consumers, func(a, b consumerRow) int { return strings.Compare(a.Consumer, b.Consumer) })
+	if o.QueuesOn = s.cfg.Queues != nil; o.QueuesOn {
+		var qerr error
+		o.Queues, o.QueuesAt, qerr = s.queues.get()
+		if qerr != nil {
+			o.QueuesErr = qerr.Error()
+		}
+	}
 	ss := s.samples.since(o.Now.Add(-ChartWindow))
 	o.Charts = []chart{
 		lagChart("Oldest pending row's age", ss, o.Now, func(x sample) float64 { return x.OldestAge.Seconds() }, formatSeconds),

@@ -126,3 +126,41 @@ func formatCount(v float64) string { return fmt.Sprintf("%.0f", v) }
 func formatSeconds(v float64) string {
 	return human.Duration(time.Duration(v * float64(time.Second)))
 }
+
+// queueReading is the last reading of Config.Queues: the sampler writes it, pages read it.
+type queueReading struct {
+	mu  sync.Mutex
+	at  time.Time
+	qs  []Queue
+	err error
+}
+
+func (q *queueReading) set(at time.Time, qs []Queue, err error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.at, q.err = at, err
+	if err == nil {
+		q.qs = qs
+	}
+}
+
+// get returns the last queues read (those of the last success), when, and the last error.
+func (q *queueReading) get() ([]Queue, time.Time, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.qs, q.at, q.err
+}
+
+// readQueues reads Config.Queues once, when set.
+func (s *Server) readQueues(ctx context.Context) {
+	if s.cfg.Queues == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, max(s.cfg.SampleEvery, 10*time.Second))
+	defer cancel()
+	qs, err := s.cfg.Queues(ctx)
+	if err != nil && ctx.Err() == nil {
+		s.cfg.Logger.Warn("console: read the queues", "error", err)
+	}
+	s.queues.set(time.Now(), qs, err)
+}
