@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -30,6 +31,8 @@ const EnvConsoleToken = "SLUICE_CONSOLE_TOKEN"
 // RetryDead, which releases exactly the rows of the confirmed plan.
 type ConsoleActions struct {
 	DB Querier
+	// SQS redrives the DLQs of the console's queues (--queue). Nil: no redrive.
+	SQS SQSAPI
 }
 
 var _ console.Actions = ConsoleActions{}
@@ -85,6 +88,63 @@ func (c ConsoleActions) Retry(ctx context.Context, req console.RetryRequest, dig
 		printDeadRetry(&text, res, false, true)
 	}
 	return text.String(), err
+}
+
+// PlanRedrive is `sluice redrive --dlq DLQ --max N --dry-run` with N the DLQ's visible
+// messages now: the console moves at most the messages the operator saw counted.
+func (c ConsoleActions) PlanRedrive(ctx context.Context, dlq string) (console.Plan, error) {
+	if c.SQS == nil {
+		return console.Plan{}, errors.New("the console reads no queue (--queue): nothing to redrive")
+	}
+	q, err := describeQueue(ctx, c.SQS, dlq)
+	if err != nil {
+		return console.Plan{}, err
+	}
+	if q.Visible == 0 {
+		return console.Plan{Text: "the DLQ has no visible message to move\n", Command: "sluice redrive --dlq " + dlq + " --dry-run"}, nil
+	}
+	var plan RedrivePlan
+	opts := RedriveOptions{DLQ: dlq, Max: int(q.Visible), DryRun: true, Confirm: func(p RedrivePlan) error { plan = p; return nil }}
+	if _, err := Redrive(ctx, c.SQS, opts); err != nil {
+		return console.Plan{}, err
+	}
+	return console.Plan{Text: plan.line(true) + "\n", Chosen: plan.Max, Digest: redriveDigest(plan),
+		Command: fmt.Sprintf("sluice redrive --dlq %s --max %d --dry-run", dlq, plan.Max)}, nil
+}
+
+// Redrive is `sluice redrive --dlq DLQ --max N --yes` for the plan of digest: it moves nothing
+// when the destination is no longer the plan's.
+func (c ConsoleActions) Redrive(ctx context.Context, dlq, digest string) (string, error) {
+	if c.SQS == nil {
+		return "", errors.New("the console reads no queue (--queue): nothing to redrive")
+	}
+	n, _, ok := strings.Cut(digest, "-")
+	limit, err := strconv.Atoi(n)
+	if !ok || err != nil || limit < 1 {
+		return "", console.ErrPlanChanged
+	}
+	opts := RedriveOptions{DLQ: dlq, Max: limit, Confirm: func(p RedrivePlan) error {
+		if redriveDigest(p) != digest {
+			return console.ErrPlanChanged
+		}
+		return nil
+	}}
+	res, err := Redrive(ctx, c.SQS, opts)
+	if err != nil && errors.Is(err, console.ErrPlanChanged) {
+		return "", err
+	}
+	out := res.line(dlq) + "\n"
+	if res.Note != "" {
+		out += res.Note + "\n"
+	}
+	return out, err
+}
+
+// redriveDigest identifies a redrive plan: at most Max messages from DLQ to Destination. It
+// starts with Max, which Redrive reads back.
+func redriveDigest(p RedrivePlan) string {
+	h := sha256.Sum256([]byte(p.DLQ + "\x00" + p.Destination + "\x00" + strconv.Itoa(p.Max)))
+	return strconv.Itoa(p.Max) + "-" + hex.EncodeToString(h[:])
 }
 
 // retryDigest identifies the rows a retry chose: outbox row ids, parked rows and dead letters
@@ -164,19 +224,19 @@ asks for). --hide-payloads never shows payloads. docs/console.md says how to rea
 					return err
 				}
 			}
-			if o.allowActions {
-				cfg.Actions = ConsoleActions{DB: pool}
-			}
+			var sqsc SQSAPI
 			if len(o.queues) > 0 {
-				c, err := a.sqsClient(ctx)
-				if err != nil {
+				if sqsc, err = a.sqsClient(ctx); err != nil {
 					return err
 				}
 				// A wrong URL is reported now, not on the page.
-				if _, err := consoleQueues(ctx, c, o.queues); err != nil {
+				if _, err := consoleQueues(ctx, sqsc, o.queues); err != nil {
 					return err
 				}
-				cfg.Queues = func(ctx context.Context) ([]console.Queue, error) { return consoleQueues(ctx, c, o.queues) }
+				cfg.Queues = func(ctx context.Context) ([]console.Queue, error) { return consoleQueues(ctx, sqsc, o.queues) }
+			}
+			if o.allowActions {
+				cfg.Actions = ConsoleActions{DB: pool, SQS: sqsc}
 			}
 			srv, err := console.New(cfg)
 			if err != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/cookiejar"
 	"net/url"
 	"regexp"
 	"strings"
@@ -117,4 +118,59 @@ func TestConsoleShowsQueueAndDLQDepth(t *testing.T) {
 		return strings.Contains(page, `<table id="queues">`) && !strings.Contains(page, "Not read yet.")
 	})
 	require.Regexp(t, `<th scope="row">`+regexp.QuoteMeta(qURL)+`</th><td>1</td><td>0</td><td>0</td><td class="bad">2</td>`, page)
+}
+
+// With --allow-actions, a DLQ of a --queue is redriven after the plan of sluice redrive
+// --dry-run is shown and confirmed (CSRF token included); a queue that is not one of the
+// console's DLQs is refused.
+func TestConsoleRedrivesADLQAfterItsPlan(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.withAWS(t)
+	qURL, dlqURL := queuePair(t, c, false)
+	for range 2 {
+		_, err := c.SendMessage(context.Background(), &sqs.SendMessageInput{QueueUrl: aws.String(dlqURL), MessageBody: aws.String(`{}`)})
+		require.NoError(t, err)
+	}
+	base, _ := serveConsole(t, b, "--listen", "127.0.0.1:0", "--queue", qURL, "--allow-actions", "--sample-every", "1s")
+	jar, err := cookiejar.New(nil)
+	require.NoError(t, err)
+	client := &http.Client{Jar: jar}
+	get := func(path string) string {
+		resp, err := client.Get(base + path)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+		return string(body)
+	}
+	testwait.Until(t, "the overview offers the DLQ's redrive", func() bool {
+		return strings.Contains(get("/"), `href="/redrive/plan?dlq=`)
+	})
+	plan := get("/redrive/plan?dlq=" + url.QueryEscape(dlqURL))
+	require.Contains(t, plan, "Dry run: would move ~2 messages from "+dlqURL+" to "+qURL)
+	require.Contains(t, plan, "sluice redrive --dlq "+dlqURL+" --max 2 --dry-run")
+	require.Equal(t, 2, queueDepth(t, c, dlqURL), "the plan moves nothing")
+	form := url.Values{}
+	for _, m := range regexp.MustCompile(`<input type="hidden" name="([a-z]+)" value="([^"]*)">`).FindAllStringSubmatch(plan, -1) {
+		form.Set(m[1], strings.ReplaceAll(m[2], "&amp;", "&"))
+	}
+	require.Equal(t, dlqURL, form.Get("dlq"))
+
+	other := url.Values{"csrf": {form.Get("csrf")}, "digest": {form.Get("digest")}, "dlq": {qURL}}
+	resp, err := client.PostForm(base+"/redrive", other)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode, "only the DLQs of the console's queues")
+
+	resp, err = client.PostForm(base+"/redrive", form)
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+	require.Contains(t, string(body), "moved 2 messages from "+dlqURL+" to "+qURL)
+	require.Equal(t, 0, queueDepth(t, c, dlqURL))
+	require.Equal(t, 2, queueDepth(t, c, qURL))
 }

@@ -83,6 +83,12 @@ type Actions interface {
 	// Retry chooses the rows again and, when their digest is digest, retries exactly those,
 	// returning the report `sluice dead retry` prints; otherwise ErrPlanChanged.
 	Retry(ctx context.Context, req RetryRequest, digest string) (string, error)
+	// PlanRedrive is `sluice redrive --dlq DLQ --max N --dry-run`, N being the DLQ's visible
+	// messages now: it names the destination and moves nothing.
+	PlanRedrive(ctx context.Context, dlq string) (Plan, error)
+	// Redrive moves at most the plan's N messages to the plan's destination when digest is the
+	// plan's, returning the report `sluice redrive` prints; otherwise ErrPlanChanged.
+	Redrive(ctx context.Context, dlq, digest string) (string, error)
 }
 
 // Defaults of Config.

@@ -43,6 +43,8 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /dead/letter", s.deadLetterPage)
 	m.HandleFunc("GET /retry/plan", s.planPage)
 	m.HandleFunc("POST /retry", s.retryPost)
+	m.HandleFunc("GET /redrive/plan", s.redrivePlanPage)
+	m.HandleFunc("POST /redrive", s.redrivePost)
 	m.Handle("GET /static/", s.static)
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
@@ -598,6 +600,78 @@ func (s *Server) retryPost(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.render(w, r, status, "plan", "Retry", "dead", v)
+}
+
+// knownDLQ reports whether dlq is the DLQ of a queue the console reads (Config.Queues): the
+// console redrives no other queue.
+func (s *Server) knownDLQ(dlq string) bool {
+	qs, _, _ := s.queues.get()
+	for _, q := range qs {
+		if q.DLQ != "" && q.DLQ == dlq {
+			return true
+		}
+	}
+	return false
+}
+
+// redriveView is the confirmation page of a redrive.
+type redriveView struct {
+	DLQ    string
+	Plan   Plan
+	Result string
+	Error  string
+}
+
+// redrivePlanPage shows what a redrive of one of the console's DLQs would move: the CLI's dry run.
+func (s *Server) redrivePlanPage(w http.ResponseWriter, r *http.Request) {
+	dlq := r.URL.Query().Get("dlq")
+	if !s.knownDLQ(dlq) {
+		s.refuse(w, r, http.StatusBadRequest, fmt.Sprintf("%q is not the DLQ of a queue this console reads (--queue)", dlq))
+		return
+	}
+	v := redriveView{DLQ: dlq}
+	if s.cfg.Actions == nil {
+		v.Error = "The console is read-only: start it with --allow-actions to redrive. The CLI does the same: sluice redrive --dlq " + shellQuote(dlq) + " --dry-run"
+		s.render(w, r, http.StatusOK, "redrive", "Redrive", "", v)
+		return
+	}
+	plan, err := s.cfg.Actions.PlanRedrive(r.Context(), dlq)
+	v.Plan = plan
+	if err != nil {
+		v.Error = err.Error()
+	}
+	s.render(w, r, http.StatusOK, "redrive", "Redrive", "", v)
+}
+
+// redrivePost applies a confirmed redrive plan: refused in read-only mode, without a valid CSRF
+// token, and for a queue that is not one of the console's DLQs.
+func (s *Server) redrivePost(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Actions == nil {
+		s.refuse(w, r, http.StatusForbidden, "the console is read-only: start it with --allow-actions to redrive; nothing was moved")
+		return
+	}
+	if err := s.checkPost(r); err != nil {
+		s.refuse(w, r, http.StatusForbidden, err.Error()+"; nothing was moved")
+		return
+	}
+	dlq, digest := r.PostFormValue("dlq"), r.PostFormValue("digest")
+	if !s.knownDLQ(dlq) || digest == "" {
+		s.refuse(w, r, http.StatusBadRequest, "no plan of a known DLQ was confirmed; nothing was moved")
+		return
+	}
+	out, err := s.cfg.Actions.Redrive(r.Context(), dlq, digest)
+	v := redriveView{DLQ: dlq, Result: out}
+	status := http.StatusOK
+	if err != nil {
+		v.Error, status = err.Error(), http.StatusInternalServerError
+		if errors.Is(err, ErrPlanChanged) {
+			status = http.StatusConflict
+			if plan, perr := s.cfg.Actions.PlanRedrive(r.Context(), dlq); perr == nil {
+				v.Plan = plan
+			}
+		}
+	}
+	s.render(w, r, status, "redrive", "Redrive", "", v)
 }
 
 // retryCommand is the `sluice dead retry` command line of req.
