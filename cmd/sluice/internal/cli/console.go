@@ -224,6 +224,9 @@ asks for). --hide-payloads never shows payloads. docs/console.md says how to rea
 					return err
 				}
 			}
+			cfg.Audit = func(ctx context.Context, consumer, since string) (console.AuditResult, error) {
+				return ConsoleAudit(ctx, pool, consumer, since)
+			}
 			var sqsc SQSAPI
 			if len(o.queues) > 0 {
 				if sqsc, err = a.sqsClient(ctx); err != nil {

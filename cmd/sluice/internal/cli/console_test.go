@@ -174,3 +174,38 @@ func TestConsoleRedrivesADLQAfterItsPlan(t *testing.T) {
 	require.Equal(t, 0, queueDepth(t, c, dlqURL))
 	require.Equal(t, 2, queueDepth(t, c, qURL))
 }
+
+// The audit page runs `sluice audit` and shows its report and verdict: a consumer missing a
+// published event is named, with the event.
+func TestConsoleAuditPageNamesAMissingEvent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	_, err := b.pool.Exec(ctx, `INSERT INTO outbox_event
+		(event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload, created_at, published_at)
+		SELECT gen_random_uuid(), 'orders', 'order', 'o-' || g, 'OrderCreated', 'o-' || g, '{}',
+		       now() - interval '2 hours' + g * interval '1 second', now() - interval '2 hours' + g * interval '1 second'
+		FROM generate_series(1, 20) g;
+		INSERT INTO inbox_event (consumer, message_id, event_type, created_at, processed_at)
+		SELECT 'billing', event_id::text, event_type, created_at, now() FROM outbox_event WHERE aggregate_id <> 'o-7'`)
+	require.NoError(t, err)
+	var missing string
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT event_id::text FROM outbox_event WHERE aggregate_id = 'o-7'`).Scan(&missing))
+
+	base, _ := serveConsole(t, b, "--listen", "127.0.0.1:0")
+	status, page := getPage(t, base+"/audit")
+	require.Equal(t, http.StatusOK, status)
+	require.Contains(t, page, `id="audit-form"`)
+	require.NotContains(t, page, "audit-report", "nothing runs before the form is submitted")
+
+	status, page = getPage(t, base+"/audit?consumer=billing&since=3h")
+	require.Equal(t, http.StatusOK, status)
+	require.Contains(t, page, "audit: billing is missing 1 published events")
+	require.Contains(t, page, "published 20, applied 19")
+	require.Contains(t, page, missing)
+
+	status, page = getPage(t, base+"/audit?consumer=billing&since=yesterday-ish")
+	require.Equal(t, http.StatusOK, status)
+	require.Contains(t, page, `role="alert"`)
+	require.Contains(t, page, "since:")
+}

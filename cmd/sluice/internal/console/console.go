@@ -71,6 +71,14 @@ type Queue struct {
 	DLQVisible int64
 }
 
+// AuditResult is what `sluice audit` printed and found.
+type AuditResult struct {
+	// Report is the report as the command prints it.
+	Report string
+	// Problems says what is missing or was never published; "" when nothing is.
+	Problems string
+}
+
 // ErrPlanChanged is returned by Actions.Retry when the rows chosen now are not those of the
 // plan the operator confirmed: nothing was changed.
 var ErrPlanChanged = errors.New("the rows to retry changed since the plan was shown; nothing was changed")
@@ -138,6 +146,10 @@ type Config struct {
 	// --queue). The sampler calls it every SampleEvery, so a slow AWS API never slows a page;
 	// the overview shows the last reading and its time. Defaults to nil: no queues.
 	Queues func(context.Context) ([]Queue, error)
+	// Audit, when set, runs `sluice audit` for the audit page: consumer ("" for every one)
+	// since a time or a duration ago; an error when it could not run. Defaults to nil: no
+	// audit page.
+	Audit func(ctx context.Context, consumer, since string) (AuditResult, error)
 	// Logger logs requests that failed. Defaults to slog.Default().
 	Logger *slog.Logger
 }

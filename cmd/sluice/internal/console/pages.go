@@ -43,6 +43,7 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /dead/letter", s.deadLetterPage)
 	m.HandleFunc("GET /retry/plan", s.planPage)
 	m.HandleFunc("POST /retry", s.retryPost)
+	m.HandleFunc("GET /audit", s.auditPage)
 	m.HandleFunc("GET /redrive/plan", s.redrivePlanPage)
 	m.HandleFunc("POST /redrive", s.redrivePost)
 	m.Handle("GET /static/", s.static)
@@ -600,6 +601,32 @@ func (s *Server) retryPost(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.render(w, r, status, "plan", "Retry", "dead", v)
+}
+
+// auditView is the audit page.
+type auditView struct {
+	On              bool
+	Consumer, Since string
+	Ran             bool
+	Report          string
+	Verdict, Error  string
+}
+
+// auditPage runs `sluice audit` when the form was submitted (it only reads).
+func (s *Server) auditPage(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	v := auditView{On: s.cfg.Audit != nil, Consumer: strings.TrimSpace(q.Get("consumer")), Since: strings.TrimSpace(q.Get("since"))}
+	if v.Since == "" {
+		v.Since = "1h"
+	}
+	if v.On && q.Has("since") {
+		res, err := s.cfg.Audit(r.Context(), v.Consumer, v.Since)
+		v.Ran, v.Report, v.Verdict = err == nil, res.Report, res.Problems
+		if err != nil {
+			v.Error = err.Error()
+		}
+	}
+	s.render(w, r, http.StatusOK, "audit", "Audit", "audit", v)
 }
 
 // knownDLQ reports whether dlq is the DLQ of a queue the console reads (Config.Queues): the
