@@ -117,7 +117,7 @@ type overview struct {
 type consumerRow struct {
 	inbox.Lag
 	// DeadLetters counts its dead letters in the dead state; Failing those its source still retries.
-	DeadLetters, Failing int
+	DeadLetters, Failing int64
 }
 
 func (s *Server) readOverview(ctx context.Context) (overview, error) {
@@ -136,7 +136,7 @@ func (s *Server) readOverview(ctx context.Context) (overview, error) {
 	if err != nil {
 		return o, err
 	}
-	letters, err := inbox.ListDeadLetters(ctx, s.cfg.DB, inbox.DeadLetterFilter{Limit: deadLimit})
+	counts, err := inbox.CountDeadLetters(ctx, s.cfg.DB)
 	if err != nil {
 		return o, err
 	}
@@ -144,17 +144,19 @@ func (s *Server) readOverview(ctx context.Context) (overview, error) {
 	for _, l := range lags {
 		byName[l.Consumer] = &consumerRow{Lag: l}
 	}
-	for _, d := range letters {
+	for _, d := range counts {
+		if d.State != inbox.DeadDead && d.State != inbox.DeadFailing {
+			continue
+		}
 		c := byName[d.Consumer]
 		if c == nil {
 			c = &consumerRow{Lag: inbox.Lag{Consumer: d.Consumer}}
 			byName[d.Consumer] = c
 		}
-		switch d.State {
-		case inbox.DeadDead:
-			c.DeadLetters++
-		case inbox.DeadFailing:
-			c.Failing++
+		if d.State == inbox.DeadDead {
+			c.DeadLetters += d.Count
+		} else {
+			c.Failing += d.Count
 		}
 	}
 	for _, c := range byName {
