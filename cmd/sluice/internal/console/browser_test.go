@@ -3,6 +3,7 @@ package console_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"strconv"
@@ -10,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/emulation"
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
 
@@ -120,4 +123,37 @@ func TestBrowserOverviewChainAndConfirmedRetry(t *testing.T) {
 	step(t, ctx, chromedp.Click(css("#confirm-button")), chromedp.WaitVisible(css("#result")))
 	require.Contains(t, read(t, ctx, chromedp.Text(css("#result"))), "stored 2 dead letters for the consumer's processor")
 	require.Equal(t, 2, b.count(t, stored), "confirmed: stored in the inbox once")
+}
+
+// The pages follow the system's theme (light and dark, each with its own text and background)
+// and are usable from the keyboard: the first Tab reaches the skip link, and a retry is reached
+// and opened with Tab and Enter.
+func TestBrowserThemesAndKeyboard(t *testing.T) {
+	t.Parallel()
+	b := setup(t, false)
+	ctx := browser(t)
+	colors := func(scheme string) string {
+		step(t, ctx, chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+			_, err := cdp.Call(ctx, tg, emulation.SetEmulatedMedia, emulation.SetEmulatedMediaParams{
+				Features: []*emulation.MediaFeature{{Name: "prefers-color-scheme", Value: scheme}}})
+			return err
+		}), chromedp.Navigate(b.srv.URL+"/dead"), chromedp.WaitVisible(chromedp.CSS("#quarantined")))
+		return read(t, ctx, chromedp.Evaluate[string](`getComputedStyle(document.body).backgroundColor + " / " + getComputedStyle(document.body).color`))
+	}
+	require.Equal(t, "rgb(255, 255, 255) / rgb(27, 31, 36)", colors("light"))
+	require.Equal(t, "rgb(13, 17, 23) / rgb(230, 237, 243)", colors("dark"))
+
+	step(t, ctx, chromedp.KeyEvent("\t"))
+	require.Equal(t, "Skip to content", read(t, ctx, chromedp.Evaluate[string](`document.activeElement.textContent`)))
+	// Tab until the quarantined row's Retry… link has the focus, then Enter opens its plan.
+	want := fmt.Sprintf("/retry/plan?id=%d", b.quarantinedID)
+	for range 60 {
+		if read(t, ctx, chromedp.Evaluate[string](`document.activeElement.getAttribute("href") || ""`)) == want {
+			break
+		}
+		step(t, ctx, chromedp.KeyEvent("\t"))
+	}
+	require.Equal(t, want, read(t, ctx, chromedp.Evaluate[string](`document.activeElement.getAttribute("href") || ""`)), "the retry is reachable with Tab")
+	step(t, ctx, chromedp.KeyEvent("\r"), chromedp.WaitVisible(chromedp.CSS("#plan-error")))
+	require.Contains(t, read(t, ctx, chromedp.Text(chromedp.CSS("#plan-error"))), "The console is read-only")
 }
