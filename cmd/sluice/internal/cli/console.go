@@ -182,6 +182,7 @@ type consoleOptions struct {
 
 func (a *app) consoleCommand() *cobra.Command {
 	o := consoleOptions{listen: console.DefaultListen, sampleEvery: console.DefaultSampleEvery}
+	var src fleetSource
 	cmd := &cobra.Command{
 		Use:   "console",
 		Short: "Serve an operator's web console: overview, a key's chain, events, dead letters",
@@ -224,6 +225,12 @@ asks for). --hide-payloads never shows payloads. docs/console.md says how to rea
 					return err
 				}
 			}
+			if src.tenantsFile == "-" {
+				return usagef("--fleet-tenants - (stdin) cannot be read again at each visit of the fleet page: name a file")
+			}
+			if src.tenantsFile != "" || src.registryURL != "" {
+				cfg.Fleet = func(ctx context.Context) (console.FleetReport, error) { return a.consoleFleet(ctx, src) }
+			}
 			cfg.Audit = func(ctx context.Context, consumer, since string) (console.AuditResult, error) {
 				return ConsoleAudit(ctx, pool, consumer, since)
 			}
@@ -264,10 +271,33 @@ asks for). --hide-payloads never shows payloads. docs/console.md says how to rea
 	fl.BoolVar(&o.hidePayloads, "hide-payloads", false, "never show payloads (sizes only), for sensitive data")
 	fl.StringArrayVar(&o.allowHosts, "allow-host", nil, "host name besides localhost the console answers to without --token, e.g. the name an authenticating proxy forwards (repeatable)")
 	fl.StringArrayVar(&o.queues, "queue", nil, "SQS queue URL whose depth and DLQ depth the overview shows, read every --sample-every (repeatable)")
+	src.flags(fl)
 	fl.Var(&durationValue{d: &o.sampleEvery}, "sample-every", fmt.Sprintf("how often the lag chart samples the outbox (default %s)", console.DefaultSampleEvery))
 	// Its own changes go through the dead retry command's code and plan, confirmed in the page.
 	unguarded(cmd, "its retries run `sluice dead retry`'s code after its dry-run plan is shown and confirmed in the page, and only with --allow-actions")
 	return cmd
+}
+
+// consoleFleet reads every tenant of the fleet as `sluice status --fleet` does, and prints it
+// as that command does.
+func (a *app) consoleFleet(ctx context.Context, src fleetSource) (console.FleetReport, error) {
+	tenants, err := a.fleetTenants(ctx, src)
+	if err != nil {
+		return console.FleetReport{}, err
+	}
+	open, err := a.tenantOpener(ctx, tenants)
+	if err != nil {
+		return console.FleetReport{}, err
+	}
+	fs, err := ReadFleetStatus(ctx, tenants, FleetStatusOptions{Open: open.open})
+	if err != nil {
+		return console.FleetReport{}, err
+	}
+	var b strings.Builder
+	if err := printFleetStatus(&b, fs); err != nil {
+		return console.FleetReport{}, err
+	}
+	return console.FleetReport{Text: b.String(), Tenants: len(fs.Tenants), Failing: fs.Failing}, nil
 }
 
 // consoleQueues reads the queues' depths and their DLQs' as `sluice status --queue` does.

@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/sluicehq/sluice/cmd/sluice/internal/cli"
 	"github.com/sluicehq/sluice/internal/testwait"
+	"github.com/sluicehq/sluice/pkg/fleet"
 )
 
 // `sluice console` refuses a non-loopback address without a token, changing nothing and
@@ -208,4 +210,25 @@ func TestConsoleAuditPageNamesAMissingEvent(t *testing.T) {
 	require.Equal(t, http.StatusOK, status)
 	require.Contains(t, page, `role="alert"`)
 	require.Contains(t, page, "since:")
+}
+
+// With --fleet-tenants, the fleet page reads every tenant as sluice status --fleet does: the
+// failing one first, with its error, then the backlog.
+func TestConsoleFleetPage(t *testing.T) {
+	t.Parallel()
+	busy := setup(t)
+	busy.insertOutbox(t, outboxRow{aggID: "o-1", age: 2 * time.Hour})
+	fb := setupFleet(t, fleet.Tenant{Name: "a-busy", DatabaseURL: busy.url}, fleet.Tenant{Name: "b-down", DatabaseURL: unreachableURL})
+	b := setup(t)
+	requireOneLineError(t, b.run(t, "console", "--fleet-tenants", "-"), cli.ExitUsage, "name a file")
+
+	base, _ := serveConsole(t, b, "--listen", "127.0.0.1:0", "--fleet-tenants", fb.file)
+	status, page := getPage(t, base+"/fleet")
+	require.Equal(t, http.StatusOK, status)
+	require.Contains(t, page, "2 tenants, 1 failing")
+	require.Regexp(t, `(?s)b-down\s+FAILING: cannot reach the database.*a-busy\s+1\s+2h\d+m`, page)
+
+	plain, _ := serveConsole(t, b, "--listen", "127.0.0.1:0")
+	_, page = getPage(t, plain+"/fleet")
+	require.Contains(t, page, "This console reads no fleet")
 }

@@ -71,6 +71,13 @@ type Queue struct {
 	DLQVisible int64
 }
 
+// FleetReport is what `sluice status --fleet` printed: a line per tenant, failing ones first
+// with their error, then the worst backlog first.
+type FleetReport struct {
+	Text             string
+	Tenants, Failing int
+}
+
 // AuditResult is what `sluice audit` printed and found.
 type AuditResult struct {
 	// Report is the report as the command prints it.
@@ -150,6 +157,9 @@ type Config struct {
 	// since a time or a duration ago; an error when it could not run. Defaults to nil: no
 	// audit page.
 	Audit func(ctx context.Context, consumer, since string) (AuditResult, error)
+	// Fleet, when set, reads every tenant of a fleet as `sluice status --fleet` does, for the
+	// fleet page. Defaults to nil: no fleet page.
+	Fleet func(context.Context) (FleetReport, error)
 	// Logger logs requests that failed. Defaults to slog.Default().
 	Logger *slog.Logger
 }

@@ -44,6 +44,7 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /retry/plan", s.planPage)
 	m.HandleFunc("POST /retry", s.retryPost)
 	m.HandleFunc("GET /audit", s.auditPage)
+	m.HandleFunc("GET /fleet", s.fleetPage)
 	m.HandleFunc("GET /redrive/plan", s.redrivePlanPage)
 	m.HandleFunc("POST /redrive", s.redrivePost)
 	m.Handle("GET /static/", s.static)
@@ -629,6 +630,25 @@ func (s *Server) auditPage(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.render(w, r, http.StatusOK, "audit", "Audit", "audit", v)
+}
+
+// fleetView is the fleet page.
+type fleetView struct {
+	On     bool
+	Report FleetReport
+	Error  string
+}
+
+// fleetPage reads every tenant of the fleet (it only reads).
+func (s *Server) fleetPage(w http.ResponseWriter, r *http.Request) {
+	v := fleetView{On: s.cfg.Fleet != nil}
+	if v.On {
+		var err error
+		if v.Report, err = s.cfg.Fleet(r.Context()); err != nil {
+			v.Error = err.Error()
+		}
+	}
+	s.render(w, r, http.StatusOK, "fleet", "Fleet", "fleet", v)
 }
 
 // knownDLQ reports whether dlq is the DLQ of a queue the console reads (Config.Queues): the
