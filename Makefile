@@ -74,7 +74,7 @@ tidy: ## go mod tidy in every module (the sub-modules against this working tree'
 	  $(GO) mod edit -modfile="$$t/go.mod" -dropreplace=$(ROOT_MODULE)@$$v && cp "$$t/go.mod" "$$t/go.sum" .; fi) || exit 1; done
 
 .PHONY: test
-test: deps lint ## Run every test (real PostgreSQL, fauxqs, then moto), infra/'s template tests and the fuzzer.
+test: deps lint ## Run every test (real PostgreSQL, fauxqs, then moto; the console's browser tests in headless Chromium), infra/'s template tests and the fuzzer.
 	$(DEVENV) bash -c '$(GOTEST) ./... && cd cmd/sluice && $(GOTEST) ./...'
 	$(MAKE) test-moto
 	cd infra && $(GOTEST) ./...
