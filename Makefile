@@ -40,9 +40,19 @@ help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: deps
-deps: $(NODE_STAMP) $(RIE) ## Install Go modules (root, cmd/sluice, infra/, bench/), the pinned npm tools (fauxqs, aws-cdk) and the Lambda emulator.
+deps: $(NODE_STAMP) $(RIE) chromium ## Install Go modules (root, cmd/sluice, infra/, bench/), the pinned npm tools (fauxqs, aws-cdk), the Lambda emulator and Chromium.
 	$(GO) mod download
 	for m in $(SUBMODULES); do (cd $$m && $(GO) mod download) || exit 1; done
+
+# The console's browser tests (cmd/sluice/internal/console) drive a headless Chromium: Debian's
+# chromium package, installed where no browser is found (as root, else through sudo). They fail,
+# never skip, without one; SLUICE_CHROMIUM names another browser binary.
+.PHONY: chromium
+chromium: ## Install Chromium (the Debian package) for the console's browser tests, where it is missing.
+	@if [ -n "$$SLUICE_CHROMIUM" ] || command -v chromium >/dev/null || command -v chromium-browser >/dev/null || command -v google-chrome >/dev/null; then exit 0; fi; \
+	  sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+	  echo "installing chromium (apt-get) for the console's browser tests"; \
+	  $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 
 $(NODE_STAMP): $(NODE_TOOLS)/package-lock.json
 	cd $(NODE_TOOLS) && npm ci --no-audit --no-fund --loglevel=error
@@ -64,7 +74,7 @@ tidy: ## go mod tidy in every module (the sub-modules against this working tree'
 	  $(GO) mod edit -modfile="$$t/go.mod" -dropreplace=$(ROOT_MODULE)@$$v && cp "$$t/go.mod" "$$t/go.sum" .; fi) || exit 1; done
 
 .PHONY: test
-test: deps lint ## Run every test (real PostgreSQL, fauxqs, then moto), infra/'s template tests and the fuzzer.
+test: deps lint ## Run every test (real PostgreSQL, fauxqs, then moto; the console's browser tests in headless Chromium), infra/'s template tests and the fuzzer.
 	$(DEVENV) bash -c '$(GOTEST) ./... && cd cmd/sluice && $(GOTEST) ./...'
 	$(MAKE) test-moto
 	cd infra && $(GOTEST) ./...

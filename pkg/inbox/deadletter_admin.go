@@ -82,14 +82,10 @@ type DeadLetterFilter struct {
 	Limit int
 }
 
-// listDeadLettersSQL reads dead letters with their state from inbox_event: one primary-key
-// lookup per dead letter (dead letters are few: records that failed).
-const listDeadLettersSQL = `
-SELECT * FROM (
-    SELECT d.consumer, d.record_key, coalesce(d.message_id, ''), d.event_type, coalesce(d.group_id, ''),
-           d.source, d.source_name, d.source_position, coalesce(d.receive_count, 0), d.attempts,
-           d.error_class, d.error_text, d.error_chain, d.headers, coalesce(d.payload, ''),
-           d.first_failed_at, d.last_failed_at, d.dead_at, d.retried_at,
+// deadLetterStateSQL is a dead letter's state (DeadLetterState), read from inbox_event: one
+// primary-key lookup per dead letter (dead letters are few: records that failed). It ends a
+// SELECT list over inbox_dead_letter d.
+const deadLetterStateSQL = `
            CASE WHEN i.processed_at IS NOT NULL THEN 'applied'
                 WHEN i.parked_at IS NOT NULL THEN 'parked'
                 WHEN i.found THEN 'retrying'
@@ -99,12 +95,48 @@ SELECT * FROM (
     LEFT JOIN LATERAL (
         SELECT true AS found, e.processed_at, e.parked_at FROM inbox_event e
         WHERE e.consumer = d.consumer AND e.message_id = d.message_id
-        LIMIT 1) i ON true
+        LIMIT 1) i ON true`
+
+// listDeadLettersSQL reads dead letters with their state.
+const listDeadLettersSQL = `
+SELECT * FROM (
+    SELECT d.consumer, d.record_key, coalesce(d.message_id, ''), d.event_type, coalesce(d.group_id, ''),
+           d.source, d.source_name, d.source_position, coalesce(d.receive_count, 0), d.attempts,
+           d.error_class, d.error_text, d.error_chain, d.headers, coalesce(d.payload, ''),
+           d.first_failed_at, d.last_failed_at, d.dead_at, d.retried_at,` + deadLetterStateSQL + `
     WHERE ($1 = '' OR d.consumer = $1) AND ($2::text[] IS NULL OR d.record_key = ANY($2::text[]))
 ) l
 WHERE $3 OR l.state <> 'applied'
 ORDER BY l.last_failed_at DESC, l.consumer, l.record_key
 LIMIT $4`
+
+// DeadLetterCount is how many dead letters of a consumer are in a state.
+type DeadLetterCount struct {
+	Consumer string          `json:"consumer"`
+	State    DeadLetterState `json:"state"`
+	Count    int64           `json:"count"`
+}
+
+// CountDeadLetters counts every consumer's dead letters by state, the applied ones included, by
+// consumer and state, without reading their payloads. ListDeadLetters lists them.
+func CountDeadLetters(ctx context.Context, db Querier) ([]DeadLetterCount, error) {
+	rows, err := db.Query(ctx, `SELECT consumer, state, count(*) FROM (SELECT d.consumer,`+deadLetterStateSQL+`) l
+		GROUP BY consumer, state ORDER BY consumer, state`)
+	if err != nil {
+		return nil, fmt.Errorf("count dead letters: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadLetterCount, error) {
+		var c DeadLetterCount
+		var state string
+		err := r.Scan(&c.Consumer, &state, &c.Count)
+		c.State = DeadLetterState(state)
+		return c, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("count dead letters: %w", err)
+	}
+	return out, nil
+}
 
 // ListDeadLetters returns the dead letters f chooses, the most recent failure first, each with
 // its state (DeadLetterState). ListParked lists the processor's parked rows.

@@ -162,6 +162,7 @@ func TestDeadLetterRetryAppliesOnce(t *testing.T) {
 				broken.Process(ctx, batchOf(received(poison, n)))
 			}
 			require.Equal(t, inbox.DeadDead, deadLetters(t, b.pool, "billing", false)[0].State)
+			requireDeadCount(t, b.pool, inbox.DeadDead)
 
 			// The fix: the handler no longer fails on this payload.
 			fixed, err := inbox.NewConsumer(b.pool, inbox.ConsumerConfig{Consumer: "billing", Router: fixedRouter("billing"), Logger: quiet})
@@ -183,6 +184,7 @@ func TestDeadLetterRetryAppliesOnce(t *testing.T) {
 			} else {
 				require.Equal(t, inbox.DeadLetterRetry{Stored: []string{"p1"}}, res)
 				require.Equal(t, inbox.DeadRetrying, deadLetters(t, b.pool, "billing", false)[0].State)
+				requireDeadCount(t, b.pool, inbox.DeadRetrying)
 				st, err := proc.Drain(ctx)
 				require.NoError(t, err)
 				require.Equal(t, 1, st.Applied)
@@ -199,8 +201,17 @@ func TestDeadLetterRetryAppliesOnce(t *testing.T) {
 			all := deadLetters(t, b.pool, "billing", true)
 			require.Len(t, all, 1)
 			require.Equal(t, inbox.DeadApplied, all[0].State)
+			requireDeadCount(t, b.pool, inbox.DeadApplied)
 		})
 	}
+}
+
+// requireDeadCount requires CountDeadLetters to count billing's one dead letter in state.
+func requireDeadCount(t *testing.T, db inbox.Querier, state inbox.DeadLetterState) {
+	t.Helper()
+	counts, err := inbox.CountDeadLetters(context.Background(), db)
+	require.NoError(t, err)
+	require.Equal(t, []inbox.DeadLetterCount{{Consumer: "billing", State: state, Count: 1}}, counts)
 }
 
 // A Kinesis mapping gives no receive count: the consumer counts the record's failures, and the

@@ -132,10 +132,14 @@ SELECT partition_key, id, topic, quarantined, available_at, now() FROM walk`
 // time, whichever of its rows is the head, even when a row with a lower id commits late. It
 // lives in PostgreSQL's shared lock table and ends with unlockKeysSQL once the key's outcomes
 // are committed, with roundEndSQL, or with the session.
-const lockKeysSQL = `SELECT k FROM unnest($1::text[]) AS k WHERE pg_try_advisory_lock(hashtextextended(k, 5433))`
+var lockKeysSQL = `SELECT k FROM unnest($1::text[]) AS k WHERE pg_try_advisory_lock(` + keyLockExpr("k") + `)`
+
+// keyLockExpr is the SQL expression of the advisory lock key of the partition key expression
+// k: a 64-bit hash of it. Relays lock it (lockKeysSQL); ChainOf looks it up in pg_locks.
+func keyLockExpr(k string) string { return "hashtextextended(" + k + ", 5433)" }
 
 // unlockKeysSQL releases keys whose outcomes are committed.
-const unlockKeysSQL = `SELECT count(*) FILTER (WHERE pg_advisory_unlock(hashtextextended(k, 5433))) FROM unnest($1::text[]) AS k`
+var unlockKeysSQL = `SELECT count(*) FILTER (WHERE pg_advisory_unlock(` + keyLockExpr("k") + `)) FROM unnest($1::text[]) AS k`
 
 // readSQL is where per-key order is enforced. For each locked key ($1) it reads, in a snapshot
 // taken after the key's lock was granted, the key's first $2 pending rows in id order, starting

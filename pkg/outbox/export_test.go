@@ -14,3 +14,6 @@ const (
 	MaxLinksPerSpan    = maxLinksPerSpan
 	OffloadSampleRows  = offloadSampleRows
 )
+
+// LockKeysSQL locks partition keys as a relay round does (tests of who holds a key).
+var LockKeysSQL = lockKeysSQL

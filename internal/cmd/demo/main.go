@@ -15,12 +15,15 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strings"
@@ -46,6 +49,8 @@ type options struct {
 	transport             string
 	partitions            int
 	timeout               time.Duration
+	// console, when set, is where `sluice console` listens over the demo's database.
+	console string
 }
 
 func main() {
@@ -57,6 +62,7 @@ func main() {
 	flag.StringVar(&o.transport, "transport", "sns", "the broker: sns (SNS topic → SQS queue) or kafka (an in-process Kafka topic, read as Lambda's MSK event source mapping does)")
 	flag.IntVar(&o.partitions, "partitions", 8, "partitions of the Kafka topic (-transport kafka)")
 	flag.DurationVar(&o.timeout, "timeout", 2*time.Minute, "give up waiting for every order to be applied after this long")
+	flag.StringVar(&o.console, "console", "", "start `sluice console` on this address (e.g. 127.0.0.1:8089) over the demo's database for the run, and keep everything running after the verification until Ctrl-C")
 	flag.Parse()
 	if o.n < 1 || o.rate <= 0 || o.customers < 1 || o.timeout <= 0 || o.partitions < 1 {
 		fmt.Fprintln(os.Stderr, "demo: -n, -rate, -customers, -partitions and -timeout must be positive")
@@ -141,6 +147,15 @@ func run(ctx context.Context, o options) int {
 	}
 	if err := demoapp.ApplySchema(ctx, pool); err != nil {
 		return fail("apply the demo schema", err)
+	}
+
+	if o.console != "" {
+		addr, stopConsole, err := startConsole(ctx, root, dbURL, o.console, logFile)
+		if err != nil {
+			return fail("start sluice console", err)
+		}
+		defer stopConsole()
+		step("sluice console (read-only) at %s over the demo's database", addr)
 	}
 
 	rie, err := localrun.EnsureRIE(ctx, root)
@@ -247,6 +262,10 @@ func run(ctx context.Context, o options) int {
 		fmt.Printf("OK: every committed event was applied exactly once (function logs: %s)\n", relToRepo(root, logPath))
 	}
 	printWaterfall(os.Stdout, spans.all(), v.Produced, pl.hop)
+	if o.console != "" {
+		step("the pipeline and sluice console keep running: Ctrl-C to stop")
+		<-ctx.Done()
+	}
 	return 0
 }
 
@@ -320,4 +339,41 @@ func relToRepo(root, path string) string {
 		return rel
 	}
 	return path
+}
+
+// startConsole builds the CLI of this repository and runs `sluice console` on listen over the
+// database at dbURL, read-only, its log going to logw; it returns the console's address once it
+// serves, and a function that stops it.
+func startConsole(ctx context.Context, root, dbURL, listen string, logw io.Writer) (string, func(), error) {
+	bin := filepath.Join(root, ".cache", "local-bin", "sluice")
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, ".")
+	build.Dir = filepath.Join(root, "cmd", "sluice")
+	if out, err := build.CombinedOutput(); err != nil {
+		return "", nil, fmt.Errorf("build cmd/sluice: %w: %s", err, out)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cmd := exec.CommandContext(cctx, bin, "console", "--listen", listen)
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL)
+	cmd.Stderr = logw
+	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+	cmd.WaitDelay = 10 * time.Second
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		cancel()
+		return "", nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		cancel()
+		return "", nil, err
+	}
+	stop := func() { cancel(); _ = cmd.Wait() }
+	// It prints "sluice console on http://ADDR (read-only)" once it listens.
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		stop()
+		return "", nil, fmt.Errorf("sluice console ended before serving (its log: .cache/demo/demo.log): %w", err)
+	}
+	go func() { _, _ = io.Copy(io.Discard, out) }()
+	addr, _, _ := strings.Cut(strings.TrimPrefix(strings.TrimSpace(line), "sluice console on "), " ")
+	return addr, stop, nil
 }

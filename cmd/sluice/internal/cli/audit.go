@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/sluicehq/sluice/cmd/sluice/internal/console"
 	"github.com/sluicehq/sluice/internal/audit"
 )
 
@@ -94,7 +96,7 @@ never published, 0 otherwise; --json prints the reports as a JSON array.
 					return err
 				}
 			} else {
-				printAudits(a, reports, opts)
+				printAudits(a.io.Out, reports, opts)
 			}
 			return auditVerdict(reports, opts)
 		},
@@ -165,6 +167,32 @@ func usageIfInvalid(err error) error {
 	return err
 }
 
+// ConsoleAudit runs `sluice audit` for the console: consumer ("" for every consumer that
+// recorded an event in the window) since a time or a duration ago, on one database. It returns
+// the report as the command prints it and what its verdict found missing.
+func ConsoleAudit(ctx context.Context, db *pgxpool.Pool, consumer, since string) (console.AuditResult, error) {
+	t, err := pastTime(since, time.Now())
+	if err != nil {
+		return console.AuditResult{}, usagef("since: %v", err)
+	}
+	var consumers []string
+	if consumer != "" {
+		consumers = []string{consumer}
+	}
+	opts := audit.Options{Since: t}
+	reports, err := runAudits(ctx, db, db, consumers, opts)
+	if err != nil {
+		return console.AuditResult{}, err
+	}
+	var b strings.Builder
+	printAudits(&b, reports, opts)
+	res := console.AuditResult{Report: b.String()}
+	if err := auditVerdict(reports, opts); err != nil {
+		res.Problems = err.Error()
+	}
+	return res, nil
+}
+
 // auditVerdict fails when a report holds an overdue gap or an unpublished event.
 func auditVerdict(reports []audit.Report, opts audit.Options) error {
 	var problems []string
@@ -182,8 +210,7 @@ func auditVerdict(reports []audit.Report, opts audit.Options) error {
 	return nil
 }
 
-func printAudits(a *app, reports []audit.Report, opts audit.Options) {
-	out := a.io.Out
+func printAudits(out io.Writer, reports []audit.Report, opts audit.Options) {
 	for i, r := range reports {
 		if i > 0 {
 			fmt.Fprintln(out)

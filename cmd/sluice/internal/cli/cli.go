@@ -216,7 +216,7 @@ Exit codes: 0 success, 1 failure, 2 bad usage. Errors are one line on stderr.`,
 		return usageError{fmt.Errorf("%w (see '%s --help')", err, c.CommandPath())}
 	})
 	root.AddCommand(a.migrateCommand(), a.relayCommand(), a.statusCommand(), a.deadCommand(),
-		a.redriveCommand(), a.replayCommand(), a.purgeCommand(), a.partitionCommand(), a.auditCommand(), a.fleetCommand())
+		a.redriveCommand(), a.replayCommand(), a.purgeCommand(), a.partitionCommand(), a.auditCommand(), a.fleetCommand(), a.consoleCommand())
 	readsOnly(root)
 	usageArgs(root)
 	return root

@@ -22,6 +22,7 @@ var unguardedCommands = map[string]string{
 	"sluice migrate up": "likewise",
 	"sluice relay":      "publishes pending rows, the relay's own work",
 	"sluice fleet init": "creates the registry table when it does not exist",
+	"sluice console":    "read-only unless --allow-actions; then its retries are RetryDead after the dry-run plan is shown and confirmed in the page (console_test.go)",
 }
 
 // every command of the tree, root first.

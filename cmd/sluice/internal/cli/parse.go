@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sluicehq/sluice/cmd/sluice/internal/human"
 )
 
 var dayPrefix = regexp.MustCompile(`^(\d+)d(.*)$`)
@@ -68,22 +70,9 @@ func ParseTime(s string, now time.Time) (time.Time, error) {
 	return time.Time{}, fmt.Errorf("invalid timestamp %q (want RFC 3339 like 2026-11-28T09:00:00Z, a date, now, or relative like -2h)", s)
 }
 
-// FormatDuration renders a duration compactly for tables: 0s, 42s, 5m3s, 3h2m, 2d4h.
-func FormatDuration(d time.Duration) string {
-	d = d.Round(time.Second)
-	switch {
-	case d < time.Minute:
-		return fmt.Sprintf("%ds", int(d.Seconds()))
-	case d < time.Hour:
-		return fmt.Sprintf("%dm%ds", int(d.Minutes()), int(d.Seconds())%60)
-	case d < 24*time.Hour:
-		return fmt.Sprintf("%dh%dm", int(d.Hours()), int(d.Minutes())%60)
-	}
-	if h := int(d.Hours()) % 24; h != 0 {
-		return fmt.Sprintf("%dd%dh", int(d.Hours())/24, h)
-	}
-	return fmt.Sprintf("%dd", int(d.Hours())/24)
-}
+// FormatDuration renders a duration compactly for tables: 0s, 42s, 5m3s, 3h2m, 2d4h (as the
+// console's pages do: package human).
+func FormatDuration(d time.Duration) string { return human.Duration(d) }
 
 // durationValue is a pflag.Value accepting ParseDuration's syntax.
 type durationValue struct {

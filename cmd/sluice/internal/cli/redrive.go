@@ -68,11 +68,7 @@ Progress (messages moved, rate, time left) is a bar on a terminal, lines otherwi
 				if g.json {
 					emitJSON(a.io.Out, map[string]any{"event": "plan", "op": "redrive", "dry_run": g.dryRun, "plan": p})
 				} else {
-					verb := "Moving"
-					if g.dryRun {
-						verb = "Dry run: would move"
-					}
-					fmt.Fprintf(a.io.Out, "%s %s from %s to %s (%s)\n", verb, p.describe(), p.DLQ, p.Destination, p.Method)
+					fmt.Fprintln(a.io.Out, p.line(g.dryRun))
 				}
 				if p.Messages == 0 && p.InFlight == 0 {
 					return nil
@@ -93,7 +89,7 @@ Progress (messages moved, rate, time left) is a bar on a terminal, lines otherwi
 				return err
 			}
 			if res.Moved > 0 || err == nil {
-				fmt.Fprintf(a.io.Out, "moved %d messages from %s to %s (%s)\n", res.Moved, opts.DLQ, res.Destination, res.Method)
+				fmt.Fprintln(a.io.Out, res.line(opts.DLQ))
 			}
 			if res.Note != "" {
 				fmt.Fprintln(a.io.Err, res.Note)
@@ -119,6 +115,15 @@ type RedrivePlan struct {
 	Messages int64 `json:"messages"`
 	InFlight int64 `json:"in_flight"`
 	Max      int   `json:"max,omitempty"`
+}
+
+// line is the plan as `sluice redrive` prints it.
+func (p RedrivePlan) line(dryRun bool) string {
+	verb := "Moving"
+	if dryRun {
+		verb = "Dry run: would move"
+	}
+	return fmt.Sprintf("%s %s from %s to %s (%s)", verb, p.describe(), p.DLQ, p.Destination, p.Method)
 }
 
 func (p RedrivePlan) describe() string {
@@ -179,6 +184,11 @@ type RedriveResult struct {
 	Method string
 	// Note explains an early stop that is not an error.
 	Note string
+}
+
+// line is the result as `sluice redrive` prints it.
+func (r RedriveResult) line(dlq string) string {
+	return fmt.Sprintf("moved %d messages from %s to %s (%s)", r.Moved, dlq, r.Destination, r.Method)
 }
 
 // ErrInterrupted is returned when the context ended during a redrive; what was moved stays moved,

@@ -295,25 +295,12 @@ func queueStatuses(ctx context.Context, c SQSAPI, cw CloudWatchAPI, urls []strin
 	var cwErr error
 	out := make([]QueueStatus, 0, len(urls))
 	for _, u := range urls {
-		q, err := describeQueue(ctx, c, u)
+		qs, name, err := queueDepth(ctx, c, u)
 		if err != nil {
 			return nil, nil, err
 		}
-		qs := QueueStatus{URL: u, MessagesVisible: q.Visible, MessagesInFlight: q.InFlight, MessagesDelayed: q.Delayed,
-			RetentionSeconds: q.RetentionSeconds}
 		if cwErr == nil {
-			qs.OldestMessageAgeSeconds, cwErr = oldestMessageAge(ctx, cw, q.Name)
-		}
-		if q.DLQARN != "" {
-			dlqURL, err := urlOfARN(ctx, c, q.DLQARN)
-			if err != nil {
-				return nil, nil, fmt.Errorf("DLQ of %s: %w", u, err)
-			}
-			d, err := describeQueue(ctx, c, dlqURL)
-			if err != nil {
-				return nil, nil, fmt.Errorf("DLQ of %s: %w", u, err)
-			}
-			qs.DLQ = &DLQStatus{URL: dlqURL, MessagesVisible: d.Visible, MaxReceiveCount: q.MaxReceiveCount}
+			qs.OldestMessageAgeSeconds, cwErr = oldestMessageAge(ctx, cw, name)
 		}
 		out = append(out, qs)
 	}
@@ -322,6 +309,29 @@ func queueStatuses(ctx context.Context, c SQSAPI, cw CloudWatchAPI, urls []strin
 		notes = append(notes, fmt.Sprintf("age of oldest message unavailable (CloudWatch: %s)", oneLine(cwErr.Error())))
 	}
 	return out, notes, nil
+}
+
+// queueDepth reads a queue's depth and its DLQ's (SQS only: no CloudWatch age), and the
+// queue's name.
+func queueDepth(ctx context.Context, c SQSAPI, u string) (QueueStatus, string, error) {
+	q, err := describeQueue(ctx, c, u)
+	if err != nil {
+		return QueueStatus{}, "", err
+	}
+	qs := QueueStatus{URL: u, MessagesVisible: q.Visible, MessagesInFlight: q.InFlight, MessagesDelayed: q.Delayed,
+		RetentionSeconds: q.RetentionSeconds}
+	if q.DLQARN != "" {
+		dlqURL, err := urlOfARN(ctx, c, q.DLQARN)
+		if err != nil {
+			return QueueStatus{}, "", fmt.Errorf("DLQ of %s: %w", u, err)
+		}
+		d, err := describeQueue(ctx, c, dlqURL)
+		if err != nil {
+			return QueueStatus{}, "", fmt.Errorf("DLQ of %s: %w", u, err)
+		}
+		qs.DLQ = &DLQStatus{URL: dlqURL, MessagesVisible: d.Visible, MaxReceiveCount: q.MaxReceiveCount}
+	}
+	return qs, q.Name, nil
 }
 
 // CloudWatchAPI is the CloudWatch call status makes.
