@@ -771,7 +771,7 @@ func newDatabase(stack awscdk.Stack, network Network, p SluiceStackProps) (awsrd
 	params := awsrds.NewParameterGroup(stack, jsii.String("DatabaseParameters"), &awsrds.ParameterGroupProps{
 		Engine:      engine,
 		Description: jsii.String("sluice: TLS required for every connection; max_connections fixed for the connection budget"),
-		Parameters: &parameters,
+		Parameters:  &parameters,
 	})
 	sg := awsec2.NewSecurityGroup(stack, jsii.String("DatabaseSecurityGroup"), &awsec2.SecurityGroupProps{
 		Vpc:              vpc,
