@@ -44,7 +44,7 @@ type ProducersRun struct {
 	// Latency of every transaction of the variant's blocks, BEGIN to COMMIT's return.
 	Latency Latencies
 	// Interleaved is the latency of the variant's transactions in the interleaved blocks (one
-	// per round and client count), where each client ran every such variant in turn in an
+	// per round and client count, as long as the interleaved variants' own blocks together), where each client ran every such variant in turn in an
 	// order shuffled per cycle, so that all met the same load: the added latencies are
 	// judged on it. Zero for a variant with a setup of its own, and in older results.
 	Interleaved Latencies `json:",omitempty"`
@@ -260,7 +260,7 @@ func measureConcurrent(ctx context.Context, log *slog.Logger, env *Env, db strin
 	}
 	// mixed are the variants that change nothing for the others (no trigger set up for their
 	// blocks): they also run interleaved, transaction by transaction, in one block per round
-	// and client count.
+	// and client count, as long as their own blocks together.
 	var (
 		mixed        []producersVariant
 		mixTx        []int
@@ -304,8 +304,9 @@ func measureConcurrent(ctx context.Context, log *slog.Logger, env *Env, db strin
 				samples[key] = append(samples[key], lat...)
 			}
 			// The interleaved block: every client runs the variants that need no setup in
-			// turn, so that each meets the same load as the others.
-			lat, _, err := runBlock(ctx, pool, mixTx, n, blockLen, seq)
+			// turn, so that each meets the same load as the others; as long as their own
+			// blocks together, so that each variant gets as many transactions as in its own.
+			lat, _, err := runBlock(ctx, pool, mixTx, n, time.Duration(len(mixTx))*blockLen, seq)
 			seq += 100_000_000
 			if err != nil {
 				return nil, fmt.Errorf("interleaved block, %d clients: %w", n, err)

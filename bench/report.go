@@ -369,7 +369,7 @@ func (r *Report) producerMarkdown(w func(string, ...any)) {
 			"(event_id, topic, aggregate_type, aggregate_id, event_type, partition_key, payload) VALUES (...)` of the same row (the least any "+
 			"outbox on this table pays), with `outbox.Write` at its defaults (the package-level function) and with `outbox.Queue`, from %s "+
 			"clients back to back, in blocks of %s rotated by round, %d rounds after a warm-up, all in one run on one server; each round also runs, "+
-			"per client count, one interleaved block of the same length in which every client runs the four variants in turn (in an order shuffled per cycle), "+
+			"per client count, one interleaved block as long as the four variants' blocks together, in which every client runs them in turn (in an order shuffled per cycle), "+
 			"so that each meets the same load: the added latencies are judged on it, the tx/s on the variants' own blocks. CPU per tx is, from /proc, each owner's CPU time during the variant's blocks over its transactions: "+
 			"the harness is the clients (`outbox.Write`'s own work, pgx, the Go runtime), the backends are the database's PostgreSQL backends, "+
 			"other PostgreSQL the WAL writer and the rest of the server; the cores the machine spent on other work meanwhile show how noisy each variant's blocks were:\n\n",
@@ -952,7 +952,7 @@ func (r *Report) producersMarkdown(w func(string, ...any)) {
 	w("Each variant runs in blocks of %s per client count; a round runs every client count and, within it, every variant, "+
 		"the variants' order rotated by round so that none always runs first or last; %d rounds after a warm-up of every variant on every "+
 		"connection. tx/s is all blocks' transactions over their summed time; latency is BEGIN to COMMIT's return of every transaction. "+
-		"Each round also runs, per client count, one interleaved block in which every client runs the variants without a trigger of their own in turn "+
+		"Each round also runs, per client count, one interleaved block, as long as their blocks together, in which every client runs the variants without a trigger of their own in turn "+
 		"(in an order shuffled per cycle), so that each meets the same load; the added latencies below are taken from it. "+
 		"No relay runs: the outbox rows stay pending.\n\n", p.Block, p.Rounds)
 	concurrentTable(w, p, producersVariants)
