@@ -105,7 +105,7 @@ func (r *Report) noteValues() map[string]string {
 			o, ok1 := p.run(varOrder, c)
 			w, ok2 := p.run(varWrite, c)
 			mm, ok3 := p.run(varMinimal, c)
-			if ratio, ok := addedCostRatio(w.Latency.P50, mm.Latency.P50, o.Latency.P50); ok && ok1 && ok2 && ok3 {
+			if ratio, ok := addedCostRatio(judgedLatency(w).P50, judgedLatency(mm).P50, judgedLatency(o).P50); ok && ok1 && ok2 && ok3 {
 				v[key] = fmt.Sprintf("%.2f", ratio)
 			}
 		}

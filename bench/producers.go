@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"syscall"
@@ -25,6 +26,9 @@ type ProducersResult struct {
 	Runs []ProducersRun
 	// Durable says the server's commits wait for their WAL flush.
 	Durable bool
+	// Interleaved says the variants without a setup of their own also ran interleaved
+	// (ProducersRun.Interleaved); false in older results.
+	Interleaved bool `json:",omitempty"`
 	// Server is the settings that decide what a commit costs, as the suite's connections saw
 	// them (fsync, synchronous_commit, ...).
 	Server string `json:",omitempty"`
@@ -37,8 +41,13 @@ type ProducersRun struct {
 	// Tx transactions committed in Elapsed, the sum of the blocks' durations.
 	Tx      int
 	Elapsed time.Duration
-	// Latency of every transaction, BEGIN to COMMIT's return.
+	// Latency of every transaction of the variant's blocks, BEGIN to COMMIT's return.
 	Latency Latencies
+	// Interleaved is the latency of the variant's transactions in the interleaved blocks (one
+	// per round and client count, as long as the interleaved variants' own blocks together), where each client ran every such variant in turn in an
+	// order shuffled per cycle, so that all met the same load: the added latencies are
+	// judged on it. Zero for a variant with a setup of its own, and in older results.
+	Interleaved Latencies `json:",omitempty"`
 	// BlockRates is each block's tx/s, in the order run.
 	BlockRates []float64
 	// CPU is where the blocks' CPU time went (seconds, summed over the blocks; zero in older
@@ -167,6 +176,15 @@ func (p *ProducersResult) run(variant string, clients int) (ProducersRun, bool) 
 	return ProducersRun{}, false
 }
 
+// judgedLatency is the latency r's added cost is judged on: the interleaved blocks' when
+// measured (each variant met the same load), otherwise its own blocks'.
+func judgedLatency(r ProducersRun) Latencies {
+	if r.Interleaved.N > 0 {
+		return r.Interleaved
+	}
+	return r.Latency
+}
+
 // addedCostRatio is issue 11's overhead ratio: what x adds to the business transaction over
 // what the minimal hand-written row adds, (x − base) / (minimal − base). ok is false when the
 // minimal row added nothing measurable (the ratio would be meaningless).
@@ -236,10 +254,24 @@ func measureConcurrent(ctx context.Context, log *slog.Logger, env *Env, db strin
 				}
 			}()
 		}
-		lat, took, err = runBlock(ctx, pool, v.tx, n, d, seq)
+		all, took, err := runBlock(ctx, pool, []int{v.tx}, n, d, seq)
 		seq += 100_000_000
-		return lat, took, err
+		return all[0], took, err
 	}
+	// mixed are the variants that change nothing for the others (no trigger set up for their
+	// blocks): they also run interleaved, transaction by transaction, in one block per round
+	// and client count, as long as their own blocks together.
+	var (
+		mixed        []producersVariant
+		mixTx        []int
+		mixedSamples = map[runKey][]time.Duration{}
+	)
+	for _, v := range variants {
+		if v.setup == "" {
+			mixed, mixTx = append(mixed, v), append(mixTx, v.tx)
+		}
+	}
+	res.Interleaved = len(mixed) > 1
 	// Warm-up: every variant on every connection (prepared statements, caches).
 	for _, v := range variants {
 		if _, _, err := block(v, maxClients, blockLen/2); err != nil {
@@ -271,6 +303,18 @@ func measureConcurrent(ctx context.Context, log *slog.Logger, env *Env, db strin
 				r.CPU.Harness += (selfAfter - selfBefore).Seconds()
 				samples[key] = append(samples[key], lat...)
 			}
+			// The interleaved block: every client runs the variants that need no setup in
+			// turn, so that each meets the same load as the others; as long as their own
+			// blocks together, so that each variant gets as many transactions as in its own.
+			lat, _, err := runBlock(ctx, pool, mixTx, n, time.Duration(len(mixTx))*blockLen, seq)
+			seq += 100_000_000
+			if err != nil {
+				return nil, fmt.Errorf("interleaved block, %d clients: %w", n, err)
+			}
+			for k, v := range mixed {
+				key := runKey{v.name, n}
+				mixedSamples[key] = append(mixedSamples[key], lat[k]...)
+			}
 		}
 	}
 	for _, n := range clients {
@@ -278,8 +322,11 @@ func measureConcurrent(ctx context.Context, log *slog.Logger, env *Env, db strin
 			key := runKey{v.name, n}
 			r := runs[key]
 			r.Latency = summarize(samples[key])
+			if res.Interleaved {
+				r.Interleaved = summarize(mixedSamples[key])
+			}
 			res.Runs = append(res.Runs, *r)
-			log.Info(db, "variant", v.name, "clients", n, "tx/s", int(r.Rate()), "p50", r.Latency.P50, "p99", r.Latency.P99,
+			log.Info(db, "variant", v.name, "clients", n, "tx/s", int(r.Rate()), "p50", r.Latency.P50, "p99", r.Latency.P99, "interleaved_p50", r.Interleaved.P50,
 				"harness_us/tx", int(perTx(r.CPU.Harness, r.Tx)), "backends_us/tx", int(perTx(r.CPU.Backends, r.Tx)), "others_cores", r.CPU.Others/r.Elapsed.Seconds())
 		}
 	}
@@ -300,12 +347,14 @@ func commitSettings(ctx context.Context, pool *pgxpool.Pool) (string, error) {
 	return strings.Join(parts, ", "), nil
 }
 
-// runBlock runs n clients of orderTx variant v back to back for d, each transaction numbered
-// from seq, and returns every transaction's latency and the block's length.
-func runBlock(ctx context.Context, pool *pgxpool.Pool, v, n int, d time.Duration, seq int) ([]time.Duration, time.Duration, error) {
+// runBlock runs n clients back to back for d, each running the orderTx variants txs in cycles
+// (every variant once per cycle, in an order shuffled per cycle; with one variant, that one
+// again and again), each transaction numbered from seq, and returns every transaction's
+// latency by variant (lat[k] for txs[k]) and the block's length.
+func runBlock(ctx context.Context, pool *pgxpool.Pool, txs []int, n int, d time.Duration, seq int) ([][]time.Duration, time.Duration, error) {
 	var (
 		mu    sync.Mutex
-		lat   []time.Duration
+		lat   = make([][]time.Duration, len(txs))
 		first error
 		wg    sync.WaitGroup
 	)
@@ -315,19 +364,30 @@ func runBlock(ctx context.Context, pool *pgxpool.Pool, v, n int, d time.Duration
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var mine []time.Duration
+			mine := make([][]time.Duration, len(txs))
+			rng := rand.New(rand.NewPCG(uint64(seq), uint64(c)))
+			order := make([]int, len(txs))
+			for k := range order {
+				order[k] = k
+			}
 			for i := 0; time.Now().Before(end); i++ {
-				took, err := orderTx(ctx, pool, v, seq+c*1_000_000+i)
+				if i%len(txs) == 0 {
+					rng.Shuffle(len(order), func(a, b int) { order[a], order[b] = order[b], order[a] })
+				}
+				k := order[i%len(txs)]
+				took, err := orderTx(ctx, pool, txs[k], seq+c*1_000_000+i)
 				if err != nil {
 					mu.Lock()
 					first = err
 					mu.Unlock()
 					return
 				}
-				mine = append(mine, took)
+				mine[k] = append(mine[k], took)
 			}
 			mu.Lock()
-			lat = append(lat, mine...)
+			for k := range lat {
+				lat[k] = append(lat[k], mine[k]...)
+			}
 			mu.Unlock()
 		}()
 	}
