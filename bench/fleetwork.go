@@ -348,7 +348,7 @@ func newFleetProbe(ctx context.Context, adminURL, role string) (*fleetProbe, err
 	if err != nil {
 		return nil, err
 	}
-	cfg.MaxConns = 3
+	cfg.MaxConns = 6 // three samplers and the counters' reads at once
 	cfg.ConnConfig.RuntimeParams["application_name"] = "sluice-bench-probe"
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
