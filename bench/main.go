@@ -53,8 +53,11 @@
 //     destination keeps a key's order in a call (Kafka) against one row of a key per call, with
 //     idle keys' waits beside it;
 //  16. scale-out (issue 25, scaleout.go): 1, 2 and 4 relays at 0 and 10 ms against one another
-//  17. fleet (issue 24, fleet.go): 200 tenant databases on one server, one backlogged
-//     and the ceiling loop, with where each run's time went (statements, rounds, wait events, CPU).
+//     and the ceiling loop, with where each run's time went (statements, rounds, wait events, CPU);
+//  17. fleet (issues 24 and 42, fleet.go): 200 and 1,000 tenant databases on one TLS and
+//     scram-sha-256 server, the fleet at its defaults, one tenant backlogged: the quiet
+//     tenants' commit-to-publish, the backlog's drain against one relay, sessions opened and
+//     the idle cost per tenant, two runs of each size (about 15 minutes).
 //
 // The full run takes about 45 minutes, 32 of them the sustained suite (two 4-minute runs and
 // two 12-minute ones); -only runs chosen suites, -quick all of them at reduced sizes in a few
