@@ -984,7 +984,9 @@ func (c *connectTracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data 
 }
 
 // read returns the connects so far and the time they took.
-func (c *connectTracer) read() (int64, time.Duration) { return c.n.Load(), time.Duration(c.took.Load()) }
+func (c *connectTracer) read() (int64, time.Duration) {
+	return c.n.Load(), time.Duration(c.took.Load())
+}
 
 // inBackground runs run in a goroutine on a context of its own; stop cancels that context,
 // waits for run to return and returns its error (every call, the same).

@@ -13,7 +13,9 @@ import (
 // each, and a verdict per target and number of tenants.
 
 // label names a run's column.
-func (r FleetRun) label() string { return fmt.Sprintf("%s tenants, run %d", num(float64(r.Tenants)), r.Run) }
+func (r FleetRun) label() string {
+	return fmt.Sprintf("%s tenants, run %d", num(float64(r.Tenants)), r.Run)
+}
 
 // added is what the backlog added to the quiet tenants' p50 and p99: over the whole window
 // with it, and over the events committed while it was pending (the window's first part).
@@ -162,7 +164,9 @@ func (r *FleetResult) markdown(w func(string, ...any)) {
 	row("every tenant's first turn ended after", func(x FleetRun) string { return x.Startup.Round(time.Millisecond).String() })
 	row("fleet: backlog drained after, events/s", func(x FleetRun) string { return drainCell(x.Cold) })
 	row("reference relay started on it: drained after, events/s", func(x FleetRun) string { return drainCell(x.ColdReference) })
-	row("fleet ÷ reference", func(x FleetRun) string { return fmt.Sprintf("%.0f%%", 100*rateRatio(x.Cold.Rate(), x.ColdReference.Rate())) })
+	row("fleet ÷ reference", func(x FleetRun) string {
+		return fmt.Sprintf("%.0f%%", 100*rateRatio(x.Cold.Rate(), x.ColdReference.Rate()))
+	})
 
 	section("sessions the fleet opened (pg_stat_database.sessions of the tenant databases)")
 	row("idle, per s", func(x FleetRun) string { return fmt.Sprintf("%.2f", x.Idle.Sessions) })

@@ -3,9 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
-	"errors"
 	"sort"
 	"sync"
 	"sync/atomic"
