@@ -127,7 +127,8 @@ type FleetDrain struct {
 	Write time.Duration `json:",omitempty"`
 	// Elapsed runs from the backlog's first commit (or the relay's or fleet's start, for a
 	// backlog present before) until a check (every 20 ms) first found none of its rows pending;
-	// TimedOut: it had not by the suite's time limit (Rows then counts what was published).
+	// TimedOut: it had not by the suite's time box (Rows then counts what was published of it
+	// by then).
 	Elapsed  time.Duration
 	TimedOut bool `json:",omitempty"`
 	// FirstAck is how long after the same start the backlog's first event was acknowledged.
@@ -211,8 +212,9 @@ type fleetSize struct {
 	Budget int
 	// HotWeight is the hot tenant's Weight; 0 is 1.
 	HotWeight int
-	// Timeout bounds each wait: start-up, a drain.
-	Timeout time.Duration
+	// Timeout bounds the start-up; DrainBox a drain: a backlog not drained by then is measured
+	// by what was published of it (FleetDrain.TimedOut).
+	Timeout, DrainBox time.Duration
 }
 
 // fleetDelay is the stub broker's latency per call, the relay suite's 10 ms.
@@ -239,11 +241,11 @@ const fleetHarnessConns = 20
 func fleetSizeFor(sz Sizes) fleetSize {
 	fs := fleetSize{Tenants: []int{200, 1000}, Runs: 2, QuietRate: 200,
 		Backlog:    FleetBacklog{Rows: 200_000, Transactions: 2_000, Keys: 1_000, Writers: 4},
-		IdleWindow: 30 * time.Second, QuietWindow: 30 * time.Second, Timeout: 3 * time.Minute}
+		IdleWindow: 30 * time.Second, QuietWindow: 30 * time.Second, Timeout: 3 * time.Minute, DrainBox: 2 * time.Minute}
 	if sz.Name != "full" {
 		fs = fleetSize{Tenants: []int{10, 30}, Runs: 1, QuietRate: 20,
 			Backlog:    FleetBacklog{Rows: 10_000, Transactions: 100, Keys: 200, Writers: 2},
-			IdleWindow: 5 * time.Second, QuietWindow: 5 * time.Second, Timeout: 2 * time.Minute}
+			IdleWindow: 5 * time.Second, QuietWindow: 5 * time.Second, Timeout: 2 * time.Minute, DrainBox: time.Minute}
 	}
 	if len(sz.FleetTenants) > 0 {
 		fs.Tenants = sz.FleetTenants
@@ -589,11 +591,12 @@ func fleetRun(ctx context.Context, log *slog.Logger, probe *fleetProbe, tenants 
 	}
 	res.Startup = time.Since(started)
 	res.Cold = FleetDrain{Rows: fs.Backlog.Rows}
-	to, timedOut, err := drainedUpTo(ctx, hotPool, last, started, fs.Timeout)
+	to, left, err := drainedUpTo(ctx, hotPool, last, started, fs.DrainBox)
 	if err != nil {
 		return nil, err
 	}
-	res.Cold.Elapsed, res.Cold.TimedOut, res.Cold.Pipelines = to.Sub(started), timedOut, hotSessions.stop().hotMax
+	res.Cold.Elapsed, res.Cold.Pipelines = to.Sub(started), hotSessions.stop().hotMax
+	res.Cold.timedOut(left)
 	if first := pub.firstAck(hotTenant); !first.IsZero() {
 		res.Cold.FirstAck = first.Sub(started)
 	}
@@ -719,17 +722,31 @@ func writeBacklog(ctx context.Context, pool *pgxpool.Pool, idBase int64, b Fleet
 
 // drainedUpTo waits until none of pool's rows up to id last is pending (checked every 20 ms,
 // one lookup in the index of unpublished rows), at most timeout after from, and returns when
-// the check first found none, or when it gave up (timedOut).
-func drainedUpTo(ctx context.Context, pool *pgxpool.Pool, last int64, from time.Time, timeout time.Duration) (to time.Time, timedOut bool, err error) {
-	var left bool
+// the check first found none, or when it gave up: then left is how many were still pending.
+func drainedUpTo(ctx context.Context, pool *pgxpool.Pool, last int64, from time.Time, timeout time.Duration) (to time.Time, left int, err error) {
+	var any bool
 	err = waitUntil(ctx, timeout-time.Since(from), func() bool {
-		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox_event WHERE published_at IS NULL AND id <= $1)`, last).Scan(&left)
-		return err == nil && !left
+		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox_event WHERE published_at IS NULL AND id <= $1)`, last).Scan(&any)
+		return err == nil && !any
 	})
+	to = time.Now()
 	if ctx.Err() != nil {
-		return time.Now(), false, ctx.Err()
+		return to, 0, ctx.Err()
 	}
-	return time.Now(), err != nil, nil
+	if err != nil {
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_event WHERE published_at IS NULL AND id <= $1`, last).Scan(&left); err != nil {
+			return to, 0, err
+		}
+	}
+	return to, left, nil
+}
+
+// timedOut records on d that its drain gave up with left rows pending: Rows becomes what was
+// published of it.
+func (d *FleetDrain) timedOut(left int) {
+	if left > 0 {
+		d.TimedOut, d.Rows = true, d.Rows-left
+	}
 }
 
 // drainWritten writes a backlog into the hot tenant's database (writeBacklog) while it is
@@ -749,11 +766,12 @@ func drainWritten(ctx context.Context, pool *pgxpool.Pool, idBase int64, fs flee
 	if err := pool.QueryRow(ctx, `SELECT max(id) FROM outbox_event`).Scan(&last); err != nil {
 		return d, from, err
 	}
-	to, timedOut, err := drainedUpTo(ctx, pool, last, from, fs.Timeout)
+	to, left, err := drainedUpTo(ctx, pool, last, from, fs.DrainBox)
 	if err != nil {
 		return d, from, err
 	}
-	d.Elapsed, d.TimedOut = to.Sub(from), timedOut
+	d.Elapsed = to.Sub(from)
+	d.timedOut(left)
 	if sessions != nil {
 		d.Pipelines = sessions.stop().hotMax
 	}
@@ -789,12 +807,13 @@ func referenceDrain(ctx context.Context, hotPool *pgxpool.Pool, hot fleetTenant,
 		}
 		from := time.Now()
 		stop := inBackground(ctx, r.Run)
-		to, timedOut, err := drainedUpTo(ctx, hotPool, last, from, fs.Timeout)
+		to, left, err := drainedUpTo(ctx, hotPool, last, from, fs.DrainBox)
 		_ = stop()
 		if err != nil {
 			return d, err
 		}
-		d.Elapsed, d.TimedOut = to.Sub(from), timedOut
+		d.Elapsed = to.Sub(from)
+		d.timedOut(left)
 	} else {
 		stop := inBackground(ctx, r.Run)
 		if err := sleepCtx(ctx, 2*time.Second); err != nil { // running, its pool connected, as the fleet's hot tenant is parked
@@ -805,10 +824,7 @@ func referenceDrain(ctx context.Context, hotPool *pgxpool.Pool, hot fleetTenant,
 		if err != nil {
 			return d, err
 		}
-		d.Write, d.Elapsed, d.TimedOut = w.Write, w.Elapsed, w.TimedOut
-	}
-	if d.TimedOut {
-		d.Rows = int(pub.events.Load())
+		d.Write, d.Elapsed, d.TimedOut, d.Rows = w.Write, w.Elapsed, w.TimedOut, w.Rows
 	}
 	_, err = hotPool.Exec(ctx, "TRUNCATE outbox_event RESTART IDENTITY")
 	return d, err

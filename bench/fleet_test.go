@@ -23,7 +23,7 @@ func TestFleetSuiteSmoke(t *testing.T) {
 	t.Cleanup(env.Close)
 
 	fs := fleetSize{Tenants: []int{4, 6}, Runs: 1, QuietRate: 10, Backlog: FleetBacklog{Rows: 2_000, Transactions: 40, Keys: 50, Writers: 2},
-		IdleWindow: 2 * time.Second, QuietWindow: 3 * time.Second, Timeout: 2 * time.Minute}
+		IdleWindow: 2 * time.Second, QuietWindow: 3 * time.Second, Timeout: 2 * time.Minute, DrainBox: 2 * time.Minute}
 	res, err := measureFleet(ctx, log, env, fs)
 	if err != nil {
 		t.Fatal(err)
