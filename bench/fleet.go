@@ -98,6 +98,9 @@ type FleetRun struct {
 	// time they took in all.
 	Connects    int
 	ConnectTime time.Duration
+	// Unpublished counts the quiet tenants' events still not published a minute after the
+	// window with the backlog (and its own minute) ended, when the fleet was stopped.
+	Unpublished int `json:",omitempty"`
 	// Duplicates counts events published more than once; HeaderMismatches published events
 	// whose outbox.TenantHeader did not name their writer.
 	Duplicates, HeaderMismatches int
@@ -644,11 +647,11 @@ func fleetRun(ctx context.Context, log *slog.Logger, probe *fleetProbe, tenants 
 	}
 	logPhase(log, len(tenants), res.With)
 
-	// Every quiet event of the fleet's windows is published, then the fleet stops.
+	// Every quiet event of the fleet's windows is published (or counted as not), then the
+	// fleet stops.
 	ids := prod.committedBetween(time.Time{}, time.Now())
-	if err := waitUntil(ctx, time.Minute, func() bool { return book.pending(ids) == 0 }); err != nil {
-		return nil, fmt.Errorf("%d of the quiet tenants' %d events not published a minute later: %w", book.pending(ids), len(ids), err)
-	}
+	_ = waitUntil(ctx, time.Minute, func() bool { return book.pending(ids) == 0 })
+	res.Unpublished = book.pending(ids)
 	if err := stopFleet(); err != nil {
 		return nil, fmt.Errorf("fleet run: %w", err)
 	}
