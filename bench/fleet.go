@@ -959,8 +959,8 @@ func measurePhase(ctx context.Context, probe *fleetProbe, f *fleet.Fleet, prod *
 }
 
 // connectTracer counts the connects of the pools it is set on and the time they took (the TCP
-// connection, TLS and authentication), and passes queries to QueryTracer when set; also, when
-// set, counts them too.
+// connection, TLS and authentication), and passes queries and batches to QueryTracer when set;
+// also, when set, counts them too.
 type connectTracer struct {
 	pgx.QueryTracer
 	also *connectTracer
@@ -970,7 +970,10 @@ type connectTracer struct {
 
 type connectStartKey struct{}
 
-var _ pgx.ConnectTracer = (*connectTracer)(nil)
+var (
+	_ pgx.ConnectTracer = (*connectTracer)(nil)
+	_ pgx.BatchTracer   = (*connectTracer)(nil)
+)
 
 // TraceConnectStart implements pgx.ConnectTracer.
 func (c *connectTracer) TraceConnectStart(ctx context.Context, _ pgx.TraceConnectStartData) context.Context {
@@ -999,6 +1002,28 @@ func (c *connectTracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, dat
 func (c *connectTracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
 	if c.QueryTracer != nil {
 		c.QueryTracer.TraceQueryEnd(ctx, conn, data)
+	}
+}
+
+// TraceBatchStart implements pgx.BatchTracer: the relay's rounds are batches.
+func (c *connectTracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
+	if b, ok := c.QueryTracer.(pgx.BatchTracer); ok {
+		return b.TraceBatchStart(ctx, conn, data)
+	}
+	return ctx
+}
+
+// TraceBatchQuery implements pgx.BatchTracer.
+func (c *connectTracer) TraceBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
+	if b, ok := c.QueryTracer.(pgx.BatchTracer); ok {
+		b.TraceBatchQuery(ctx, conn, data)
+	}
+}
+
+// TraceBatchEnd implements pgx.BatchTracer.
+func (c *connectTracer) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchEndData) {
+	if b, ok := c.QueryTracer.(pgx.BatchTracer); ok {
+		b.TraceBatchEnd(ctx, conn, data)
 	}
 }
 

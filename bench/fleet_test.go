@@ -55,6 +55,15 @@ func TestFleetSuiteSmoke(t *testing.T) {
 		if r.Connects < r.Tenants || r.ConnectTime <= 0 {
 			t.Errorf("%d tenants: %d connects timed (%s), fewer than a first turn each", r.Tenants, r.Connects, r.ConnectTime)
 		}
+		var claims int
+		for _, st := range r.HotStatements {
+			if st.Kind == stmtLock {
+				claims = st.N
+			}
+		}
+		if claims == 0 {
+			t.Errorf("%d tenants: the hot tenant's claims were not traced: %+v", r.Tenants, r.HotStatements)
+		}
 		if r.HeaderMismatches != 0 {
 			t.Errorf("%d tenants: %d events carried another tenant's header", r.Tenants, r.HeaderMismatches)
 		}
