@@ -274,6 +274,13 @@ func drainCell(d FleetDrain) string {
 }
 
 func stmtCell(st []FleetStmtTime) string {
+	traced := 0
+	for _, s := range st {
+		traced += s.N
+	}
+	if traced == 0 { // runs before the tracer saw the relay's batches
+		return "—"
+	}
 	var parts []string
 	for _, s := range st {
 		parts = append(parts, fmt.Sprintf("%s, %s", num(float64(s.N)), s.Total.Round(time.Millisecond)))
