@@ -64,8 +64,8 @@ func (e *Env) DurableEnv(ctx context.Context) (*Env, error) {
 	return e.durable, nil
 }
 
-// benchMaxConnections is the throwaway server's max_connections: room for the fleet suite's
-// budget (defaultFleetBudget) beside its 199 producers and the harness.
+// benchMaxConnections is the throwaway server's max_connections (the fleet suite starts a
+// server of its own, sized for its tenants).
 const benchMaxConnections = 500
 
 // openEnv uses DATABASE_URL or TEST_DATABASE_URL when set, else starts a throwaway cluster.

@@ -9,76 +9,107 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/sluicehq/sluice/internal/pgcluster"
 	"github.com/sluicehq/sluice/pkg/fleet"
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
-// The fleet suite (issue 24): one pkg/fleet deployment serving many tenant databases on one
-// PostgreSQL server. One tenant ("hot") gets a large backlog in one commit while every other
-// tenant ("quiet") commits one event a second; the suite measures the quiet tenants'
-// commit-to-publish with and without the backlog (the fairness bound), the hot tenant's
-// throughput and the fleet's aggregate against a single-database relay on the same server,
-// and what the fleet costs while every tenant is idle (connections, transactions per second).
+// The fleet suite (issues 24 and 42): one pkg/fleet deployment at its shipped defaults (the
+// server's connection budget fleet.DefaultServerConnections, every other setting its default)
+// serving 200 and then 1,000 tenant databases on one PostgreSQL server that, like a managed
+// one, takes only TLS connections authenticated with scram-sha-256 (the fleet logs in as a
+// password role of its own). Each run of a size measures:
 //
-// Report.Markdown has no place for this suite yet (report.go is outside this item): the suite
-// writes its section and raw results beside the report (fleetSidecar), and FleetResult
-// carries markdown and targets ready for report.go to call.
+//   - the cold start: the fleet started on a server whose hot tenant already holds a backlog
+//     (written in many transactions), until every tenant ended its first turn and until the
+//     backlog was drained, against one relay started on the same backlog;
+//   - the idle cost: no tenant writes; the fleet's statements, transactions, sessions opened
+//     and connections held, per tenant;
+//   - the quiet tenants alone: every tenant but the hot one writes, 200 events/s in all, and
+//     their commit-to-publish is measured over a window;
+//   - the same with the hot tenant's backlog written in many transactions at the window's
+//     start: what the backlog adds to the quiet tenants' commit-to-publish, and the backlog's
+//     drain rate, against one relay given as many connections as the fleet gives one tenant,
+//     draining the same backlog written the same way beside the same quiet writers (measured
+//     right after, the fleet stopped).
+//
+// Every window reports the sessions the fleet opened per second (pg_stat_database.sessions of
+// the tenant databases) and how long its connects took (a pgx connect tracer).
 
 // FleetResult is the fleet suite's outcome.
 type FleetResult struct {
-	// Databases is the number of tenant databases on the server: the hot tenant and the quiet
-	// ones.
-	Databases int
-	// HotRows is the hot tenant's backlog, committed in one transaction; HotKeys its
-	// partition keys.
-	HotRows, HotKeys int
-	// HotWeight is the hot tenant's Weight (0 in results from before it was recorded: 1).
-	HotWeight int `json:",omitempty"`
-	// Delay is the stub broker's latency per PublishBatch call.
-	Delay time.Duration
-	// Budget is the fleet's connection budget for the server (Config.DefaultConnections);
-	// Settings describes the fleet's other settings (all defaults).
+	// Budget is the server's connection budget the fleet ran with (its default,
+	// fleet.DefaultServerConnections, unless -fleet-budget said otherwise); Settings describes
+	// the fleet's other settings.
 	Budget   int
 	Settings string
-	// CreateDatabases is how long creating the tenant databases from a migrated template took.
-	CreateDatabases time.Duration
-	// Single are the single-database relay runs on the hot tenant's database, before the fleet
-	// starts: the relay at its defaults, and with the pipelines the fleet gives a tenant of
-	// weight 1.
-	Single []FleetSingle
-	// Pairs are the aggregate's alternating windows, measured after the phases below with the
-	// fleet stopped between its windows: the aggregate target is judged on their median ratio.
-	Pairs []FleetPair `json:",omitempty"`
-	// Startup is how long it took from Run until every tenant had ended its first turn.
-	Startup time.Duration
-	// Idle is the idle window: no tenant writes.
+	// Auth is how the fleet logged in to the server.
+	Auth string
+	// Delay is the stub broker's latency per PublishBatch call.
+	Delay time.Duration
+	// QuietRate is the events per second the quiet tenants wrote in all, spread evenly over
+	// them (each its own transaction).
+	QuietRate float64
+	// Backlog is how the hot tenant's backlog was written, at cold start and in the window
+	// with it.
+	Backlog FleetBacklog
+	// Runs are the suite's runs: per size, in order.
+	Runs []FleetRun
+}
+
+// FleetBacklog is a backlog written in Transactions transactions of Rows/Transactions rows
+// each, over Keys partition keys, by Writers connections at once, as fast as they can.
+type FleetBacklog struct {
+	Rows, Transactions, Keys, Writers int
+}
+
+// FleetRun is one run of the suite at one number of tenants.
+type FleetRun struct {
+	// Tenants is the number of tenant databases (one hot, the rest quiet); Run numbers the
+	// runs of that size from 1.
+	Tenants, Run int
+	// CreateDatabases is how long creating the run's new tenant databases took (CREATE
+	// DATABASE from a migrated template); 0 when the run reused its size's databases.
+	CreateDatabases time.Duration `json:",omitempty"`
+	// Startup is how long it took from the fleet's Run until every tenant had ended its first
+	// turn; Cold is the fleet draining the backlog present at that start (timed from Run), and
+	// ColdReference one relay started on the same backlog.
+	Startup             time.Duration
+	Cold, ColdReference FleetDrain
+	// Idle is the idle window.
 	Idle FleetIdle
-	// Without and With are the quiet tenants' windows without and with the hot backlog, and
-	// WithoutAfter without it again afterwards (what the time box left of it marked
-	// published), to show drift between the windows.
-	Without, With, WithoutAfter FleetPhase
-	// BudgetPeak is the most connections the fleet's budget granted at once (BudgetUsage), and
-	// ConnsMax the most sluice-fleet-* sessions pg_stat_activity showed at once over the run.
+	// Without and With are the quiet tenants' windows without and with the hot tenant's
+	// backlog; With.Drain is the backlog's drain, Reference the same backlog drained by one
+	// relay beside the same writers.
+	Without, With FleetPhase
+	Reference     FleetDrain
+	// BudgetPeak is the most connections the fleet's budget granted at once
+	// (Fleet.BudgetUsage), ConnsMax the most sluice-fleet-* sessions pg_stat_activity showed at
+	// once over the run.
 	BudgetPeak, ConnsMax int
-	// HeaderMismatches counts published events whose outbox.TenantHeader did not name the
-	// tenant that wrote them; Duplicates counts events published more than once, and
-	// DuplicatesBy those by the tenant their header names.
-	HeaderMismatches, Duplicates int
-	DuplicatesBy                 map[string]int `json:",omitempty"`
-	// HotStatements are the hot tenant's statements in the window with the backlog, by kind
-	// (tracer.go's names), with the time they took.
+	// Connects is the fleet's connects over the run (its start to its stop), ConnectTime the
+	// time they took in all.
+	Connects    int
+	ConnectTime time.Duration
+	// Unpublished counts the quiet tenants' events still not published a minute after the
+	// window with the backlog (and its own minute) ended, when the fleet was stopped.
+	Unpublished int `json:",omitempty"`
+	// Duplicates counts events published more than once; HeaderMismatches published events
+	// whose outbox.TenantHeader did not name their writer.
+	Duplicates, HeaderMismatches int
+	// HotStatements are the hot tenant's statements in the window with the backlog, by kind.
 	HotStatements []FleetStmtTime `json:",omitempty"`
-	// Problems counts the fleet's and relays' log records at Warn and above, by message.
-	Problems map[string]int `json:",omitempty"`
-	// ProblemSamples are the first of those records, each with its error's text.
-	ProblemSamples []string `json:",omitempty"`
+	// Problems counts the fleet's and relays' log records at Warn and above, by message;
+	// ProblemSamples are the first of them.
+	Problems       map[string]int `json:",omitempty"`
+	ProblemSamples []string       `json:",omitempty"`
 }
 
 // FleetStmtTime is how many statements of one kind a tenant's relay ran and how long they
@@ -89,104 +120,76 @@ type FleetStmtTime struct {
 	Total time.Duration
 }
 
-// FleetSingle is one single-database relay run (outbox.Relay.Run on one pool).
-type FleetSingle struct {
-	Name      string
-	Pipelines int
-	// Writers committed one event a second each into the relay's database during the run, as
-	// the quiet tenants do into theirs in the fleet's window (0: the backlog alone). Events
-	// counts what the relay published in the run, theirs included.
-	Writers int `json:",omitempty"`
-	Events  int
-	Elapsed time.Duration
-	// FirstAck is how long after the backlog's commit its first event was acknowledged (the
-	// fleet's windows of the aggregate's pairs: how soon the hot tenant's turn began).
+// FleetDrain is one drain of a backlog.
+type FleetDrain struct {
+	// Rows is the backlog; Pipelines the relay's pipelines (its pool has as many connections),
+	// or for the fleet the most relay sessions the hot tenant held at once (sampled every
+	// 250 ms).
+	Rows, Pipelines int
+	// Write is how long the writers took to commit the backlog (0: it was there before).
+	Write time.Duration `json:",omitempty"`
+	// Elapsed runs from the backlog's first commit (or the relay's or fleet's start, for a
+	// backlog present before) until a check (every 20 ms) first found none of its rows pending;
+	// TimedOut: it had not by the suite's time box (Rows then counts what was published of it
+	// by then).
+	Elapsed  time.Duration
+	TimedOut bool `json:",omitempty"`
+	// FirstAck is how long after the same start the backlog's first event was acknowledged.
 	FirstAck time.Duration `json:",omitempty"`
 }
 
-// Rate is the run's events per second.
-func (s FleetSingle) Rate() float64 { return rate(s.Events, s.Elapsed) }
-
-// FleetPair is one pair of the aggregate's windows, measured one right after the other on the
-// same server so that the machine's drift falls on both alike: the single-database relay at its
-// defaults draining the backlog in the hot tenant's database beside as many writers of one
-// event a second as the fleet has quiet tenants (the fleet's workload on one database), and the
-// fleet, started afresh, draining the same backlog there while its quiet tenants write as many
-// events into their own databases. Both are timed from the backlog's commit until the same
-// check found none of its rows pending, and count every event published meanwhile.
-type FleetPair struct {
-	// FleetFirst: the fleet's window came first (the pairs alternate the order).
-	FleetFirst bool `json:",omitempty"`
-	// Reference is the single-database relay's window; Fleet the fleet's (its Pipelines: the
-	// most relay sessions the hot tenant had at once, sampled every 250 ms).
-	Reference, Fleet FleetSingle
-}
-
-// Ratio is the fleet's events per second over the reference's.
-func (p FleetPair) Ratio() float64 {
-	if p.Reference.Rate() == 0 {
-		return 0
-	}
-	return p.Fleet.Rate() / p.Reference.Rate()
-}
+// Rate is the drain's events per second.
+func (d FleetDrain) Rate() float64 { return rate(d.Rows, d.Elapsed) }
 
 // FleetIdle is the cost of the fleet while no tenant writes.
 type FleetIdle struct {
 	Window  time.Duration
 	Tenants int
 	// RelayConns and ActivityConns are the sessions the fleet held (pg_stat_activity,
-	// application_name sluice-fleet-relay and sluice-fleet-activity), sampled every 250 ms:
-	// mean and max.
+	// application_name sluice-fleet-relay and sluice-fleet-activity), sampled every 250 ms.
 	RelayConnsMean, ActivityConnsMean float64
 	RelayConnsMax, ActivityConnsMax   int
-	// Xacts is the transactions per second committed or rolled back in the tenant databases
-	// (pg_stat_database xact_commit + xact_rollback; a statement outside a transaction block is
-	// one), in all of them together; XactsMedian in the median tenant database, and XactsMax in
-	// the busiest one (the activity poll's, which runs on one tenant's database).
-	Xacts, XactsMedian, XactsMax float64
-	XactsMaxDB                   string
-	// Turns is the tenants' turns in the window (sweeps and wake-ups).
+	// Statements is the fleet's statements per second in the tenant databases
+	// (pg_stat_statements calls of the fleet's role; -1: not measured).
+	Statements float64
+	// Xacts is the transactions per second in the tenant databases (xact_commit +
+	// xact_rollback), XactsMax in the busiest one (XactsMaxDB).
+	Xacts, XactsMax float64
+	XactsMaxDB      string
+	// Sessions is the sessions opened per second in the tenant databases.
+	Sessions float64
+	// Turns is the tenants' turns in the window.
 	Turns int
 }
 
-// FleetPhase is a window of the quiet tenants committing one event a second each.
+// FleetPhase is a window of the quiet tenants writing.
 type FleetPhase struct {
 	Name   string
 	Window time.Duration
-	// QuietTenants wrote QuietEvents in the window, each its own transaction; Quiet is their
-	// commit-to-acknowledgement times (Commit returned to the stub's acknowledgement, which
-	// includes the stub's delay), Missing the events not acknowledged within a minute of the
-	// window's end.
+	// QuietTenants wrote QuietEvents in the window; Quiet is their commit-to-acknowledgement
+	// times (Commit returned to the stub's acknowledgement, its delay included), Missing the
+	// events not acknowledged within a minute of the window's end. QuietDuringDrain are those
+	// of the events committed while the backlog was being drained (With only).
 	QuietTenants, QuietEvents, Missing int
 	Quiet                              Latencies
-	// HotEvents were published for the hot tenant in the window (With only), and Published
-	// all events the fleet published in it. TimeBoxed: the window ended at the time box, the
-	// backlog not yet drained.
-	HotEvents, Published int
-	TimeBoxed            bool
-	// Turns is the quiet tenants' turns in the window, HotTurns the hot tenant's.
-	Turns, HotTurns int
-	// QuietXacts is the transactions committed or rolled back in the quiet tenants' databases
-	// over the window (pg_stat_database: their producers' and the fleet's, a statement outside
-	// a transaction block counting as one): divided by QuietEvents, what one quiet event costs
-	// the server in transactions.
-	QuietXacts int64 `json:",omitempty"`
-	// HotFirst is how long after the backlog's commit the hot tenant's first event was
-	// acknowledged (the fleet noticing the backlog, its turn starting and its first round).
-	HotFirst time.Duration
-	// HotSessionsMax is the most relay sessions the hot tenant had on the server at once
-	// (sampled every 250 ms): the pipelines it grew to.
-	HotSessionsMax int
+	QuietDuringDrain                   Latencies `json:",omitempty"`
+	// Drain is the hot tenant's backlog (With only).
+	Drain FleetDrain `json:",omitempty"`
+	// Sessions is the sessions opened per second in the tenant databases (the fleet's: the
+	// producers stay connected); Connects and ConnectTime the fleet's connects in the window
+	// and the time they took in all (TLS and scram-sha-256 included).
+	Sessions    float64
+	Connects    int
+	ConnectTime time.Duration
+	// Statements is the fleet's statements per second in the tenant databases (-1: not
+	// measured); Xacts the transactions per second in them, the producers' included.
+	Statements, Xacts float64
 	// The fleet's sessions (pg_stat_activity) over the window, sampled every 250 ms.
 	ConnsMean float64
 	ConnsMax  int
+	// Turns is the quiet tenants' turns in the window, HotTurns the hot tenant's.
+	Turns, HotTurns int
 }
-
-// Aggregate is the events per second the fleet published over the window.
-func (p FleetPhase) Aggregate() float64 { return rate(p.Published, p.Window) }
-
-// HotRate is the hot tenant's events per second over the window.
-func (p FleetPhase) HotRate() float64 { return rate(p.HotEvents, p.Window) }
 
 func rate(n int, d time.Duration) float64 {
 	if d <= 0 {
@@ -195,67 +198,66 @@ func rate(n int, d time.Duration) float64 {
 	return float64(n) / d.Seconds()
 }
 
-// fleetSize is the suite's workload at one size.
+// fleetSize is the suite's workload.
 type fleetSize struct {
-	// Databases is the number of tenant databases (one hot, the rest quiet).
-	Databases int
-	// HotRows is the hot tenant's backlog (over HotKeys partition keys).
-	HotRows, HotKeys int
-	// IdleWindow is the idle measurement (at least the fleet's sweep interval to be
-	// representative) and QuietWindow the phase without the backlog.
+	// Tenants are the sizes run, in order (one hot tenant, the rest quiet); Runs the runs of
+	// each.
+	Tenants []int
+	Runs    int
+	// QuietRate is the events per second of the quiet tenants in all.
+	QuietRate float64
+	// Backlog is the hot tenant's backlog, at cold start and in the window with it.
+	Backlog FleetBacklog
+	// IdleWindow and QuietWindow are the idle and the quiet tenants' windows (the window with
+	// the backlog lasts at least QuietWindow, and until the backlog is drained).
 	IdleWindow, QuietWindow time.Duration
-	// Budget is the fleet's connection budget for the server.
+	// Budget is the fleet's connection budget (0: fleet.DefaultServerConnections).
 	Budget int
-	// HotWeight is the hot tenant's Weight (its pipelines and its share of time); 0 is 1.
+	// HotWeight is the hot tenant's Weight; 0 is 1.
 	HotWeight int
-	// Timeout bounds each wait: start-up, a drain.
-	Timeout time.Duration
-	// Pairs is how many alternating pairs of windows measure the aggregate (FleetPair); 0: none.
-	Pairs int
-	// HotBox, when set, time-boxes the fleet's window with the backlog: the hot tenant's
-	// throughput and the aggregate are then measured over it, and the rest of the backlog is
-	// left pending. Zero: the window lasts until the backlog is drained (at most Timeout).
-	HotBox time.Duration
+	// Timeout bounds the start-up; DrainBox a drain: a backlog not drained by then is measured
+	// by what was published of it (FleetDrain.TimedOut).
+	Timeout, DrainBox time.Duration
 }
 
 // fleetDelay is the stub broker's latency per call, the relay suite's 10 ms.
 const fleetDelay = 10 * time.Millisecond
 
-// fleetTargetRatio is issue 24's bound on the fleet's aggregate throughput against a
-// single-database relay; fleetTargetDelay its bound on what a backlog adds to another
-// tenant's commit-to-publish.
+// fleetTargetRatio is issue 42's bound on the backlog's drain rate in the fleet against one
+// relay given the same connections; fleetTargetDelay its bound on what the backlog adds to
+// the quiet tenants' commit-to-publish at p99.
 const (
 	fleetTargetRatio = 0.8
 	fleetTargetDelay = time.Second
 )
 
-// defaultFleetBudget is the fleet suite's connection budget: enough for each of its 200 tenants
-// to keep a connection parked between turns, as a fleet's servers should be sized (a budget
-// smaller than the tenants that write makes them take turns for connections, each on a new
-// session: -fleet-budget 40). The harness's server has room for it beside the quiet tenants'
-// producers (benchMaxConnections); measureFleet checks a server it did not start.
-const defaultFleetBudget = 240
+// fleetRole is the password role the fleet logs in as on the suite's own server.
+const fleetRole = "sluice_fleet"
 
 // fleetHarnessConns is what the suite's harness connects beside the fleet and the producers:
-// its probe, the hot tenant's pool and the single-database relays.
-const fleetHarnessConns = 10
+// its probe, the hot tenant's pool, the backlog's writers and the reference relay.
+const fleetHarnessConns = 20
 
-// fleetSizeFor derives the suite's size from the run's: issue 24's 200 databases and
-// 100,000-row backlog at full size, a tenth of them with -quick; the hot tenant's weight is
-// the run's (-fleet-hot-weight), and so is the server's connection budget (-fleet-budget, defaultFleetBudget).
-// The aggregate is judged on the median of 8 pairs at full size: on this shared machine one
-// run's pairs ranged from 69% to 86%, and another's from 63% to 98%.
+// fleetSizeFor derives the suite's size from the run's: 200 and 1,000 tenants, two runs each,
+// windows of 30 s at full size; -quick a fraction of it. -fleet-tenants and -fleet-runs
+// override the sizes and the runs.
 func fleetSizeFor(sz Sizes) fleetSize {
-	budget := sz.FleetBudget
-	if budget == 0 {
-		budget = defaultFleetBudget
+	fs := fleetSize{Tenants: []int{200, 1000}, Runs: 2, QuietRate: 200,
+		Backlog:    FleetBacklog{Rows: 200_000, Transactions: 2_000, Keys: 1_000, Writers: 4},
+		IdleWindow: 30 * time.Second, QuietWindow: 30 * time.Second, Timeout: 3 * time.Minute, DrainBox: 2 * time.Minute}
+	if sz.Name != "full" {
+		fs = fleetSize{Tenants: []int{10, 30}, Runs: 1, QuietRate: 20,
+			Backlog:    FleetBacklog{Rows: 10_000, Transactions: 100, Keys: 200, Writers: 2},
+			IdleWindow: 5 * time.Second, QuietWindow: 5 * time.Second, Timeout: 2 * time.Minute, DrainBox: time.Minute}
 	}
-	if sz.Name == "full" {
-		return fleetSize{Databases: 200, HotRows: 100_000, HotKeys: 1_000, IdleWindow: 40 * time.Second, QuietWindow: 30 * time.Second,
-			Budget: budget, Timeout: 4 * time.Minute, HotBox: time.Minute, HotWeight: sz.FleetHotWeight, Pairs: 8}
+	if len(sz.FleetTenants) > 0 {
+		fs.Tenants = sz.FleetTenants
 	}
-	return fleetSize{Databases: 20, HotRows: 10_000, HotKeys: 1_000, IdleWindow: 10 * time.Second, QuietWindow: 10 * time.Second,
-		Budget: budget, Timeout: 2 * time.Minute, HotBox: time.Minute, HotWeight: sz.FleetHotWeight, Pairs: 2}
+	if sz.FleetRuns > 0 {
+		fs.Runs = sz.FleetRuns
+	}
+	fs.Budget, fs.HotWeight = sz.FleetBudget, sz.FleetHotWeight
+	return fs
 }
 
 func runFleetSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, rep *Report) error {
@@ -267,19 +269,103 @@ func runFleetSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, re
 	return nil
 }
 
-// fleetTenant is one tenant database of the suite.
+// fleetTenant is one tenant database of the suite: url is the fleet's (its role's), adminURL
+// the harness's (the producers', the writers').
 type fleetTenant struct {
-	name, db, url string
+	name, db, url, adminURL string
 }
 
-// hotTenant is the hot tenant's name; quiet tenants are q001, q002, ...
+// hotTenant is the hot tenant's name; quiet tenants are q0001, q0002, ...
 const hotTenant = "hot"
 
-// measureFleet runs the suite at size fs on env's server.
+// fleetServer is the server the suite runs on: its own throwaway cluster (TLS, scram-sha-256,
+// pg_stat_statements) when the harness started the run's, else the run's server as it is.
+type fleetServer struct {
+	adminURL string
+	// fleetUser and fleetPassword are the fleet's login; empty: the admin URL's.
+	fleetUser, fleetPassword string
+	auth                     string
+	cluster                  *pgcluster.Cluster
+	dbs                      []string
+	template                 string
+}
+
+// openFleetServer starts the suite's server for up to tenants databases (max_connections:
+// a producer per quiet tenant beside the budget and the harness).
+func openFleetServer(ctx context.Context, log *slog.Logger, env *Env, tenants, budget int) (*fleetServer, error) {
+	if env.cluster == nil {
+		return &fleetServer{adminURL: env.AdminURL, auth: "as the server named by DATABASE_URL takes the harness's login (not the suite's own TLS and scram-sha-256 server)"}, nil
+	}
+	password := fmt.Sprintf("bench-%d-%d", os.Getpid(), time.Now().UnixNano())
+	log.Info("fleet: starting a throwaway PostgreSQL cluster with TLS and scram-sha-256", "max_connections", tenants+budget+fleetHarnessConns+20)
+	c, err := pgcluster.Start(ctx, pgcluster.Options{Password: password, MaxConnections: tenants + budget + fleetHarnessConns + 20,
+		Settings: map[string]string{"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.max": "50000"}})
+	if err != nil {
+		return nil, fmt.Errorf("start the fleet's PostgreSQL cluster: %w", err)
+	}
+	s := &fleetServer{adminURL: c.URL, cluster: c, fleetUser: fleetRole, fleetPassword: password + "-fleet",
+		auth: fmt.Sprintf("scram-sha-256 over TLS (ssl=on, a self-signed certificate; pg_hba.conf takes only hostssl with scram-sha-256), "+
+			"as the role %s (LOGIN PASSWORD, pg_read_all_stats, privileges on the outbox's tables)", fleetRole)}
+	conn, err := pgx.Connect(ctx, c.URL)
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	for _, q := range []string{
+		"CREATE EXTENSION IF NOT EXISTS pg_stat_statements",
+		fmt.Sprintf("CREATE ROLE %s LOGIN PASSWORD '%s'", fleetRole, s.fleetPassword),
+		"GRANT pg_read_all_stats TO " + fleetRole,
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			s.close()
+			return nil, fmt.Errorf("%s: %w", strings.SplitN(q, " PASSWORD", 2)[0], err)
+		}
+	}
+	return s, nil
+}
+
+func (s *fleetServer) close() {
+	if s.cluster != nil {
+		s.cluster.Stop()
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, s.adminURL)
+	if err != nil {
+		return
+	}
+	defer conn.Close(ctx)
+	for _, db := range append(s.dbs, s.template) {
+		if db != "" {
+			_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{db}.Sanitize()+" WITH (FORCE)")
+		}
+	}
+}
+
+// measureFleet runs the suite at size fs on its server.
 func measureFleet(ctx context.Context, log *slog.Logger, env *Env, fs fleetSize) (*FleetResult, error) {
 	fs.HotWeight = max(1, fs.HotWeight)
-	res := &FleetResult{Databases: fs.Databases, HotRows: fs.HotRows, HotKeys: fs.HotKeys, HotWeight: fs.HotWeight, Delay: fleetDelay, Budget: fs.Budget}
-	probe, err := newFleetProbe(ctx, env.AdminURL)
+	budget := fs.Budget
+	if budget == 0 {
+		budget = fleet.DefaultServerConnections
+	}
+	most := 0
+	for _, n := range fs.Tenants {
+		most = max(most, n)
+	}
+	srv, err := openFleetServer(ctx, log, env, most, budget)
+	if err != nil {
+		return nil, err
+	}
+	defer srv.close()
+	res := &FleetResult{Budget: budget, Auth: srv.auth, Delay: fleetDelay, QuietRate: fs.QuietRate, Backlog: fs.Backlog,
+		Settings: fmt.Sprintf("DefaultConnections %d; the hot tenant's Weight %d (the others 1); the rest at their defaults: Relay.Pipelines 1 per unit of weight, "+
+			"BurstPipelines %d, DetectInterval %s, SweepInterval %s, IdleClose %s, Turn %s, BusyShare %.1f, RegistryRefresh %s", budget, fs.HotWeight,
+			outbox.RelayConfig{}.WithDefaults().Pipelines, fleet.DefaultDetectInterval, fleet.DefaultSweepInterval, fleet.DefaultIdleClose, fleet.DefaultTurn,
+			fleet.DefaultBusyShare, fleet.DefaultRegistryRefresh)}
+	probe, err := newFleetProbe(ctx, srv.adminURL, srv.fleetUser)
 	if err != nil {
 		return nil, err
 	}
@@ -288,36 +374,174 @@ func measureFleet(ctx context.Context, log *slog.Logger, env *Env, fs fleetSize)
 	if err := probe.pool.QueryRow(ctx, `SELECT current_setting('max_connections')::int`).Scan(&maxConns); err != nil {
 		return nil, fmt.Errorf("read max_connections: %w", err)
 	}
-	if need := fs.Budget + fs.Databases - 1 + fleetHarnessConns; need > maxConns {
-		return nil, fmt.Errorf("the server's max_connections is %d: the fleet suite needs %d (the budget %d, %d producers, %d for the harness); lower -fleet-budget",
-			maxConns, need, fs.Budget, fs.Databases-1, fleetHarnessConns)
+	if need := budget + most - 1 + fleetHarnessConns; need > maxConns {
+		return nil, fmt.Errorf("the server's max_connections is %d: the fleet suite needs %d (the budget %d, %d producers, %d for the harness)",
+			maxConns, need, budget, most-1, fleetHarnessConns)
 	}
+	var tenants []fleetTenant
+	for _, n := range fs.Tenants {
+		created := time.Duration(0)
+		if len(tenants) < n {
+			t0 := time.Now()
+			more, err := srv.createTenantDatabases(ctx, len(tenants), n-len(tenants))
+			if err != nil {
+				return nil, err
+			}
+			tenants = append(tenants, more...)
+			created = time.Since(t0)
+			log.Info("fleet: tenant databases created", "databases", len(more), "took", created.Round(time.Millisecond))
+		}
+		for run := 1; run <= fs.Runs; run++ {
+			r, err := fleetRun(ctx, log, probe, tenants[:n], fs, budget)
+			if err != nil {
+				return nil, fmt.Errorf("%d tenants, run %d: %w", n, run, err)
+			}
+			r.Run = run
+			if run == 1 {
+				r.CreateDatabases = created
+			}
+			res.Runs = append(res.Runs, *r)
+		}
+	}
+	return res, nil
+}
 
-	t0 := time.Now()
-	tenants, err := createTenantDatabases(ctx, env, fs.Databases)
+// createTenantDatabases creates n databases from one migrated template (CREATE DATABASE ...
+// TEMPLATE copies it without running the migrations n times), numbered from first; tenant 0 is
+// the hot one. The template grants the fleet's role what its relay needs.
+func (s *fleetServer) createTenantDatabases(ctx context.Context, first, n int) ([]fleetTenant, error) {
+	u, err := url.Parse(s.adminURL)
 	if err != nil {
 		return nil, err
 	}
-	res.CreateDatabases = time.Since(t0)
-	log.Info("fleet: tenant databases created", "databases", len(tenants), "took", res.CreateDatabases.Round(time.Millisecond))
+	if s.template == "" {
+		env := &Env{AdminURL: s.adminURL}
+		tpl, tplURL, err := env.NewDatabase(ctx, "fleet_template", 1, nil)
+		if err != nil {
+			return nil, err
+		}
+		if s.fleetUser != "" {
+			for _, q := range []string{"GRANT ALL ON ALL TABLES IN SCHEMA public TO %s", "GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO %s",
+				"GRANT ALL ON ALL FUNCTIONS IN SCHEMA public TO %s", "GRANT USAGE, CREATE ON SCHEMA public TO %s"} {
+				if _, err := tpl.Exec(ctx, fmt.Sprintf(q, s.fleetUser)); err != nil {
+					tpl.Close()
+					return nil, fmt.Errorf("grant the fleet's role: %w", err)
+				}
+			}
+		}
+		tpl.Close()
+		s.template = dbNameOf(tplURL)
+	}
+	out := make([]fleetTenant, n)
+	errs := make([]error, fleetCreators)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := range fleetCreators {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conn, err := pgx.Connect(ctx, s.adminURL)
+			if err != nil {
+				errs[w] = err
+				return
+			}
+			defer conn.Close(context.WithoutCancel(ctx))
+			for j := int(next.Add(1) - 1); j < n; j = int(next.Add(1) - 1) {
+				if out[j], errs[w] = s.createTenantDatabase(ctx, conn, u, first+j); errs[w] != nil {
+					next.Store(int64(n)) // the others stop too
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	for _, t := range out {
+		s.dbs = append(s.dbs, t.db)
+	}
+	return out, nil
+}
+
+// fleetCreators is how many CREATE DATABASE statements run at once: each copies the template
+// between two checkpoints (STRATEGY FILE_COPY), and concurrent ones share their checkpoints
+// (on this machine about 90 ms a database at 4 at once against 700 ms one at a time).
+const fleetCreators = 8
+
+// createTenantDatabase creates tenant i's database from the template on admin.
+func (s *fleetServer) createTenantDatabase(ctx context.Context, admin *pgx.Conn, u *url.URL, i int) (fleetTenant, error) {
+	name := hotTenant
+	if i > 0 {
+		name = fmt.Sprintf("q%04d", i)
+	}
+	db := fmt.Sprintf("sluice_bench_fleet_%d_%s", os.Getpid(), name)
+	ident := pgx.Identifier{db}.Sanitize()
+	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)"); err != nil {
+		return fleetTenant{}, fmt.Errorf("drop old %s: %w", db, err)
+	}
+	// The template must have no session: autovacuum may hold one for a moment.
+	var err error
+	for attempt := 0; ; attempt++ {
+		_, err = admin.Exec(ctx, "CREATE DATABASE "+ident+" TEMPLATE "+pgx.Identifier{s.template}.Sanitize()+" STRATEGY FILE_COPY")
+		var pgErr *pgconn.PgError
+		if err == nil || attempt == 50 || !errors.As(err, &pgErr) || pgErr.Code != "55006" { // object_in_use
+			break
+		}
+		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+			return fleetTenant{}, err
+		}
+	}
+	if err != nil {
+		return fleetTenant{}, fmt.Errorf("create database %s: %w", db, err)
+	}
+	tu := *u
+	tu.Path = "/" + db
+	t := fleetTenant{name: name, db: db, adminURL: tu.String()}
+	if s.fleetUser != "" {
+		tu.User = url.UserPassword(s.fleetUser, s.fleetPassword)
+	}
+	t.url = tu.String()
+	return t, nil
+}
+
+func dbNameOf(dbURL string) string {
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimPrefix(u.Path, "/")
+}
+
+// fleetRun is one run of the suite on tenants (the first the hot one): a fleet started cold on
+// a backlog, the idle window, the quiet tenants' windows without and with a backlog, and the
+// reference relay.
+func fleetRun(ctx context.Context, log *slog.Logger, probe *fleetProbe, tenants []fleetTenant, fs fleetSize, budget int) (*FleetRun, error) {
+	res := &FleetRun{Tenants: len(tenants)}
 	hot, quiet := tenants[0], tenants[1:]
 	probe.hotDB = hot.db
-
-	hotPool, err := openPool(ctx, hot.url, 4)
+	hotPool, err := openPool(ctx, hot.adminURL, int32(fs.Backlog.Writers+2))
 	if err != nil {
 		return nil, err
 	}
 	defer hotPool.Close()
-	if res.Single, err = singleRelayRuns(ctx, log, hotPool, fs); err != nil {
-		return nil, err
-	}
-	beside, err := singleRelayBesideWriters(ctx, log, hotPool, hot, len(quiet), 0, fs)
-	if err != nil {
-		return nil, err
-	}
-	res.Single = append(res.Single, beside)
+	refPipelines := outbox.RelayConfig{}.WithDefaults().Pipelines * fs.HotWeight // the most a tenant alone grows to (BurstPipelines)
 
-	// The fleet: every setting at its default but the server's connection budget.
+	// The reference's cold start: one relay started on the backlog.
+	if _, err := hotPool.Exec(ctx, "TRUNCATE outbox_event RESTART IDENTITY"); err != nil {
+		return nil, err
+	}
+	var idBase int64
+	nextBase := func() int64 { idBase += int64(fs.Backlog.Rows); return idBase }
+	if _, err := writeBacklog(ctx, hotPool, nextBase(), fs.Backlog); err != nil {
+		return nil, err
+	}
+	if res.ColdReference, err = referenceDrain(ctx, hotPool, hot, refPipelines, fs, 0); err != nil {
+		return nil, fmt.Errorf("the reference's cold start: %w", err)
+	}
+	log.Info("fleet: reference cold drain", "tenants", len(tenants), "events/s", int(res.ColdReference.Rate()), "elapsed", res.ColdReference.Elapsed.Round(time.Millisecond))
+
+	// The fleet: every setting at its default.
 	book := newWaitBook()
 	pub := newFleetPublisher(book)
 	problems := newProblemLog()
@@ -329,14 +553,19 @@ func measureFleet(ctx context.Context, log *slog.Logger, env *Env, fs fleetSize)
 		}
 		reg = append(reg, fleet.Tenant{Name: t.name, DatabaseURL: t.url, Weight: weight})
 	}
-	// The hot tenant's statements are timed by kind (tracer.go), to show where its turns go.
 	hotTracer := newRelayTracer()
+	connects := &connectTracer{}
+	hotConnects := &connectTracer{QueryTracer: hotTracer, also: connects}
 	connect := func(_ context.Context, t fleet.Tenant) (*pgxpool.Config, error) {
 		pc, err := pgxpool.ParseConfig(t.DatabaseURL)
-		if err == nil && t.Name == hotTenant {
-			pc.ConnConfig.Tracer = hotTracer
+		if err != nil {
+			return nil, err
 		}
-		return pc, err
+		pc.ConnConfig.Tracer = connects
+		if t.Name == hotTenant {
+			pc.ConnConfig.Tracer = hotConnects
+		}
+		return pc, nil
 	}
 	cfg := fleet.Config{Registry: reg, DefaultConnections: fs.Budget, Connect: connect,
 		Relay:  outbox.RelayConfig{Publisher: pub, Topics: map[string]string{"orders": ordersARN}, Logger: slog.New(problems)},
@@ -345,33 +574,50 @@ func measureFleet(ctx context.Context, log *slog.Logger, env *Env, fs fleetSize)
 	if err != nil {
 		return nil, err
 	}
-	fleets := []*fleet.Fleet{f}
-	res.Settings = fmt.Sprintf("DefaultConnections %d; the hot tenant's Weight %d (the others 1); the rest at their defaults: Relay.Pipelines 1 per unit of weight, "+
-		"DetectInterval %s, SweepInterval %s, IdleClose %s, Turn %s, RegistryRefresh %s", fs.Budget, fs.HotWeight, fleet.DefaultDetectInterval,
-		fleet.DefaultSweepInterval, fleet.DefaultIdleClose, fleet.DefaultTurn, fleet.DefaultRegistryRefresh)
+
+	// Cold start: the backlog is there before the fleet starts.
+	if _, err := writeBacklog(ctx, hotPool, nextBase(), fs.Backlog); err != nil {
+		return nil, err
+	}
+	var last int64
+	if err := hotPool.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM outbox_event`).Scan(&last); err != nil {
+		return nil, err
+	}
+	hotSessions := probe.sample(ctx)
 	started := time.Now()
 	stopFleet := inBackground(ctx, f.Run)
 	defer stopFleet()
 	connsAll := probe.sample(ctx) // over the whole run, for the budget check
 	defer connsAll.stop()
-
-	// Start-up: every tenant gets a turn at once; wait until each has ended its first.
 	if err := firstTurnsEnded(ctx, f, len(tenants), fs.Timeout); err != nil {
 		return nil, err
 	}
 	res.Startup = time.Since(started)
-	log.Info("fleet: every tenant had its first turn", "took", res.Startup.Round(time.Millisecond))
+	res.Cold = FleetDrain{Rows: fs.Backlog.Rows}
+	to, left, err := drainedUpTo(ctx, hotPool, last, started, fs.DrainBox)
+	if err != nil {
+		return nil, err
+	}
+	res.Cold.Elapsed, res.Cold.Pipelines = to.Sub(started), hotSessions.stop().hotMax
+	res.Cold.timedOut(left)
+	if first := pub.firstAck(hotTenant); !first.IsZero() {
+		res.Cold.FirstAck = first.Sub(started)
+	}
+	log.Info("fleet: cold start", "tenants", len(tenants), "startup", res.Startup.Round(time.Millisecond), "drain", res.Cold.Elapsed.Round(time.Millisecond),
+		"events/s", int(res.Cold.Rate()), "hot_sessions_max", res.Cold.Pipelines)
+	if err := sleepCtx(ctx, 5*time.Second); err != nil { // the turns of the drain over
+		return nil, err
+	}
 
 	// Idle: no tenant writes.
 	if res.Idle, err = measureIdle(ctx, probe, f, tenants, fs.IdleWindow); err != nil {
 		return nil, err
 	}
-	log.Info("fleet idle", "window", res.Idle.Window, "relay_conns_mean", fmt.Sprintf("%.2f", res.Idle.RelayConnsMean),
-		"relay_conns_max", res.Idle.RelayConnsMax, "xacts/s", fmt.Sprintf("%.1f", res.Idle.Xacts),
-		"per_tenant_xacts/s", fmt.Sprintf("%.3f", res.Idle.Xacts/float64(res.Idle.Tenants)), "turns", res.Idle.Turns)
+	log.Info("fleet idle", "tenants", len(tenants), "statements/s", fmt.Sprintf("%.1f", res.Idle.Statements), "xacts/s", fmt.Sprintf("%.1f", res.Idle.Xacts),
+		"sessions/s", fmt.Sprintf("%.2f", res.Idle.Sessions), "relay_conns_mean", fmt.Sprintf("%.2f", res.Idle.RelayConnsMean), "turns", res.Idle.Turns)
 
-	// The quiet tenants write one event a second each from here to the end.
-	prod, err := startQuietProducers(ctx, quiet, book)
+	// The quiet tenants write from here to the end.
+	prod, err := startQuietProducers(ctx, quiet, book, time.Duration(float64(len(quiet))/fs.QuietRate*float64(time.Second)))
 	if err != nil {
 		return nil, err
 	}
@@ -379,30 +625,19 @@ func measureFleet(ctx context.Context, log *slog.Logger, env *Env, fs fleetSize)
 	if err := sleepCtx(ctx, 10*time.Second); err != nil { // past the producers' first events and their tenants' first wake-ups
 		return nil, err
 	}
-	res.Without, err = measurePhase(ctx, probe, f, prod, pub, "without the backlog", fs.QuietWindow, 0, nil)
+	res.Without, err = measurePhase(ctx, probe, f, prod, pub, connects, "without the backlog", fs.QuietWindow, nil)
 	if err != nil {
 		return nil, err
 	}
-	log.Info("fleet phase", "phase", res.Without.Name, "events", res.Without.QuietEvents, "p50", res.Without.Quiet.P50, "p99", res.Without.Quiet.P99,
-		"max", res.Without.Quiet.Max, "missing", res.Without.Missing, "turns", res.Without.Turns)
-	if err := sleepCtx(ctx, 3*time.Second); err != nil { // the window's last events published before the backlog lands
-		return nil, err
-	}
-	box := fs.Timeout
-	if fs.HotBox > 0 {
-		box = fs.HotBox
-	}
+	logPhase(log, len(tenants), res.Without)
 	hotTracer.reset()
-	res.With, err = measurePhase(ctx, probe, f, prod, pub, "with the backlog", box, fs.HotRows, func() (time.Time, error) {
-		if err := insertOutboxRows(ctx, hotPool, 0, fs.HotRows, fs.HotKeys, false); err != nil {
-			return time.Time{}, err
-		}
-		return time.Now(), nil
+	res.With, err = measurePhase(ctx, probe, f, prod, pub, connects, "with the backlog", fs.QuietWindow, func(sessions *connSampler) (FleetDrain, time.Time, error) {
+		return drainWritten(ctx, hotPool, nextBase(), fs, sessions, pub)
 	})
 	if err != nil {
 		return nil, err
 	}
-	for _, kind := range []string{stmtPoll, stmtSweep, stmtLock, stmtSettle} { // lock: the claim, its keys' locks and rows in one round trip
+	for _, kind := range []string{stmtPoll, stmtSweep, stmtLock, stmtSettle} {
 		st := FleetStmtTime{Kind: kind}
 		for _, s := range hotTracer.take(kind) {
 			st.N++
@@ -410,242 +645,192 @@ func measureFleet(ctx context.Context, log *slog.Logger, env *Env, fs fleetSize)
 		}
 		res.HotStatements = append(res.HotStatements, st)
 	}
-	log.Info("fleet phase", "phase", res.With.Name, "hot_events", res.With.HotEvents, "window", res.With.Window.Round(time.Millisecond),
-		"hot_events/s", int(res.With.HotRate()), "aggregate_events/s", int(res.With.Aggregate()),
-		"events", res.With.QuietEvents, "p50", res.With.Quiet.P50, "p99", res.With.Quiet.P99, "max", res.With.Quiet.Max,
-		"missing", res.With.Missing, "hot_turns", res.With.HotTurns)
+	logPhase(log, len(tenants), res.With)
 
-	// The quiet tenants again without the backlog, so that drift on the machine shows: what
-	// the time box left of the backlog is marked published as another relay would (the hot
-	// tenant's relay skips rows published under it).
-	if err := markBacklogPublished(ctx, hotPool, fs.Timeout); err != nil {
-		return nil, fmt.Errorf("mark the rest of the backlog published: %w", err)
-	}
-	if err := sleepCtx(ctx, 5*time.Second); err != nil {
-		return nil, err
-	}
-	res.WithoutAfter, err = measurePhase(ctx, probe, f, prod, pub, "without the backlog, after it", fs.QuietWindow, 0, nil)
-	if err != nil {
-		return nil, err
-	}
-	log.Info("fleet phase", "phase", res.WithoutAfter.Name, "events", res.WithoutAfter.QuietEvents, "p50", res.WithoutAfter.Quiet.P50,
-		"p99", res.WithoutAfter.Quiet.P99, "max", res.WithoutAfter.Quiet.Max, "missing", res.WithoutAfter.Missing, "turns", res.WithoutAfter.Turns)
-
-	// Every event of the run is published: stop the producers and wait for the rest.
-	all := prod.stop()
-	if err := prod.failed(); err != nil {
-		return nil, fmt.Errorf("a quiet tenant's producer: %w", err)
-	}
-	if err := waitUntil(ctx, time.Minute, func() bool { return book.pending(all) == 0 }); err != nil {
-		return nil, fmt.Errorf("%d of the quiet tenants' %d events not published a minute after the last commit: %w", book.pending(all), len(all), err)
-	}
-	if n, err := pendingCount(ctx, hotPool); err != nil || n != 0 {
-		return nil, fmt.Errorf("the hot tenant has %d rows pending after its drain (%v)", n, err)
-	}
+	// Every quiet event of the fleet's windows is published (or counted as not), then the
+	// fleet stops.
+	ids := prod.committedBetween(time.Time{}, time.Now())
+	_ = waitUntil(ctx, time.Minute, func() bool { return book.pending(ids) == 0 })
+	res.Unpublished = book.pending(ids)
 	if err := stopFleet(); err != nil {
 		return nil, fmt.Errorf("fleet run: %w", err)
 	}
-
-	// The aggregate's pairs of windows.
-	pr := &pairRunner{log: log, probe: probe, hotPool: hotPool, hot: hot, quiet: quiet, fs: fs, pub: pub, book: book,
-		newFleet: func() (*fleet.Fleet, error) { return fleet.New(cfg) }, prods: []*quietProducers{prod}}
-	for i := range fs.Pairs {
-		pair, err := pr.pair(ctx, i%2 == 1)
-		if err != nil {
-			return nil, fmt.Errorf("the aggregate's pair %d: %w", i+1, err)
-		}
-		res.Pairs = append(res.Pairs, pair)
-		log.Info("fleet: aggregate pair", "pair", i+1, "fleet_first", pair.FleetFirst, "reference_events/s", int(pair.Reference.Rate()),
-			"fleet_events/s", int(pair.Fleet.Rate()), "ratio", fmt.Sprintf("%.2f", pair.Ratio()))
-	}
-	fleets = append(fleets, pr.fleets...)
-
 	res.ConnsMax = connsAll.stop().totalMax
-	for _, f := range fleets {
-		for _, u := range f.BudgetUsage() {
-			res.BudgetPeak = max(res.BudgetPeak, u[1])
-		}
+	n, took := connects.read()
+	res.Connects, res.ConnectTime = int(n), took
+	for _, u := range f.BudgetUsage() {
+		res.BudgetPeak = max(res.BudgetPeak, u[1])
 	}
-	res.Duplicates, res.DuplicatesBy = pub.duplicates()
-	res.HeaderMismatches = pub.mismatches(pr.tenantOf)
+	res.Duplicates, _ = pub.duplicates()
+	res.HeaderMismatches = pub.mismatches(prod.tenantOf)
 	if c := problems.counts(); len(c) > 0 {
 		res.Problems, res.ProblemSamples = c, problems.samples()
 		for _, p := range res.ProblemSamples {
 			log.Warn("fleet suite: logged by the fleet", "record", p)
 		}
 	}
+
+	// The reference: one relay given the connections the fleet gives one tenant at most, the
+	// same backlog written the same way, the quiet tenants still writing (their events wait
+	// for the next run's cold start, marked published when their producers stop).
+	res.Reference, err = referenceDrain(ctx, hotPool, hot, refPipelines, fs, nextBase())
+	if err != nil {
+		return nil, fmt.Errorf("the reference: %w", err)
+	}
+	log.Info("fleet: reference drain", "tenants", len(tenants), "events/s", int(res.Reference.Rate()), "elapsed", res.Reference.Elapsed.Round(time.Millisecond),
+		"fleet_events/s", int(res.With.Drain.Rate()))
+	prod.markPublishedOnStop()
+	prod.stop()
+	if err := prod.failed(); err != nil {
+		return nil, fmt.Errorf("a quiet tenant's producer: %w", err)
+	}
 	return res, nil
 }
 
-// createTenantDatabases creates n databases sluice_bench_fleet_<pid>_<tenant> from one migrated
-// template (CREATE DATABASE ... TEMPLATE copies it without running the migrations n times);
-// the first is the hot tenant's. Env.Close drops them.
-func createTenantDatabases(ctx context.Context, env *Env, n int) ([]fleetTenant, error) {
-	tpl, tplURL, err := env.NewDatabase(ctx, "fleet_template", 1, nil)
-	if err != nil {
-		return nil, err
-	}
-	tpl.Close()
-	tplDB := dbNameOf(tplURL)
-	admin, err := pgx.Connect(ctx, env.AdminURL)
-	if err != nil {
-		return nil, err
-	}
-	defer admin.Close(context.WithoutCancel(ctx))
-	u, err := url.Parse(env.AdminURL)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]fleetTenant, n)
-	for i := range n {
-		name := hotTenant
-		if i > 0 {
-			name = fmt.Sprintf("q%03d", i)
-		}
-		db := fmt.Sprintf("sluice_bench_fleet_%d_%s", os.Getpid(), name)
-		ident := pgx.Identifier{db}.Sanitize()
-		if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)"); err != nil {
-			return nil, fmt.Errorf("drop old %s: %w", db, err)
-		}
-		// The template must have no session: autovacuum may hold one for a moment.
-		for attempt := 0; ; attempt++ {
-			_, err = admin.Exec(ctx, "CREATE DATABASE "+ident+" TEMPLATE "+pgx.Identifier{tplDB}.Sanitize())
-			var pgErr *pgconn.PgError
-			if err == nil || attempt == 50 || !errors.As(err, &pgErr) || pgErr.Code != "55006" { // object_in_use
-				break
+func logPhase(log *slog.Logger, tenants int, p FleetPhase) {
+	log.Info("fleet phase", "tenants", tenants, "phase", p.Name, "window", p.Window.Round(time.Millisecond), "events", p.QuietEvents,
+		"p50", p.Quiet.P50, "p99", p.Quiet.P99, "max", p.Quiet.Max, "missing", p.Missing, "sessions/s", fmt.Sprintf("%.1f", p.Sessions),
+		"drain_events/s", int(p.Drain.Rate()), "drain", p.Drain.Elapsed.Round(time.Millisecond))
+}
+
+// writeBacklog commits b.Rows rows into pool's outbox in b.Transactions transactions, b.Writers
+// at once, their event ids numbered from idBase on; it returns how long that took and the
+// highest id written.
+func writeBacklog(ctx context.Context, pool *pgxpool.Pool, idBase int64, b FleetBacklog) (time.Duration, error) {
+	per := b.Rows / b.Transactions
+	var next atomic.Int64
+	t0 := time.Now()
+	errs := make([]error, b.Writers)
+	var wg sync.WaitGroup
+	for w := range b.Writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(b.Transactions) {
+					return
+				}
+				// One statement outside a transaction block: one transaction.
+				if errs[w] = insertOutboxRows(ctx, pool, idBase+i*int64(per), per, b.Keys, false); errs[w] != nil {
+					next.Store(int64(b.Transactions)) // the others stop too
+					return
+				}
 			}
-			if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
-				return nil, err
-			}
-		}
-		if err != nil {
-			return nil, fmt.Errorf("create database %s: %w", db, err)
-		}
-		env.dbs = append(env.dbs, db)
-		tu := *u
-		tu.Path = "/" + db
-		out[i] = fleetTenant{name: name, db: db, url: tu.String()}
+		}()
 	}
-	return out, nil
+	wg.Wait()
+	return time.Since(t0), errors.Join(errs...)
 }
 
-func dbNameOf(dbURL string) string {
-	u, err := url.Parse(dbURL)
-	if err != nil {
-		return ""
+// drainedUpTo waits until none of pool's rows up to id last is pending (checked every 20 ms,
+// one lookup in the index of unpublished rows), at most timeout after from, and returns when
+// the check first found none, or when it gave up: then left is how many were still pending.
+func drainedUpTo(ctx context.Context, pool *pgxpool.Pool, last int64, from time.Time, timeout time.Duration) (to time.Time, left int, err error) {
+	var any bool
+	err = waitUntil(ctx, timeout-time.Since(from), func() bool {
+		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox_event WHERE published_at IS NULL AND id <= $1)`, last).Scan(&any)
+		return err == nil && !any
+	})
+	to = time.Now()
+	if ctx.Err() != nil {
+		return to, 0, ctx.Err()
 	}
-	return strings.TrimPrefix(u.Path, "/")
+	if err != nil {
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_event WHERE published_at IS NULL AND id <= $1`, last).Scan(&left); err != nil {
+			return to, 0, err
+		}
+	}
+	return to, left, nil
 }
 
-// singleRelayRuns drains HotRows rows with one relay (outbox.Relay.Run) on the hot tenant's
-// database before the fleet starts: at the relay's defaults, and with the one pipeline the
-// fleet gives a tenant of weight 1. Each run starts as the fleet's drain does: the rows
-// committed in one INSERT, no VACUUM or ANALYZE after it. The table is empty afterwards.
-func singleRelayRuns(ctx context.Context, log *slog.Logger, pool *pgxpool.Pool, fs fleetSize) ([]FleetSingle, error) {
-	var out []FleetSingle
-	for _, run := range []struct {
-		name      string
-		pipelines int
-	}{{"single-database relay, defaults", 0}, {"single-database relay, Pipelines 1 (a fleet tenant of weight 1)", 1}} {
-		if _, err := pool.Exec(ctx, "TRUNCATE outbox_event RESTART IDENTITY"); err != nil {
-			return nil, err
-		}
-		if err := insertOutboxRows(ctx, pool, 0, fs.HotRows, fs.HotKeys, false); err != nil {
-			return nil, err
-		}
-		pub := &stubPublisher{Delay: fleetDelay}
-		r, err := outbox.NewRelay(pool, outbox.RelayConfig{Publisher: pub, Topics: map[string]string{"orders": ordersARN}, Pipelines: run.pipelines})
-		if err != nil {
-			return nil, err
-		}
-		elapsed, err := drainWith(ctx, pool, []*outbox.Relay{r}, fs.HotRows, pub.events.Load, fs.Timeout)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", run.name, err)
-		}
-		pipelines := run.pipelines
-		if pipelines == 0 {
-			pipelines = outbox.RelayConfig{}.WithDefaults().Pipelines
-		}
-		s := FleetSingle{Name: run.name, Pipelines: pipelines, Events: fs.HotRows, Elapsed: elapsed}
-		log.Info("fleet: single-database relay", "name", s.Name, "pipelines", s.Pipelines, "elapsed", elapsed.Round(time.Millisecond), "events/s", int(s.Rate()))
-		out = append(out, s)
+// timedOut records on d that its drain gave up with left rows pending: Rows becomes what was
+// published of it.
+func (d *FleetDrain) timedOut(left int) {
+	if left > 0 {
+		d.TimedOut, d.Rows = true, d.Rows-left
 	}
-	if _, err := pool.Exec(ctx, "TRUNCATE outbox_event RESTART IDENTITY"); err != nil {
-		return nil, err
-	}
-	return out, nil
 }
 
-// singleRelayBesideWriters is the fleet's workload on one database: one relay at its defaults
-// (warm, running before anything is written, as the fleet is) drains HotRows rows committed in
-// one INSERT while writers (as many as the fleet's quiet tenants) each commit one event a
-// second into the same database, as the quiet tenants do into theirs. It is timed from the
-// backlog's commit until no row up to it is pending, and counts every event published in that
-// time, the writers' included (the fleet's aggregate counts the quiet tenants' the same way).
-func singleRelayBesideWriters(ctx context.Context, log *slog.Logger, pool *pgxpool.Pool, db fleetTenant, writers int, idBase int64, fs fleetSize) (FleetSingle, error) {
-	s := FleetSingle{Name: fmt.Sprintf("single-database relay, defaults, beside %d writers of 1 event/s into its database (the fleet's workload on one database)", writers),
-		Writers: writers}
-	if _, err := pool.Exec(ctx, "TRUNCATE outbox_event RESTART IDENTITY"); err != nil {
-		return s, err
+// drainWritten writes a backlog into the hot tenant's database (writeBacklog) while it is
+// served, and times its drain from the first commit: it returns the drain and when it began.
+// ack, when set, tells the backlog's first acknowledgement.
+func drainWritten(ctx context.Context, pool *pgxpool.Pool, idBase int64, fs fleetSize, sessions *connSampler, pub *fleetPublisher) (FleetDrain, time.Time, error) {
+	d := FleetDrain{Rows: fs.Backlog.Rows}
+	if pub != nil {
+		pub.forgetFirst(hotTenant)
 	}
-	pub := &stubPublisher{Delay: fleetDelay}
-	r, err := outbox.NewRelay(pool, outbox.RelayConfig{Publisher: pub, Topics: map[string]string{"orders": ordersARN}})
-	if err != nil {
-		return s, err
+	from := time.Now()
+	var err error
+	if d.Write, err = writeBacklog(ctx, pool, idBase, fs.Backlog); err != nil {
+		return d, from, err
 	}
-	s.Pipelines = outbox.RelayConfig{}.WithDefaults().Pipelines
-	stopRelay := inBackground(ctx, r.Run)
-	defer stopRelay()
-	as := make([]fleetTenant, writers)
-	for i := range as {
-		as[i] = fleetTenant{name: fmt.Sprintf("w%03d", i+1), db: db.db, url: db.url}
-	}
-	prod, err := startQuietProducers(ctx, as, newWaitBook())
-	if err != nil {
-		return s, err
-	}
-	defer prod.stop()
-	if err := sleepCtx(ctx, 5*time.Second); err != nil { // every writer past its first events
-		return s, err
-	}
-	published0 := pub.events.Load()
-	from, to, err := drainBacklog(ctx, pool, idBase, fs)
-	if err != nil {
-		return s, fmt.Errorf("%s: %w", s.Name, err)
-	}
-	s.Elapsed, s.Events = to.Sub(from), int(pub.events.Load()-published0)
-	prod.stop()
-	if err := prod.failed(); err != nil {
-		return s, fmt.Errorf("%s: a writer: %w", s.Name, err)
-	}
-	log.Info("fleet: single-database relay", "name", s.Name, "pipelines", s.Pipelines, "elapsed", s.Elapsed.Round(time.Millisecond), "events/s", int(s.Rate()))
-	_ = stopRelay()
-	if _, err := pool.Exec(ctx, "TRUNCATE outbox_event RESTART IDENTITY"); err != nil {
-		return s, err
-	}
-	return s, nil
-}
-
-// drainBacklog commits fs.HotRows rows in one INSERT into pool's outbox (their event ids made
-// from idBase on, insertOutboxRows: a backlog's events are new to the stub's count) and waits until none of
-// them is pending (checked every 20 ms, one lookup in the index of unpublished rows): it
-// returns when the commit returned and when the check first found nothing left. Both windows
-// of a FleetPair end by it.
-func drainBacklog(ctx context.Context, pool *pgxpool.Pool, idBase int64, fs fleetSize) (from, to time.Time, err error) {
-	if err := insertOutboxRows(ctx, pool, idBase, fs.HotRows, fs.HotKeys, false); err != nil {
-		return from, to, err
-	}
-	from = time.Now()
 	var last int64
 	if err := pool.QueryRow(ctx, `SELECT max(id) FROM outbox_event`).Scan(&last); err != nil {
-		return from, to, err
+		return d, from, err
 	}
-	var left bool
-	err = waitUntil(ctx, fs.Timeout, func() bool {
-		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox_event WHERE published_at IS NULL AND id <= $1)`, last).Scan(&left)
-		return err == nil && !left
-	})
-	return from, time.Now(), err
+	to, left, err := drainedUpTo(ctx, pool, last, from, fs.DrainBox)
+	if err != nil {
+		return d, from, err
+	}
+	d.Elapsed = to.Sub(from)
+	d.timedOut(left)
+	if sessions != nil {
+		d.Pipelines = sessions.stop().hotMax
+	}
+	if pub != nil {
+		if first := pub.firstAck(hotTenant); !first.IsZero() {
+			d.FirstAck = first.Sub(from)
+		}
+	}
+	return d, from, nil
+}
+
+// referenceDrain is one relay (outbox.Relay.Run) on the hot tenant's database with pipelines
+// pipelines on a pool of as many connections, logging in as the fleet does: with idBase 0 it
+// is started on the backlog already there and timed from its start; otherwise it runs first
+// and the backlog is written as in the fleet's window (drainWritten). The table is emptied
+// afterwards.
+func referenceDrain(ctx context.Context, hotPool *pgxpool.Pool, hot fleetTenant, pipelines int, fs fleetSize, idBase int64) (FleetDrain, error) {
+	d := FleetDrain{Rows: fs.Backlog.Rows, Pipelines: pipelines}
+	pool, err := openPool(ctx, hot.url, int32(pipelines))
+	if err != nil {
+		return d, err
+	}
+	defer pool.Close()
+	pub := &stubPublisher{Delay: fleetDelay}
+	r, err := outbox.NewRelay(pool, outbox.RelayConfig{Publisher: pub, Topics: map[string]string{"orders": ordersARN}, Pipelines: pipelines})
+	if err != nil {
+		return d, err
+	}
+	if idBase == 0 {
+		var last int64
+		if err := hotPool.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM outbox_event`).Scan(&last); err != nil {
+			return d, err
+		}
+		from := time.Now()
+		stop := inBackground(ctx, r.Run)
+		to, left, err := drainedUpTo(ctx, hotPool, last, from, fs.DrainBox)
+		_ = stop()
+		if err != nil {
+			return d, err
+		}
+		d.Elapsed = to.Sub(from)
+		d.timedOut(left)
+	} else {
+		stop := inBackground(ctx, r.Run)
+		if err := sleepCtx(ctx, 2*time.Second); err != nil { // running, its pool connected, as the fleet's hot tenant is parked
+			return d, err
+		}
+		w, _, err := drainWritten(ctx, hotPool, idBase, fs, nil, nil)
+		_ = stop()
+		if err != nil {
+			return d, err
+		}
+		d.Write, d.Elapsed, d.TimedOut, d.Rows = w.Write, w.Elapsed, w.TimedOut, w.Rows
+	}
+	_, err = hotPool.Exec(ctx, "TRUNCATE outbox_event RESTART IDENTITY")
+	return d, err
 }
 
 // firstTurnsEnded waits until each of f's n tenants has ended its first turn.
@@ -665,120 +850,10 @@ func firstTurnsEnded(ctx context.Context, f *fleet.Fleet, n int, timeout time.Du
 	return nil
 }
 
-// pairRunner measures the aggregate's pairs of windows (FleetPair) after the suite's phases,
-// on the same databases: the fleet is started afresh for each of its windows and stopped
-// after it, so that nothing of it runs in the reference's.
-type pairRunner struct {
-	log      *slog.Logger
-	probe    *fleetProbe
-	hotPool  *pgxpool.Pool
-	hot      fleetTenant
-	quiet    []fleetTenant
-	fs       fleetSize
-	pub      *fleetPublisher
-	book     *waitBook
-	newFleet func() (*fleet.Fleet, error)
-	// prods are every set of quiet producers of the run, fleets the fleets the pairs ran.
-	prods  []*quietProducers
-	fleets []*fleet.Fleet
-	// backlogs is how many backlogs the pairs committed: each window's events get ids of their
-	// own (the suite's phases used the first HotRows).
-	backlogs int64
-}
-
-// nextBase is where the next window's backlog's event ids start.
-func (r *pairRunner) nextBase() int64 {
-	r.backlogs++
-	return r.backlogs * int64(r.fs.HotRows)
-}
-
-// pair measures one pair of windows, the fleet's first when fleetFirst.
-func (r *pairRunner) pair(ctx context.Context, fleetFirst bool) (FleetPair, error) {
-	p := FleetPair{FleetFirst: fleetFirst}
-	var err error
-	for _, fleetNow := range []bool{fleetFirst, !fleetFirst} {
-		if fleetNow {
-			p.Fleet, err = r.fleetWindow(ctx)
-		} else {
-			p.Reference, err = singleRelayBesideWriters(ctx, r.log, r.hotPool, r.hot, len(r.quiet), r.nextBase(), r.fs)
-		}
-		if err != nil {
-			return p, err
-		}
-	}
-	return p, nil
-}
-
-// fleetWindow starts a new fleet on the suite's tenants, lets its quiet tenants write for as
-// long as the reference's writers do before the backlog, drains the backlog in the hot
-// tenant's database (emptied first), waits for the quiet tenants' events and stops the fleet.
-func (r *pairRunner) fleetWindow(ctx context.Context) (FleetSingle, error) {
-	s := FleetSingle{Name: fmt.Sprintf("fleet, the backlog in one tenant's database beside %d quiet tenants of 1 event/s", len(r.quiet)),
-		Writers: len(r.quiet)}
-	if _, err := r.hotPool.Exec(ctx, "TRUNCATE outbox_event RESTART IDENTITY"); err != nil {
-		return s, err
-	}
-	f, err := r.newFleet()
-	if err != nil {
-		return s, err
-	}
-	r.fleets = append(r.fleets, f)
-	stopFleet := inBackground(ctx, f.Run)
-	defer stopFleet()
-	if err := firstTurnsEnded(ctx, f, len(r.quiet)+1, r.fs.Timeout); err != nil {
-		return s, err
-	}
-	prod, err := startQuietProducers(ctx, r.quiet, r.book)
-	if err != nil {
-		return s, err
-	}
-	r.prods = append(r.prods, prod)
-	defer prod.stop()
-	if err := sleepCtx(ctx, 5*time.Second); err != nil { // as singleRelayBesideWriters waits for its writers
-		return s, err
-	}
-	sessions := r.probe.sample(ctx)
-	published0 := r.pub.count(hotTenant)
-	r.pub.forgetFirst(hotTenant)
-	from, to, err := drainBacklog(ctx, r.hotPool, r.nextBase(), r.fs)
-	s.Pipelines = sessions.stop().hotMax
-	if err != nil {
-		return s, fmt.Errorf("%s: %w", s.Name, err)
-	}
-	s.Elapsed, s.Events = to.Sub(from), r.pub.publishedBetween(from, to)
-	s.FirstAck = r.pub.firstAck(hotTenant).Sub(from)
-	if hot := r.pub.count(hotTenant) - published0; hot < r.fs.HotRows {
-		return s, fmt.Errorf("%s: %d of the backlog's %d events acknowledged when none was pending", s.Name, hot, r.fs.HotRows)
-	}
-	ids := prod.stop()
-	if err := prod.failed(); err != nil {
-		return s, fmt.Errorf("%s: a quiet tenant's producer: %w", s.Name, err)
-	}
-	if err := waitUntil(ctx, time.Minute, func() bool { return r.book.pending(ids) == 0 }); err != nil {
-		return s, fmt.Errorf("%s: %d of the quiet tenants' %d events not published a minute after the last commit: %w", s.Name, r.book.pending(ids), len(ids), err)
-	}
-	if err := stopFleet(); err != nil {
-		return s, fmt.Errorf("%s: fleet run: %w", s.Name, err)
-	}
-	r.log.Info("fleet: aggregate window", "name", s.Name, "hot_sessions_max", s.Pipelines, "elapsed", s.Elapsed.Round(time.Millisecond), "events/s", int(s.Rate()),
-		"first_ack", s.FirstAck.Round(time.Millisecond))
-	return s, nil
-}
-
-// tenantOf names the quiet tenant that wrote id, whichever of the run's producers wrote it.
-func (r *pairRunner) tenantOf(id uuid.UUID) (string, bool) {
-	for _, p := range r.prods {
-		if t, ok := p.tenantOf(id); ok {
-			return t, true
-		}
-	}
-	return "", false
-}
-
 // measureIdle measures the fleet over window while no tenant writes.
 func measureIdle(ctx context.Context, probe *fleetProbe, f *fleet.Fleet, tenants []fleetTenant, window time.Duration) (FleetIdle, error) {
 	res := FleetIdle{Window: window, Tenants: len(tenants)}
-	x0, err := probe.xacts(ctx, tenants)
+	c0, err := probe.counters(ctx, tenants)
 	if err != nil {
 		return res, err
 	}
@@ -790,27 +865,29 @@ func measureIdle(ctx context.Context, probe *fleetProbe, f *fleet.Fleet, tenants
 	}
 	c := s.stop()
 	turns1 := turnsOf(f)
-	x1, err := probe.xacts(ctx, tenants)
+	c1, err := probe.counters(ctx, tenants)
 	if err != nil {
 		return res, err
 	}
 	res.RelayConnsMean, res.RelayConnsMax = c.relayMean, c.relayMax
 	res.ActivityConnsMean, res.ActivityConnsMax = c.activityMean, c.activityMax
-	per := make([]float64, 0, len(tenants))
+	d := c1.minus(c0)
+	res.Xacts, res.Sessions, res.Statements = rate64(d.xacts, window), rate64(d.sessions, window), rate64(d.statements, window)
+	if d.statements < 0 {
+		res.Statements = -1
+	}
 	for _, t := range tenants {
-		v := float64(x1[t.db]-x0[t.db]) / window.Seconds()
-		per = append(per, v)
-		res.Xacts += v
-		if v > res.XactsMax {
+		if v := rate64(c1.xactsBy[t.db]-c0.xactsBy[t.db], window); v > res.XactsMax {
 			res.XactsMax, res.XactsMaxDB = v, t.name
 		}
 	}
-	res.XactsMedian = median(per)
 	for name, n := range turns1 {
 		res.Turns += n - turns0[name]
 	}
 	return res, nil
 }
+
+func rate64(n int64, d time.Duration) float64 { return rate(int(n), d) }
 
 func turnsOf(f *fleet.Fleet) map[string]int {
 	out := map[string]int{}
@@ -820,59 +897,49 @@ func turnsOf(f *fleet.Fleet) map[string]int {
 	return out
 }
 
-// measurePhase measures the quiet tenants over a window. Without begin, the window is the
-// next d; with begin (the hot backlog's commit of hotRows rows, which returns when it
-// committed), it runs from that commit until the hot tenant's last event is acknowledged (at
-// most d).
-func measurePhase(ctx context.Context, probe *fleetProbe, f *fleet.Fleet, prod *quietProducers, pub *fleetPublisher, name string,
-	d time.Duration, hotRows int, begin func() (time.Time, error)) (FleetPhase, error) {
+// measurePhase measures the quiet tenants over a window. Without drain, the window is the next
+// d; with drain (a backlog written and drained in the hot tenant's database), it runs from the
+// backlog's first commit for at least d and until it is drained.
+func measurePhase(ctx context.Context, probe *fleetProbe, f *fleet.Fleet, prod *quietProducers, pub *fleetPublisher, connects *connectTracer, name string,
+	d time.Duration, drain func(*connSampler) (FleetDrain, time.Time, error)) (FleetPhase, error) {
 	res := FleetPhase{Name: name, QuietTenants: len(prod.tenants)}
 	turns0 := turnsOf(f)
-	x0, err := probe.xacts(ctx, prod.tenants)
+	c0, err := probe.counters(ctx, prod.tenants)
 	if err != nil {
 		return res, err
 	}
+	n0, t0 := connects.read()
 	s := probe.sample(ctx)
 	defer s.stop()
-	var from, to time.Time
-	hot0 := pub.count(hotTenant)
-	if begin == nil {
-		from = time.Now()
-		if err := sleepCtx(ctx, d); err != nil {
-			return res, err
-		}
-		to = time.Now()
-	} else {
+	from := time.Now()
+	var drainedAt time.Time
+	if drain != nil {
 		var err error
-		if from, err = begin(); err != nil {
+		res.Drain, from, err = drain(probe.sample(ctx))
+		if err != nil {
 			return res, err
 		}
-		err = waitUntil(ctx, d, func() bool { return pub.count(hotTenant)-hot0 >= hotRows })
-		switch {
-		case ctx.Err() != nil:
-			return res, ctx.Err()
-		case err != nil: // the time box ended first
-			to, res.TimeBoxed = time.Now(), true
-		default:
-			to = pub.lastAck(hotTenant)
-		}
-		res.HotEvents = pub.count(hotTenant) - hot0
-		if first := pub.firstAck(hotTenant); hot0 == 0 && !first.IsZero() {
-			res.HotFirst = first.Sub(from)
-		}
+		drainedAt = from.Add(res.Drain.Elapsed)
 	}
+	if err := sleepCtx(ctx, time.Until(from.Add(d))); err != nil {
+		return res, err
+	}
+	to := time.Now()
 	c := s.stop()
-	x1, err := probe.xacts(ctx, prod.tenants)
+	c1, err := probe.counters(ctx, prod.tenants)
 	if err != nil {
 		return res, err
 	}
-	for db, n := range x1 {
-		res.QuietXacts += n - x0[db]
-	}
-	res.ConnsMean, res.ConnsMax, res.HotSessionsMax = c.relayMean+c.activityMean, c.totalMax, c.hotMax
+	n1, t1 := connects.read()
 	res.Window = to.Sub(from)
-	turns1 := turnsOf(f)
-	for n, v := range turns1 {
+	dc := c1.minus(c0)
+	res.Sessions, res.Xacts, res.Statements = rate64(dc.sessions, res.Window), rate64(dc.xacts, res.Window), rate64(dc.statements, res.Window)
+	if dc.statements < 0 {
+		res.Statements = -1
+	}
+	res.Connects, res.ConnectTime = int(n1-n0), t1-t0
+	res.ConnsMean, res.ConnsMax = c.relayMean+c.activityMean, c.totalMax
+	for n, v := range turnsOf(f) {
 		if n == hotTenant {
 			res.HotTurns = v - turns0[n]
 		} else {
@@ -884,8 +951,85 @@ func measurePhase(ctx context.Context, probe *fleetProbe, f *fleet.Fleet, prod *
 	_ = waitUntil(ctx, time.Minute, func() bool { return prod.book.pending(ids) == 0 })
 	waits, missing := prod.book.waits(ids)
 	res.QuietEvents, res.Quiet, res.Missing = len(ids), summarize(waits), missing
-	res.Published = pub.publishedBetween(from, to)
+	if drain != nil {
+		w, _ := prod.book.waits(prod.committedBetween(from, drainedAt))
+		res.QuietDuringDrain = summarize(w)
+	}
 	return res, nil
+}
+
+// connectTracer counts the connects of the pools it is set on and the time they took (the TCP
+// connection, TLS and authentication), and passes queries and batches to QueryTracer when set;
+// also, when set, counts them too.
+type connectTracer struct {
+	pgx.QueryTracer
+	also *connectTracer
+	n    atomic.Int64
+	took atomic.Int64 // nanoseconds
+}
+
+type connectStartKey struct{}
+
+var (
+	_ pgx.ConnectTracer = (*connectTracer)(nil)
+	_ pgx.BatchTracer   = (*connectTracer)(nil)
+)
+
+// TraceConnectStart implements pgx.ConnectTracer.
+func (c *connectTracer) TraceConnectStart(ctx context.Context, _ pgx.TraceConnectStartData) context.Context {
+	return context.WithValue(ctx, connectStartKey{}, time.Now())
+}
+
+// TraceConnectEnd implements pgx.ConnectTracer.
+func (c *connectTracer) TraceConnectEnd(ctx context.Context, _ pgx.TraceConnectEndData) {
+	if t, ok := ctx.Value(connectStartKey{}).(time.Time); ok {
+		for x := c; x != nil; x = x.also {
+			x.n.Add(1)
+			x.took.Add(int64(time.Since(t)))
+		}
+	}
+}
+
+// TraceQueryStart implements pgx.QueryTracer.
+func (c *connectTracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if c.QueryTracer == nil {
+		return ctx
+	}
+	return c.QueryTracer.TraceQueryStart(ctx, conn, data)
+}
+
+// TraceQueryEnd implements pgx.QueryTracer.
+func (c *connectTracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
+	if c.QueryTracer != nil {
+		c.QueryTracer.TraceQueryEnd(ctx, conn, data)
+	}
+}
+
+// TraceBatchStart implements pgx.BatchTracer: the relay's rounds are batches.
+func (c *connectTracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
+	if b, ok := c.QueryTracer.(pgx.BatchTracer); ok {
+		return b.TraceBatchStart(ctx, conn, data)
+	}
+	return ctx
+}
+
+// TraceBatchQuery implements pgx.BatchTracer.
+func (c *connectTracer) TraceBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
+	if b, ok := c.QueryTracer.(pgx.BatchTracer); ok {
+		b.TraceBatchQuery(ctx, conn, data)
+	}
+}
+
+// TraceBatchEnd implements pgx.BatchTracer.
+func (c *connectTracer) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchEndData) {
+	if b, ok := c.QueryTracer.(pgx.BatchTracer); ok {
+		b.TraceBatchEnd(ctx, conn, data)
+	}
+}
+
+// read returns the connects so far and the time they took.
+func (c *connectTracer) read() (int64, time.Duration) {
+	return c.n.Load(), time.Duration(c.took.Load())
 }
 
 // inBackground runs run in a goroutine on a context of its own; stop cancels that context,
@@ -912,30 +1056,4 @@ func waitUntil(ctx context.Context, d time.Duration, cond func() bool) error {
 		}
 	}
 	return nil
-}
-
-// markBacklogPublished marks the pending rows of pool's outbox published while its relay may
-// still be settling some of them: a thousand rows at a time, in id order, passing over rows
-// another transaction holds (the relay's settle publishes those itself), so it never waits
-// for the relay. One UPDATE of every row would: it and a settle batch lock rows in different
-// orders, and when PostgreSQL breaks that deadlock by failing the settle, the relay publishes
-// the rows again. The batch's ids are gathered once (ARRAY of the subquery) and looked up by
-// primary key: as "id IN (subquery)" the planner, with statistics from the full backlog, ran
-// the subquery once per row of the table and took minutes to find that nothing was left.
-func markBacklogPublished(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) error {
-	var last error
-	err := waitUntil(ctx, timeout, func() bool {
-		tag, err := pool.Exec(ctx, `UPDATE outbox_event SET published_at = now() WHERE id = ANY(ARRAY(
-			SELECT id FROM outbox_event WHERE published_at IS NULL ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED))`)
-		if last = err; err != nil || tag.RowsAffected() > 0 {
-			return false
-		}
-		n, err := pendingCount(ctx, pool)
-		last = err
-		return err == nil && n == 0
-	})
-	if err != nil && last != nil {
-		return fmt.Errorf("%w (last: %w)", err, last)
-	}
-	return err
 }

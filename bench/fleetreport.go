@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -10,127 +9,98 @@ import (
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
-// The fleet suite's section and targets. Report.Markdown and Report.targets do not call them
-// yet (report.go is outside issue 24's bench item): a Fleet *FleetResult field, a call of
-// markdown beside the other sections and of targets beside the others, and a case in
-// mergeOnto are what wiring them in takes. Until then the suite writes them beside the
-// report (writeFleetSidecars).
+// The fleet suite's section and targets (issues 24 and 42): every run side by side, one column
+// each, and a verdict per target and number of tenants.
 
-// single returns the single-database run of the given pipelines without writers, if measured.
-func (r *FleetResult) single(pipelines int) (FleetSingle, bool) {
-	for _, s := range r.Single {
-		if s.Pipelines == pipelines && s.Writers == 0 {
-			return s, true
-		}
-	}
-	return FleetSingle{}, false
+// label names a run's column.
+func (r FleetRun) label() string {
+	return fmt.Sprintf("%s tenants, run %d", num(float64(r.Tenants)), r.Run)
 }
 
-// baseline is the reference of the aggregate target: the single-database relay at its defaults
-// serving the fleet's workload on one database (the backlog beside as many writers as quiet
-// tenants), or, in results from before that run was measured, the relay alone (the first run).
-func (r *FleetResult) baseline() (FleetSingle, bool) {
-	for _, s := range r.Single {
-		if s.Writers > 0 {
-			return s, true
-		}
+// added is what the backlog added to the quiet tenants' p50 and p99: over the whole window
+// with it, and over the events committed while it was pending (the window's first part).
+func (r FleetRun) added() (p50, p99, drainP99 time.Duration) {
+	w, o := r.With, r.Without.Quiet
+	p50, p99 = w.Quiet.P50-o.P50, w.Quiet.P99-o.P99
+	if w.QuietDuringDrain.N > 0 {
+		drainP99 = w.QuietDuringDrain.P99 - o.P99
 	}
-	if len(r.Single) == 0 {
-		return FleetSingle{}, false
-	}
-	return r.Single[0], true
+	return p50, p99, drainP99
 }
 
-// pairsRatio is the median of the pairs' ratios: the aggregate target's measure (0 without
-// pairs).
-func (r *FleetResult) pairsRatio() float64 {
-	if len(r.Pairs) == 0 {
+// drainRatio is the fleet's drain rate of the backlog over the reference relay's.
+func (r FleetRun) drainRatio() float64 {
+	if r.Reference.Rate() == 0 {
 		return 0
 	}
-	v := make([]float64, len(r.Pairs))
-	for i, p := range r.Pairs {
-		v[i] = p.Ratio()
+	return r.With.Drain.Rate() / r.Reference.Rate()
+}
+
+// missing counts the quiet events never published within a minute.
+func (r FleetRun) missing() int { return r.Without.Missing + r.With.Missing }
+
+// missingCell renders missing, and the events still unpublished when the fleet stopped.
+func (r FleetRun) missingCell() string {
+	s := fmt.Sprint(r.missing())
+	if r.Unpublished > 0 {
+		s += fmt.Sprintf(" (%d still not when the fleet stopped, two minutes after the last window)", r.Unpublished)
 	}
-	return median(v)
+	return s
 }
 
-// reference is the quiet tenants' commit-to-publish without the backlog, each figure the
-// better of the windows before and after it (when measured): the backlog's effect is judged
-// against the quieter of the two, never against an average that drift inflated.
-func (r *FleetResult) reference() Latencies {
-	ref := r.Without.Quiet
-	if a := r.WithoutAfter.Quiet; a.N > 0 {
-		ref.P50, ref.P95, ref.P99, ref.Max = min(ref.P50, a.P50), min(ref.P95, a.P95), min(ref.P99, a.P99), min(ref.Max, a.Max)
+// bySize groups the runs by their number of tenants, in the order run.
+func (r *FleetResult) bySize() (sizes []int, runs map[int][]FleetRun) {
+	runs = map[int][]FleetRun{}
+	for _, x := range r.Runs {
+		if _, ok := runs[x.Tenants]; !ok {
+			sizes = append(sizes, x.Tenants)
+		}
+		runs[x.Tenants] = append(runs[x.Tenants], x)
 	}
-	return ref
+	return sizes, runs
 }
 
-// added is what the backlog added to the quiet tenants' commit-to-publish at p50, p95, p99
-// and max, against reference.
-func (r *FleetResult) added() (p50, p95, p99, maxd time.Duration) {
-	w, o := r.With.Quiet, r.reference()
-	return w.P50 - o.P50, w.P95 - o.P95, w.P99 - o.P99, w.Max - o.Max
-}
-
-// targets are issue 24's goals with their verdicts.
+// targets are issue 42's goals with their verdicts, per number of tenants: met when every run
+// of that size met it.
 func (r *FleetResult) targets() []target {
-	if r == nil {
+	if r == nil || len(r.Runs) == 0 {
 		return nil
 	}
 	var ts []target
-	d50, _, d99, dmax := r.added()
-	ref := r.reference()
-	fair := fmt.Sprintf("quiet tenants' p50 %s without → %s with (%s), p99 %s → %s (%s); max %s → %s (%s)",
-		dur(ref.P50), dur(r.With.Quiet.P50), signed(d50), dur(ref.P99), dur(r.With.Quiet.P99), signed(d99),
-		dur(ref.Max), dur(r.With.Quiet.Max), signed(dmax))
-	ok := d50 <= fleetTargetDelay && d99 <= fleetTargetDelay
-	if missing := r.With.Missing + r.Without.Missing + r.WithoutAfter.Missing; missing > 0 {
-		fair += fmt.Sprintf("; %d events never published", missing)
-		ok = false
+	sizes, runs := r.bySize()
+	for _, n := range sizes {
+		var fair, drain, budget []string
+		okFair, okDrain, okBudget := true, true, true
+		for _, x := range runs[n] {
+			d50, d99, dd99 := x.added()
+			worst := max(d99, dd99)
+			m := fmt.Sprintf("run %d: p99 %s → %s (%s) over the %s window, %s over the backlog's %s drain; p50 %s",
+				x.Run, dur(x.Without.Quiet.P99), dur(x.With.Quiet.P99), signed(d99), x.With.Window.Round(time.Second), signed(dd99),
+				x.With.Drain.Elapsed.Round(100*time.Millisecond), signed(d50))
+			if mi := x.missing(); mi > 0 {
+				m += fmt.Sprintf("; %d events never published", mi)
+				okFair = false
+			}
+			okFair = okFair && worst <= fleetTargetDelay && x.With.Quiet.N > 0
+			fair = append(fair, m)
+			ratio := x.drainRatio()
+			okDrain = okDrain && ratio >= fleetTargetRatio && !x.With.Drain.TimedOut
+			drain = append(drain, fmt.Sprintf("run %d: %s events/s against %s (%d pipelines on %d connections): %.0f%%", x.Run,
+				num(x.With.Drain.Rate()), num(x.Reference.Rate()), x.Reference.Pipelines, x.Reference.Pipelines, 100*ratio))
+			okBudget = okBudget && x.BudgetPeak <= r.Budget && x.ConnsMax <= r.Budget
+			budget = append(budget, fmt.Sprintf("run %d: %d granted, %d sessions seen", x.Run, x.BudgetPeak, x.ConnsMax))
+		}
+		size := fmt.Sprintf("%s tenants", num(float64(n)))
+		ts = append(ts,
+			target{42, fmt.Sprintf("Fleet at its defaults, %s: a %s-row backlog's effect on the quiet tenants", size, num(float64(r.Backlog.Rows))),
+				fmt.Sprintf("≤ %s added to their commit-to-publish at p99 (whole window and during the drain), every event published", dur(fleetTargetDelay)),
+				strings.Join(fair, "; "), verdict(okFair)},
+			target{42, fmt.Sprintf("Fleet at its defaults, %s: the backlog's drain rate", size),
+				fmt.Sprintf("≥ %.0f%% of one relay given the same connections", 100*fleetTargetRatio), strings.Join(drain, "; "), verdict(okDrain)},
+			target{42, fmt.Sprintf("Fleet at its defaults, %s: connections within the budget", size), fmt.Sprintf("never above the budget (%d)", r.Budget),
+				strings.Join(budget, "; "), verdict(okBudget)})
 	}
-	ts = append(ts, target{24, fmt.Sprintf("Fleet fairness beside a %s-row backlog", num(float64(r.HotRows))),
-		fmt.Sprintf("≤ %s added to another tenant's commit-to-publish (p50 and p99, same tenants without the backlog)", fleetTargetDelay), fair, verdict(ok)})
-	if len(r.Pairs) > 0 {
-		ratio := r.pairsRatio()
-		var each []string
-		for _, p := range r.Pairs {
-			each = append(each, fmt.Sprintf("%.0f%%", 100*p.Ratio()))
-		}
-		m := fmt.Sprintf("median %.0f%% over %d pairs of windows measured one right after the other (%s): the fleet draining the backlog in one tenant's "+
-			"database beside %d quiet tenants, against one relay on one database serving the same workload (the backlog beside %d writers of 1 event/s)",
-			100*ratio, len(r.Pairs), strings.Join(each, ", "), r.Pairs[0].Fleet.Writers, r.Pairs[0].Reference.Writers)
-		ts = append(ts, target{24, "Fleet aggregate vs a single-database relay", fmt.Sprintf("≥ %.0f%% on the same server", 100*fleetTargetRatio), m,
-			verdict(ratio >= fleetTargetRatio)})
-	} else if b, okb := r.baseline(); okb && b.Rate() > 0 {
-		agg := r.With.Aggregate()
-		what := "one relay on one database"
-		if b.Writers > 0 {
-			what = fmt.Sprintf("one relay on one database serving the same workload (the backlog beside %d writers of 1 event/s)", b.Writers)
-		}
-		m := fmt.Sprintf("%s events/s (hot tenant %s events/s + quiet tenants) vs %s events/s for %s (%d pipelines): %.0f%%",
-			num(agg), num(r.With.HotRate()), num(b.Rate()), what, b.Pipelines, 100*agg/b.Rate())
-		if a, oka := r.single(b.Pipelines); oka && b.Writers > 0 && a.Rate() > 0 {
-			m += fmt.Sprintf("; vs that relay draining the backlog alone on an idle server (%s events/s): %.0f%%", num(a.Rate()), 100*agg/a.Rate())
-		}
-		if p1, ok1 := r.single(1); ok1 && p1.Pipelines != b.Pipelines && p1.Rate() > 0 {
-			m += fmt.Sprintf("; vs it alone with 1 pipeline (%s events/s): %.0f%%", num(p1.Rate()), 100*agg/p1.Rate())
-		}
-		ts = append(ts, target{24, "Fleet aggregate vs a single-database relay", fmt.Sprintf("≥ %.0f%% on the same server", 100*fleetTargetRatio), m,
-			verdict(agg >= fleetTargetRatio*b.Rate())})
-	}
-	ts = append(ts, target{24, "Fleet connections within the server's budget", fmt.Sprintf("never above the budget (%d)", r.Budget),
-		fmt.Sprintf("most granted at once %d; most sluice-fleet-* sessions seen in pg_stat_activity %d", r.BudgetPeak, r.ConnsMax),
-		verdict(r.BudgetPeak <= r.Budget && r.ConnsMax <= r.Budget)})
 	return ts
-}
-
-// withEnd says how the window with the backlog ended.
-func withEnd(r *FleetResult) string {
-	if r.With.TimeBoxed {
-		return fmt.Sprintf("for a time box of %s, the backlog not drained by then (%s of %s rows published in it, the rest left pending)",
-			r.With.Window.Round(time.Second), num(float64(r.With.HotEvents)), num(float64(r.HotRows)))
-	}
-	return "until the hot tenant's last event was acknowledged"
 }
 
 func signed(d time.Duration) string {
@@ -142,147 +112,197 @@ func signed(d time.Duration) string {
 
 // markdown renders the suite's section.
 func (r *FleetResult) markdown(w func(string, ...any)) {
-	if r == nil {
+	if r == nil || len(r.Runs) == 0 {
 		return
 	}
-	quiet := r.Databases - 1
-	w("## 17. Fleet: %d tenant databases on one server (issue 24)\n\n", r.Databases)
-	w("One `fleet.Fleet` (pkg/fleet) serves %d databases on the benchmark's PostgreSQL server, each a copy of one migrated database "+
-		"(`CREATE DATABASE ... TEMPLATE`; making them took %s). Its settings: %s. The broker is an in-process stub that waits %s per "+
-		"`PublishBatch` call, as in section 1, and records when it acknowledged each event and which tenant `%s` named. "+
-		"One tenant, *hot*, gets a %s-row backlog over %s partition keys committed in one `INSERT`; the %d *quiet* tenants each commit "+
-		"one event a second with `outbox.Write`, in a transaction of its own, on a connection of their own, spread evenly over each second. "+
-		"The fleet runs throughout: an idle window first (nobody writes), then the quiet tenants alone for %s, then with the backlog, "+
-		"from its commit %s, then the quiet tenants alone again for as long.\n\n",
-		r.Databases, r.CreateDatabases.Round(time.Second), r.Settings, r.Delay, outbox.TenantHeader, num(float64(r.HotRows)), num(float64(r.HotKeys)),
-		quiet, r.Without.Window.Round(time.Second), withEnd(r))
+	sizes, _ := r.bySize()
+	names := make([]string, len(sizes))
+	for i, n := range sizes {
+		names[i] = num(float64(n))
+	}
+	w("## 17. Fleet: %s tenant databases on one server, at the fleet's defaults (issues 24 and 42)\n\n", strings.Join(names, " and "))
+	w("One `fleet.Fleet` (pkg/fleet) serves every tenant database of one PostgreSQL server, each a copy of one migrated database "+
+		"(`CREATE DATABASE ... TEMPLATE`). Its settings: %s. It logs in %s. The broker is an in-process stub that waits %s per "+
+		"`PublishBatch` call and records when it acknowledged each event and which tenant `%s` named. "+
+		"One tenant, *hot*, gets backlogs of %s rows over %s partition keys, each written in %s transactions of %s rows by %d connections at once; "+
+		"the other, *quiet*, tenants write %s events a second in all (each its own transaction with `outbox.Write`, on a connection of its own, "+
+		"spread evenly: one event every %s per tenant at 200 tenants, every %s at 1,000). Each run, the fleet started afresh: "+
+		"**cold start** on a backlog already in the hot tenant's database; **idle** for %s (nobody writes); the quiet tenants **without a backlog** "+
+		"for %s; then **with** one, written from the window's start, the window lasting at least as long and until the backlog was drained. "+
+		"The **reference** is one `outbox.Relay` on the hot tenant's database, logging in the same way, given as many connections as the fleet gives "+
+		"one tenant at most (BurstPipelines: its pipelines on a pool of as many connections): started on the same cold backlog before the fleet, "+
+		"and draining the same backlog written the same way beside the same quiet writers right after the fleet's window (the fleet stopped).\n\n",
+		r.Settings, r.Auth, r.Delay, outbox.TenantHeader, num(float64(r.Backlog.Rows)), num(float64(r.Backlog.Keys)), num(float64(r.Backlog.Transactions)),
+		num(float64(r.Backlog.Rows/max(1, r.Backlog.Transactions))), r.Backlog.Writers, num(r.QuietRate),
+		time.Duration(float64(time.Second)*199/max(1, r.QuietRate)).Round(time.Millisecond), time.Duration(float64(time.Second)*999/max(1, r.QuietRate)).Round(time.Millisecond),
+		r.Runs[0].Idle.Window.Round(time.Second), r.Runs[0].Without.Window.Round(time.Second))
 
-	w("**Quiet tenants' commit-to-publish** (their producer's `Commit` returning to the stub's acknowledgement, the stub's %s included):\n\n", r.Delay)
-	w("| window | length | quiet events | p50 | p95 | p99 | max | not published within a minute | quiet tenants' turns per tenant per s | transactions in the quiet tenants' databases per quiet event | fleet sessions, mean / max |\n")
-	w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
-	for _, p := range []FleetPhase{r.Without, r.With, r.WithoutAfter} {
-		if p.Name == "" {
-			continue
-		}
-		w("| %s | %s | %s | %s | %s | **%s** | %s | %d | %.2f | %s | %.1f / %d |\n", p.Name, p.Window.Round(100*time.Millisecond), num(float64(p.QuietEvents)),
-			dur(p.Quiet.P50), dur(p.Quiet.P95), dur(p.Quiet.P99), dur(p.Quiet.Max), p.Missing, perTenantPerSecond(p.Turns, p.QuietTenants, p.Window),
-			xactsPerEvent(p), p.ConnsMean, p.ConnsMax)
+	head := "| | " + strings.Join(mapRuns(r.Runs, func(x FleetRun) string { return x.label() }), " | ") + " |\n"
+	w("%s|---|%s\n", head, strings.Repeat("---:|", len(r.Runs)))
+	row := func(name string, f func(FleetRun) string) {
+		w("| %s | %s |\n", name, strings.Join(mapRuns(r.Runs, f), " | "))
 	}
-	d50, d95, d99, dmax := r.added()
-	w("| **added by the backlog** (against the better window without it, figure by figure) | | | **%s** | %s | **%s** | %s | | | | |\n\n", signed(d50), signed(d95), signed(d99), signed(dmax))
-	if r.Without.QuietXacts > 0 {
-		w("A quiet event costs its database one transaction of its producer's; the rest are the fleet's: the turn's read-only pass, "+
-			"the round's claim (its keys' locks and rows in one round trip) and settle (the round's session settings were taken once, when the tenant's "+
-			"pool connected: outbox.DedicatePool), sometimes a look at the outbox (a parked tenant looks when the activity poll, every %s, saw its "+
-			"database's sessions do something), and a few fruitless turns. A single-database "+
-			"relay publishes the same writers' events inside its rounds: what these transactions cost the server is what the aggregate below "+
-			"loses on a machine whose cores PostgreSQL and the relay share.\n\n", fleet.DefaultDetectInterval)
-	}
+	section := func(name string) { w("| **%s** |%s\n", name, strings.Repeat(" |", len(r.Runs))) }
 
-	w("**Throughput** on the same server: the single-database relay (`outbox.Relay.Run` on one pool, the same stub) drained the same " +
-		"backlog in the hot tenant's database before the fleet started, committed the same way (one `INSERT`, no `VACUUM` after it): " +
-		"alone, and beside as many writers as the fleet has quiet tenants, each committing one event " +
-		"a second into that database, the relay running before anything was written, timed from the backlog's commit until no row up to it " +
-		"was pending, every event published in that time counted:\n\n")
-	w("| run | pipelines | events | time | events/s | fleet aggregate ÷ this |\n|---|---:|---:|---:|---:|---:|\n")
-	agg := r.With.Aggregate()
-	for _, s := range r.Single {
-		w("| %s | %d | %s | %s | %s | %.0f%% |\n", s.Name, s.Pipelines, num(float64(s.Events)), s.Elapsed.Round(time.Millisecond), num(s.Rate()), 100*agg/s.Rate())
-	}
-	pipelines := strconv.Itoa(max(1, r.HotWeight))
-	if n := r.With.HotSessionsMax; n > max(1, r.HotWeight) {
-		pipelines += fmt.Sprintf(", grew to %d (relay sessions seen)", n)
-	}
-	w("| fleet: the hot tenant (%s%s) | %s | %s | %s | %s | |\n", turnCount(r.With.HotTurns), map[bool]string{true: ", time-boxed"}[r.With.TimeBoxed], pipelines, num(float64(r.With.HotEvents)), r.With.Window.Round(time.Millisecond), num(r.With.HotRate()))
-	w("| **fleet: every tenant (aggregate)** | | %s | %s | **%s** | |\n\n", num(float64(r.With.Published)), r.With.Window.Round(time.Millisecond), num(agg))
-	if len(r.Pairs) > 0 {
-		lo, hi := r.Pairs[0].Reference.Rate(), r.Pairs[0].Reference.Rate()
-		for _, p := range r.Pairs {
-			lo, hi = min(lo, p.Reference.Rate()), max(hi, p.Reference.Rate())
-		}
-		w("**The aggregate, measured in pairs.** This shared machine's speed drifts between windows minutes apart by more than the target's "+
-			"margin (in this run the single-database relay's own windows below measured from %s to %s events/s), so the ratios above, whose "+
-			"references ran minutes before the fleet's window, are not what the target is judged on. After the windows above, the fleet was "+
-			"stopped and the aggregate measured in %d pairs of windows, each pair one right after the other, alternating which came first: "+
-			"the single-database relay at its defaults draining the backlog in the hot tenant's database beside %d writers of one event a "+
-			"second into it, and a fleet started afresh draining the same backlog there while its %d quiet tenants wrote one event a second "+
-			"each into their own databases (nothing of the fleet running during the relay's window). Each window began 5 s after its writers "+
-			"started, with the table emptied and the backlog committed in one `INSERT`, and ended when the same check (every 20 ms) first found "+
-			"none of the backlog's rows pending, every event published in it counted. The target is judged on the median of the pairs' ratios:\n\n",
-			num(lo), num(hi), len(r.Pairs), r.Pairs[0].Reference.Writers, r.Pairs[0].Fleet.Writers)
-		w("| pair | first | single-database relay: events, time, events/s | fleet: events, time, events/s | fleet: the backlog's first event acknowledged after | hot tenant's relay sessions | fleet ÷ relay |\n|---:|---|---:|---:|---:|---:|---:|\n")
-		for i, p := range r.Pairs {
-			first := "relay"
-			if p.FleetFirst {
-				first = "fleet"
-			}
-			ack := "–" // runs before it was measured
-			if p.Fleet.FirstAck > 0 {
-				ack = p.Fleet.FirstAck.Round(time.Millisecond).String()
-			}
-			w("| %d | %s | %s in %s: %s | %s in %s: %s | %s | %d | %.0f%% |\n", i+1, first,
-				num(float64(p.Reference.Events)), p.Reference.Elapsed.Round(time.Millisecond), num(p.Reference.Rate()),
-				num(float64(p.Fleet.Events)), p.Fleet.Elapsed.Round(time.Millisecond), num(p.Fleet.Rate()), ack, p.Fleet.Pipelines, 100*p.Ratio())
-		}
-		w("| **median** | | | | | | **%.0f%%** |\n\n", 100*r.pairsRatio())
-	}
-	if len(r.HotStatements) > 0 {
-		var parts []string
-		var sum time.Duration
-		for _, s := range r.HotStatements {
-			kind := s.Kind
-			if kind == stmtLock {
-				kind = "claim (the keys' locks and rows)" // one round trip since the read joined the lock
-			}
-			if kind == stmtRead && s.N == 0 {
-				continue // runs before the read joined the lock counted it apart
-			}
-			parts = append(parts, fmt.Sprintf("%s %s in %s", kind, num(float64(s.N)), s.Total.Round(time.Millisecond)))
-			sum += s.Total
-		}
-		w("Where the hot tenant's window went: its relays' statements (a pgx tracer on its pools, by kind: statements, time) were %s; "+
-			"%s in all over its %s in the %s window, the rest of its time was spent publishing (the stub's %s per call), opening and closing pools, "+
-			"and waiting for its turn.", strings.Join(parts, "; "), sum.Round(time.Millisecond), turnCount(r.With.HotTurns), r.With.Window.Round(time.Second), r.Delay)
-		if r.With.HotFirst > 0 {
-			w(" Its first event was acknowledged %s after the backlog's commit: the activity poll's next look (which sees the backlog's "+
-				"transaction end, or the count the statistics publish), the turn's new connections and its first round.", r.With.HotFirst.Round(time.Millisecond))
-		}
-		w("\n\n")
-	}
+	section("quiet tenants' commit-to-publish (Commit returned → the stub's acknowledgement)")
+	row("without the backlog: events, p50 / p99 / max", func(x FleetRun) string { return phaseLatency(x.Without.QuietEvents, x.Without.Quiet) })
+	row("with the backlog (whole window): events, p50 / p99 / max", func(x FleetRun) string { return phaseLatency(x.With.QuietEvents, x.With.Quiet) })
+	row("with the backlog, events committed during its drain: events, p50 / p99 / max", func(x FleetRun) string {
+		return phaseLatency(x.With.QuietDuringDrain.N, x.With.QuietDuringDrain)
+	})
+	row("**added by the backlog at p99** (whole window / during the drain; target ≤ 1 s)", func(x FleetRun) string {
+		_, d99, dd99 := x.added()
+		return fmt.Sprintf("**%s / %s**", signed(d99), signed(dd99))
+	})
+	row("added at p50 (whole window)", func(x FleetRun) string { d50, _, _ := x.added(); return signed(d50) })
+	row("quiet events not published within a minute of their window's end", func(x FleetRun) string { return x.missingCell() })
 
-	i := r.Idle
-	w("**Idle cost**: %d tenants, none writing, over %s, starting once every tenant had ended its first turn (each idle tenant is swept "+
-		"every %s to %s, SweepInterval randomised down to half; %.1f turns per tenant in the window):\n\n",
-		i.Tenants, i.Window.Round(time.Second), fleet.DefaultSweepInterval/2, fleet.DefaultSweepInterval, float64(i.Turns)/float64(max(1, i.Tenants)))
-	w("| | whole fleet | per idle tenant |\n|---|---:|---:|\n")
-	w("| relay sessions (`sluice-fleet-relay`), mean / max | %.2f / %d | %.3f |\n", i.RelayConnsMean, i.RelayConnsMax, i.RelayConnsMean/float64(max(1, i.Tenants)))
-	w("| activity poll sessions (`sluice-fleet-activity`), mean / max | %.2f / %d | |\n", i.ActivityConnsMean, i.ActivityConnsMax)
-	w("| transactions/s in the tenant databases (`xact_commit + xact_rollback`) | %.1f | %.3f (median database %.3f) |\n", i.Xacts, i.Xacts/float64(max(1, i.Tenants)), i.XactsMedian)
-	w("| busiest tenant database (%s: the activity poll's connection is on it) | %.1f | |\n", i.XactsMaxDB, i.XactsMax)
-	w("| turns (`RunPass` until nothing is pending, on a parked or a new pool) per minute | %.1f | %.2f |\n\n",
-		float64(i.Turns)/i.Window.Minutes(), float64(i.Turns)/i.Window.Minutes()/float64(max(1, i.Tenants)))
+	section("the backlog's drain")
+	row("written in (its transactions' commits, while served)", func(x FleetRun) string { return x.With.Drain.Write.Round(time.Millisecond).String() })
+	row("fleet: drained in, events/s", func(x FleetRun) string { return drainCell(x.With.Drain) })
+	row("fleet: first event acknowledged after; hot tenant's relay sessions at most", func(x FleetRun) string {
+		return fmt.Sprintf("%s; %d", x.With.Drain.FirstAck.Round(time.Millisecond), x.With.Drain.Pipelines)
+	})
+	row("reference relay: drained in, events/s (pipelines = connections)", func(x FleetRun) string {
+		return drainCell(x.Reference) + fmt.Sprintf(" (%d)", x.Reference.Pipelines)
+	})
+	row("**fleet ÷ reference** (target ≥ 80%)", func(x FleetRun) string { return fmt.Sprintf("**%.0f%%**", 100*x.drainRatio()) })
+	row("hot tenant's statements in the window: poll / sweep / claim / settle (n, time)", func(x FleetRun) string { return stmtCell(x.HotStatements) })
 
-	w("The budget: at most %d connections granted at once (of %d), at most %d `sluice-fleet-*` sessions seen in `pg_stat_activity` (sampled every 250 ms) over the whole run. "+
-		"Start-up (every tenant's first turn) took %s. Duplicate publishes: %d; events whose tenant header did not name their writer: %d.",
-		r.BudgetPeak, r.Budget, r.ConnsMax, r.Startup.Round(100*time.Millisecond), r.Duplicates, r.HeaderMismatches)
-	if len(r.DuplicatesBy) > 0 {
-		w(" Duplicate publishes by tenant: %s.", sortedCounts(r.DuplicatesBy))
-	}
-	if len(r.Problems) > 0 {
-		w(" Warnings logged by the fleet and its relays: %s.", sortedCounts(r.Problems))
-		if len(r.ProblemSamples) > 0 {
-			w(" The first: %s.", strings.Join(r.ProblemSamples, "; "))
+	section("cold start (the backlog present before the fleet started)")
+	row("every tenant's first turn ended after", func(x FleetRun) string { return x.Startup.Round(time.Millisecond).String() })
+	row("fleet: backlog drained after, events/s", func(x FleetRun) string { return drainCell(x.Cold) })
+	row("reference relay started on it: drained after, events/s", func(x FleetRun) string { return drainCell(x.ColdReference) })
+	row("fleet ÷ reference", func(x FleetRun) string {
+		return fmt.Sprintf("%.0f%%", 100*rateRatio(x.Cold.Rate(), x.ColdReference.Rate()))
+	})
+
+	section("sessions the fleet opened (pg_stat_database.sessions of the tenant databases)")
+	row("idle, per s", func(x FleetRun) string { return fmt.Sprintf("%.2f", x.Idle.Sessions) })
+	row("without the backlog, per s", func(x FleetRun) string { return fmt.Sprintf("%.1f", x.Without.Sessions) })
+	row("with the backlog, per s", func(x FleetRun) string { return fmt.Sprintf("%.1f", x.With.Sessions) })
+	row("the fleet's connects without / with the backlog: mean time each (TCP, TLS, scram-sha-256)", func(x FleetRun) string {
+		return meanConnect(x.Without) + " / " + meanConnect(x.With)
+	})
+	row("the fleet's connects over the run (cold start to stop): mean time each", func(x FleetRun) string {
+		if x.Connects == 0 {
+			return "none"
+		}
+		return fmt.Sprintf("%s × %s", num(float64(x.Connects)), dur(x.ConnectTime/time.Duration(x.Connects)))
+	})
+	row("the fleet's sessions held without / with the backlog, mean / max", func(x FleetRun) string {
+		return fmt.Sprintf("%.1f / %d; %.1f / %d", x.Without.ConnsMean, x.Without.ConnsMax, x.With.ConnsMean, x.With.ConnsMax)
+	})
+	row("the fleet's statements per quiet event, without the backlog", func(x FleetRun) string {
+		if x.Without.Statements < 0 || x.Without.QuietEvents == 0 {
+			return "—"
+		}
+		return fmt.Sprintf("%.1f", x.Without.Statements*x.Without.Window.Seconds()/float64(x.Without.QuietEvents))
+	})
+	row("quiet tenants' turns per tenant per s, without the backlog", func(x FleetRun) string {
+		return fmt.Sprintf("%.2f", perTenantPerSecond(x.Without.Turns, x.Without.QuietTenants, x.Without.Window))
+	})
+
+	section("idle cost (no tenant writes)")
+	row("the fleet's statements/s (pg_stat_statements), in all / per tenant", func(x FleetRun) string {
+		if x.Idle.Statements < 0 {
+			return "—"
+		}
+		return fmt.Sprintf("%.1f / %.3f", x.Idle.Statements, x.Idle.Statements/float64(max(1, x.Idle.Tenants)))
+	})
+	row("transactions/s in the tenant databases, in all / per tenant (busiest)", func(x FleetRun) string {
+		return fmt.Sprintf("%.1f / %.3f (%s %.1f)", x.Idle.Xacts, x.Idle.Xacts/float64(max(1, x.Idle.Tenants)), x.Idle.XactsMaxDB, x.Idle.XactsMax)
+	})
+	row("relay sessions held, mean / max (per tenant)", func(x FleetRun) string {
+		return fmt.Sprintf("%.2f / %d (%.4f)", x.Idle.RelayConnsMean, x.Idle.RelayConnsMax, x.Idle.RelayConnsMean/float64(max(1, x.Idle.Tenants)))
+	})
+	row("activity poll sessions, mean / max", func(x FleetRun) string {
+		return fmt.Sprintf("%.2f / %d", x.Idle.ActivityConnsMean, x.Idle.ActivityConnsMax)
+	})
+	row("turns per tenant per minute", func(x FleetRun) string {
+		return fmt.Sprintf("%.2f", float64(x.Idle.Turns)/max(1e-9, x.Idle.Window.Minutes())/float64(max(1, x.Idle.Tenants)))
+	})
+
+	section("the run")
+	row("tenant databases created in", func(x FleetRun) string {
+		if x.CreateDatabases == 0 {
+			return "(reused)"
+		}
+		return x.CreateDatabases.Round(100 * time.Millisecond).String()
+	})
+	row(fmt.Sprintf("budget (%d): most granted at once / most sluice-fleet-* sessions seen", r.Budget), func(x FleetRun) string {
+		return fmt.Sprintf("%d / %d", x.BudgetPeak, x.ConnsMax)
+	})
+	row("duplicate publishes / events under another tenant's header", func(x FleetRun) string {
+		return fmt.Sprintf("%d / %d", x.Duplicates, x.HeaderMismatches)
+	})
+	w("\n")
+	for _, x := range r.Runs {
+		if len(x.Problems) > 0 {
+			w("Warnings logged by the fleet and its relays in the %s: %s. The first: %s.\n\n", x.label(), sortedCounts(x.Problems), strings.Join(x.ProblemSamples, "; "))
 		}
 	}
-	w("\n\n")
+	w("Sessions opened count every session the tenant databases saw begin in the window (the producers connected before it and stay); "+
+		"the fleet's connects are timed by a pgx connect tracer on its pools. Idle tenants are swept every %s to %s (SweepInterval randomised "+
+		"down to half); the activity poll reads the server's statistics every %s.\n\n", fleet.DefaultSweepInterval/2, fleet.DefaultSweepInterval, fleet.DefaultDetectInterval)
 }
 
-// xactsPerEvent renders p's transactions per quiet event, or "—" when not measured.
-func xactsPerEvent(p FleetPhase) string {
-	if p.QuietXacts == 0 || p.QuietEvents == 0 {
+func mapRuns(runs []FleetRun, f func(FleetRun) string) []string {
+	out := make([]string, len(runs))
+	for i, x := range runs {
+		out[i] = f(x)
+	}
+	return out
+}
+
+func phaseLatency(n int, l Latencies) string {
+	if n == 0 {
 		return "—"
 	}
-	return fmt.Sprintf("%.1f", float64(p.QuietXacts)/float64(p.QuietEvents))
+	return fmt.Sprintf("%s: %s / %s / %s", num(float64(n)), dur(l.P50), dur(l.P99), dur(l.Max))
+}
+
+func drainCell(d FleetDrain) string {
+	if d.Elapsed == 0 {
+		return "—"
+	}
+	s := fmt.Sprintf("%s, %s", d.Elapsed.Round(10*time.Millisecond), num(d.Rate()))
+	if d.TimedOut {
+		s += " (time limit: not drained)"
+	}
+	return s
+}
+
+func stmtCell(st []FleetStmtTime) string {
+	traced := 0
+	for _, s := range st {
+		traced += s.N
+	}
+	if traced == 0 { // runs before the tracer saw the relay's batches
+		return "—"
+	}
+	var parts []string
+	for _, s := range st {
+		parts = append(parts, fmt.Sprintf("%s, %s", num(float64(s.N)), s.Total.Round(time.Millisecond)))
+	}
+	if len(parts) == 0 {
+		return "—"
+	}
+	return strings.Join(parts, " / ")
+}
+
+func meanConnect(p FleetPhase) string {
+	if p.Connects == 0 {
+		return "none"
+	}
+	return fmt.Sprintf("%s × %s", num(float64(p.Connects)), dur(p.ConnectTime/time.Duration(p.Connects)))
+}
+
+func rateRatio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
 }
 
 func perTenantPerSecond(n, tenants int, d time.Duration) float64 {
@@ -290,12 +310,4 @@ func perTenantPerSecond(n, tenants int, d time.Duration) float64 {
 		return 0
 	}
 	return float64(n) / float64(tenants) / d.Seconds()
-}
-
-// turnCount is "1 turn" or "n turns".
-func turnCount(n int) string {
-	if n == 1 {
-		return "1 turn"
-	}
-	return fmt.Sprintf("%d turns", n)
 }

@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -167,15 +169,18 @@ func (p *fleetPublisher) mismatches(tenantOf func(uuid.UUID) (string, bool)) int
 	return n
 }
 
-// quietProducers are the quiet tenants' writers: each commits one event a second, each in its
-// own transaction with outbox.Write, on a connection of its own, on an open-loop schedule
-// (event k of tenant i is due at start + i/n s + k s), the tenants spread evenly over each
-// second.
+// quietProducers are the quiet tenants' writers: each commits one event every period, each in
+// its own transaction with outbox.Write, on a connection of its own, on an open-loop schedule
+// (event k of tenant i is due at start + (i/n + k) × period), the tenants spread evenly over
+// the period.
 type quietProducers struct {
 	tenants []fleetTenant
 	book    *waitBook
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
+	// mark: on stop, each producer marks its database's pending rows published before closing
+	// (markPublishedOnStop).
+	mark atomic.Bool
 
 	mu     sync.Mutex
 	events []quietEvent
@@ -191,22 +196,37 @@ type quietEvent struct {
 	at     time.Time
 }
 
-// startQuietProducers connects to every tenant's database and starts its writer.
-func startQuietProducers(ctx context.Context, tenants []fleetTenant, book *waitBook) (*quietProducers, error) {
+// startQuietProducers connects to every tenant's database (8 at a time) and starts its writer.
+func startQuietProducers(ctx context.Context, tenants []fleetTenant, book *waitBook, period time.Duration) (*quietProducers, error) {
 	p := &quietProducers{tenants: tenants, book: book, writer: map[uuid.UUID]string{}}
 	conns := make([]*pgx.Conn, len(tenants))
-	for i, t := range tenants {
-		cfg, err := pgx.ParseConfig(t.url)
-		if err != nil {
-			return nil, err
-		}
-		cfg.RuntimeParams["application_name"] = "sluice-bench-producer"
-		if conns[i], err = pgx.ConnectConfig(ctx, cfg); err != nil {
-			for _, c := range conns[:i] {
+	errs := make([]error, len(tenants))
+	var next atomic.Int64
+	var cwg sync.WaitGroup
+	for range 8 {
+		cwg.Add(1)
+		go func() {
+			defer cwg.Done()
+			for i := int(next.Add(1) - 1); i < len(tenants); i = int(next.Add(1) - 1) {
+				cfg, err := pgx.ParseConfig(tenants[i].adminURL)
+				if err == nil {
+					cfg.RuntimeParams["application_name"] = "sluice-bench-producer"
+					conns[i], err = pgx.ConnectConfig(ctx, cfg)
+				}
+				if err != nil {
+					errs[i] = fmt.Errorf("connect the producer of %s: %w", tenants[i].name, err)
+				}
+			}
+		}()
+	}
+	cwg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for _, c := range conns {
+			if c != nil {
 				c.Close(context.WithoutCancel(ctx))
 			}
-			return nil, fmt.Errorf("connect the producer of %s: %w", t.name, err)
 		}
+		return nil, err
 	}
 	pctx, cancel := context.WithCancel(ctx)
 	p.cancel = cancel
@@ -216,9 +236,12 @@ func startQuietProducers(ctx context.Context, tenants []fleetTenant, book *waitB
 		go func() {
 			defer p.wg.Done()
 			defer conns[i].Close(context.WithoutCancel(ctx))
-			offset := time.Duration(i) * time.Second / time.Duration(len(tenants))
+			offset := time.Duration(i) * period / time.Duration(len(tenants))
 			for k := 0; ; k++ {
-				if sleepCtx(pctx, time.Until(start.Add(offset+time.Duration(k)*time.Second))) != nil {
+				if sleepCtx(pctx, time.Until(start.Add(offset+time.Duration(k)*period))) != nil {
+					if p.mark.Load() {
+						_, _ = conns[i].Exec(context.WithoutCancel(ctx), "UPDATE outbox_event SET published_at = now() WHERE published_at IS NULL")
+					}
 					return
 				}
 				// The transaction does not see stop: an event is never committed without being
@@ -241,6 +264,10 @@ func startQuietProducers(ctx context.Context, tenants []fleetTenant, book *waitB
 	}
 	return p, nil
 }
+
+// markPublishedOnStop makes stop mark every tenant's pending rows published (rows no relay
+// served, e.g. written while the reference ran): the next run starts from none.
+func (p *quietProducers) markPublishedOnStop() { p.mark.Store(true) }
 
 func writeQuietEvent(ctx context.Context, conn *pgx.Conn, tenant string, k int) (uuid.UUID, time.Time, error) {
 	tx, err := conn.Begin(ctx)
@@ -310,47 +337,90 @@ type fleetProbe struct {
 	pool *pgxpool.Pool
 	// hotDB is the hot tenant's database, whose relay sessions the sampler also counts.
 	hotDB string
+	// role is the fleet's login, whose statements pg_stat_statements counts (empty: the
+	// probe's own, the harness's); statements is false without pg_stat_statements.
+	role       string
+	statements bool
 }
 
-func newFleetProbe(ctx context.Context, adminURL string) (*fleetProbe, error) {
+func newFleetProbe(ctx context.Context, adminURL, role string) (*fleetProbe, error) {
 	cfg, err := pgxpool.ParseConfig(adminURL)
 	if err != nil {
 		return nil, err
 	}
-	cfg.MaxConns = 3
+	cfg.MaxConns = 6 // three samplers and the counters' reads at once
 	cfg.ConnConfig.RuntimeParams["application_name"] = "sluice-bench-probe"
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
-	return &fleetProbe{pool: pool}, nil
+	p := &fleetProbe{pool: pool, role: role}
+	if p.role == "" {
+		if err := pool.QueryRow(ctx, "SELECT current_user").Scan(&p.role); err != nil {
+			pool.Close()
+			return nil, err
+		}
+	}
+	var n int64
+	p.statements = pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_statements").Scan(&n) == nil
+	return p, nil
 }
 
 func (p *fleetProbe) close() { p.pool.Close() }
 
-// xacts returns each tenant database's transactions so far (xact_commit + xact_rollback).
-func (p *fleetProbe) xacts(ctx context.Context, tenants []fleetTenant) (map[string]int64, error) {
+// serverCounters are cumulative counters of the tenant databases.
+type serverCounters struct {
+	// xacts (xact_commit + xact_rollback) and sessions (opened) in all, xactsBy per database;
+	// statements are the fleet role's (pg_stat_statements calls; -1 without it).
+	xacts, sessions, statements int64
+	xactsBy                     map[string]int64
+}
+
+// minus is c − o.
+func (c serverCounters) minus(o serverCounters) serverCounters {
+	d := serverCounters{xacts: c.xacts - o.xacts, sessions: c.sessions - o.sessions, statements: c.statements - o.statements}
+	if c.statements < 0 || o.statements < 0 {
+		d.statements = -1
+	}
+	return d
+}
+
+// counters reads the tenants' databases' counters.
+func (p *fleetProbe) counters(ctx context.Context, tenants []fleetTenant) (serverCounters, error) {
+	c := serverCounters{xactsBy: map[string]int64{}, statements: -1}
 	dbs := make([]string, len(tenants))
 	for i, t := range tenants {
 		dbs[i] = t.db
 	}
-	rows, err := p.pool.Query(ctx, `SELECT datname, xact_commit + xact_rollback FROM pg_stat_database WHERE datname = ANY($1)`, dbs)
+	// The statistics a backend reported last (pg_stat_database is a snapshot per transaction).
+	rows, err := p.pool.Query(ctx, `SELECT datname, xact_commit + xact_rollback, sessions FROM pg_stat_database WHERE datname = ANY($1)`, dbs)
 	if err != nil {
-		return nil, fmt.Errorf("read pg_stat_database: %w", err)
+		return c, fmt.Errorf("read pg_stat_database: %w", err)
 	}
-	out := map[string]int64{}
 	for rows.Next() {
 		var (
-			db string
-			n  int64
+			db      string
+			x, sess int64
 		)
-		if err := rows.Scan(&db, &n); err != nil {
+		if err := rows.Scan(&db, &x, &sess); err != nil {
 			rows.Close()
-			return nil, err
+			return c, err
 		}
-		out[db] = n
+		c.xactsBy[db] = x
+		c.xacts += x
+		c.sessions += sess
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return c, err
+	}
+	if p.statements {
+		err := p.pool.QueryRow(ctx, `SELECT coalesce(sum(s.calls), 0)::bigint FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+			WHERE d.datname = ANY($1) AND s.userid = (SELECT oid FROM pg_roles WHERE rolname = $2)`, dbs, p.role).Scan(&c.statements)
+		if err != nil {
+			return c, fmt.Errorf("read pg_stat_statements: %w", err)
+		}
+	}
+	return c, nil
 }
 
 // fleetSessionsSQL counts the fleet's sessions on the server: its relays' pools, its

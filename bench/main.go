@@ -55,8 +55,11 @@
 //     destination keeps a key's order in a call (Kafka) against one row of a key per call, with
 //     idle keys' waits beside it;
 //  16. scale-out (issue 25, scaleout.go): 1, 2 and 4 relays at 0 and 10 ms against one another
-//  17. fleet (issue 24, fleet.go): 200 tenant databases on one server, one backlogged
-//     and the ceiling loop, with where each run's time went (statements, rounds, wait events, CPU).
+//     and the ceiling loop, with where each run's time went (statements, rounds, wait events, CPU);
+//  17. fleet (issues 24 and 42, fleet.go): 200 and 1,000 tenant databases on one TLS and
+//     scram-sha-256 server, the fleet at its defaults, one tenant backlogged: the quiet
+//     tenants' commit-to-publish, the backlog's drain against one relay, sessions opened and
+//     the idle cost per tenant, two runs of each size (about 15 minutes).
 //
 // The full run takes about 45 minutes, 32 of them the sustained suite (two 4-minute runs and
 // two 12-minute ones); -only runs chosen suites, -quick all of them at reduced sizes in a few
@@ -74,6 +77,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -89,7 +93,9 @@ func main() {
 		command   = flag.String("command", "", "the command line to print in the report (defaults to this process's)")
 		verbosity = flag.Bool("v", false, "log progress of every run")
 		hotWeight = flag.Int("fleet-hot-weight", 1, "the fleet suite's hot tenant's Weight (the report's runs use 1)")
-		budget    = flag.Int("fleet-budget", defaultFleetBudget, "the fleet suite's connection budget for its server")
+		budget    = flag.Int("fleet-budget", 0, "the fleet suite's connection budget for its server (0: the fleet's default, fleet.DefaultServerConnections; the report's runs use it)")
+		fTenants  = flag.String("fleet-tenants", "", "the fleet suite's numbers of tenant databases, comma-separated (default 200,1000; -quick 10,30)")
+		fRuns     = flag.Int("fleet-runs", 0, "the fleet suite's runs of each number of tenants (default 2; -quick 1)")
 		results   = flag.String("results", "", "where to save the raw results as JSON, for -render (make bench: bench/results.json); with -render and -base, the merged results")
 		renderIn  = flag.String("render", "", "only render the report and chart from a results JSON file of an earlier run")
 		base      = flag.String("base", "", "with -render of a run of some suites (-only): take the other suites' results from this results file")
@@ -114,6 +120,15 @@ func main() {
 	}
 	sizes.FleetHotWeight = *hotWeight
 	sizes.FleetBudget = *budget
+	sizes.FleetRuns = *fRuns
+	for _, f := range strings.FieldsFunc(*fTenants, func(r rune) bool { return r == ',' || r == ' ' }) {
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 2 {
+			fmt.Fprintln(os.Stderr, "sluicebench: -fleet-tenants: want numbers of at least 2, got", f)
+			os.Exit(2)
+		}
+		sizes.FleetTenants = append(sizes.FleetTenants, n)
+	}
 	cmdline := *command
 	if cmdline == "" {
 		cmdline = strings.Join(os.Args, " ")
@@ -180,8 +195,13 @@ type Sizes struct {
 	Name string
 	// FleetHotWeight is the fleet suite's hot tenant's fleet.Tenant.Weight.
 	FleetHotWeight int
-	// FleetBudget is the fleet suite's connection budget for its server (0: defaultFleetBudget).
+	// FleetBudget is the fleet suite's connection budget for its server (0: the fleet's
+	// default, fleet.DefaultServerConnections).
 	FleetBudget int
+	// FleetTenants are the fleet suite's numbers of tenant databases, FleetRuns its runs of
+	// each (empty, 0: the suite's, fleetSizeFor).
+	FleetTenants []int `json:",omitempty"`
+	FleetRuns    int   `json:",omitempty"`
 	// RelayRows and RelayKeys: the pending rows and partition keys of each relay run.
 	RelayRows, RelayKeys int
 	// PeerTimeBox bounds the runs of the peers (textbook relay, watermill) that cannot drain
