@@ -729,7 +729,10 @@ func (t *tenant) turn(ctx context.Context, conns int) (held int, more, retrying 
 			return held, false, false, nil
 		}
 		if err != nil && !cut {
-			return held, false, false, fmt.Errorf("tenant %s: %w", t.t.Name, err)
+			// The relay's error names its statement (a round's claim or settle, a poll, a
+			// sweep); what its rounds' destinations acknowledged is recorded, even by a round
+			// that lost its connection (outbox's recordAcknowledged).
+			return held, false, false, fmt.Errorf("tenant %s: relay pass on %d pipelines: %w", t.t.Name, held, err)
 		}
 		if st.Claimed > 0 {
 			lastWork = time.Now()
@@ -831,6 +834,10 @@ func (t *tenant) pendingLeft(ctx context.Context) bool {
 	)
 	err := t.pool.QueryRow(ctx, pendingLeftSQL).Scan(&left, &head)
 	if err != nil {
+		if ctx.Err() == nil {
+			// The turn ends as if nothing were left: the tenant's next wake-up or sweep finds it.
+			t.f.log.Warn("fleet: look for a tenant's pending rows (pendingLeftSQL)", "tenant", t.t.Name, "error", err)
+		}
 		return false
 	}
 	t.head, t.headRead = head, true
@@ -897,7 +904,11 @@ func (t *tenant) closeConns(ctx context.Context) {
 func (t *tenant) reopen(ctx context.Context, pipelines int) (*outbox.Relay, error) {
 	t.closeConns(ctx)
 	t.drop()
-	return t.open(ctx, pipelines)
+	relay, err := t.open(ctx, pipelines)
+	if err != nil {
+		return nil, fmt.Errorf("resize to %d pipelines: %w", pipelines, err)
+	}
+	return relay, nil
 }
 
 // drop forgets the tenant's relay and pool.
@@ -924,7 +935,7 @@ func (t *tenant) readLag(ctx context.Context, pool *pgxpool.Pool) {
 	}
 	lag, err := outbox.LagOf(ctx, pool)
 	if err != nil {
-		t.f.log.Warn("fleet: read a tenant's lag", "tenant", t.t.Name, "error", err)
+		t.f.log.Warn("fleet: read a tenant's lag (outbox.LagOf)", "tenant", t.t.Name, "error", err)
 		return
 	}
 	t.update(func(s *TenantStatus) { s.Lag, s.LagAt = lag, time.Now() })
