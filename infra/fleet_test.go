@@ -19,6 +19,7 @@ import (
 	"github.com/sluicehq/sluice/infra"
 	"github.com/sluicehq/sluice/pkg/fleet"
 	"github.com/sluicehq/sluice/pkg/lambdaenv"
+	"github.com/sluicehq/sluice/pkg/metrics"
 )
 
 // fleetBundle is a stack with an imported VPC, two servers (one with the migrations of a
@@ -309,4 +310,39 @@ func refIDOrArn(v any) string {
 		return strings.ToUpper(name[:1]) + name[1:]
 	}
 	return s
+}
+
+// Each shard has its own heartbeat alarm: FleetShardHeartbeat with that shard's Shard
+// dimension, missing data breaching, so that one shard that stops is noticed while the
+// others keep reporting (the fleet-wide FleetHeartbeatMissing fires only when all stop).
+func TestFleetAlarmsOnEachShardsHeartbeat(t *testing.T) {
+	b := fleetSetup(t, "acme", "globex", "initech")
+	f := infra.NewOutboxFleet(b.stack, "Fleet", b.fleetProps(3))
+	mon := infra.NewMonitoring(b.stack, "Monitoring", &infra.MonitoringProps{Fleet: f, NoAlarmDestination: true})
+	tmpl := assertions.Template_FromStack(b.stack, nil)
+	byShard := map[string]map[string]any{}
+	for _, a := range resources(tmpl, "AWS::CloudWatch::Alarm") {
+		p := props(a)
+		if p["MetricName"] != metrics.FleetShardHeartbeat.Name {
+			continue
+		}
+		dims := map[string]string{}
+		for _, d := range p["Dimensions"].([]any) {
+			d := d.(map[string]any)
+			dims[d["Name"].(string)] = d["Value"].(string)
+		}
+		require.Equal(t, metrics.ServiceRelay, dims[metrics.DimensionService])
+		byShard[dims[metrics.DimensionShard]] = p
+	}
+	require.Len(t, byShard, 3, "one heartbeat alarm per shard")
+	for i := range 3 {
+		p := byShard[fmt.Sprintf("%d/3", i)]
+		require.NotNil(t, p, "shard %d/3's alarm", i)
+		require.Equal(t, "breaching", p["TreatMissingData"], "a shard that stops emits nothing: missing data breaches")
+		require.Equal(t, "LessThanThreshold", p["ComparisonOperator"])
+		require.EqualValues(t, 1, p["Threshold"])
+		require.Equal(t, metrics.Namespace, p["Namespace"])
+		require.Equal(t, "Sum", p["Statistic"])
+		require.Contains(t, mon.Alarms(), fmt.Sprintf("FleetShard%dHeartbeatMissing", i))
+	}
 }
