@@ -346,3 +346,32 @@ func TestFleetAlarmsOnEachShardsHeartbeat(t *testing.T) {
 		require.Contains(t, mon.Alarms(), fmt.Sprintf("FleetShard%dHeartbeatMissing", i))
 	}
 }
+
+// Tenants of one server can share its secret, each naming only its database: the shard's
+// environment carries each tenant's database beside the one secret's ARN, and the role may
+// read that secret.
+func TestFleetTenantsShareTheirServersSecret(t *testing.T) {
+	b := fleetSetup(t)
+	server := b.control // any imported secret: the server's credentials
+	p := b.fleetProps(1)
+	p.Registry = nil
+	p.Tenants = []infra.FleetTenant{
+		{Name: "acme", Secret: server, Server: "main", Database: "acme_db"},
+		{Name: "globex", Secret: server, Server: "main", Database: "globex_db"},
+	}
+	infra.NewOutboxFleet(b.stack, "Fleet", p)
+	tmpl := assertions.Template_FromStack(b.stack, nil)
+	var tenants []fleet.Tenant
+	for _, fn := range resources(tmpl, "AWS::Lambda::Function") {
+		if e := env(fn); e[lambdaenv.FleetShard] != nil {
+			tenants = tenantsOf(t, b.stack, e[lambdaenv.FleetTenants])
+		}
+	}
+	require.Len(t, tenants, 2)
+	for _, tn := range tenants {
+		require.Equal(t, tn.Name+"_db", tn.Database)
+		require.Contains(t, tn.SecretARN, "secret:control-")
+	}
+	policy, _ := json.Marshal(resources(tmpl, "AWS::IAM::Policy"))
+	require.Contains(t, string(policy), "secret:control-AbCdEf")
+}

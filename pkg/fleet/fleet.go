@@ -296,8 +296,8 @@ type tenant struct {
 	database string
 	// warned: the tenant's detection was logged as short of DetectPoll (once per tenant).
 	warned bool
-	// named is the database its DatabaseURL names ("" when it names none, or the tenant has
-	// none): what its server's activity poll reads for it until database is known, so that
+	// named is its Database, or the database its DatabaseURL names ("" when neither names
+	// one): what its server's activity poll reads for it until database is known, so that
 	// the run's first poll, before the tenant's first turn, sees its writes in flight.
 	named string
 
@@ -328,8 +328,8 @@ type tenant struct {
 
 func newTenant(f *Fleet, t Tenant, s *server) *tenant {
 	ctx, cancel := context.WithCancel(context.Background())
-	var named string
-	if t.DatabaseURL != "" {
+	named := t.Database
+	if named == "" && t.DatabaseURL != "" {
 		if cc, err := pgconn.ParseConfig(t.DatabaseURL); err == nil {
 			named = cc.Database
 		}
