@@ -89,7 +89,9 @@ func TestATurnWhoseRoundLostItsConnectionKeepsWhatItPublished(t *testing.T) {
 		once.Do(func() { // the first call: end the relay's sessions while it is in flight
 			_, err := hot.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 				WHERE datname = current_database() AND application_name = 'sluice-fleet-relay'`)
-			require.NoError(t, err)
+			if err != nil { // the relay's goroutine: no FailNow here
+				t.Errorf("end the relay's sessions: %v", err)
+			}
 		})
 	}}
 	relay := b.relay
