@@ -935,7 +935,9 @@ func (t *tenant) readLag(ctx context.Context, pool *pgxpool.Pool) {
 	}
 	lag, err := outbox.LagOf(ctx, pool)
 	if err != nil {
-		t.f.log.Warn("fleet: read a tenant's lag (outbox.LagOf)", "tenant", t.t.Name, "error", err)
+		if ctx.Err() == nil { // a run that stops cancels the read: not a problem to report
+			t.f.log.Warn("fleet: read a tenant's lag (outbox.LagOf)", "tenant", t.t.Name, "error", err)
+		}
 		return
 	}
 	t.update(func(s *TenantStatus) { s.Lag, s.LagAt = lag, time.Now() })
