@@ -34,6 +34,10 @@ type FleetTenant struct {
 	Secret awssecretsmanager.ISecret
 	// Server is the Name of the FleetServer the database is on. Required.
 	Server string
+	// Database names the tenant's database on its server in place of the one Secret names
+	// (fleet.Tenant.Database): tenants of one server can then share one Secret, the server's
+	// credentials, one secret a server instead of one a tenant. Defaults to Secret's dbname.
+	Database string
 	// Weight bounds the tenant's share of its server's connections and turns, 1 to
 	// fleet.MaxWeight. Defaults to 1.
 	Weight int
@@ -262,6 +266,9 @@ func (p *OutboxFleetProps) validate(raw *OutboxFleetProps) error {
 		}
 		if t.Weight < 1 || t.Weight > fleet.MaxWeight {
 			errs = append(errs, fmt.Errorf("tenant %s: Weight %d is outside 1 to %d", t.Name, t.Weight, fleet.MaxWeight))
+		}
+		if len(t.Database) > 63 {
+			errs = append(errs, fmt.Errorf("tenant %s: Database %q is longer than PostgreSQL's 63 bytes", t.Name, t.Database))
 		}
 	}
 	if r := p.Registry; r != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/sluicehq/sluice/infra"
 	"github.com/sluicehq/sluice/pkg/fleet"
 	"github.com/sluicehq/sluice/pkg/lambdaenv"
+	"github.com/sluicehq/sluice/pkg/metrics"
 )
 
 // fleetBundle is a stack with an imported VPC, two servers (one with the migrations of a
@@ -309,4 +310,68 @@ func refIDOrArn(v any) string {
 		return strings.ToUpper(name[:1]) + name[1:]
 	}
 	return s
+}
+
+// Each shard has its own heartbeat alarm: FleetShardHeartbeat with that shard's Shard
+// dimension, missing data breaching, so that one shard that stops is noticed while the
+// others keep reporting (the fleet-wide FleetHeartbeatMissing fires only when all stop).
+func TestFleetAlarmsOnEachShardsHeartbeat(t *testing.T) {
+	b := fleetSetup(t, "acme", "globex", "initech")
+	f := infra.NewOutboxFleet(b.stack, "Fleet", b.fleetProps(3))
+	mon := infra.NewMonitoring(b.stack, "Monitoring", &infra.MonitoringProps{Fleet: f, NoAlarmDestination: true})
+	tmpl := assertions.Template_FromStack(b.stack, nil)
+	byShard := map[string]map[string]any{}
+	for _, a := range resources(tmpl, "AWS::CloudWatch::Alarm") {
+		p := props(a)
+		if p["MetricName"] != metrics.FleetShardHeartbeat.Name {
+			continue
+		}
+		dims := map[string]string{}
+		for _, d := range p["Dimensions"].([]any) {
+			d := d.(map[string]any)
+			dims[d["Name"].(string)] = d["Value"].(string)
+		}
+		require.Equal(t, metrics.ServiceRelay, dims[metrics.DimensionService])
+		byShard[dims[metrics.DimensionShard]] = p
+	}
+	require.Len(t, byShard, 3, "one heartbeat alarm per shard")
+	for i := range 3 {
+		p := byShard[fmt.Sprintf("%d/3", i)]
+		require.NotNil(t, p, "shard %d/3's alarm", i)
+		require.Equal(t, "breaching", p["TreatMissingData"], "a shard that stops emits nothing: missing data breaches")
+		require.Equal(t, "LessThanThreshold", p["ComparisonOperator"])
+		require.EqualValues(t, 1, p["Threshold"])
+		require.Equal(t, metrics.Namespace, p["Namespace"])
+		require.Equal(t, "Sum", p["Statistic"])
+		require.Contains(t, mon.Alarms(), fmt.Sprintf("FleetShard%dHeartbeatMissing", i))
+	}
+}
+
+// Tenants of one server can share its secret, each naming only its database: the shard's
+// environment carries each tenant's database beside the one secret's ARN, and the role may
+// read that secret.
+func TestFleetTenantsShareTheirServersSecret(t *testing.T) {
+	b := fleetSetup(t)
+	server := b.control // any imported secret: the server's credentials
+	p := b.fleetProps(1)
+	p.Registry = nil
+	p.Tenants = []infra.FleetTenant{
+		{Name: "acme", Secret: server, Server: "main", Database: "acme_db"},
+		{Name: "globex", Secret: server, Server: "main", Database: "globex_db"},
+	}
+	infra.NewOutboxFleet(b.stack, "Fleet", p)
+	tmpl := assertions.Template_FromStack(b.stack, nil)
+	var tenants []fleet.Tenant
+	for _, fn := range resources(tmpl, "AWS::Lambda::Function") {
+		if e := env(fn); e[lambdaenv.FleetShard] != nil {
+			tenants = tenantsOf(t, b.stack, e[lambdaenv.FleetTenants])
+		}
+	}
+	require.Len(t, tenants, 2)
+	for _, tn := range tenants {
+		require.Equal(t, tn.Name+"_db", tn.Database)
+		require.Contains(t, tn.SecretARN, "secret:control-")
+	}
+	policy, _ := json.Marshal(resources(tmpl, "AWS::IAM::Policy"))
+	require.Contains(t, string(policy), "secret:control-AbCdEf")
 }

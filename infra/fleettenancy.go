@@ -64,7 +64,11 @@ func (t *fleetTenancy) environment(scope constructs.Construct, env map[string]*s
 	checkEnvironmentSize(env, tenants, who, remedy)
 	list := make([]any, 0, len(tenants))
 	for _, tn := range tenants {
-		list = append(list, map[string]any{"name": tn.Name, "secretArn": tn.Secret.SecretArn(), "server": tn.Server, "weight": tn.Weight})
+		entry := map[string]any{"name": tn.Name, "secretArn": tn.Secret.SecretArn(), "server": tn.Server, "weight": tn.Weight}
+		if tn.Database != "" {
+			entry["database"] = tn.Database
+		}
+		list = append(list, entry)
 	}
 	env[lambdaenv.FleetTenants] = awscdk.Stack_Of(scope).ToJsonString(list, nil)
 }
@@ -204,6 +208,9 @@ func checkEnvironmentSize(env map[string]*string, tenants []FleetTenant, who, re
 			n = len(*arn)
 		}
 		size += len(`{"name":"","secretArn":"","server":"","weight":100},`) + len(t.Name) + len(t.Server) + n
+		if t.Database != "" {
+			size += len(`"database":"",`) + len(t.Database)
+		}
 	}
 	if size > lambdaEnvironmentLimit {
 		panic(fmt.Errorf("sluice %s: its static tenants (%d) make its environment about %d bytes, above Lambda's %d: %s",

@@ -48,15 +48,23 @@ func FleetRelayMetric(m metrics.Metric, statistic string) awscloudwatch.IMetric 
 	})
 }
 
-// cloudWatchMetric is m as service emits it, with the dimensions m.Dimensions names.
-func cloudWatchMetric(m metrics.Metric, service, consumer, statistic string) awscloudwatch.Metric {
+// FleetShardMetric returns m, a fleet's per-shard metric defined in pkg/metrics
+// (metrics.FleetShardHeartbeat), as shard i of n emits it ({Service=relay, Shard=<i/n>}), with
+// the given statistic over one-minute periods.
+func FleetShardMetric(m metrics.Metric, i, n int, statistic string) awscloudwatch.Metric {
+	return cloudWatchMetric(m, metrics.ServiceRelay, metrics.FleetShard(i, n), statistic)
+}
+
+// cloudWatchMetric is m as service emits it, with the dimensions m.Dimensions names; name is
+// the value of its Consumer or Shard dimension.
+func cloudWatchMetric(m metrics.Metric, service, name, statistic string) awscloudwatch.Metric {
 	dims := map[string]*string{}
 	for _, d := range m.Dimensions {
 		switch d {
 		case metrics.DimensionService:
 			dims[d] = jsii.String(service)
-		case metrics.DimensionConsumer:
-			dims[d] = jsii.String(consumer)
+		case metrics.DimensionConsumer, metrics.DimensionShard:
+			dims[d] = jsii.String(name)
 		}
 	}
 	return awscloudwatch.NewMetric(&awscloudwatch.MetricProps{

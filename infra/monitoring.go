@@ -367,9 +367,17 @@ func NewMonitoring(scope constructs.Construct, id string, props *MonitoringProps
 		alarm("FleetHeartbeatMissing", fmt.Sprintf("No fleet relay has reported for %d minutes: no shard is running (missing data counts as breaching).", p.HeartbeatMissingMinutes),
 			RelayMetric(metrics.FleetTenants, "SampleCount"), awscloudwatch.ComparisonOperator_LESS_THAN_THRESHOLD, 1, p.HeartbeatMissingMinutes, awscloudwatch.TreatMissingData_BREACHING)
 		health := make([]awscloudwatch.IMetric, 0, 2*len(f.Relays()))
+		beats := make([]awscloudwatch.IMetric, 0, len(f.Relays()))
 		for i, fn := range f.Relays() {
 			lambdaAlarms(fmt.Sprintf("FleetShard%dRelay", i), fmt.Sprintf("Fleet relay shard %d", i), fn)
 			health = append(health, fn.MetricErrors(fiveMin), fn.MetricThrottles(fiveMin))
+			// Each shard's own heartbeat: FleetHeartbeatMissing above fires only when every
+			// shard stopped; one that stops while the others run leaves its tenants unserved.
+			beat := FleetShardMetric(metrics.FleetShardHeartbeat, i, len(f.Relays()), "Sum")
+			alarm(fmt.Sprintf("FleetShard%dHeartbeatMissing", i), fmt.Sprintf("Fleet relay shard %d/%d has not reported for %d minutes (missing data counts as breaching): "+
+				"its tenants' rows are not published while the other shards run. See docs/fleet.md, \"A shard that stops\".", i, len(f.Relays()), p.HeartbeatMissingMinutes),
+				beat, awscloudwatch.ComparisonOperator_LESS_THAN_THRESHOLD, 1, p.HeartbeatMissingMinutes, awscloudwatch.TreatMissingData_BREACHING)
+			beats = append(beats, beat)
 		}
 		byTenant := awscloudwatch.NewMathExpression(&awscloudwatch.MathExpressionProps{
 			Expression: jsii.String(fmt.Sprintf(`SEARCH('{%s,%s,%s} %s="%s" MetricName="%s"', 'Maximum', 60)`, metrics.Namespace, metrics.DimensionService, metrics.DimensionTenant,
@@ -382,6 +390,7 @@ func NewMonitoring(scope constructs.Construct, id string, props *MonitoringProps
 			graph("Fleet oldest pending age by tenant (s)", []awscloudwatch.IMetric{byTenant}, nil),
 			graph("Fleet tenants and failing tenants", []awscloudwatch.IMetric{RelayMetric(metrics.FleetTenants, "Maximum"), RelayMetric(metrics.FleetTenantsFailing, "Maximum")}, nil),
 			graph("Fleet relay errors and throttles", health, nil),
+			graph("Fleet shard heartbeats", beats, nil),
 		)
 	}
 

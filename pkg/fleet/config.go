@@ -191,7 +191,11 @@ func (c Config) withDefaults() (Config, error) {
 			if t.DatabaseURL == "" {
 				return nil, fmt.Errorf("tenant %s: no DatabaseURL, and Config.Connect is not set to resolve its secret", t.Name)
 			}
-			return pgxpool.ParseConfig(t.DatabaseURL)
+			cfg, err := pgxpool.ParseConfig(t.DatabaseURL)
+			if err != nil {
+				return nil, err
+			}
+			return t.Aim(cfg), nil
 		}
 	}
 	return c, errors.Join(errs...)

@@ -2,8 +2,10 @@ package fleet_test
 
 import (
 	"context"
+	"maps"
 	"net"
 	"net/url"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -17,6 +19,7 @@ import (
 	"github.com/sluicehq/sluice/internal/testdb"
 	"github.com/sluicehq/sluice/internal/testwait"
 	"github.com/sluicehq/sluice/pkg/fleet"
+	"github.com/sluicehq/sluice/pkg/metrics"
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
@@ -157,4 +160,48 @@ func TestATenantURLWithoutADatabaseNameIsFoundByTheActivityPoll(t *testing.T) {
 	})
 	d.write(t, 3, 3, 0) // after the first turn, which found nothing: only the poll can wake it now
 	requireInOrder(t, b.receive(t, 3), map[string]int{"unnamed": 3})
+}
+
+// recordedMetrics is a metrics.Recorder that keeps what it was given.
+type recordedMetrics struct {
+	mu  sync.Mutex
+	got []recordedMetric
+}
+
+type recordedMetric struct {
+	dims metrics.Dimensions
+	m    metrics.Measurement
+}
+
+func (r *recordedMetrics) Record(_ context.Context, dims metrics.Dimensions, ms ...metrics.Measurement) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, m := range ms {
+		r.got = append(r.got, recordedMetric{dims: dims, m: m})
+	}
+}
+
+// heartbeats counts FleetShardHeartbeat by its Shard dimension.
+func (r *recordedMetrics) heartbeats() map[string]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string]int{}
+	for _, g := range r.got {
+		if g.m.Name == metrics.FleetShardHeartbeat.Name && g.dims[metrics.DimensionService] == metrics.ServiceRelay {
+			out[g.dims[metrics.DimensionShard]]++
+		}
+	}
+	return out
+}
+
+// TestEachShardEmitsItsOwnHeartbeat: a shard's fleet emits FleetShardHeartbeat with its own
+// Shard dimension every metrics interval, tenants or none, so that an alarm per shard notices
+// one that stops while the others report.
+func TestEachShardEmitsItsOwnHeartbeat(t *testing.T) {
+	t.Parallel()
+	rec := &recordedMetrics{}
+	runFleet(t, fleet.Config{Registry: fleet.Static{}, Shard: 1, Shards: 3, RegistryRefresh: time.Hour,
+		Relay: outbox.RelayConfig{MetricsInterval: 20 * time.Millisecond, MetricsRecorder: rec}})
+	testwait.Until(t, "three heartbeats of shard 1/3", func() bool { return rec.heartbeats()["1/3"] >= 3 })
+	require.Equal(t, []string{"1/3"}, slices.Collect(maps.Keys(rec.heartbeats())), "only its own shard's")
 }

@@ -646,3 +646,47 @@ func TestAWriteSeenInFlightWakesItsTenantWhenItCommits(t *testing.T) {
 	require.NoError(t, tx.Commit(ctx))
 	requireInOrder(t, b.receive(t, 20), map[string]int{"bulk": 20})
 }
+
+// TestTenantsOfOneServerShareItsCredentials: two tenants give the same server URL (the
+// server's credentials) and each only its database's name: each tenant's events are read from
+// its own database and published once, named by their tenant, each key in order.
+func TestTenantsOfOneServerShareItsCredentials(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	acme, globex := newTenantDB(t, "acme"), newTenantDB(t, "globex")
+	acme.write(t, 6, 2, 0)
+	globex.write(t, 4, 2, 0)
+	server := testdb.ServerURL(t) // the server's credentials, naming another database
+	var reg fleet.Static
+	for _, d := range []tenantDB{acme, globex} {
+		var db string
+		require.NoError(t, d.pool.QueryRow(ctx, `SELECT current_database()`).Scan(&db))
+		reg = append(reg, fleet.Tenant{Name: d.name, DatabaseURL: server, Database: db})
+	}
+	runFleet(t, fleet.Config{Registry: reg, Relay: b.relay, RegistryRefresh: time.Hour})
+	requireInOrder(t, b.receive(t, 10), map[string]int{"acme": 6, "globex": 4})
+	testwait.Until(t, "both tenants' rows marked published", func() bool { return acme.pending(t) == 0 && globex.pending(t) == 0 })
+}
+
+// A registry table of an earlier version (no database column) is still read; once
+// CreateRegistryTable ran again, a tenant's database is stored and read back.
+func TestTheRegistryTableGainsTheDatabaseColumn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	control := testdb.Pool(t)
+	_, err := control.Exec(ctx, `CREATE TABLE sluice_fleet_tenant (
+		name text PRIMARY KEY, database_url text, secret_arn text, server text,
+		weight int NOT NULL DEFAULT 1, enabled boolean NOT NULL DEFAULT true, added_at timestamptz NOT NULL DEFAULT now())`)
+	require.NoError(t, err)
+	require.NoError(t, fleet.AddTenant(ctx, control, fleet.Tenant{Name: "acme", DatabaseURL: "postgres://db-1/acme"}))
+	got, err := fleet.Table{DB: control}.Tenants(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []fleet.Tenant{{Name: "acme", DatabaseURL: "postgres://db-1/acme", Weight: 1}}, got)
+
+	require.NoError(t, fleet.CreateRegistryTable(ctx, control))
+	require.NoError(t, fleet.AddTenant(ctx, control, fleet.Tenant{Name: "globex", SecretARN: "arn:server-1", Server: "server-1", Database: "globex_db"}))
+	got, err = fleet.Table{DB: control}.Tenants(ctx)
+	require.NoError(t, err)
+	require.Equal(t, fleet.Tenant{Name: "globex", SecretARN: "arn:server-1", Server: "server-1", Database: "globex_db", Weight: 1}, got[1])
+}

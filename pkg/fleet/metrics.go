@@ -27,8 +27,8 @@ func (f *Fleet) emitMetricsEvery(ctx context.Context) {
 	}
 }
 
-// emitMetrics records FleetTenants and FleetTenantsFailing with {Service=relay} and the
-// per-tenant figures: the TopTenants worst tenants by name, the rest together as
+// emitMetrics records FleetTenants and FleetTenantsFailing with {Service=relay}, the shard's
+// FleetShardHeartbeat with {Service=relay, Shard=<I/N>}, and the per-tenant figures: the TopTenants worst tenants by name, the rest together as
 // OtherTenants, so the number of metrics stays bounded however large the fleet.
 func (f *Fleet) emitMetrics(ctx context.Context, published map[string]int) {
 	st := f.Status() // worst first
@@ -69,4 +69,8 @@ func (f *Fleet) emitMetrics(ctx context.Context, published map[string]int) {
 	rec.Record(ctx, metrics.Dimensions{metrics.DimensionService: metrics.ServiceRelay},
 		metrics.FleetTenants.Measure(float64(len(st))),
 		metrics.FleetTenantsFailing.Measure(float64(failing)))
+	// The shard's own heartbeat: FleetTenants is summed over the shards, so one shard that
+	// stops does not show there; its alarm (infra/, per shard) watches this.
+	rec.Record(ctx, metrics.Dimensions{metrics.DimensionService: metrics.ServiceRelay, metrics.DimensionShard: metrics.FleetShard(f.cfg.Shard, f.cfg.Shards)},
+		metrics.FleetShardHeartbeat.Measure(1))
 }

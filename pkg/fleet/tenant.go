@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Tenant is one database of the fleet.
@@ -29,6 +30,12 @@ type Tenant struct {
 	// Server names the PostgreSQL server the database is on: tenants of one server share its
 	// connection budget. Defaults to DatabaseURL's host:port; required with SecretARN.
 	Server string `json:"server,omitempty"`
+	// Database names the tenant's database on its server, replacing the one its DatabaseURL
+	// or SecretARN's secret names: tenants of one server can then share the server's
+	// credentials, one DatabaseURL or one SecretARN for all of them, each naming only its
+	// database (one secret a server instead of one a tenant: docs/fleet.md, "Credentials per
+	// server"). Defaults to the database the URL or secret names.
+	Database string `json:"database,omitempty"`
 	// Weight bounds the tenant's share: its relay runs Weight × Relay.Pipelines pipelines (at
 	// most 16) on as many connections and one more, and its turn lasts Weight × Config.Turn
 	// when others wait. 1 to 100; defaults to 1.
@@ -39,6 +46,16 @@ type Tenant struct {
 const MaxWeight = 100
 
 var tenantName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+
+// Aim points cfg, the connection settings of t's DatabaseURL or secret, at t's own database
+// when t names one (Database): every Config.Connect of the fleet's tenants, the relay's and
+// the consumers' (pkg/lambdaenv), calls it last.
+func (t Tenant) Aim(cfg *pgxpool.Config) *pgxpool.Config {
+	if t.Database != "" {
+		cfg.ConnConfig.Database = t.Database
+	}
+	return cfg
+}
 
 // CheckName returns why name cannot be a tenant's name, or nil (the CDK constructs refuse at
 // synthesis what the relay would at run time).
@@ -56,6 +73,9 @@ func (t Tenant) withDefaults() (Tenant, error) {
 	}
 	if (t.DatabaseURL == "") == (t.SecretARN == "") {
 		return t, fmt.Errorf("tenant %s: set exactly one of DatabaseURL and SecretARN", t.Name)
+	}
+	if len(t.Database) > 63 || strings.ContainsRune(t.Database, 0) {
+		return t, fmt.Errorf("tenant %s: database %q: want a PostgreSQL database name (at most 63 bytes, no NUL)", t.Name, t.Database)
 	}
 	if t.Weight == 0 {
 		t.Weight = 1
@@ -122,6 +142,7 @@ const registrySchema = `CREATE TABLE IF NOT EXISTS ` + RegistryTable + ` (
 	database_url text,
 	secret_arn   text,
 	server       text,
+	database     text,
 	weight       int NOT NULL DEFAULT 1 CHECK (weight BETWEEN 1 AND 100),
 	enabled      boolean NOT NULL DEFAULT true,
 	added_at     timestamptz NOT NULL DEFAULT now(),
@@ -138,10 +159,17 @@ type Querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-// CreateRegistryTable creates RegistryTable in the control database when it does not exist.
+// registryDatabaseColumn adds the database column (Tenant.Database) to a RegistryTable
+// created before it existed.
+const registryDatabaseColumn = `ALTER TABLE ` + RegistryTable + ` ADD COLUMN IF NOT EXISTS database text`
+
+// CreateRegistryTable creates RegistryTable in the control database when it does not exist,
+// and adds the columns a table of an earlier version lacks.
 func CreateRegistryTable(ctx context.Context, db Execer) error {
-	if _, err := db.Exec(ctx, registrySchema); err != nil {
-		return fmt.Errorf("create %s: %w", RegistryTable, err)
+	for _, q := range []string{registrySchema, registryDatabaseColumn} {
+		if _, err := db.Exec(ctx, q); err != nil {
+			return fmt.Errorf("create %s: %w", RegistryTable, err)
+		}
 	}
 	return nil
 }
@@ -169,14 +197,17 @@ func (r Table) Tenants(ctx context.Context) ([]Tenant, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	rows, err := r.DB.Query(ctx, `SELECT name, coalesce(database_url, ''), coalesce(secret_arn, ''), coalesce(server, ''), weight
-		FROM `+RegistryTable+` WHERE enabled ORDER BY name`)
+	// The database column is read through the row's JSON: a table created before the column
+	// existed (and not yet given it by CreateRegistryTable) reads as tenants without one.
+	rows, err := r.DB.Query(ctx, `SELECT name, coalesce(database_url, ''), coalesce(secret_arn, ''), coalesce(server, ''), weight,
+			coalesce(to_jsonb(r)->>'database', '')
+		FROM `+RegistryTable+` r WHERE enabled ORDER BY name`)
 	if err != nil {
 		return nil, fmt.Errorf("read the fleet registry %s: %w", RegistryTable, err)
 	}
 	ts, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Tenant, error) {
 		var t Tenant
-		err := row.Scan(&t.Name, &t.DatabaseURL, &t.SecretARN, &t.Server, &t.Weight)
+		err := row.Scan(&t.Name, &t.DatabaseURL, &t.SecretARN, &t.Server, &t.Weight, &t.Database)
 		return t, err
 	})
 	if err != nil {
@@ -191,11 +222,19 @@ func AddTenant(ctx context.Context, db Execer, t Tenant) error {
 	if err != nil {
 		return err
 	}
-	_, err = db.Exec(ctx, `INSERT INTO `+RegistryTable+` (name, database_url, secret_arn, server, weight)
+	q := `INSERT INTO ` + RegistryTable + ` (name, database_url, secret_arn, server, weight)
 		VALUES ($1, nullif($2, ''), nullif($3, ''), nullif($4, ''), $5)
 		ON CONFLICT (name) DO UPDATE SET database_url = excluded.database_url, secret_arn = excluded.secret_arn,
-			server = excluded.server, weight = excluded.weight, enabled = true`,
-		d.Name, d.DatabaseURL, d.SecretARN, t.Server, d.Weight)
+			server = excluded.server, weight = excluded.weight, enabled = true`
+	args := []any{d.Name, d.DatabaseURL, d.SecretARN, t.Server, d.Weight}
+	if d.Database != "" { // the column CreateRegistryTable adds; a tenant without one works on older tables
+		q = `INSERT INTO ` + RegistryTable + ` (name, database_url, secret_arn, server, weight, database)
+		VALUES ($1, nullif($2, ''), nullif($3, ''), nullif($4, ''), $5, $6)
+		ON CONFLICT (name) DO UPDATE SET database_url = excluded.database_url, secret_arn = excluded.secret_arn,
+			server = excluded.server, weight = excluded.weight, database = excluded.database, enabled = true`
+		args = append(args, d.Database)
+	}
+	_, err = db.Exec(ctx, q, args...)
 	if err != nil {
 		return fmt.Errorf("add tenant %s: %w", t.Name, err)
 	}

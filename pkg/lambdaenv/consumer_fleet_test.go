@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -150,4 +151,48 @@ func TestTenantResolverReadsTheRegistryWhenStaleAndSurvivesItsOutage(t *testing.
 	_, err = db("initech")
 	require.ErrorContains(t, err, "control database down")
 	require.NotErrorIs(t, err, inbox.ErrUnknownTenant, "retried, not taken for unknown")
+}
+
+// countingSecrets counts the reads of each ARN.
+type countingSecrets struct {
+	secretsByARN
+	mu    sync.Mutex
+	reads map[string]int
+}
+
+func (s *countingSecrets) GetSecretValue(ctx context.Context, in *secretsmanager.GetSecretValueInput, o ...func(*secretsmanager.Options)) (*secretsmanager.GetSecretValueOutput, error) {
+	s.mu.Lock()
+	s.reads[aws.ToString(in.SecretId)]++
+	s.mu.Unlock()
+	return s.secretsByARN.GetSecretValue(ctx, in, o...)
+}
+
+// Tenants of one server share its secret, each naming only its database (the registry
+// table's database column): each opens on its own database, and the secret is read once.
+func TestTenantsOfOneServerShareItsSecret(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	controlURL := testdb.EmptyURL(t)
+	control, err := pgxpool.New(ctx, controlURL)
+	require.NoError(t, err)
+	defer control.Close()
+	require.NoError(t, fleet.CreateRegistryTable(ctx, control))
+	acme, globex := testdb.EmptyURL(t), testdb.EmptyURL(t)
+	for name, u := range map[string]string{"acme": acme, "globex": globex} {
+		require.NoError(t, fleet.AddTenant(ctx, control, fleet.Tenant{Name: name, SecretARN: "arn:server-1", Server: "server-1", Database: dbName(t, u)}))
+	}
+	secrets := &countingSecrets{secretsByARN: secretsByARN{"arn:server-1": secretJSON(t, controlURL, "postgres")}, reads: map[string]int{}}
+
+	getenv := env(map[string]string{FleetRegistryURL: controlURL, DatabaseSSLMode: "disable", ConsumerTenantMaxConns: "1"})
+	f, err := openConsumerFleet(ctx, getenv, secrets, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	defer f.Close()
+	for tenant, u := range map[string]string{"acme": acme, "globex": globex} {
+		var got string
+		require.NoError(t, f.Pools.WithTenant(ctx, tenant, func(db *pgxpool.Pool) error {
+			return db.QueryRow(ctx, `SELECT current_database()`).Scan(&got)
+		}), tenant)
+		require.Equal(t, dbName(t, u), got, "tenant %s opens on its own database with the server's secret", tenant)
+	}
+	require.Equal(t, 1, secrets.reads["arn:server-1"], "one secret for the server, read once")
 }

@@ -115,7 +115,9 @@ func FleetRegistryDatabaseURL(ctx context.Context, getenv Getenv, secrets Secret
 // host, port and dbname of its SecretARN's RDS secret with DATABASE_SSLMODE and
 // DATABASE_SSLROOTCERT, as for DATABASE_SECRET_ARN (but never DATABASE_HOST and DATABASE_PORT,
 // which redirect the function's own database), with DATABASE_QUERY_EXEC_MODE as PoolConfig
-// applies it. A secret is read once per tenant and its
+// applies it; a tenant's Database replaces the URL's or secret's database (fleet.Tenant.Aim),
+// so that tenants of one server may share its secret. A secret is read once per ARN, however
+// many tenants share it, and its
 // credentials are kept as OpenPool keeps them: re-read after a failed connection attempt (at
 // most every DATABASE_SECRET_REFRESH), AWSPENDING tried during a rotation; turns do not each
 // call Secrets Manager.
@@ -138,7 +140,7 @@ func FleetConnector(getenv Getenv, secrets SecretGetter) func(context.Context, f
 			if err != nil {
 				return nil, fmt.Errorf("tenant %s: %w", t.Name, err)
 			}
-			return cfg, nil
+			return t.Aim(cfg), nil
 		}
 		if secrets == nil {
 			return nil, errors.New("a Secrets Manager client is needed to read tenant " + t.Name + "'s secret")
@@ -168,7 +170,7 @@ func FleetConnector(getenv Getenv, secrets SecretGetter) func(context.Context, f
 			return nil, fmt.Errorf("tenant %s: database URL from its secret: %w", t.Name, err)
 		}
 		cfg.BeforeConnect, cfg.AfterConnect = c.beforeConnect, c.afterConnect
-		return cfg, nil
+		return t.Aim(cfg), nil
 	}
 }
 

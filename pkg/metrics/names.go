@@ -1,5 +1,7 @@
 package metrics
 
+import "strconv"
+
 // Namespace is the CloudWatch namespace of every sluice metric.
 const Namespace = "Sluice"
 
@@ -20,7 +22,15 @@ const (
 	// tenants by backlog and {Service=relay, Tenant=_other} for the rest, so their number stays
 	// bounded.
 	DimensionTenant = "Tenant"
+	// DimensionShard names a fleet's shard (pkg/fleet, one relay deployment of OutboxFleet's
+	// Shards): FleetShardHeartbeat carries {Service=relay, Shard=<I/N>} (FleetShard), so that a
+	// shard that stops is noticed though the others keep reporting.
+	DimensionShard = "Shard"
 )
+
+// FleetShard is the DimensionShard value of shard i of n ("2/4"), the form of
+// SLUICE_FLEET_SHARD: the fleet emits it and the CDK alarms watch it.
+func FleetShard(i, n int) string { return strconv.Itoa(i) + "/" + strconv.Itoa(n) }
 
 // Metric is the one definition of a sluice metric. The relay and the inbox build their
 // measurements from it ([Metric.Measure], [Metric.Observe]), the CDK alarms and dashboard
@@ -62,6 +72,7 @@ var (
 	audit     = []string{ServiceAudit}
 	relayDims = []string{DimensionService}
 	fleetDims = []string{DimensionService, DimensionTenant}
+	shardDims = []string{DimensionService, DimensionShard}
 	inboxDims = []string{DimensionService, DimensionConsumer}
 )
 
@@ -111,7 +122,8 @@ var (
 )
 
 // The fleet's metrics (pkg/fleet), emitted every RelayConfig.MetricsInterval: FleetTenants and
-// FleetTenantsFailing with dimensions {Service=relay}, the Tenant* ones per tenant with
+// FleetTenantsFailing with dimensions {Service=relay}, FleetShardHeartbeat per shard with
+// {Service=relay, Shard=<I/N>}, the Tenant* ones per tenant with
 // {Service=relay, Tenant=<name or _other>}. A fleet relay emits none of the single relay's
 // metrics, so that the alarms of an outbox in the same account never see a fleet's tenants.
 var (
@@ -121,6 +133,11 @@ var (
 	// FleetTenantsFailing is the number of tenants whose last turn failed.
 	FleetTenantsFailing = Metric{Name: "FleetTenantsFailing", Kind: Gauge, Unit: Count, Services: relay, Dimensions: relayDims,
 		Doc: "tenant databases whose last turn failed (unreachable, refused, broken schema); sluice status --fleet names them"}
+	// FleetShardHeartbeat is emitted once per metrics interval by each running fleet shard,
+	// with {Service=relay, Shard=<I/N>}: a shard that stops (its function failing, throttled or
+	// deleted, its schedule disabled) stops it, whatever the other shards report.
+	FleetShardHeartbeat = Metric{Name: "FleetShardHeartbeat", Kind: Counter, Unit: Count, Services: relay, Dimensions: shardDims,
+		Doc: "1 per metrics interval of each running fleet shard, with its Shard dimension (I/N)"}
 	// TenantOldestPendingAge is OutboxOldestPendingAge per tenant (the most among _other's).
 	TenantOldestPendingAge = Metric{Name: "TenantOldestPendingAgeSeconds", Kind: Gauge, Unit: Seconds, Services: relay, Dimensions: fleetDims,
 		Doc: "a tenant's oldest unpublished row's age (for Tenant=_other, the oldest of the tenants outside the top ones)"}
@@ -182,7 +199,7 @@ func All() []Metric {
 	return []Metric{
 		OutboxPending, OutboxOldestPendingAge, OutboxQuarantined, RelayHeartbeat, Published,
 		PublishFailures, DestinationsDown, OrderViolations, WALWakeActive, OldestTransactionAge, Offloaded, OffloadedBytes,
-		FleetTenants, FleetTenantsFailing, TenantOldestPendingAge, TenantPending, TenantQuarantined, TenantPublished,
+		FleetTenants, FleetTenantsFailing, FleetShardHeartbeat, TenantOldestPendingAge, TenantPending, TenantQuarantined, TenantPublished,
 		InboxProcessed, InboxSkipped, InboxDuplicates, InboxFailures, InboxStored, InboxDeadLetters, InboxParked,
 		CommitToApplyLatency, AuditMissingEvents, AuditUnpublishedEvents,
 	}

@@ -58,8 +58,8 @@ func TestDefinitions(t *testing.T) {
 		require.Equal(t, DimensionService, m.Dimensions[0], m.Name)
 		for _, s := range m.Services {
 			if s == ServiceRelay {
-				require.Contains(t, [][]string{{DimensionService}, {DimensionService, DimensionTenant}}, m.Dimensions,
-					"%s: relay metrics carry {Service}, a fleet's per-tenant ones {Service, Tenant}", m.Name)
+				require.Contains(t, [][]string{{DimensionService}, {DimensionService, DimensionTenant}, {DimensionService, DimensionShard}}, m.Dimensions,
+					"%s: relay metrics carry {Service}, a fleet's per-tenant ones {Service, Tenant}, its per-shard ones {Service, Shard}", m.Name)
 			} else {
 				require.Equal(t, []string{DimensionService, DimensionConsumer}, m.Dimensions, m.Name)
 			}

@@ -47,6 +47,8 @@ type roundConn struct {
 	// broken: a statement failed; the connection is closed instead of returned to the pool,
 	// which releases whatever locks it held.
 	broken bool
+	// released: close ran (the round closes a broken connection before its late record).
+	released bool
 }
 
 // fail marks the connection broken and returns err.
@@ -59,6 +61,10 @@ func (c *roundConn) fail(err error) error {
 // settings, or, when that fails or the connection broke, closes it. A dedicated connection
 // whose settler released every lock the round took needs no statement.
 func (c *roundConn) close(ctx context.Context, lease time.Duration) {
+	if c.released {
+		return
+	}
+	c.released = true
 	if !c.broken && !(c.dedicated && c.held == 0) {
 		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lease/2)
 		end := unlockAllSQL
@@ -137,7 +143,11 @@ func (r *Relay) round(ctx context.Context, taken roundKeys, calls *roundCalls) (
 	callCtx, stopCalls := context.WithDeadline(context.WithoutCancel(ctx), start.Add(r.cfg.Lease*3/4))
 	defer stopCalls()
 	defer context.AfterFunc(pctx, func() { time.AfterFunc(stopGrace, stopCalls) })()
-	settler := newRoundSettler(r, rc, back, func() { stopPublishing(); stopCalls() })
+	// A flush that fails stops the round's publishing: its keys' locks went with its
+	// connection. The calls in flight still get stopGrace to answer (the AfterFunc above), so
+	// that what the destination acknowledged is recorded (recordAcknowledged), not published a
+	// second time.
+	settler := newRoundSettler(r, rc, back, stopPublishing)
 	settler.start(ctx)
 	for _, kp := range plan.keys {
 		if len(kp.lane) == 0 {
@@ -147,6 +157,12 @@ func (r *Relay) round(ctx context.Context, taken roundKeys, calls *roundCalls) (
 	r.publish(pctx, callCtx, start, plan.keys, taken.probe, calls, settler.ended)
 	published := time.Now()
 	st, err := settler.finish()
+	if len(settler.unrecorded) > 0 {
+		rc.close(ctx, r.cfg.Lease) // broken: its pool slot is free for the late record
+		late, lerr := r.recordAcknowledged(ctx, settler.unrecorded)
+		st.add(late)
+		err = errors.Join(err, lerr)
+	}
 	st.Rounds = 1
 	if r.log.Enabled(ctx, slog.LevelDebug) {
 		r.log.Debug("relay round", "keys", len(taken.keys), "locked", len(mine), "claimed", st.Claimed, "published", st.Published,
@@ -263,6 +279,9 @@ type roundSettler struct {
 	done    chan struct{}
 	st      Stats
 	err     error
+	// unrecorded are the keys whose outcomes no flush recorded: the batch of the flush that
+	// failed and every key that ended after it (read once done is closed).
+	unrecorded []*keyPlan
 }
 
 func newRoundSettler(r *Relay, rc *roundConn, back *keyReturns, abort func()) *roundSettler {
@@ -291,11 +310,16 @@ func (s *roundSettler) start(ctx context.Context) {
 			s.pending = nil
 			closed := s.closed
 			s.mu.Unlock()
-			if len(batch) > 0 && s.err == nil {
+			switch {
+			case len(batch) == 0:
+			case s.err != nil:
+				s.unrecorded = append(s.unrecorded, batch...)
+			default:
 				st, err := s.flush(ctx, batch)
 				s.st.add(st)
 				if err != nil {
 					s.err = err
+					s.unrecorded = append(s.unrecorded, batch...)
 					s.abort()
 				}
 			}
@@ -317,9 +341,10 @@ func (s *roundSettler) finish() (Stats, error) {
 }
 
 // flush commits the outcomes of keys whose lanes ended, then releases them. If it fails, the
-// connection is closed (its locks go with it) and the keys are handed back to be claimed again:
-// rows acknowledged but not recorded are published a second time. Duplicates are possible,
-// loss is not.
+// connection is closed (its locks go with it), the round records what its destinations
+// acknowledged on another connection (recordAcknowledged), and the keys are handed back to be
+// claimed again. Rows acknowledged but recorded by neither are published a second time:
+// duplicates are possible, loss is not.
 func (s *roundSettler) flush(ctx context.Context, plans []*keyPlan) (Stats, error) {
 	var outcomes []*outcome
 	keys := make([]string, len(plans))
@@ -349,6 +374,52 @@ func (s *roundSettler) flush(ctx context.Context, plans []*keyPlan) (Stats, erro
 		byKey[kp.key] = kp
 	}
 	s.back.give(keys, func(k string) keyResult { return byKey[k].result() })
+	return st, nil
+}
+
+// recordAcknowledged marks published, on a connection of the pool, the rows of plans that
+// their destination acknowledged, after the round's connection broke before it recorded them
+// (a server that ended the session, a failover, a statement that failed). The keys' locks went
+// with that connection; a row its destination acknowledged is published whoever holds its key
+// now, so it is recorded without them (settlePublishedSQL skips a row already marked). What
+// failed or was never sent is left as it was, for the next round. Without it a round that lost
+// its connection published all its rows a second time, and a fleet tenant's failed turn with
+// them (docs/fleet.md).
+func (r *Relay) recordAcknowledged(ctx context.Context, plans []*keyPlan) (Stats, error) {
+	var (
+		st  Stats
+		ids []int64
+	)
+	for _, kp := range plans {
+		for _, o := range kp.lane {
+			st.Claimed++
+			if o.done {
+				ids = append(ids, o.event.ID)
+			}
+		}
+	}
+	if len(ids) == 0 {
+		return st, nil
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.Lease/2)
+	defer cancel()
+	conn, err := r.pool.Acquire(rctx)
+	if err != nil {
+		return st, fmt.Errorf("record %d acknowledged rows after the round's connection broke: acquire a connection: %w", len(ids), err)
+	}
+	defer conn.Release()
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	for _, g := range planGuards {
+		b.Queue("SET LOCAL " + g)
+	}
+	b.Queue(settlePlanSQL)
+	b.Queue(settlePublishedSQL, ids)
+	b.Queue("COMMIT")
+	if err := conn.SendBatch(rctx, b).Close(); err != nil {
+		return st, fmt.Errorf("record %d acknowledged rows after the round's connection broke (UPDATE outbox_event SET published_at): %w", len(ids), err)
+	}
+	st.Published = len(ids)
 	return st, nil
 }
 

@@ -275,12 +275,14 @@ backlog, worst first.`,
 		addGuard guard
 	)
 	addCmd := &cobra.Command{
-		Use:   "add NAME (--url URL | --secret-arn ARN --server NAME) [--weight N] [--dry-run] [--yes]",
+		Use:   "add NAME (--url URL | --secret-arn ARN --server NAME) [--database NAME] [--weight N] [--dry-run] [--yes]",
 		Short: "Add a tenant to the registry, or replace its row (and enable it)",
 		Long: `Add a tenant database to the registry table, or replace the row of a tenant of that name. The
 tenant's database is --url (a PostgreSQL URL) or --secret-arn (an RDS Secrets Manager secret,
 read by the relay; --server then names its PostgreSQL server, whose connection budget the
-tenants on it share). --weight (1 to 100, default 1) is the tenant's share of its server.
+tenants on it share). --database names the tenant's database on that server in place of the
+one the URL or secret names: tenants of one server can then share its credentials, one URL or
+one secret for all of them. --weight (1 to 100, default 1) is the tenant's share of its server.
 
 Migrate the new tenant's database before or right after adding it: sluice migrate --fleet
 --from NAME.
@@ -289,7 +291,8 @@ It first prints what it would add, or replace (the row's database before and aft
 stops there. On a terminal it asks for confirmation; --yes confirms for scripts; without a
 terminal and without --yes it refuses.`,
 		Example: `  sluice fleet add acme --url postgres://sluice@db-1/acme --yes
-  sluice fleet add globex --secret-arn arn:aws:secretsmanager:eu-west-1:123456789012:secret:globex --server db-2 --weight 2`,
+  sluice fleet add globex --secret-arn arn:aws:secretsmanager:eu-west-1:123456789012:secret:globex --server db-2 --weight 2
+  sluice fleet add initech --secret-arn arn:aws:secretsmanager:eu-west-1:123456789012:secret:db-2 --server db-2 --database initech`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
@@ -337,6 +340,7 @@ terminal and without --yes it refuses.`,
 	addCmd.Flags().StringVar(&add.DatabaseURL, "url", "", "the tenant database's PostgreSQL `URL`")
 	addCmd.Flags().StringVar(&add.SecretARN, "secret-arn", "", "the `ARN` of the tenant database's RDS Secrets Manager secret")
 	addCmd.Flags().StringVar(&add.Server, "server", "", "the `NAME` of the tenant's PostgreSQL server (default the URL's host:port; required with --secret-arn)")
+	addCmd.Flags().StringVar(&add.Database, "database", "", "the `NAME` of the tenant's database on its server, in place of the URL's or secret's (tenants sharing the server's credentials)")
 	addCmd.Flags().IntVar(&add.Weight, "weight", 0, fmt.Sprintf("the tenant's share of its server, `N` from 1 to %d (default 1)", fleet.MaxWeight))
 	addGuard.flags(addCmd, "be added or replaced")
 
@@ -451,8 +455,9 @@ SLUICE_FLEET_TENANTS.`,
 // registryRow reads name's row of the registry table, enabled or not.
 func registryRow(ctx context.Context, db *pgxpool.Pool, name string) (fleet.Tenant, bool, error) {
 	t := fleet.Tenant{Name: name}
-	err := db.QueryRow(ctx, `SELECT coalesce(database_url, ''), coalesce(secret_arn, ''), coalesce(server, ''), weight
-		FROM `+fleet.RegistryTable+` WHERE name = $1`, name).Scan(&t.DatabaseURL, &t.SecretARN, &t.Server, &t.Weight)
+	err := db.QueryRow(ctx, `SELECT coalesce(database_url, ''), coalesce(secret_arn, ''), coalesce(server, ''), weight,
+			coalesce(to_jsonb(r)->>'database', '')
+		FROM `+fleet.RegistryTable+` r WHERE name = $1`, name).Scan(&t.DatabaseURL, &t.SecretARN, &t.Server, &t.Weight, &t.Database)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return t, false, nil
 	}
@@ -463,8 +468,12 @@ func registryRow(ctx context.Context, db *pgxpool.Pool, name string) (fleet.Tena
 }
 
 func tenantDatabase(t fleet.Tenant) string {
+	out := "secret " + t.SecretARN
 	if t.DatabaseURL != "" {
-		return redact(t.DatabaseURL)
+		out = redact(t.DatabaseURL)
 	}
-	return "secret " + t.SecretARN
+	if t.Database != "" {
+		out += ", database " + t.Database
+	}
+	return out
 }

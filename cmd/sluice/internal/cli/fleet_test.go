@@ -252,14 +252,21 @@ func TestFleetRegistryAddListRemove(t *testing.T) {
 	requireOneLineError(t, b.run(t, "fleet", "add", "Bad Name", "--url", tenant.url), cli.ExitError, "tenant name")
 	requireOneLineError(t, b.run(t, "fleet", "add", "heavy", "--url", tenant.url, "--weight", "101"), cli.ExitError, "weight 101")
 
+	// A tenant with only its database on a server whose secret it shares.
+	require.Contains(t, b.ok(t, "fleet", "add", "initech", "--secret-arn", "arn:aws:secretsmanager:eu-west-1:123456789012:secret:db-2", "--server", "db-2",
+		"--database", "initech_db", "--yes"), "added tenant initech (secret arn:aws:secretsmanager:eu-west-1:123456789012:secret:db-2, database initech_db)")
+
 	out := b.ok(t, "fleet", "list")
 	require.Regexp(t, `(?m)^acme\s+-\s+1\s+postgres://`, out)
 	require.Regexp(t, `(?m)^globex\s+db-2\s+3\s+secret arn:aws:secretsmanager:eu-west-1:123456789012:secret:globex$`, out)
-	require.Contains(t, out, "2 tenants")
+	require.Regexp(t, `(?m)^initech\s+db-2\s+1\s+secret arn:aws:secretsmanager:eu-west-1:123456789012:secret:db-2, database initech_db$`, out)
+	require.Contains(t, out, "3 tenants")
 	var listed []fleet.Tenant
 	require.NoError(t, json.Unmarshal([]byte(b.ok(t, "fleet", "list", "--json")), &listed))
 	require.Equal(t, []string{"acme", "globex"}, []string{listed[0].Name, listed[1].Name})
 	require.Equal(t, 3, listed[1].Weight)
+	require.Equal(t, "initech_db", listed[2].Database)
+	b.ok(t, "fleet", "remove", "initech", "--yes")
 
 	// status --fleet reads the registry; globex's secret is read through Secrets Manager, which
 	// this test has none of: globex fails alone.
