@@ -251,7 +251,8 @@ type simDelivery struct {
 	body     []byte // the payload as published; a claim-checked one resolved through the store
 	pointer  bool   // body came from the claim check's store
 	accepted bool   // the destination kept the message (whatever it answered)
-	at       time.Duration
+	acked    bool   // the destination answered success for it: the relay knows it is published
+	from, at time.Duration // when the call started; when it was answered
 }
 
 // simDestination is the fake broker. It answers each call as the seed decides, and records
@@ -283,6 +284,20 @@ type simDestination struct {
 	sharedCalls int
 	tainted     map[string]bool
 	reported    atomic.Int64
+	// windows are the spans during which a destination (or, with dest "", every one) was
+	// unhealthy; crashes the spans during which a relay stopped, was killed, lost its
+	// sessions or failed a round (see simWindow).
+	windows, crashes []simWindow
+}
+
+// crash records a relay's crash (a stop, a kill, sessions terminated, a failed round) from
+// from to now: its rows may wait, and may be published again.
+func (d *simDestination) crash(from time.Duration) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	w := simWindow{from: from, to: time.Since(d.start)}
+	d.windows = append(d.windows, w)
+	d.crashes = append(d.crashes, w)
 }
 
 // simKeyOrderDestination is the fake broker of a keyOrder seed: it declares that it keeps a
@@ -316,6 +331,9 @@ func (h simOvertakeLog) Handle(ctx context.Context, r slog.Record) error {
 	if r.Level >= slog.LevelError && strings.HasPrefix(r.Message, "outbox destination acknowledged a row after failing") {
 		h.dest.reported.Add(1)
 	}
+	if r.Level >= slog.LevelError && strings.HasPrefix(r.Message, "relay round failed") {
+		h.dest.crash(time.Since(h.dest.start))
+	}
 	if h.Handler.Enabled(ctx, r.Level) {
 		return h.Handler.Handle(ctx, r)
 	}
@@ -339,6 +357,7 @@ var _ Publisher = (*simDestination)(nil)
 
 // PublishBatch implements Publisher.
 func (d *simDestination) PublishBatch(ctx context.Context, dest string, events []*Event) []error {
+	from := time.Since(d.start)
 	bytes := 0
 	d.mu.Lock()
 	firstAttempt := d.attempts[events[0].EventID]
@@ -433,11 +452,15 @@ func (d *simDestination) PublishBatch(ctx context.Context, dest string, events [
 		if errs[i] != nil {
 			failedKeys[e.PartitionKey] = true
 		}
-		dl := simDelivery{event: e.EventID, key: e.PartitionKey, id: e.ID, dest: dest, body: e.Payload, accepted: accepted, at: at}
+		dl := simDelivery{event: e.EventID, key: e.PartitionKey, id: e.ID, dest: dest, body: e.Payload,
+			accepted: accepted, acked: errs[i] == nil, from: from, at: at}
 		if e.ExtendedPayloadSize > 0 && d.store != nil {
 			dl.body, dl.pointer = d.store.body(e.EventID.String()), true
 		}
 		d.deliveries = append(d.deliveries, dl)
+	}
+	if callErr != nil || lostCall || len(failedKeys) > 0 {
+		d.windows = append(d.windows, simWindow{dest: dest, from: from, to: at})
 	}
 	return errs
 }
@@ -451,6 +474,7 @@ func (d *simDestination) resetKey(key string) {
 
 // simStore is the fake claim-check store (the PayloadStore the relay calls).
 type simStore struct {
+	start  time.Time // the fault phase's start
 	seed   int64
 	rate   float64
 	faulty *atomic.Bool
@@ -459,10 +483,11 @@ type simStore struct {
 	attempts map[string]int
 	bodies   map[string][]byte
 	refused  map[string]bool
+	failedAt []time.Duration // when uploads failed
 }
 
-func newSimStore(seed int64, rate float64, faulty *atomic.Bool) *simStore {
-	return &simStore{seed: seed, rate: rate, faulty: faulty,
+func newSimStore(seed int64, rate float64, faulty *atomic.Bool, start time.Time) *simStore {
+	return &simStore{seed: seed, rate: rate, faulty: faulty, start: start,
 		attempts: map[string]int{}, bodies: map[string][]byte{}, refused: map[string]bool{}}
 }
 
@@ -477,6 +502,7 @@ func (s *simStore) PutPayload(ctx context.Context, _, key string, body []byte) e
 	if s.faulty.Load() {
 		id, _ := uuid.Parse(key)
 		if f := simFate(s.seed, "store", id, attempt); f < s.rate {
+			s.failedAt = append(s.failedAt, time.Since(s.start))
 			if f < s.rate/20 {
 				s.refused[key] = true
 				return Permanent(fmt.Errorf("%w (permanent)", errSimStore))
@@ -489,6 +515,18 @@ func (s *simStore) PutPayload(ctx context.Context, _, key string, body []byte) e
 	}
 	s.bodies[key] = slices.Clone(body)
 	return nil
+}
+
+// windows returns the store's failures as unhealthy spans of every destination: a row whose
+// payload could not be stored waits in backoff, as for a failing destination.
+func (s *simStore) windows() []simWindow {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ws := make([]simWindow, len(s.failedAt))
+	for i, at := range s.failedAt {
+		ws[i] = simWindow{from: at, to: at}
+	}
+	return ws
 }
 
 func (s *simStore) body(key string) []byte {

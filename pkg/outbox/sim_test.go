@@ -182,8 +182,9 @@ func runSim(t *testing.T, seed int64, prof simProfile) *simResult {
 	w := &simWorld{t: t, seed: seed, sched: drawSchedule(seed, rng, prof), url: testdb.URL(t), hist: newSimHistory()}
 	w.admin = w.pool("admin", 4, false)
 	w.start = time.Now()
+	w.hist.start = w.start
 	if w.sched.claimCheck {
-		w.store = newSimStore(seed, w.sched.rates.storeErr, &w.faulty)
+		w.store = newSimStore(seed, w.sched.rates.storeErr, &w.faulty, w.start)
 	}
 	w.dest = newSimDestination(seed, w.sched.rates, &w.faulty, w.store, w.start)
 	w.dest.keyOrder = w.sched.keyOrder
@@ -193,6 +194,7 @@ func runSim(t *testing.T, seed int64, prof simProfile) *simResult {
 		w.startRelay(i)
 	}
 	checker := newSimChecker(w.hist, w.dest, w.store, 0)
+	checker.cfg = w.relayConfig()
 
 	// Fault phase: producers write while the timeline plays.
 	w.faulty.Store(!prof.calm)
@@ -341,6 +343,8 @@ func (w *simWorld) startRelay(i int) {
 // context ends, as when its process dies.
 func (w *simWorld) stopRelay(i int, kill bool) error {
 	r := w.relays[i]
+	from := time.Since(w.start)
+	defer w.dest.crash(from)
 	if kill {
 		n := w.terminate(r.name)
 		w.logf("kill %s (%d backends)", r.name, n)
@@ -367,7 +371,9 @@ func (w *simWorld) do(rng *rand.Rand, a simAction) {
 		w.startRelay(a.relay)
 		w.logf("%s r%d, restarted as %s", a.kind, a.relay, w.relays[a.relay].name)
 	case actTerminate:
+		from := time.Since(w.start)
 		w.logf("terminate %s: %d backends", w.relays[a.relay].name, w.terminate(w.relays[a.relay].name))
+		w.dest.crash(from)
 	case actTerminateProducer:
 		n := 0
 		for p := range w.sched.producers {
