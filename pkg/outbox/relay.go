@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -128,6 +129,12 @@ type RelayConfig struct {
 	// like any header, and is the last header a publisher drops when they do not all fit
 	// (docs/fleet.md, "Limits"). Defaults to none.
 	Tenant string
+
+	// tests: the key book's capacity; 0 means the default (bookCapacity).
+	bookCapacity int
+	// tests: how long calls in flight may take to return when the relay stops; 0 means the
+	// default (stopGrace).
+	stopGrace time.Duration
 }
 
 // TenantHeader is the header that names a message's tenant database when a fleet relay
@@ -266,7 +273,7 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 		cfg:      cfg,
 		log:      cfg.Logger.With("component", "relay"),
 		inFlight: make(chan struct{}, cfg.PublishConcurrency),
-		book:     newKeyBook(bookCapacity),
+		book:     newKeyBook(cmp.Or(cfg.bookCapacity, bookCapacity)),
 		dests:    newDestinations(cfg.BackoffBase, cfg.BackoffMax, jitter),
 	}
 	r.watch = newWatcher(r)

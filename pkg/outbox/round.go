@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -135,7 +136,7 @@ func (r *Relay) round(ctx context.Context, taken roundKeys) (Stats, error) {
 	// second time by the next relay. The lease bounds them as it bounds the round.
 	callCtx, stopCalls := context.WithDeadline(context.WithoutCancel(ctx), start.Add(r.cfg.Lease*3/4))
 	defer stopCalls()
-	defer context.AfterFunc(pctx, func() { time.AfterFunc(stopGrace, stopCalls) })()
+	defer context.AfterFunc(pctx, func() { time.AfterFunc(cmp.Or(r.cfg.stopGrace, stopGrace), stopCalls) })()
 	settler := newRoundSettler(r, rc, back, func() { stopPublishing(); stopCalls() })
 	settler.start(ctx)
 	for _, kp := range plan.keys {

@@ -43,8 +43,8 @@ type simRow struct {
 type simHistory struct {
 	start time.Time // the fault phase's start: committedAt is an offset from it
 	mu    sync.Mutex
-	rows map[uuid.UUID]*simRow
-	open map[string]int // producer transactions in progress, per key
+	rows  map[uuid.UUID]*simRow
+	open  map[string]int // producer transactions in progress, per key
 }
 
 func newSimHistory() *simHistory {

@@ -53,9 +53,10 @@ const (
 	actRetryAll                               // RetryAllQuarantined
 	actHostile                                // insert a hostile row with plain SQL
 	actOutage                                 // every call to the destination fails (throttled) for a while
+	actLateCommit                             // a transaction takes an id, holds it while higher ids commit, then commits
 )
 
-var simActionNames = [...]string{"cancel", "kill", "terminate", "term-producers", "replay", "purge", "retry-all", "hostile", "outage"}
+var simActionNames = [...]string{"cancel", "kill", "terminate", "term-producers", "replay", "purge", "retry-all", "hostile", "outage", "late-commit"}
 
 func (k simActionKind) String() string { return simActionNames[k] }
 
@@ -73,7 +74,7 @@ func (a simAction) String() string {
 	switch a.kind {
 	case actCancel, actKill:
 		s += fmt.Sprintf("(r%d,down=%dms)", a.relay, a.down.Milliseconds())
-	case actOutage:
+	case actOutage, actLateCommit:
 		s += fmt.Sprintf("(%dms)", a.down.Milliseconds())
 	case actTerminate:
 		s += fmt.Sprintf("(r%d)", a.relay)
@@ -92,7 +93,16 @@ type simRates struct {
 	// overtake: with keyOrder, per entry behind a failed entry of its key in the same call,
 	// the chance that the destination breaks its promise and acknowledges it anyway.
 	overtake float64
+	// slow: per call, the chance that the destination answers late but within the relay's
+	// PublishTimeout (between half and nine tenths of it): slow, not failing.
+	slow float64
+	// midRound: per call, the chance that every relay's sessions are terminated while the
+	// call is in flight (the rounds lose their advisory locks); at most simMidRoundMax a seed.
+	midRound float64
 }
+
+// simMidRoundMax bounds a seed's mid-round terminations.
+const simMidRoundMax = 3
 
 // simSchedule is everything a seed decides before it starts.
 type simSchedule struct {
@@ -120,9 +130,18 @@ type simSchedule struct {
 	// their polls page and their passes move the frontier past rows they have not read
 	// (watcher.jumpFrontier).
 	passes, pageRows int
-	rates            simRates
-	actions          []simAction
+	// shortGrace: the relays give calls in flight simShortGrace to return when they stop
+	// (RelayConfig.stopGrace), less than a slow or hanging call takes, so that stops cancel
+	// calls mid-flight.
+	shortGrace bool
+	// bookCap is the relays' key book capacity (RelayConfig.bookCapacity); 0: the default.
+	bookCap int
+	rates   simRates
+	actions []simAction
 }
+
+// simShortGrace is the stop grace of a shortGrace seed.
+const simShortGrace = 20 * time.Millisecond
 
 // drawSchedule draws seed's schedule from rng.
 func drawSchedule(seed int64, rng *rand.Rand, p simProfile) *simSchedule {
@@ -198,18 +217,43 @@ func drawSchedule(seed int64, rng *rand.Rand, p simProfile) *simSchedule {
 	}
 	s.dedicated = rng.IntN(s.relays + 1)
 	s.passes, s.pageRows = rng.IntN(s.relays+1), 1+rng.IntN(8)
+	drawLivenessFaults(s, rng, pick, at)
 	return s
+}
+
+// drawLivenessFaults draws the faults that test liveness against livenessBound rather than
+// outcomes (drawn after the others, so that those stay what they were for every seed): slow
+// destinations, stops that cancel calls mid-flight, late commits below the frontier, sessions
+// terminated mid-round, a small key book, and relays that all run long passes under steady
+// writes.
+func drawLivenessFaults(s *simSchedule, rng *rand.Rand, pick func(float64) float64, at func() time.Duration) {
+	s.rates.slow = pick(0.3)
+	s.shortGrace = rng.IntN(3) == 0
+	s.rates.midRound = pick(0.02)
+	if rng.IntN(4) == 0 {
+		s.bookCap = 2 + rng.IntN(8)
+	}
+	if rng.IntN(4) == 0 {
+		s.passes = s.relays
+	}
+	for range rng.IntN(4) {
+		s.actions = append(s.actions, simAction{at: at(), kind: actLateCommit, down: time.Duration(200+rng.IntN(1000)) * time.Millisecond})
+	}
+	if s.shortGrace { // a stop while slow calls are in flight
+		s.actions = append(s.actions, simAction{at: at(), kind: actCancel, relay: rng.IntN(s.relays), down: time.Duration(rng.IntN(300)) * time.Millisecond})
+	}
+	slices.SortStableFunc(s.actions, func(a, b simAction) int { return int(a.at - b.at) })
 }
 
 // String is the schedule in one compact paragraph, for a failing seed's report.
 func (s *simSchedule) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "relays=%d (dedicated pools %d, passes %d of %d rows a poll) pipelines=%d producers=%d keys=%d serialized=%d retiring=%d@%dms rows/tx<=%d fault=%dms claimcheck=%t dest2=%t keyorder=%t\n",
+	fmt.Fprintf(&b, "relays=%d (dedicated pools %d, passes %d of %d rows a poll) pipelines=%d producers=%d keys=%d serialized=%d retiring=%d@%dms rows/tx<=%d fault=%dms claimcheck=%t dest2=%t keyorder=%t shortgrace=%t book=%d\n",
 		s.relays, s.dedicated, s.passes, s.pageRows, s.pipelines, s.producers, s.keys, s.serialized, s.retiring, s.retireAt.Milliseconds(), s.maxRows,
-		s.faultPhase.Milliseconds(), s.claimCheck, s.secondDest, s.keyOrder)
+		s.faultPhase.Milliseconds(), s.claimCheck, s.secondDest, s.keyOrder, s.shortGrace, s.bookCap)
 	r := s.rates
-	fmt.Fprintf(&b, "rates: delay=%.2f(<=%dms) hang=%.3f callErr=%.2f throttle=%.2f lostCall=%.2f entryErr=%.2f permanent=%.3f lostEntry=%.2f storeErr=%.2f overtake=%.3f\n",
-		r.delay, r.maxDelay.Milliseconds(), r.hang, r.callErr, r.throttle, r.lostCall, r.entryErr, r.permanent, r.lostEntry, r.storeErr, r.overtake)
+	fmt.Fprintf(&b, "rates: delay=%.2f(<=%dms) hang=%.3f callErr=%.2f throttle=%.2f lostCall=%.2f entryErr=%.2f permanent=%.3f lostEntry=%.2f storeErr=%.2f overtake=%.3f slow=%.2f midRound=%.3f\n",
+		r.delay, r.maxDelay.Milliseconds(), r.hang, r.callErr, r.throttle, r.lostCall, r.entryErr, r.permanent, r.lostEntry, r.storeErr, r.overtake, r.slow, r.midRound)
 	b.WriteString("timeline:")
 	for _, a := range s.actions {
 		b.WriteString(" " + a.String())
@@ -248,10 +292,10 @@ type simDelivery struct {
 	key      string
 	id       int64
 	dest     string
-	body     []byte // the payload as published; a claim-checked one resolved through the store
-	pointer  bool   // body came from the claim check's store
-	accepted bool   // the destination kept the message (whatever it answered)
-	acked    bool   // the destination answered success for it: the relay knows it is published
+	body     []byte        // the payload as published; a claim-checked one resolved through the store
+	pointer  bool          // body came from the claim check's store
+	accepted bool          // the destination kept the message (whatever it answered)
+	acked    bool          // the destination answered success for it: the relay knows it is published
 	from, at time.Duration // when the call started; when it was answered
 }
 
@@ -264,6 +308,11 @@ type simDestination struct {
 	outage atomic.Bool  // every call fails (actOutage)
 	store  *simStore    // resolves claim-check pointers; nil without a claim check
 	start  time.Time
+	// timeout is the relays' PublishTimeout (rates.slow stays below it); terminate ends every
+	// relay's sessions (rates.midRound), midRounds counts its uses.
+	timeout   time.Duration
+	terminate func()
+	midRounds atomic.Int64
 
 	mu         sync.Mutex
 	attempts   map[uuid.UUID]int
@@ -389,8 +438,14 @@ func (d *simDestination) PublishBatch(ctx context.Context, dest string, events [
 	if fate("delay", first, firstAttempt) < d.rates.delay {
 		wait = time.Duration(fate("delay-ms", first, firstAttempt) * float64(d.rates.maxDelay))
 	}
+	if fate("slow", first, firstAttempt) < d.rates.slow {
+		wait = d.timeout/2 + time.Duration(fate("slow-ms", first, firstAttempt)*float64(d.timeout*2/5))
+	}
 	if fate("hang", first, firstAttempt) < d.rates.hang {
 		wait = time.Hour // until the relay's PublishTimeout
+	}
+	if fate("mid-round", first, firstAttempt) < d.rates.midRound && d.terminate != nil && d.midRounds.Add(1) <= simMidRoundMax {
+		d.terminate()
 	}
 	if wait > 0 {
 		t := time.NewTimer(wait)

@@ -160,6 +160,8 @@ type simWorld struct {
 	relays []*simRelay
 	// live counts relays whose Run has not returned; maxLive is its peak (the memory bound).
 	live, maxLive atomic.Int64
+	// late counts the late commits (actLateCommit) in progress.
+	late sync.WaitGroup
 
 	logMu sync.Mutex
 	log   strings.Builder
@@ -188,6 +190,8 @@ func runSim(t *testing.T, seed int64, prof simProfile) *simResult {
 	}
 	w.dest = newSimDestination(seed, w.sched.rates, &w.faulty, w.store, w.start)
 	w.dest.keyOrder = w.sched.keyOrder
+	w.dest.timeout = w.relayConfig().PublishTimeout
+	w.dest.terminate = w.terminateRelays
 	w.relays = make([]*simRelay, w.sched.relays)
 	for i := range w.relays {
 		w.relays[i] = &simRelay{}
@@ -218,6 +222,7 @@ func runSim(t *testing.T, seed int64, prof simProfile) *simResult {
 	w.faulty.Store(false)
 	close(stop)
 	producers.Wait()
+	w.late.Wait()
 	w.logf("heal: %d rows written", len(w.hist.rows))
 	ctx := context.Background()
 	quarantined, err := ListQuarantined(ctx, w.admin, 100000)
@@ -277,6 +282,47 @@ func (w *simWorld) terminate(role string) int {
 	return n
 }
 
+// terminateRelays ends every relay's sessions at once, mid-round (rates.midRound): the
+// rounds lose their advisory locks.
+func (w *simWorld) terminateRelays() {
+	from := time.Since(w.start)
+	var n int
+	err := w.admin.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE application_name LIKE $1 AND datname = current_database()`, w.appName("relay-")+"%").Scan(&n)
+	w.logf("terminate every relay mid-call: %d backends %s", n, errOrEmpty(err))
+	w.dest.crash(from)
+}
+
+// lateCommit inserts a row on a key of its own in a transaction it holds open for hold while
+// the producers commit higher ids, then commits it: a row that commits below the relays'
+// frontier (and below a pass's jump).
+func (w *simWorld) lateCommit(rng *rand.Rand, hold time.Duration) {
+	row := &simRow{event: simUUID(rng), key: "late-" + simUUID(rng).String()[:8]}
+	row.body = simPayload(rng, row.key, 0, false)
+	w.late.Add(1)
+	go func() {
+		defer w.late.Done()
+		ctx := context.Background()
+		status := rowRolledBack
+		w.hist.add(row)
+		defer func() { w.hist.settle([]*simRow{row}, status) }()
+		tx, err := w.admin.Begin(ctx)
+		if err != nil {
+			return
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		if err := tx.QueryRow(ctx, simInsertSQL, row.event, simFIFOTopic, row.key, row.key, string(row.body)).Scan(&row.id); err != nil {
+			return
+		}
+		time.Sleep(hold)
+		status = rowMaybe
+		if err := tx.Commit(ctx); err == nil {
+			status = rowCommitted
+		}
+		w.logf("late commit: row %d (key %s) after %dms", row.id, row.key, hold.Milliseconds())
+	}()
+}
+
 // relayConfig is every simulated relay's configuration.
 func (w *simWorld) relayConfig() RelayConfig {
 	cfg := RelayConfig{
@@ -292,6 +338,10 @@ func (w *simWorld) relayConfig() RelayConfig {
 		PollInterval:   10 * time.Millisecond,
 		RescanInterval: 100 * time.Millisecond,
 		Logger:         slog.New(slog.NewTextHandler(io.Discard, nil)),
+		bookCapacity:   w.sched.bookCap,
+	}
+	if w.sched.shortGrace {
+		cfg.stopGrace = simShortGrace
 	}
 	if os.Getenv("RELAY_DEBUG") != "" {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -394,6 +444,8 @@ func (w *simWorld) do(rng *rand.Rand, a simAction) {
 		w.logf("outage for %dms", a.down.Milliseconds())
 	case actHostile:
 		w.logf("hostile %s: %s", simHostileKinds[a.arg], w.insertHostile(ctx, rng, a.arg))
+	case actLateCommit:
+		w.lateCommit(rng, a.down)
 	}
 }
 
