@@ -200,6 +200,9 @@ func (r *Relay) claimKeys(ctx context.Context, rc *roundConn, keys []string, per
 	if err := rc.conn.SendBatch(ctx, b).Close(); err != nil {
 		return nil, nil, fmt.Errorf("lock partition keys and read their rows: %w", err)
 	}
+	if mutant == mutantCachedPosition {
+		read = mutantReadFromCache(r, read)
+	}
 	return locked, read, nil
 }
 
@@ -341,6 +344,9 @@ func (s *roundSettler) flush(ctx context.Context, plans []*keyPlan) (Stats, erro
 	})
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.r.cfg.Lease/2)
 	defer cancel()
+	if mutant == mutantUnlockBeforeCommit {
+		mutantUnlockFirst(fctx, s.rc, keys)
+	}
 	if err := s.rc.conn.SendBatch(fctx, b).Close(); err != nil {
 		return Stats{}, s.rc.fail(fmt.Errorf("record publish outcomes of %d rows: %w", len(outcomes), err))
 	}
@@ -488,7 +494,7 @@ func (r *Relay) call(ctx context.Context, roundStart time.Time, dest string, bat
 		case err == nil:
 			answered = true
 		case stopping:
-			results[i].cancelled = true
+			results[i].cancelled = mutant != mutantCancelledPublished
 			allRetryable = false
 		case IsPermanent(err):
 			answered = true // the destination refused the row: it works
@@ -496,6 +502,9 @@ func (r *Relay) call(ctx context.Context, roundStart time.Time, dest string, bat
 		default:
 			results[i].err = err
 		}
+	}
+	if mutant == mutantLastFailedAcked {
+		mutantAckLastFailed(results)
 	}
 	now := time.Now()
 	switch {
@@ -611,6 +620,9 @@ func (r *Relay) send(ctx context.Context, dest string, events []*Event) (errs []
 		}
 	}()
 	errs = r.cfg.Publisher.PublishBatch(pctx, dest, events)
+	if mutant == mutantTimedOutAcked && errors.Is(pctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
+		errs = make([]error, len(events))
+	}
 	if len(errs) != len(events) {
 		errs = CallFailed(len(events), fmt.Errorf("publisher returned %d results for %d events", len(errs), len(events)))
 	}

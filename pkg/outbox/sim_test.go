@@ -61,7 +61,24 @@ func simReplayCommand(seed int64) string {
 func TestSimulation(t *testing.T) {
 	simMu.RLock()
 	defer simMu.RUnlock()
-	base, n := *simSeed, *simSeeds
+	base, n := simSeedRange()
+	start := time.Now()
+	failed := runSeeds(t, base, n, func(t *testing.T, res *simResult) {
+		switch {
+		case len(res.checker.counts) == 0:
+			if testing.Verbose() {
+				t.Logf("no findings\n%s", res)
+			}
+		default:
+			t.Errorf("findings:\n%s", res)
+		}
+	})
+	simSummaryLine(t, fmt.Sprintf("simulation: %d seeds from %d, %d failed, %s", n, base, failed, time.Since(start).Round(time.Second)))
+}
+
+// simSeedRange returns the first seed and how many to run, from the flags.
+func simSeedRange() (base int64, n int) {
+	base, n = *simSeed, *simSeeds
 	if *simRandom {
 		base = time.Now().UnixNano() % 1_000_000_000
 		fmt.Fprintf(os.Stderr, "sim: random base seed %d\n", base)
@@ -69,9 +86,14 @@ func TestSimulation(t *testing.T) {
 	if testing.Short() {
 		n = min(n, 10)
 	}
+	return base, n
+}
+
+// runSeeds runs n seeds from base, -sim.parallel at once, each as a subtest seed=<n> handed to
+// judge with its result, and returns how many had findings.
+func runSeeds(t *testing.T, base int64, n int, judge func(*testing.T, *simResult)) int {
 	prof := simProfile{faultMax: *simFaultMax}
-	start := time.Now()
-	var failed atomic.Int64
+	var found atomic.Int64
 	seeds := make(chan int64)
 	var wg sync.WaitGroup
 	for range max(1, *simParallel) {
@@ -81,15 +103,10 @@ func TestSimulation(t *testing.T) {
 			for seed := range seeds {
 				t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 					res := runSim(t, seed, prof)
-					switch {
-					case len(res.checker.counts) == 0:
-						if testing.Verbose() {
-							t.Logf("no findings\n%s", res)
-						}
-					default:
-						failed.Add(1)
-						t.Errorf("findings:\n%s", res)
+					if len(res.checker.counts) > 0 {
+						found.Add(1)
 					}
+					judge(t, res)
 				})
 			}
 		}()
@@ -99,8 +116,11 @@ func TestSimulation(t *testing.T) {
 	}
 	close(seeds)
 	wg.Wait()
-	line := fmt.Sprintf("simulation: %d seeds from %d, %d failed, %s",
-		n, base, failed.Load(), time.Since(start).Round(time.Second))
+	return int(found.Load())
+}
+
+// simSummaryLine logs line and appends it to -sim.summary's file, if set.
+func simSummaryLine(t *testing.T, line string) {
 	t.Log(line)
 	if *simSummary != "" {
 		f, err := os.OpenFile(*simSummary, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)

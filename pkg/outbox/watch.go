@@ -247,6 +247,9 @@ func (w *watcher) jumpFrontier(ctx context.Context) error {
 	if err := w.readOnly(ctx, b); err != nil {
 		return fmt.Errorf("read where the outbox ends: %w", err)
 	}
+	if mutant == mutantJumpSkipsLate {
+		mutantJumped(w, w.frontier, newest)
+	}
 	w.frontier = max(w.frontier, newest)
 	return nil
 }
@@ -333,6 +336,9 @@ func (w *watcher) applySweep(s sweepRead) (int, string) {
 	heads := *s.heads
 	now := time.Now()
 	for _, h := range heads {
+		if (mutant == mutantSweepAboveFrontier && h.id <= w.frontier) || (mutant == mutantJumpSkipsLate && mutantSkipHead(w, h.id)) {
+			continue
+		}
 		state, at := headClaimable, now
 		switch {
 		case h.quarantined:
