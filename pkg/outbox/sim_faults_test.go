@@ -222,10 +222,11 @@ func drawSchedule(seed int64, rng *rand.Rand, p simProfile) *simSchedule {
 }
 
 // drawLivenessFaults draws the faults that test liveness against livenessBound rather than
-// outcomes (drawn after the others, so that those stay what they were for every seed): slow
-// destinations, stops that cancel calls mid-flight, late commits below the frontier, sessions
-// terminated mid-round, a small key book, and relays that all run long passes under steady
-// writes.
+// outcomes, and that make the planted bugs of mutants.go show (drawn after the others, so that
+// those stay what they were for every seed): slow destinations, stops that cancel calls
+// mid-flight, late commits below the frontier, sessions terminated mid-round, a small key
+// book, relays that all run long passes under steady writes, a few hot keys, refusals (rows
+// quarantined ahead of their key's later rows) and calls that time out.
 func drawLivenessFaults(s *simSchedule, rng *rand.Rand, pick func(float64) float64, at func() time.Duration) {
 	s.rates.slow = pick(0.3)
 	s.shortGrace = rng.IntN(3) == 0
@@ -233,14 +234,28 @@ func drawLivenessFaults(s *simSchedule, rng *rand.Rand, pick func(float64) float
 	if rng.IntN(4) == 0 {
 		s.bookCap = 2 + rng.IntN(8)
 	}
-	if rng.IntN(4) == 0 {
+	if rng.IntN(3) == 0 {
 		s.passes = s.relays
 	}
-	for range rng.IntN(4) {
+	if rng.IntN(3) == 0 { // a few hot keys: rounds and relays contend for them
+		s.keys = min(s.keys, 6+rng.IntN(10))
+		s.serialized = min(s.serialized, s.keys)
+		s.retiring = min(s.retiring, s.serialized)
+	}
+	if rng.IntN(3) == 0 { // refusals: quarantined rows with rows of their key behind them
+		s.rates.permanent = max(s.rates.permanent, 0.02+0.03*rng.Float64())
+	}
+	if rng.IntN(3) == 0 { // calls that time out
+		s.rates.hang = max(s.rates.hang, 0.02+0.04*rng.Float64())
+	}
+	for range 1 + rng.IntN(3) {
 		s.actions = append(s.actions, simAction{at: at(), kind: actLateCommit, down: time.Duration(200+rng.IntN(1000)) * time.Millisecond})
 	}
-	if s.shortGrace { // a stop while slow calls are in flight
-		s.actions = append(s.actions, simAction{at: at(), kind: actCancel, relay: rng.IntN(s.relays), down: time.Duration(rng.IntN(300)) * time.Millisecond})
+	if s.shortGrace { // stops while slow calls are in flight
+		s.rates.slow = max(s.rates.slow, 0.2+0.3*rng.Float64())
+		for range 1 + rng.IntN(3) {
+			s.actions = append(s.actions, simAction{at: at(), kind: actCancel, relay: rng.IntN(s.relays), down: time.Duration(rng.IntN(300)) * time.Millisecond})
+		}
 	}
 	slices.SortStableFunc(s.actions, func(a, b simAction) int { return int(a.at - b.at) })
 }

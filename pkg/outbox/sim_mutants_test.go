@@ -58,12 +58,13 @@ func TestMutants(t *testing.T) {
 		line := fmt.Sprintf("mutant %s: caught in %d of %d seeds from %d (%.0f%%; by %s), %s",
 			m, caught, n, base, 100*float64(caught)/float64(n), strings.Join(by, ", "), time.Since(start).Round(time.Second))
 		lines = append(lines, line)
+		fmt.Fprintln(os.Stderr, "sim: "+line)
 		simSummaryLine(t, line)
 		if float64(caught) < simMutantCatchRate*float64(n) {
 			t.Errorf("%s: below the %.0f%% required", line, 100*simMutantCatchRate)
 		}
 	}
-	fmt.Fprintln(os.Stderr, strings.Join(lines, "\n"))
+	fmt.Fprintln(os.Stderr, "sim: mutation check:\n"+strings.Join(lines, "\n"))
 }
 
 // sortedKinds returns the finding kinds of counts, sorted.
