@@ -30,10 +30,22 @@ type E2EResult struct {
 	Setup string
 	// Probes measure the SNS endpoint alone (before the runs, the stack idle).
 	Probes []SNSProbe
+	// Keyed are the side-by-side runs with few keys (e2eKeys): the standard topic and the FIFO
+	// topic, each at e2eKeyedRates, on stacks of their own.
+	Keyed []E2ERun
 }
 
 // E2ERun is commit-to-apply latency at one offered rate.
 type E2ERun struct {
+	// Topic is "standard" or "FIFO" (a FIFO topic and queue: a key's messages form one message
+	// group); Keys is the number of partition keys the orders spread over (0: the 800 of the
+	// standard runs, 100 customers per producer), and PerKeyRate the offered rate of one key.
+	Topic      string
+	Keys       int
+	PerKeyRate float64
+	// OrderViolations counts, in runs with Keys, ledger entries a customer's consumer applied
+	// before an earlier order of that customer (only the FIFO topic promises none).
+	OrderViolations   int
 	Rate              int
 	Duration          time.Duration
 	Produced, Applied int
@@ -54,6 +66,13 @@ type E2ERun struct {
 
 // e2eProducers commit orders concurrently (a single producer could not sustain 1,000/s here).
 const e2eProducers = 8
+
+// e2eKeys is the number of partition keys of the side-by-side runs of the standard and the FIFO
+// topic, and e2eKeyedRates their offered rates: at 500 events/s each key (a FIFO message group)
+// carries 10 events/s.
+const e2eKeys = 50
+
+var e2eKeyedRates = []int{100, 500}
 
 // e2eConsumers is the consumer function's concurrency: the five batches at once with which
 // the SQS event source mapping starts.
@@ -112,7 +131,7 @@ func runE2ESuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, rep 
 	if err != nil {
 		return blocked(fmt.Errorf("start the local stack: %w", err))
 	}
-	defer st.Stop()
+	defer func() { st.Stop() }()
 	res := E2EResult{Measured: true, Setup: fmt.Sprintf("endpoint %s; relay: 2 instances, scheduled every 4 s with a 10 s timeout "+
 		"(localrun's compressed EventBridge schedule; each invocation keeps polling until shortly before its timeout); consumer: %d instances (the SQS event source mapping starts with 5 concurrent batches), "+
 		"SQS batches of up to 10, standard topic and queue with raw delivery; the relay reaches the endpoint through a timing proxy in the harness", endpoint, e2eConsumers)}
@@ -122,26 +141,57 @@ func runE2ESuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, rep 
 		res.Probes = append(res.Probes, pr)
 	}
 	dbName := filepath.Base(dbURLPath(dbURL))
-	for i, rate := range []int{100, 1000} {
+	runs := 0
+	measure := func(topic string, rate, keys int) (E2ERun, error) {
+		runs++
 		proxy.take(time.Second) // drop the calls made before this run
 		var diag e2eDiag
 		before := takeCPUSnapshot(dbName, e2eCPULabels)
-		run, err := e2eRun(ctx, pool, fmt.Sprintf("b%d-%d-", os.Getpid(), i), rate, sz.E2EDuration, func(producing time.Duration) {
+		run, err := e2eRun(ctx, pool, fmt.Sprintf("b%d-%d-", os.Getpid(), runs), rate, keys, sz.E2EDuration, func(producing time.Duration) {
 			after := takeCPUSnapshot(dbName, e2eCPULabels)
 			run := proxy.take(producing)
 			cpu, busy, others := cpuBetween(before, after)
 			diag = e2eDiag{run, cpu, busy, others}
 		})
 		if err != nil {
-			return err
+			return E2ERun{}, fmt.Errorf("%s topic at %d events/s: %w", topic, rate, err)
 		}
+		run.Topic = topic
 		run.SNS, run.CPU, run.MachineBusy, run.Others = diag.sns, diag.cpu, diag.busy, diag.others
-		log.Info("end-to-end", "rate", rate, "produced", run.Produced, "applied", run.Applied, "p50", run.P50, "p95", run.P95, "p99", run.P99,
+		log.Info("end-to-end", "topic", topic, "keys", keys, "rate", rate, "produced", run.Produced, "applied", run.Applied, "p50", run.P50, "p95", run.P95, "p99", run.P99,
+			"publish_p50", run.PubP50, "publish_p99", run.PubP99,
 			"relay_sns_calls/s", int(run.SNS.PerSec), "sns_p50", run.SNS.Latency.P50, "sns_p99", run.SNS.Latency.P99, "machine_busy_cores", fmt.Sprintf("%.2f", run.MachineBusy))
 		for _, c := range run.CPU {
 			log.Info("end-to-end cpu", "rate", rate, "group", c.Group, "cores", fmt.Sprintf("%.2f", c.Cores), "procs", c.Procs)
 		}
+		return run, nil
+	}
+	for _, rate := range []int{100, 1000} {
+		run, err := measure("standard", rate, 0)
+		if err != nil {
+			return err
+		}
 		res.Runs = append(res.Runs, run)
+	}
+	for _, rate := range e2eKeyedRates {
+		run, err := measure("standard", rate, e2eKeys)
+		if err != nil {
+			return err
+		}
+		res.Keyed = append(res.Keyed, run)
+	}
+	// The FIFO topic, queue and functions replace the standard ones: one stack runs at a time.
+	st.Stop()
+	opts.Name, opts.FIFO = fmt.Sprintf("sluice-bench-fifo-%d", os.Getpid()), true
+	if st, err = localrun.StartStack(ctx, opts); err != nil {
+		return fmt.Errorf("start the local FIFO stack: %w", err)
+	}
+	for _, rate := range e2eKeyedRates {
+		run, err := measure("FIFO", rate, e2eKeys)
+		if err != nil {
+			return err
+		}
+		res.Keyed = append(res.Keyed, run)
 	}
 	rep.E2E = res
 	return nil
@@ -151,8 +201,11 @@ func runE2ESuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, rep 
 // more), and reads each event's commit-to-apply latency from the database: from the producing
 // transaction's created_at (outbox_event, now() of that transaction) to the ledger entry's
 // applied_at (clock_timestamp() inside the consumer's applying transaction). Both clocks are
-// the same PostgreSQL server's.
-func e2eRun(ctx context.Context, pool *pgxpool.Pool, prefix string, rate int, d time.Duration, onProduced func(producing time.Duration)) (E2ERun, error) {
+// the same PostgreSQL server's. With keys > 0 the orders go to that many customers (partition
+// keys) in turn, each customer's always from the same producer, so that a key's orders commit
+// in sequence as a FIFO pipeline's order needs; with keys 0, to the 800 customers of the
+// standard runs (100 per producer, from whichever producer is free).
+func e2eRun(ctx context.Context, pool *pgxpool.Pool, prefix string, rate, keys int, d time.Duration, onProduced func(producing time.Duration)) (E2ERun, error) {
 	n := int(float64(rate) * d.Seconds())
 	var (
 		produced atomic.Int64
@@ -160,18 +213,26 @@ func e2eRun(ctx context.Context, pool *pgxpool.Pool, prefix string, rate int, d 
 		errMu    sync.Mutex
 		firstErr error
 	)
-	work := make(chan int, 256)
 	const customers = 100
+	shared := make(chan int, 256)
+	lanes := make([]chan int, e2eProducers)
 	for w := range e2eProducers {
+		lanes[w] = shared
+		if keys > 0 {
+			lanes[w] = make(chan int, 256)
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			seq := map[int]int{}
-			for i := range work {
-				c := i % customers
-				seq[c]++
-				o := demoapp.OrderCreated{OrderID: fmt.Sprintf("%s%07d", prefix, i), Customer: fmt.Sprintf("bench-%d-%03d", w, c),
-					Seq: seq[c], AmountCents: int64(100 + i%9000), Currency: "EUR"}
+			seq := map[string]int{}
+			for i := range lanes[w] {
+				customer := fmt.Sprintf("bench-%d-%03d", w, i%customers)
+				if keys > 0 {
+					customer = fmt.Sprintf("bench-k%03d", i%keys)
+				}
+				seq[customer]++
+				o := demoapp.OrderCreated{OrderID: fmt.Sprintf("%s%07d", prefix, i), Customer: customer,
+					Seq: seq[customer], AmountCents: int64(100 + i%9000), Currency: "EUR"}
 				if _, err := demoapp.PlaceOrder(ctx, pool, o); err != nil {
 					errMu.Lock()
 					firstErr = err
@@ -182,22 +243,37 @@ func e2eRun(ctx context.Context, pool *pgxpool.Pool, prefix string, rate int, d 
 			}
 		}()
 	}
+	lane := func(i int) chan int {
+		if keys > 0 {
+			return lanes[(i%keys)%e2eProducers]
+		}
+		return shared
+	}
 	start := time.Now()
 	interval := time.Second / time.Duration(rate)
 	for i := range n {
 		if wait := time.Until(start.Add(time.Duration(i) * interval)); wait > 0 {
 			time.Sleep(wait)
 		}
-		work <- i
+		lane(i) <- i
 	}
-	close(work)
+	if keys > 0 {
+		for _, l := range lanes {
+			close(l)
+		}
+	} else {
+		close(shared)
+	}
 	wg.Wait()
 	elapsed := time.Since(start)
 	onProduced(elapsed) // the diagnostics' window: the producing phase
 	if firstErr != nil {
 		return E2ERun{}, fmt.Errorf("produce: %w", firstErr)
 	}
-	run := E2ERun{Rate: rate, Duration: d, Produced: int(produced.Load()), AchievedRate: float64(produced.Load()) / elapsed.Seconds()}
+	run := E2ERun{Keys: keys, Rate: rate, Duration: d, Produced: int(produced.Load()), AchievedRate: float64(produced.Load()) / elapsed.Seconds()}
+	if keys > 0 {
+		run.PerKeyRate = float64(rate) / float64(keys)
+	}
 	deadline := time.Now().Add(time.Minute)
 	for {
 		if err := pool.QueryRow(ctx, "SELECT count(DISTINCT message_id) FROM demo_ledger WHERE order_id LIKE $1 || '%'", prefix).Scan(&run.Applied); err != nil {
@@ -227,6 +303,13 @@ func e2eRun(ctx context.Context, pool *pgxpool.Pool, prefix string, rate int, d 
 	ms := func(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
 	run.P50, run.P95, run.P99, run.Max = ms(p50), ms(p95), ms(p99), ms(pmax)
 	run.PubP50, run.PubP99 = ms(pub50), ms(pub99)
+	if keys > 0 {
+		v, err := demoapp.Verify(ctx, pool, prefix)
+		if err != nil {
+			return E2ERun{}, err
+		}
+		run.OrderViolations = v.OrderViolations
+	}
 	return run, nil
 }
 

@@ -205,6 +205,11 @@ type Sizes struct {
 	// scenario (after one wave committed before the relay starts).
 	IsolationWaves     int
 	IsolationWaveEvery time.Duration
+	// ProducerRounds rounds of ProducerBlock-long blocks per variant and client count make the
+	// producer suite's concurrent runs (1 and 16 clients): many short blocks, so that each
+	// variant meets the machine's other load about as often as the others.
+	ProducerRounds int
+	ProducerBlock  time.Duration
 	// ProducersClients are the concurrent-producer suite's client counts (ascending); it runs
 	// ProducersRounds rounds of a ProducersBlock-long block per variant and client count.
 	ProducersClients []int
@@ -225,7 +230,7 @@ type Sizes struct {
 func fullSizes() Sizes {
 	return Sizes{
 		Name: "full", RelayRows: 100_000, RelayKeys: 1_000, PeerTimeBox: 15 * time.Second, RelayRepeats: 2, RelayTimeout: 4 * time.Minute,
-		ProducerTx: 5_000, BulkEvents: 10_000, BulkRepeats: 10,
+		ProducerTx: 5_000, BulkEvents: 10_000, BulkRepeats: 10, ProducerRounds: 10, ProducerBlock: time.Second,
 		ConsumerDeliveries: 20_000, E2EDuration: 20 * time.Second,
 		ScaleRetained: []int{0, 1_000_000, 5_000_000}, ScalePending: 20_000,
 		IsolationWaves: 10, IsolationWaveEvery: 500 * time.Millisecond,
@@ -240,7 +245,7 @@ func fullSizes() Sizes {
 func quickSizes() Sizes {
 	return Sizes{
 		Name: "quick", RelayRows: 10_000, RelayKeys: 1_000, PeerTimeBox: 3 * time.Second, RelayRepeats: 2, RelayTimeout: time.Minute,
-		ProducerTx: 300, BulkEvents: 10_000, BulkRepeats: 2,
+		ProducerTx: 300, BulkEvents: 10_000, BulkRepeats: 2, ProducerRounds: 2, ProducerBlock: 300 * time.Millisecond,
 		ConsumerDeliveries: 2_000, E2EDuration: 5 * time.Second,
 		ScaleRetained: []int{0, 100_000, 300_000}, ScalePending: 5_000,
 		IsolationWaves: 4, IsolationWaveEvery: 300 * time.Millisecond,

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -35,6 +36,11 @@ type ProducerResult struct {
 	BulkEvents int
 	// Durable says the run was on the durable server (commits wait for their WAL flush).
 	Durable bool
+	// Concurrent is, on the durable server only, the order alone, with the hand-written minimal
+	// row, with outbox.Write and with outbox.Queue from 1 and 16 concurrent clients, side by
+	// side in one run (issue 45's figure: Write's tx/s over the minimal row's at 16 clients, and
+	// what each adds to the order's p50 at 1 client). nil in older results.
+	Concurrent *ProducersResult `json:",omitempty"`
 }
 
 // Latencies summarises a sample of durations.
@@ -82,8 +88,27 @@ func runProducerSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes,
 	if rep.ProducerDurable, err = measureProducer(ctx, log, denv, sz); err != nil {
 		return fmt.Errorf("durable: %w", err)
 	}
+	c, err := measureConcurrent(ctx, log, denv, "producer_concurrent", producerClients, producerVariants, sz.ProducerRounds, sz.ProducerBlock)
+	if err != nil {
+		return fmt.Errorf("durable, concurrent: %w", err)
+	}
+	// The figure is judged on commits that wait for their WAL flush: a server that does not
+	// (DATABASE_URL naming one with fsync off) would make the commit free and the outbox's
+	// share of the transaction look larger than it is anywhere in production.
+	if !strings.Contains(c.Server, "fsync=on") || !strings.Contains(c.Server, "synchronous_commit=on") {
+		return fmt.Errorf("durable, concurrent: the server's commits do not wait for a WAL flush (%s): the producer figure needs fsync=on and synchronous_commit=on", c.Server)
+	}
+	rep.ProducerDurable.Concurrent = c
 	return nil
 }
+
+// producerClients and producerVariants are the producer suite's concurrent runs: outbox.Write
+// at its defaults (the package-level Write, as a service calls it) beside the hand-written
+// minimal row into the same table, from one client and from sixteen.
+var (
+	producerClients  = []int{1, 16}
+	producerVariants = []producersVariant{{name: varOrder, tx: 0}, {name: varMinimal, tx: 3}, {name: varWrite, tx: 1}, {name: varQueue, tx: 5}}
+)
 
 func measureProducer(ctx context.Context, log *slog.Logger, env *Env, sz Sizes) (*ProducerResult, error) {
 	pool, _, err := env.NewDatabase(ctx, "producer", 4, nil)

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -23,6 +25,9 @@ type ProducersResult struct {
 	Runs []ProducersRun
 	// Durable says the server's commits wait for their WAL flush.
 	Durable bool
+	// Server is the settings that decide what a commit costs, as the suite's connections saw
+	// them (fsync, synchronous_commit, ...).
+	Server string `json:",omitempty"`
 }
 
 // ProducersRun is one variant at one client count, over all its blocks.
@@ -36,6 +41,57 @@ type ProducersRun struct {
 	Latency Latencies
 	// BlockRates is each block's tx/s, in the order run.
 	BlockRates []float64
+	// CPU is where the blocks' CPU time went (seconds, summed over the blocks; zero in older
+	// results): Harness is this process (the clients: outbox.Write's validation and pgx),
+	// Backends the PostgreSQL backends of the suite's database, Postgres the server's other
+	// processes (WAL writer, checkpointer, ...), Others what the machine spent on everything
+	// else meanwhile (other users' work).
+	CPU BlockCPU `json:",omitempty"`
+}
+
+// BlockCPU is CPU time by owner over some blocks, in seconds.
+type BlockCPU struct {
+	Harness, Backends, Postgres, Others float64
+}
+
+// perTx returns s seconds over n transactions, in microseconds.
+func perTx(s float64, n int) float64 {
+	if n == 0 {
+		return 0
+	}
+	return s * 1e6 / float64(n)
+}
+
+// processCPU returns this process's CPU time so far (user and system), with getrusage's
+// microsecond resolution.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// concurrentCPULabels group the concurrent-producer blocks' CPU time.
+var concurrentCPULabels = cpuLabels{Self: "harness", Backends: "backends"}
+
+// addCPU adds to c what a and b, snapshots taken around a block, say went to each owner.
+func (c *BlockCPU) addCPU(a, b cpuSnapshot) {
+	groups, _, others := cpuBetween(a, b)
+	secs := b.at.Sub(a.at).Seconds()
+	for _, g := range groups {
+		switch g.Group {
+		case concurrentCPULabels.Self:
+			// Measured by the caller with getrusage, without the snapshots' own work.
+		case concurrentCPULabels.Backends:
+			c.Backends += g.Cores * secs
+		default:
+			if strings.HasPrefix(g.Group, "PostgreSQL") {
+				c.Postgres += g.Cores * secs
+			}
+		}
+	}
+	c.Others += others * secs
 }
 
 // Rate is transactions per second over every block.
@@ -129,19 +185,37 @@ func runProducersSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes
 	if err != nil {
 		return err
 	}
-	maxClients := sz.ProducersClients[len(sz.ProducersClients)-1]
-	pool, _, err := denv.NewDatabase(ctx, "producers", int32(maxClients), nil)
+	res, err := measureConcurrent(ctx, log, denv, "producers", sz.ProducersClients, producersVariants, sz.ProducersRounds, sz.ProducersBlock)
 	if err != nil {
 		return err
 	}
+	rep.Producers = res
+	return nil
+}
+
+// measureConcurrent runs variants from each of clients (ascending) concurrent clients on a
+// fresh database of env named db: for each round, each client count and each variant (rotated
+// by round, so that none always runs first or last), a block of block during which that many
+// clients run that variant's transaction back to back, after a warm-up of every variant on
+// every connection.
+func measureConcurrent(ctx context.Context, log *slog.Logger, env *Env, db string, clients []int, variants []producersVariant,
+	rounds int, blockLen time.Duration) (*ProducersResult, error) {
+	maxClients := clients[len(clients)-1]
+	pool, _, err := env.NewDatabase(ctx, db, int32(maxClients), nil)
+	if err != nil {
+		return nil, err
+	}
 	defer pool.Close()
 	if _, err := pool.Exec(ctx, createOrders); err != nil {
-		return err
+		return nil, err
 	}
 	if _, err := pool.Exec(ctx, createNotifyFunctions); err != nil {
-		return err
+		return nil, err
 	}
-	res := &ProducersResult{Clients: sz.ProducersClients, Rounds: sz.ProducersRounds, Block: sz.ProducersBlock, Durable: denv.Durable}
+	res := &ProducersResult{Clients: clients, Rounds: rounds, Block: blockLen, Durable: env.Durable}
+	if res.Server, err = commitSettings(ctx, pool); err != nil {
+		return nil, err
+	}
 
 	type runKey struct {
 		variant string
@@ -167,18 +241,22 @@ func runProducersSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes
 		return lat, took, err
 	}
 	// Warm-up: every variant on every connection (prepared statements, caches).
-	for _, v := range producersVariants {
-		if _, _, err := block(v, maxClients, sz.ProducersBlock/2); err != nil {
-			return err
+	for _, v := range variants {
+		if _, _, err := block(v, maxClients, blockLen/2); err != nil {
+			return nil, err
 		}
 	}
-	for round := range sz.ProducersRounds {
-		for _, n := range sz.ProducersClients {
-			for k := range producersVariants {
-				v := producersVariants[(round+k)%len(producersVariants)]
-				lat, took, err := block(v, n, sz.ProducersBlock)
+	for round := range rounds {
+		for _, n := range clients {
+			for k := range variants {
+				v := variants[(round+k)%len(variants)]
+				before := takeCPUSnapshot(db, concurrentCPULabels)
+				selfBefore := processCPU()
+				lat, took, err := block(v, n, blockLen)
+				selfAfter := processCPU()
+				after := takeCPUSnapshot(db, concurrentCPULabels)
 				if err != nil {
-					return fmt.Errorf("%s, %d clients: %w", v.name, n, err)
+					return nil, fmt.Errorf("%s, %d clients: %w", v.name, n, err)
 				}
 				key := runKey{v.name, n}
 				r := runs[key]
@@ -189,21 +267,37 @@ func runProducersSuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes
 				r.Tx += len(lat)
 				r.Elapsed += took
 				r.BlockRates = append(r.BlockRates, float64(len(lat))/took.Seconds())
+				r.CPU.addCPU(before, after)
+				r.CPU.Harness += (selfAfter - selfBefore).Seconds()
 				samples[key] = append(samples[key], lat...)
 			}
 		}
 	}
-	for _, n := range sz.ProducersClients {
-		for _, v := range producersVariants {
+	for _, n := range clients {
+		for _, v := range variants {
 			key := runKey{v.name, n}
 			r := runs[key]
 			r.Latency = summarize(samples[key])
 			res.Runs = append(res.Runs, *r)
-			log.Info("producers", "variant", v.name, "clients", n, "tx/s", int(r.Rate()), "p50", r.Latency.P50, "p99", r.Latency.P99)
+			log.Info(db, "variant", v.name, "clients", n, "tx/s", int(r.Rate()), "p50", r.Latency.P50, "p99", r.Latency.P99,
+				"harness_us/tx", int(perTx(r.CPU.Harness, r.Tx)), "backends_us/tx", int(perTx(r.CPU.Backends, r.Tx)), "others_cores", r.CPU.Others/r.Elapsed.Seconds())
 		}
 	}
-	rep.Producers = res
-	return nil
+	return res, nil
+}
+
+// commitSettings reads, on one of pool's connections, the settings that decide what a commit
+// costs, as "name=value, ...".
+func commitSettings(ctx context.Context, pool *pgxpool.Pool) (string, error) {
+	var parts []string
+	for _, s := range []string{"fsync", "synchronous_commit", "full_page_writes", "wal_sync_method", "shared_buffers", "max_wal_size"} {
+		var v string
+		if err := pool.QueryRow(ctx, "SELECT current_setting($1)", s).Scan(&v); err != nil {
+			return "", fmt.Errorf("read %s: %w", s, err)
+		}
+		parts = append(parts, s+"="+v)
+	}
+	return strings.Join(parts, ", "), nil
 }
 
 // runBlock runs n clients of orderTx variant v back to back for d, each transaction numbered

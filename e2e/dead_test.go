@@ -50,7 +50,7 @@ func TestDeadLetterRetryAfterTheDLQ(t *testing.T) {
 	require.Contains(t, show, b.stack.Pipeline.QueueARN)
 
 	b.fixCurrency(t, "XTS")
-	require.Contains(t, cli.ok(t, "dead", "retry", "--consumer", localrun.DefaultConsumerName, poisonID), "stored 1 dead letters")
+	require.Contains(t, cli.ok(t, "dead", "retry", "--consumer", localrun.DefaultConsumerName, poisonID, "--yes"), "stored 1 dead letters")
 	b.waitUntil(t, 60*time.Second, "the retried order applied by the processor", func() (bool, string) {
 		n := b.ledgerEntries(t, poisonID)
 		return n == 1, fmt.Sprintf("%d ledger entries", n)
@@ -99,7 +99,7 @@ func TestDeadLetterRetryAfterAKafkaMappingGivesUp(t *testing.T) {
 	})
 
 	k.fixCurrency(t, "XTS")
-	require.Contains(t, cli.ok(t, "dead", "retry", "--consumer", localrun.DefaultConsumerName, poisonID), "stored 1 dead letters")
+	require.Contains(t, cli.ok(t, "dead", "retry", "--consumer", localrun.DefaultConsumerName, poisonID, "--yes"), "stored 1 dead letters")
 	k.waitUntil(t, 60*time.Second, "the retried order applied by the processor", func() (bool, string) {
 		n := k.ledgerEntries(t, poisonID)
 		return n == 1, fmt.Sprintf("%d ledger entries", n)

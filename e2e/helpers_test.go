@@ -135,25 +135,19 @@ func (b *bundle) place(t *testing.T, n, customers int, every time.Duration, adju
 	}
 }
 
-// waitApplied waits until every placed order is in the ledger, or until none was applied for
-// limit (a liveness bound on progress, not a performance assertion: a busy machine applies
-// them slowly, a stalled pipeline not at all), then checks that every committed event was
-// applied exactly once.
+// waitApplied waits until every placed order is in the ledger, failing when none was applied
+// for limit (a liveness bound on progress, stretched by testwait.WatchFor to the pipeline's own
+// pace, not a performance assertion: a busy machine applies them slowly, a stalled pipeline not
+// at all), then checks that every committed event was applied exactly once.
 func (b *bundle) waitApplied(t *testing.T, limit time.Duration) demoapp.Verification {
 	t.Helper()
 	var p demoapp.Progress
-	var err error
-	for last, changed := -1, time.Now(); time.Since(changed) < limit; {
+	b.waitUntil(t, limit, "every order applied", func() (bool, string) {
+		var err error
 		p, err = demoapp.ProgressOf(b.ctx, b.pool, b.prefix)
 		require.NoError(t, err)
-		if p.Applied >= b.written {
-			break
-		}
-		if p.Applied != last {
-			last, changed = p.Applied, time.Now()
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return p.Applied >= b.written, fmt.Sprintf("%d of %d applied", p.Applied, b.written)
+	})
 	// Anything still in flight (a duplicate publish, a redelivery) gets a moment to land.
 	time.Sleep(time.Second)
 	v, err := demoapp.Verify(b.ctx, b.pool, b.prefix)
@@ -174,25 +168,19 @@ func (b *bundle) waitApplied(t *testing.T, limit time.Duration) demoapp.Verifica
 }
 
 // waitUntil polls cond until it holds, failing the test with cond's last report when that
-// report (its counts) has not changed for limit, or shortly before the test binary's deadline.
-// limit bounds a stall the guarantee rules out (a backoff of minutes, a key stuck for good),
-// not how fast a busy machine gets there.
+// report (its counts) has not changed for limit, or for testwait.StallFactor times the longest
+// pause the report already recovered from (a busy machine's pace), or shortly before the test
+// binary's deadline. limit bounds a stall the guarantee rules out (a backoff of minutes, a key
+// stuck for good), not how fast a busy machine gets there; it must be positive.
 func (b *bundle) waitUntil(t *testing.T, limit time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
-	stop, bounded := t.Deadline()
-	stop = stop.Add(-testwait.Grace)
-	last, changed := "", time.Now()
+	w := testwait.WatchFor[string](t, what, limit)
 	for {
 		ok, report := cond()
 		if ok {
 			return
 		}
-		if report != last {
-			last, changed = report, time.Now()
-		}
-		if time.Since(changed) > limit || bounded && time.Now().After(stop) {
-			t.Fatalf("no progress for %s: %s (%s)", time.Since(changed).Round(time.Second), what, report)
-		}
+		w.Check(report)
 		time.Sleep(200 * time.Millisecond)
 	}
 }

@@ -16,7 +16,7 @@ import (
 // An async consumer deploys with its processor (as every consumer does, TestSluiceStack): the
 // consumer function in async mode, a schedule invoking that same function every minute (it runs
 // the inbox Processor on scheduled events), and an alarm on parked rows;
-// cdk-nag finds nothing unsuppressed (cfn-lint runs over the same stack in TestTemplatesPassCfnLint).
+// cdk-nag finds nothing unsuppressed (cfn-lint runs over the same stack in TestEveryVariantPassesCfnLintAndNag).
 func TestAsyncConsumerDeploysWithItsProcessor(t *testing.T) {
 	app := awscdk.NewApp(nil)
 	st := infra.NewSluiceStack(app, "SluiceAsync", &infra.SluiceStackProps{NoAlarmDestination: true, ConsumerCommitMode: infra.CommitAsync,

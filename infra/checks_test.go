@@ -32,36 +32,6 @@ var knownCfnLintWarnings = []struct {
 			"the function may be invoked; the Role's GetAtt implies half of it. Redundant, not wrong."},
 }
 
-// cfn-lint (the CloudFormation linter, installed on these machines) checks the synthesized
-// templates against the resource specifications: zero errors, and only the warnings above.
-func TestTemplatesPassCfnLint(t *testing.T) {
-	if _, err := exec.LookPath("cfn-lint"); err != nil {
-		t.Skip("cfn-lint is not installed (pip install cfn-lint): the templates were not linted")
-	}
-	dir := t.TempDir()
-	app := awscdk.NewApp(&awscdk.AppProps{Outdir: jsii.String(dir)})
-	for name, p := range map[string]*infra.SluiceStackProps{
-		"Sluice":      {AlarmEmail: "oncall@example.com"},
-		"SluiceProxy": {NoAlarmDestination: true, ConsumerProxy: true, Fifo: true, NatGateways: 1, MultiAZ: jsii.Bool(false), ClaimCheck: &infra.ClaimCheckProps{}},
-		// One per destination beyond SNS (docs/destinations.md).
-		"SluiceEventBridge": {NoAlarmDestination: true, Destination: infra.DestinationEventBridge},
-		"SluiceKinesis":     {NoAlarmDestination: true, Destination: infra.DestinationKinesis},
-		"SluiceMsk":         {NoAlarmDestination: true, Destination: infra.DestinationMSK},
-		// The async consumer with its scheduled processor.
-		"SluiceAsync": {NoAlarmDestination: true, ConsumerCommitMode: infra.CommitAsync},
-		// The relay as a Fargate service.
-		"SluiceFargate": {NoAlarmDestination: true, RelayImageDir: imageDir(t)},
-	} {
-		p.RelayCodeDir, p.ConsumerCodeDir, p.MigrateCodeDir, p.CABundle = assetDir(t, "relay"), assetDir(t, "consumer"), assetDir(t, "migrate"), caBundle(t)
-		infra.NewSluiceStack(app, name, p)
-	}
-	app.Synth(nil)
-	templates, err := filepath.Glob(filepath.Join(dir, "*.template.json"))
-	require.NoError(t, err)
-	require.Len(t, templates, 7)
-	requireCfnLintClean(t, templates)
-}
-
 // requireCfnLintClean runs cfn-lint on the templates: zero errors, and only the known
 // warnings. It skips the test without cfn-lint.
 func requireCfnLintClean(t *testing.T, templates []string) {

@@ -61,6 +61,14 @@ type ClaimCheckProps struct {
 	// from the outbox, `sluice replay`, stores the payload again: it needs no window.) Defaults
 	// to DefaultClaimCheckReplayWindow (7 days).
 	ReplayWindow time.Duration
+	// Readers are the IAM principal ARNs (roles or users, of this account or another) of
+	// consumers not built with sluice, such as services on the AWS extended clients for Java or
+	// Python, that read the payloads (docs/claimcheck.md, "Consumers written with the AWS
+	// extended clients"). The bucket policy allows each s3:GetObject under KeyPrefix and
+	// s3:ListBucket (so that a missing payload reads 404, not 403), its Deny on reading exempts
+	// them, and with EncryptionKey the key lets them decrypt. They may not write or delete.
+	// Defaults to none: only the ConsumerProps.ClaimCheck consumers read.
+	Readers []string
 	// Expiration is how long an object lives (the bucket's lifecycle; S3 counts whole days
 	// from the object's last write, which a republish renews). Defaults to QueueRetention +
 	// DeadLetterRetention + ReplayWindow in whole days, plus one day; a shorter one fails
@@ -152,6 +160,9 @@ func minimumDays(retention, deadLetterRetention, replay time.Duration) int {
 	return int((need+day-1)/day) + 1
 }
 
+// iamPrincipalArn matches the ARN of an IAM role or user (ClaimCheckProps.Readers).
+var iamPrincipalArn = regexp.MustCompile(`^arn:aws[a-z-]*:iam::[0-9]{12}:(role|user)/[\w+=,.@/-]+$`)
+
 // relayEnvironment is the relay's claim check variables, checked by the relay's own reader.
 func (p ClaimCheckProps) relayEnvironment(bucket *string) (map[string]*string, error) {
 	env := map[string]*string{lambdaenv.ClaimCheckBucket: bucket, lambdaenv.ClaimCheckPrefix: jsii.String(p.KeyPrefix)}
@@ -189,6 +200,11 @@ func (p ClaimCheckProps) validate() error {
 	}{{"QueueRetention", p.QueueRetention}, {"DeadLetterRetention", p.DeadLetterRetention}, {"ReplayWindow", p.ReplayWindow}, {"Expiration", p.Expiration}} {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("%s must not be negative, got %s", d.name, d.v))
+		}
+	}
+	for _, r := range p.Readers {
+		if !iamPrincipalArn.MatchString(r) {
+			errs = append(errs, fmt.Errorf("Readers: %q is not an IAM role or user ARN (arn:PARTITION:iam::ACCOUNT:role/NAME)", r))
 		}
 	}
 	need := minimumDays(p.QueueRetention, p.DeadLetterRetention, p.ReplayWindow)
@@ -255,11 +271,50 @@ func NewClaimCheck(scope constructs.Construct, id string, props *ClaimCheckProps
 		EvaluationPeriods:  jsii.Number(1),
 		TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
 	})
+	c.admitReaders()
 	suppress(c.bucket, "AwsSolutions-S1",
 		"The claim check's objects are copies of outbox payloads that PostgreSQL keeps; the bucket policy lets only the relay write and "+
 			"only the consumers read, and CloudTrail data events audit access where required. Server access logs would need a second bucket "+
 			"for no additional control.")
 	return c
+}
+
+// admitReaders lets ClaimCheckProps.Readers fetch payloads through the bucket policy: GetObject
+// under the prefix, ListBucket (404 for a missing payload), the read Deny's exemption, and the
+// key's decrypt.
+func (c *claimCheck) admitReaders() {
+	if len(c.p.Readers) == 0 {
+		return
+	}
+	var readers []awsiam.IPrincipal
+	for _, r := range c.p.Readers {
+		readers = append(readers, awsiam.NewArnPrincipal(jsii.String(r)))
+	}
+	c.bucket.AddToResourcePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Sid: jsii.String("ReadersFetchPayloads"), Principals: &readers, Actions: jsii.Strings("s3:GetObject"),
+		Resources: &[]*string{c.bucket.ArnForObjects(jsii.String(c.p.KeyPrefix + "*"))},
+	}))
+	c.bucket.AddToResourcePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Sid: jsii.String("ReadersTellMissingPayloads"), Principals: &readers, Actions: jsii.Strings("s3:ListBucket"),
+		Resources: &[]*string{c.bucket.BucketArn()},
+	}))
+	if k := c.p.EncryptionKey; k != nil {
+		for _, r := range readers {
+			k.GrantDecrypt(r)
+		}
+	}
+	for _, r := range c.p.Readers {
+		c.admitReaderArn(jsii.String(r))
+	}
+}
+
+// admitReaderArn exempts one principal ARN (a string or a token) from the bucket's read Deny,
+// adding the Deny with the first.
+func (c *claimCheck) admitReaderArn(arn *string) {
+	if len(c.readers.arns) == 0 {
+		c.deny("OnlyTheConsumersRead", &c.readers, "s3:GetObject")
+	}
+	c.readers.arns = append(c.readers.arns, arn)
 }
 
 // deny adds a statement denying actions on the bucket's objects to every principal but allowed.
@@ -322,20 +377,18 @@ func (c *claimCheck) attachConsumer(fn awslambda.Function) {
 	}))
 	// Without s3:ListBucket S3 answers 403, not 404, for a missing key, and an expired
 	// payload would look like a permissions problem (inbox.ErrPayloadMissing never firing).
-	// Listing is scoped to the claim check's prefix.
+	// S3 checks ListBucket for a GetObject without the s3:prefix key, so the grant carries no
+	// s3:prefix condition (one would never match there): it lists the bucket, which holds only
+	// the claim check's objects, named by event id.
 	fn.AddToRolePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
-		Sid:        jsii.String("ClaimCheckTellsMissingPayloads"),
-		Actions:    jsii.Strings("s3:ListBucket"),
-		Resources:  &[]*string{c.bucket.BucketArn()},
-		Conditions: &map[string]any{"StringLike": map[string]any{"s3:prefix": []string{c.p.KeyPrefix + "*"}}},
+		Sid:       jsii.String("ClaimCheckTellsMissingPayloads"),
+		Actions:   jsii.Strings("s3:ListBucket"),
+		Resources: &[]*string{c.bucket.BucketArn()},
 	}))
 	if k := c.p.EncryptionKey; k != nil {
 		k.GrantDecrypt(fn)
 	}
-	if len(c.readers.arns) == 0 {
-		c.deny("OnlyTheConsumersRead", &c.readers, "s3:GetObject")
-	}
-	c.readers.arns = append(c.readers.arns, fn.Role().RoleArn())
+	c.admitReaderArn(fn.Role().RoleArn())
 	suppressObjectWildcard(fn, c.p.KeyPrefix, "A consumer fetches whichever object a message points at under the claim check's prefix: "+
 		"object keys are not known in advance, so GetObject is granted on the prefix (s3:GetObject only, no other action).")
 }

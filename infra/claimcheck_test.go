@@ -124,8 +124,10 @@ func TestClaimCheckStack(t *testing.T) {
 		require.Contains(t, ca["s3:GetObject"], bucketID)
 		require.Contains(t, ca["s3:GetObject"], "/outbox/*", "the consumer reads under the relay's prefix only")
 		require.Contains(t, ca, "s3:ListBucket", "so that S3 answers 404, not 403, for an expired payload")
-		require.Contains(t, ca["s3:ListBucket"], "s3:prefix")
-		require.Contains(t, ca["s3:ListBucket"], "outbox/*", "listing is scoped to the prefix")
+		require.Contains(t, ca["s3:ListBucket"], bucketID)
+		// S3 decides 404 or 403 for a missing key by whether the caller may list the bucket, a
+		// check that carries no s3:prefix: a condition on it would never hold there.
+		require.True(t, strings.HasSuffix(ca["s3:ListBucket"], " <nil>"), "ListBucket without a condition: %s", ca["s3:ListBucket"])
 		for a := range ra {
 			require.False(t, strings.HasPrefix(a, "s3:") && a != "s3:PutObject", "relay: %s", a)
 		}
@@ -282,4 +284,48 @@ func TestClaimCheckConsumerMemoryFitsItsBatch(t *testing.T) {
 	tmpl := assertions.Template_FromStack(s, nil)
 	consumer := resources(tmpl, "AWS::Lambda::Function")[*s.GetLogicalId(s.Consumer().Function().Node().DefaultChild().(awscdk.CfnElement))]
 	require.Equal(t, float64(768), props(consumer)["MemorySize"], "10 payloads of 32 MiB, twice, and 128 MB")
+}
+
+// Consumers not built with sluice (the AWS extended clients for Java or Python) are admitted by
+// ClaimCheckProps.Readers: the bucket policy lets them fetch payloads and list the bucket (404
+// for a missing payload) past its read Deny, never write or delete; with a key they may
+// decrypt. Anyone else is still refused. A reader that is no IAM role or user ARN fails synth.
+func TestClaimCheckReaders(t *testing.T) {
+	java, python := "arn:aws:iam::123456789012:role/orders-java-consumer", "arn:aws:iam::210987654321:role/python-consumer"
+	app := awscdk.NewApp(nil)
+	s := infra.NewSluiceStack(app, "Readers", &infra.SluiceStackProps{
+		RelayCodeDir: assetDir(t, "relay"), ConsumerCodeDir: assetDir(t, "consumer"), MigrateCodeDir: assetDir(t, "migrate"),
+		CABundle: caBundle(t), NoAlarmDestination: true, ClaimCheck: &infra.ClaimCheckProps{Readers: []string{java, python}},
+	})
+	withNag(s)
+	tmpl := assertions.Template_FromStack(s, nil)
+	requireNoNagErrors(t, s)
+	doc := map[string]any{"Statement": []any{}}
+	for _, st := range bucketStatements(t, tmpl) {
+		doc["Statement"] = append(doc["Statement"].([]any), st)
+	}
+	req := func(who, action string) string {
+		return evaluate(t, doc, request{awsPrincipal: who, action: action,
+			context: map[string]any{"aws:PrincipalArn": who, "aws:SecureTransport": "true", "s3:TlsVersion": "1.3"}})
+	}
+	for _, reader := range []string{java, python} {
+		require.Equal(t, "allow", req(reader, "s3:GetObject"), reader)
+		require.Equal(t, "allow", req(reader, "s3:ListBucket"), "%s: a missing payload reads 404", reader)
+		require.Equal(t, "deny", req(reader, "s3:PutObject"), reader)
+		require.Equal(t, "deny", req(reader, "s3:DeleteObject"), "%s: an extended client must not clean up payloads", reader)
+	}
+	forger := "arn:aws:iam::123456789012:role/other"
+	require.Equal(t, "deny", req(forger, "s3:GetObject"))
+	consumerRole := map[string]any{"Fn::GetAtt": []any{refID(props(resources(tmpl, "AWS::Lambda::Function")[*s.GetLogicalId(
+		s.Consumer().Function().Node().DefaultChild().(awscdk.CfnElement))])["Role"]), "Arn"}}
+	require.Equal(t, "implicit", evaluate(t, doc, request{awsPrincipal: "consumer", action: "s3:GetObject",
+		context: map[string]any{"aws:PrincipalArn": consumerRole, "aws:SecureTransport": "true", "s3:TlsVersion": "1.3"}}),
+		"the sluice consumer still reads by its role's grant")
+
+	err := build(func() {
+		infra.NewClaimCheck(awscdk.NewStack(awscdk.NewApp(nil), jsii.String("Bad"), nil), "Payloads",
+			&infra.ClaimCheckProps{Readers: []string{"orders-java-consumer", "arn:aws:s3:::bucket"}})
+	})
+	require.ErrorContains(t, err, `Readers: "orders-java-consumer" is not an IAM role or user ARN`)
+	require.ErrorContains(t, err, `Readers: "arn:aws:s3:::bucket" is not an IAM role or user ARN`)
 }

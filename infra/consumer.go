@@ -19,6 +19,7 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssecretsmanager"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssns"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssqs"
+	"github.com/aws/aws-cdk-go/awscdk/v2/customresources"
 	"github.com/aws/constructs-go/constructs/v10"
 	"github.com/aws/jsii-runtime-go"
 	"github.com/sluicehq/sluice/pkg/lambdaenv"
@@ -504,17 +505,29 @@ func NewConsumer(scope constructs.Construct, id string, props *ConsumerProps) Co
 		return q
 	}
 
-	c.dlq = awssqs.NewQueue(this, jsii.String("DeadLetterQueue"), queueProps(p.DeadLetterRetentionPeriod))
+	// No queue of the account may name these queues as its dead-letter queue: SQS's move of a
+	// failed message is no SendMessage, so their Deny would not stop a forged one, and the
+	// consumer (after `sluice redrive`, for a DLQ) would apply it. The queue, the subscription
+	// DLQ and a stream consumer's DLQ are no queue's (deny all); the consumer DLQ admits the
+	// consumer's queue only (byQueue, set by restrictDeadLetterSource once the queue exists).
+	denyAllSources := func(q *awssqs.QueueProps) *awssqs.QueueProps {
+		q.RedriveAllowPolicy = &awssqs.RedriveAllowPolicy{RedrivePermission: awssqs.RedrivePermission_DENY_ALL}
+		return q
+	}
 	switch p.sourceKind() {
 	case sluiceoutbox.Kinesis, sluiceoutbox.Kafka:
 		// The consumer reads the stream or topic itself: no queue. DeadLetterQueue receives
 		// the failure records of what keeps failing (addStreamSource).
+		c.dlq = awssqs.NewQueue(this, jsii.String("DeadLetterQueue"), denyAllSources(queueProps(p.DeadLetterRetentionPeriod)))
 	default:
-		c.subDLQ = awssqs.NewQueue(this, jsii.String("SubscriptionDeadLetterQueue"), queueProps(p.DeadLetterRetentionPeriod))
-		qp := queueProps(p.RetentionPeriod)
+		c.dlq = awssqs.NewQueue(this, jsii.String("DeadLetterQueue"), queueProps(p.DeadLetterRetentionPeriod))
+		c.subDLQ = awssqs.NewQueue(this, jsii.String("SubscriptionDeadLetterQueue"), denyAllSources(queueProps(p.DeadLetterRetentionPeriod)))
+		// The queue is no queue's DLQ either: a move into it would bypass its Deny as well.
+		qp := denyAllSources(queueProps(p.RetentionPeriod))
 		qp.VisibilityTimeout = seconds(p.VisibilityTimeout)
 		qp.DeadLetterQueue = &awssqs.DeadLetterQueue{Queue: c.dlq, MaxReceiveCount: jsii.Number(float64(p.MaxReceiveCount))}
 		c.queue = awssqs.NewQueue(this, jsii.String("Queue"), qp)
+		c.restrictDeadLetterSource()
 		if p.sourceKind() == sluiceoutbox.EventBridge {
 			c.subscribeBus(&p)
 		} else {
@@ -664,6 +677,34 @@ func (c *consumer) guardDeadLetterQueues(p *ConsumerProps) {
 		source = p.Topic.TopicArn()
 	}
 	deny(c.subDLQ, "OnlyTheSourceDeadLetters", &map[string]any{"ArnNotEquals": map[string]any{"aws:SourceArn": source}})
+}
+
+// RedriveSourceResourceType is the custom resource that sets the consumer DLQ's
+// RedriveAllowPolicy (byQueue: the consumer's queue only).
+const RedriveSourceResourceType = "Custom::SluiceDeadLetterSource"
+
+// restrictDeadLetterSource sets the consumer DLQ's RedriveAllowPolicy to byQueue, naming the
+// consumer's queue. The queue's RedrivePolicy names the DLQ, so the DLQ's own template cannot
+// name the queue (a dependency cycle): a custom resource sets the attribute once both exist,
+// and again whenever the queue is replaced.
+func (c *consumer) restrictDeadLetterSource() {
+	policy := awscdk.Fn_Join(jsii.String(""), &[]*string{
+		jsii.String(`{"redrivePermission":"byQueue","sourceQueueArns":["`), c.queue.QueueArn(), jsii.String(`"]}`),
+	})
+	set := &customresources.AwsSdkCall{
+		Service: jsii.String("SQS"), Action: jsii.String("setQueueAttributes"),
+		Parameters:         map[string]any{"QueueUrl": c.dlq.QueueUrl(), "Attributes": map[string]any{"RedriveAllowPolicy": policy}},
+		PhysicalResourceId: customresources.PhysicalResourceId_Of(c.dlq.QueueArn()),
+	}
+	cr := customresources.NewAwsCustomResource(c, jsii.String("DeadLetterSource"), &customresources.AwsCustomResourceProps{
+		ResourceType: jsii.String(RedriveSourceResourceType),
+		OnCreate:     set, OnUpdate: set,
+		Policy: customresources.AwsCustomResourcePolicy_FromStatements(&[]awsiam.PolicyStatement{awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Actions: jsii.Strings("sqs:SetQueueAttributes"), Resources: &[]*string{c.dlq.QueueArn()},
+		})}),
+		InstallLatestAwsSdk: jsii.Bool(false),
+	})
+	suppressAwsCustomResource(cr)
 }
 
 // addQueueSource reads the queue with an SQS event source mapping that reports batch item

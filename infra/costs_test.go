@@ -110,6 +110,19 @@ func TestCostTableIsTheStacksOwnSettings(t *testing.T) {
 		}
 	}
 	require.Contains(t, doc, "15 days of outbox and inbox rows")
+	// Those 15 days need a purge the stack does not deploy: no function carries a retention
+	// (the partition maintenance's is unset by default, and it touches partitioned tables
+	// only), and no schedule runs `sluice purge`. The storage row must say so.
+	for id, fn := range resources(tmpl, "AWS::Lambda::Function") {
+		require.NotContains(t, env(fn), lambdaenv.OutboxRetention, id)
+		require.NotContains(t, env(fn), lambdaenv.InboxRetention, id)
+	}
+	for _, row := range strings.Split(doc, "\n") {
+		if strings.HasPrefix(row, "| RDS storage") {
+			require.Contains(t, row, "the stack deploys no purge", "the storage row must not assume a purge the stack lacks")
+			require.Contains(t, row, "sluice purge --older-than 15d")
+		}
+	}
 
 	// The 1,000 events/s column: the settings it names, deployed as the table says.
 	const flags = "-c instanceType=m7g.large -c maxConnections=900 -c maxAllocatedStorage=1500 -c consumerMaxConcurrency=20"

@@ -46,21 +46,34 @@ func checkExampleDestination(p *SluiceStackProps) []error {
 	return errs
 }
 
-// exampleEndpoints are the interface endpoints the functions need for the example's
-// destination, beyond Secrets Manager and SNS: the relay calls EventBridge or Kinesis; an MSK
-// mapping's pollers, in the cluster's subnets, call Lambda and STS.
-func exampleEndpoints(destination string) map[string]awsec2.InterfaceVpcEndpointAwsService {
-	switch destination {
+// exampleEndpoints are the interface endpoints the example's hosts call AWS through, by
+// construct id: Secrets Manager (every function and task, and the rotations); SNS when a relay
+// publishes to a topic (the SNS destination, a fleet); EventBridge or Kinesis for the relay's
+// destination; Lambda and STS for an MSK mapping's pollers, in the cluster's subnets; ECR (API
+// and Docker registry) and CloudWatch Logs for the Fargate relay's tasks, which pull their
+// image and write their logs themselves (a Lambda's logs leave through the Lambda service,
+// and SQS is polled by it, so neither needs an endpoint).
+func exampleEndpoints(p *SluiceStackProps) map[string]awsec2.InterfaceVpcEndpointAwsService {
+	eps := map[string]awsec2.InterfaceVpcEndpointAwsService{secretsManagerEndpoint: awsec2.InterfaceVpcEndpointAwsService_SECRETS_MANAGER()}
+	switch p.Destination {
+	case "", DestinationSNS:
+		eps[snsEndpoint] = awsec2.InterfaceVpcEndpointAwsService_SNS()
 	case DestinationEventBridge:
-		return map[string]awsec2.InterfaceVpcEndpointAwsService{"EventBridgeEndpoint": awsec2.InterfaceVpcEndpointAwsService_EVENTBRIDGE()}
+		eps[eventBridgeEndpoint] = awsec2.InterfaceVpcEndpointAwsService_EVENTBRIDGE()
 	case DestinationKinesis:
-		return map[string]awsec2.InterfaceVpcEndpointAwsService{"KinesisEndpoint": awsec2.InterfaceVpcEndpointAwsService_KINESIS_STREAMS()}
+		eps[kinesisEndpoint] = awsec2.InterfaceVpcEndpointAwsService_KINESIS_STREAMS()
 	case DestinationMSK:
-		return map[string]awsec2.InterfaceVpcEndpointAwsService{
-			"LambdaEndpoint": awsec2.InterfaceVpcEndpointAwsService_LAMBDA(), "StsEndpoint": awsec2.InterfaceVpcEndpointAwsService_STS(),
-		}
+		eps[lambdaEndpoint], eps[stsEndpoint] = awsec2.InterfaceVpcEndpointAwsService_LAMBDA(), awsec2.InterfaceVpcEndpointAwsService_STS()
 	}
-	return nil
+	if p.Fleet > 0 {
+		eps[snsEndpoint] = awsec2.InterfaceVpcEndpointAwsService_SNS()
+	}
+	if p.RelayImageDir != "" {
+		eps[ecrAPIEndpoint] = awsec2.InterfaceVpcEndpointAwsService_ECR()
+		eps[ecrDockerEndpoint] = awsec2.InterfaceVpcEndpointAwsService_ECR_DOCKER()
+		eps[logsEndpoint] = awsec2.InterfaceVpcEndpointAwsService_CLOUDWATCH_LOGS()
+	}
+	return eps
 }
 
 // newExampleDestination creates the example's destination; nil for SNS.

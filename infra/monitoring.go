@@ -190,6 +190,38 @@ func (p *MonitoringProps) validate() error {
 	return errors.Join(errs...)
 }
 
+// onlyCloudWatchPublishes writes the alarm topic's policy: CloudWatch may publish for this
+// account's alarms (aws:SourceAccount and aws:SourceArn, against a confused deputy), and a Deny
+// refuses sns:Publish to every other principal, whatever its identity policy allows, so that
+// nobody in the account sends a false alarm (or an OK hiding a real one). No principal of the
+// stack publishes alarms itself: only the alarms do, through CloudWatch.
+func onlyCloudWatchPublishes(topic awssns.ITopic) {
+	cloudwatch := "cloudwatch.amazonaws.com"
+	alarms := awscdk.Fn_Join(jsii.String(""), &[]*string{
+		jsii.String("arn:"), awscdk.Aws_PARTITION(), jsii.String(":cloudwatch:"), awscdk.Aws_REGION(), jsii.String(":"), awscdk.Aws_ACCOUNT_ID(), jsii.String(":alarm:*"),
+	})
+	topic.AddToResourcePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Sid:        jsii.String("CloudWatchAlarmsPublish"),
+		Principals: &[]awsiam.IPrincipal{awsiam.NewServicePrincipal(jsii.String(cloudwatch), nil)},
+		Actions:    jsii.Strings("sns:Publish"),
+		Resources:  &[]*string{topic.TopicArn()},
+		Conditions: &map[string]any{
+			"StringEquals": map[string]any{"aws:SourceAccount": awscdk.Aws_ACCOUNT_ID()},
+			"ArnLike":      map[string]any{"aws:SourceArn": alarms},
+		},
+	}))
+	// aws:PrincipalServiceName is set only when a service principal calls: for every IAM
+	// principal the negated condition holds, and the Deny applies.
+	topic.AddToResourcePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Sid:        jsii.String("OnlyCloudWatchPublishes"),
+		Effect:     awsiam.Effect_DENY,
+		Principals: &[]awsiam.IPrincipal{awsiam.NewAnyPrincipal()},
+		Actions:    jsii.Strings("sns:Publish"),
+		Resources:  &[]*string{topic.TopicArn()},
+		Conditions: &map[string]any{"StringNotEquals": map[string]any{"aws:PrincipalServiceName": cloudwatch}},
+	}))
+}
+
 // NewMonitoring creates the alarms, the alarm topic (unless given) and the dashboard. It panics
 // on invalid props, naming every problem.
 func NewMonitoring(scope constructs.Construct, id string, props *MonitoringProps) Monitoring {
@@ -216,6 +248,7 @@ func NewMonitoring(scope constructs.Construct, id string, props *MonitoringProps
 			MasterKey:   key,
 			EnforceSSL:  jsii.Bool(true),
 		})
+		onlyCloudWatchPublishes(m.topic)
 	}
 	if p.AlarmEmail != "" {
 		m.topic.AddSubscription(awssnssubscriptions.NewEmailSubscription(jsii.String(p.AlarmEmail), nil))

@@ -161,7 +161,9 @@ type outbox struct {
 	relay    awslambda.Function
 	schedule awsevents.Rule
 	service  awsecs.FargateService
-	fifo     bool
+	// serviceLogs is the relay service's log group; nil for the Lambda.
+	serviceLogs awslogs.LogGroup
+	fifo        bool
 }
 
 func (o *outbox) Topic() awssns.ITopic {
@@ -309,7 +311,7 @@ func NewOutbox(scope constructs.Construct, id string, props *OutboxProps) Outbox
 	var host relayHost
 	if p.RelayService != nil {
 		rs := newRelayService(this, &p, env, roleSecret)
-		o.service, host = rs.service, rs
+		o.service, o.serviceLogs, host = rs.service, rs.logs, rs
 		if p.Migrations != nil {
 			n := p.RelayService.withDefaults().DesiredCount
 			p.Migrations.UseConnections(fmt.Sprintf("relay service %d (tasks) × %d (pool)", n, p.Database.maxConns()), n*p.Database.maxConns())

@@ -3,6 +3,8 @@ package infra_test
 import (
 	"fmt"
 	"reflect"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -95,6 +97,26 @@ func conditionsHold(t *testing.T, c any, ctx map[string]any) bool {
 				}
 			}
 			switch op {
+			case "ArnLike", "StringLike":
+				like := false
+				for _, w := range asList(want) {
+					if present && globMatches(resolvePseudo(w), fmt.Sprint(got)) {
+						like = true
+					}
+				}
+				if !like {
+					return false
+				}
+			case "NumericLessThan":
+				var g, w float64
+				if !present {
+					return false
+				}
+				fmt.Sscan(fmt.Sprint(got), &g)
+				fmt.Sscan(fmt.Sprint(want), &w)
+				if g >= w {
+					return false
+				}
 			case "ArnEquals", "StringEquals", "Bool":
 				if !equal {
 					return false
@@ -109,6 +131,37 @@ func conditionsHold(t *testing.T, c any, ctx map[string]any) bool {
 		}
 	}
 	return true
+}
+
+// resolvePseudo evaluates a template value with the test account's pseudo parameters
+// (eu-west-1, 123456789012, aws): a Join of literals and Refs to them becomes the string.
+func resolvePseudo(v any) string {
+	pseudo := map[string]string{"AWS::Region": "eu-west-1", "AWS::AccountId": "123456789012", "AWS::Partition": "aws"}
+	switch x := v.(type) {
+	case string:
+		return x
+	case map[string]any:
+		if r, ok := x["Ref"].(string); ok {
+			if p, ok := pseudo[r]; ok {
+				return p
+			}
+		}
+		if j, ok := x["Fn::Join"].([]any); ok {
+			var parts []string
+			for _, p := range j[1].([]any) {
+				parts = append(parts, resolvePseudo(p))
+			}
+			return strings.Join(parts, j[0].(string))
+		}
+	}
+	return fmt.Sprint(v)
+}
+
+// globMatches is IAM's *Like matching: * any run of characters, ? one.
+func globMatches(pattern, s string) bool {
+	re := regexp.QuoteMeta(pattern)
+	re = strings.ReplaceAll(strings.ReplaceAll(re, `\*`, ".*"), `\?`, ".")
+	return regexp.MustCompile("^" + re + "$").MatchString(s)
 }
 
 // queuePolicyOf returns the policy document of the AWS::SQS::QueuePolicy attached to the queue
@@ -305,9 +358,11 @@ func TestNetworkPerimeter(t *testing.T) {
 
 	t.Run("S3 gateway endpoint: CloudFormation's responses and the claim check only", func(t *testing.T) {
 		allowed := allowedResources(endpointPolicy(t, tmpl, "s3"))
-		require.ElementsMatch(t, []string{"s3:PutObject", "s3:GetObject"}, keys(allowed))
+		require.ElementsMatch(t, []string{"s3:PutObject", "s3:GetObject", "s3:ListBucket"}, keys(allowed))
 		objects := map[string]any{"Fn::Join": []any{"", []any{map[string]any{"Fn::GetAtt": []any{bucket, "Arn"}}, "/*"}}}
 		require.Equal(t, []any{objects}, allowed["s3:GetObject"])
+		require.Equal(t, []any{map[string]any{"Fn::GetAtt": []any{bucket, "Arn"}}}, allowed["s3:ListBucket"],
+			"listing the claim check's bucket: S3 answers 404 for a missing payload only to a caller that may")
 		require.Len(t, allowed["s3:PutObject"], 2)
 		require.Contains(t, allowed["s3:PutObject"], objects)
 		responses := fmt.Sprint(allowed["s3:PutObject"])
@@ -424,4 +479,94 @@ func keys[V any](m map[string]V) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// No queue of the account may name a stack's queue as its dead-letter queue (SQS's move of a
+// failed message is no SendMessage: the queues' Deny would not stop a forged one, and `sluice
+// redrive` would hand it to the consumer). In every variant, every queue's RedriveAllowPolicy
+// is denyAll, except each consumer DLQ's: byQueue, naming only the queue whose RedrivePolicy
+// names it (set by a custom resource: the queue names the DLQ, so the DLQ cannot name it in
+// the template), which may set that attribute on that DLQ only.
+func TestDeadLetterQueuesAdmitOnlyTheirSourceQueue(t *testing.T) {
+	for _, v := range variants(t) {
+		t.Run(v.name, func(t *testing.T) {
+			tmpl := v.tmpl
+			queues := resources(tmpl, "AWS::SQS::Queue")
+			sourceOf := map[string]string{} // DLQ -> the queue naming it
+			for id, q := range queues {
+				if rp, ok := props(q)["RedrivePolicy"].(map[string]any); ok {
+					sourceOf[refID(rp["deadLetterTargetArn"])] = id
+				}
+			}
+			setters := map[string]map[string]any{} // DLQ -> the custom resource setting its policy
+			for _, r := range resources(tmpl, infra.RedriveSourceResourceType) {
+				create := props(r)["Create"]
+				require.Contains(t, fmt.Sprint(create), `setQueueAttributes`)
+				require.Contains(t, fmt.Sprint(create), `\"redrivePermission\":\"byQueue\"`)
+				refs := slices.Compact(slices.Sorted(slices.Values(refsIn(create))))
+				require.Len(t, refs, 2, "the DLQ (its URL, and its ARN as the physical id) and the source queue's ARN: %v", create)
+				dlq, src := refs[0], refs[1]
+				if _, ok := sourceOf[dlq]; !ok {
+					dlq, src = src, dlq
+				}
+				setters[dlq] = r
+				require.Equal(t, sourceOf[dlq], src, "DLQ %s admits exactly the queue that names it", dlq)
+			}
+			require.NotEmpty(t, queues)
+			for id, q := range queues {
+				if src, isDLQ := sourceOf[id]; isDLQ {
+					require.Contains(t, setters, id, "consumer DLQ %s (of %s) gets a byQueue RedriveAllowPolicy", id, src)
+					require.NotContains(t, props(q), "RedriveAllowPolicy", "the custom resource owns it")
+					continue
+				}
+				require.Equal(t, map[string]any{"redrivePermission": "denyAll"}, props(q)["RedriveAllowPolicy"],
+					"queue %s is no queue's DLQ: none may name it", id)
+			}
+			// Each setter may set attributes on its DLQ only.
+			for _, pol := range resources(tmpl, "AWS::IAM::Policy") {
+				for _, s := range asList(props(pol)["PolicyDocument"].(map[string]any)["Statement"]) {
+					st := s.(map[string]any)
+					if st["Action"] == "sqs:SetQueueAttributes" {
+						require.Contains(t, setters, refID(st["Resource"]), "SetQueueAttributes only on a consumer DLQ: %v", st)
+					}
+				}
+			}
+		})
+	}
+}
+
+// The alarm topic takes notifications from CloudWatch alone, for this account's alarms: anyone
+// else in the account (whatever their identity policy) is refused, so nobody sends a false
+// alarm or an OK that hides a real one. Every variant.
+func TestAlarmTopicTakesOnlyCloudWatch(t *testing.T) {
+	account := map[string]any{"Ref": "AWS::AccountId"}
+	for _, v := range variants(t) {
+		t.Run(v.name, func(t *testing.T) {
+			alarmTopic := firstKeyWithPrefix(resources(v.tmpl, "AWS::SNS::Topic"), "MonitoringAlarmTopic")
+			require.NotEmpty(t, alarmTopic)
+			var doc map[string]any
+			for _, r := range resources(v.tmpl, "AWS::SNS::TopicPolicy") {
+				if reflect.DeepEqual(asList(props(r)["Topics"]), []any{map[string]any{"Ref": alarmTopic}}) {
+					doc = props(r)["PolicyDocument"].(map[string]any)
+				}
+			}
+			require.NotNil(t, doc, "the alarm topic has a policy")
+			publish := func(principal, service string, ctx map[string]any) string {
+				ctx["aws:SecureTransport"] = "true"
+				if service != "" {
+					ctx["aws:PrincipalServiceName"] = service
+				} else {
+					ctx["aws:PrincipalArn"] = principal
+				}
+				return evaluate(t, doc, request{awsPrincipal: principal, service: service, action: "sns:Publish", context: ctx})
+			}
+			alarm := "arn:aws:cloudwatch:eu-west-1:123456789012:alarm:Sluice-RelayHeartbeat"
+			require.Equal(t, "allow", publish("", "cloudwatch.amazonaws.com", map[string]any{"aws:SourceAccount": account, "aws:SourceArn": alarm}))
+			require.Equal(t, "implicit", publish("", "cloudwatch.amazonaws.com",
+				map[string]any{"aws:SourceAccount": "999999999999", "aws:SourceArn": "arn:aws:cloudwatch:eu-west-1:999999999999:alarm:x"}),
+				"another account's alarms: not allowed")
+			require.Equal(t, "deny", publish("arn:aws:iam::123456789012:role/admin", "", map[string]any{}), "a role of the account")
+			require.Equal(t, "deny", publish("", "events.amazonaws.com", map[string]any{"aws:SourceAccount": account}), "another service")
+		})
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsecs"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
 	"github.com/aws/constructs-go/constructs/v10"
 	"github.com/aws/jsii-runtime-go"
 )
@@ -42,6 +43,7 @@ type serviceRelay struct {
 	task      awsecs.FargateTaskDefinition
 	container awsecs.ContainerDefinition
 	service   awsecs.FargateService
+	logs      awslogs.LogGroup // the awslogs driver's
 }
 
 func (s serviceRelay) Grantee() awsiam.IGrantable      { return s.task.TaskRole() }

@@ -27,7 +27,9 @@ const DefaultRelayServiceCABundlePath = "/etc/sluice/rds-ca-bundle.pem"
 type RelayServiceProps struct {
 	// Image is the relay's container image for linux/arm64: examples/relay built with the RDS CA
 	// bundle at CABundlePath. `make build` writes one to bin/relay-service (with its Dockerfile):
-	// awsecs.ContainerImage_FromAsset(jsii.String("bin/relay-service"), nil). Required.
+	// awsecs.ContainerImage_FromAsset(jsii.String("bin/relay-service"), nil). Its container
+	// health check runs `/relay -healthcheck` (examples/relay probes its own /healthz): an
+	// image of your own answers that command. Required.
 	Image awsecs.ContainerImage
 	// CABundlePath is where Image holds the RDS CA bundle (DATABASE_SSLROOTCERT). Defaults to
 	// DefaultRelayServiceCABundlePath.
@@ -121,6 +123,16 @@ func newRelayService(scope constructs.Construct, p *OutboxProps, env map[string]
 		Logging:                awsecs.LogDriver_AwsLogs(&awsecs.AwsLogDriverProps{StreamPrefix: jsii.String("relay"), LogGroup: logs}),
 		StopTimeout:            awscdk.Duration_Seconds(jsii.Number(float64(stop))),
 		ReadonlyRootFilesystem: jsii.Bool(true),
+		// The image is distroless (no shell, no curl): the relay binary probes its own
+		// liveness endpoint (examples/relay, /healthz). A task that stops answering is replaced,
+		// and a deployment whose tasks never turn healthy rolls back (the circuit breaker).
+		HealthCheck: &awsecs.HealthCheck{
+			Command:     jsii.Strings("CMD", "/relay", "-healthcheck"),
+			Interval:    awscdk.Duration_Seconds(jsii.Number(30)),
+			Timeout:     awscdk.Duration_Seconds(jsii.Number(5)),
+			Retries:     jsii.Number(3),
+			StartPeriod: awscdk.Duration_Seconds(jsii.Number(60)),
+		},
 	})
 	subnets, sgs, ownSG := placement(scope, "RelayService", p.Network, "outbox relay service")
 	service := awsecs.NewFargateService(scope, jsii.String("RelayService"), &awsecs.FargateServiceProps{
@@ -137,12 +149,18 @@ func newRelayService(scope constructs.Construct, p *OutboxProps, env map[string]
 		AssignPublicIp:    jsii.Bool(false),
 	})
 	secret.GrantRead(task.TaskRole(), nil)
-	allowDatabaseAndAPIs(service, p.Database, nil, ownSG, p.Network, "outbox relay service", claimCheckS3(p.ClaimCheck != nil, "the claim check's payloads"), false)
+	// Fargate pulls the image's layers from ECR's bucket in S3 (through the gateway endpoint
+	// in private subnets), whether or not the relay stores claim-check payloads there.
+	s3 := "ECR's image layers"
+	if p.ClaimCheck != nil {
+		s3 += ", the claim check's payloads"
+	}
+	allowDatabaseAndAPIs(service, p.Database, nil, ownSG, p.Network, "outbox relay service", s3, false)
 	suppress(task, "AwsSolutions-ECS2",
 		"The relay's environment holds its settings, topic ARNs and the ARN of its database secret, nothing secret: "+
 			"the relay reads the secret's value from Secrets Manager itself (and again when a connection fails, for rotation).")
 	suppress(task, "AwsSolutions-IAM5",
 		"The execution role's ECR and CloudWatch Logs statements are CDK's (GetAuthorizationToken has no resource); "+
 			"publishing to a KMS-encrypted topic needs kms:GenerateDataKey*, limited to the topic keys' ARNs.")
-	return serviceRelay{task: task, container: container, service: service}
+	return serviceRelay{task: task, container: container, service: service, logs: logs}
 }

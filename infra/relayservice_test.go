@@ -31,7 +31,7 @@ func imageDir(t *testing.T) string {
 // tasks get what the Lambda got (the topic, its Deny naming their role, the database secret and
 // network path, the settings), the connection budget books them, an alarm watches their count,
 // and cdk-nag finds nothing unsuppressed (cfn-lint runs over the same stack in
-// TestTemplatesPassCfnLint).
+// TestEveryVariantPassesCfnLintAndNag).
 func TestRelayAsAFargateService(t *testing.T) {
 	app := awscdk.NewApp(nil)
 	st := infra.NewSluiceStack(app, "SluiceFargate", &infra.SluiceStackProps{NoAlarmDestination: true, RelayImageDir: imageDir(t),

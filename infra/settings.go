@@ -34,6 +34,9 @@ type RelaySettings struct {
 	MaxAttempts int
 	// PublishTimeout bounds one PublishBatch call; shorter than Lease. Defaults to 10s.
 	PublishTimeout time.Duration
+	// SlowCall is how long a call may be in flight before its destination counts as slow and
+	// stops holding a pipeline (docs/outbox.md, "Liveness"). Defaults to 250ms.
+	SlowCall time.Duration
 	// Lease bounds how long one round holds its partition keys. Defaults to 30s.
 	Lease time.Duration
 	// BackoffBase is the first backoff between a row's attempts and between probes of a

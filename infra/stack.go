@@ -11,6 +11,7 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsecrassets"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsecs"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsrds"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awss3"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssecretsmanager"
@@ -18,6 +19,8 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/customresources"
 	"github.com/aws/constructs-go/constructs/v10"
 	"github.com/aws/jsii-runtime-go"
+
+	sluiceoutbox "github.com/sluicehq/sluice/pkg/outbox"
 )
 
 // ExistingDatabase names a PostgreSQL database the stack uses instead of creating one.
@@ -258,7 +261,7 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 		// egress and may use HTTPS to any address (its NAT or endpoints).
 		network.Vpc = awsec2.Vpc_FromLookup(stack, jsii.String("Vpc"), &awsec2.VpcLookupOptions{VpcId: jsii.String(p.VpcID)})
 	} else {
-		network, endpoints = newNetwork(stack, p.NatGateways, exampleEndpoints(p.Destination))
+		network, endpoints = newNetwork(stack, p.NatGateways, exampleEndpoints(&p))
 	}
 
 	db := Database{CABundle: p.CABundle}
@@ -313,6 +316,7 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 	if p.ClaimCheck != nil {
 		claim = NewClaimCheck(stack, "ClaimCheck", p.ClaimCheck)
 	}
+	relayService, relayImage := exampleRelayService(stack, p.RelayImageDir)
 	s.outbox = NewOutbox(stack, "Outbox", &OutboxProps{
 		RelayCodeDir: p.RelayCodeDir,
 		Network:      network,
@@ -325,7 +329,7 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 		// The example's destination, unless SNS, receives every row.
 		DefaultDestination: dest,
 		ClaimCheck:         claim,
-		RelayService:       relayService(p.RelayImageDir),
+		RelayService:       relayService,
 	})
 	consumerProps := &ConsumerProps{
 		Name:       p.ConsumerName,
@@ -405,15 +409,21 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 		if s.fleet != nil && s.fleet.Topic() != nil {
 			topics = append(topics, s.fleet.Topic().TopicArn())
 		}
-		var bucket awss3.IBucket
+		callers := endpointCallers{topics: topics, destination: dest}
 		if claim != nil {
-			bucket = claim.Bucket()
+			callers.bucket = claim.Bucket()
 		}
-		var imported *string
 		if p.Database != nil {
-			imported = s.secret.SecretArn()
+			callers.importedSecret = s.secret.SecretArn()
 		}
-		endpoints.scope(stack, topics, bucket, imported)
+		if relayImage != nil {
+			callers.relayRepository = relayImage.Repository().RepositoryArn()
+			callers.relayLogs = s.outbox.(*outbox).serviceLogs.LogGroupArn()
+		}
+		if dest != nil && dest.Kind() == sluiceoutbox.Kafka {
+			callers.mskConsumer = s.consumer.Function()
+		}
+		endpoints.scope(stack, callers)
 	}
 
 	out := func(name, description string, value *string) {
@@ -494,9 +504,10 @@ func newExampleFleet(stack awscdk.Stack, network Network, db Database, instance 
 }
 
 // newNetwork creates the VPC: isolated subnets for the database, private subnets for the
-// functions (isolated too without NAT), and the endpoints the functions call AWS through, whose
-// policies stackEndpoints.scope writes once the stack's resources exist.
-func newNetwork(stack awscdk.Stack, natGateways int, extraEndpoints map[string]awsec2.InterfaceVpcEndpointAwsService) (Network, *stackEndpoints) {
+// functions (isolated too without NAT), and the interface endpoints (by id) the functions and
+// tasks call AWS through, with the S3 gateway endpoint; stackEndpoints.scope writes their
+// policies once the stack's resources exist.
+func newNetwork(stack awscdk.Stack, natGateways int, interfaces map[string]awsec2.InterfaceVpcEndpointAwsService) (Network, *stackEndpoints) {
 	lambdaSubnets := awsec2.SubnetType_PRIVATE_ISOLATED
 	subnets := []*awsec2.SubnetConfiguration{}
 	if natGateways > 0 {
@@ -520,38 +531,18 @@ func newNetwork(stack awscdk.Stack, natGateways int, extraEndpoints map[string]a
 		Description:      jsii.String("sluice interface VPC endpoints: HTTPS in from the sluice functions only"),
 		AllowAllOutbound: jsii.Bool(false),
 	})
-	// What the functions call: Secrets Manager (every function and the rotation functions) and
-	// SNS (the relay). SQS is polled by the Lambda service, not by the consumer; logs and EMF
-	// metrics leave through the Lambda service too, so neither needs an endpoint. A destination
-	// other than SNS adds its own (exampleEndpoints).
-	endpoints := []struct {
-		id      string
-		service awsec2.InterfaceVpcEndpointAwsService
-	}{{"SecretsManagerEndpoint", awsec2.InterfaceVpcEndpointAwsService_SECRETS_MANAGER()}, {"SnsEndpoint", awsec2.InterfaceVpcEndpointAwsService_SNS()}}
-	for _, id := range sortedKeys(extraEndpoints) {
-		endpoints = append(endpoints, struct {
-			id      string
-			service awsec2.InterfaceVpcEndpointAwsService
-		}{id, extraEndpoints[id]})
-	}
-	eps := &stackEndpoints{}
-	for _, e := range endpoints {
-		ep := vpc.AddInterfaceEndpoint(jsii.String(e.id), &awsec2.InterfaceVpcEndpointOptions{
-			Service:           e.service,
+	eps := &stackEndpoints{interfaces: map[string]awsec2.InterfaceVpcEndpoint{}}
+	for _, id := range sortedKeys(interfaces) {
+		eps.interfaces[id] = vpc.AddInterfaceEndpoint(jsii.String(id), &awsec2.InterfaceVpcEndpointOptions{
+			Service:           interfaces[id],
 			Subnets:           lambdas,
 			PrivateDnsEnabled: jsii.Bool(true),
 			Open:              jsii.Bool(false),
 			SecurityGroups:    &[]awsec2.ISecurityGroup{endpointSG},
 		})
-		switch e.id {
-		case "SecretsManagerEndpoint":
-			eps.secrets = ep
-		case "SnsEndpoint":
-			eps.sns = ep
-		}
 	}
-	// CloudFormation's custom resource response is a presigned S3 URL (the migrations), and the
-	// claim check's payloads are S3 objects.
+	// CloudFormation's custom resource response is a presigned S3 URL (the migrations), the
+	// claim check's payloads are S3 objects, and ECR serves image layers from S3.
 	eps.s3 = vpc.AddGatewayEndpoint(jsii.String("S3Endpoint"), &awsec2.GatewayVpcEndpointOptions{
 		Service: awsec2.GatewayVpcEndpointAwsService_S3(),
 		Subnets: &[]*awsec2.SubnetSelection{lambdas},
@@ -583,58 +574,139 @@ func s3PrefixList(stack awscdk.Stack) *string {
 	return cr.GetResponseField(jsii.String("PrefixLists.0.PrefixListId"))
 }
 
+// The example VPC's interface endpoints, by construct id (exampleEndpoints).
+const (
+	secretsManagerEndpoint = "SecretsManagerEndpoint"
+	snsEndpoint            = "SnsEndpoint"
+	eventBridgeEndpoint    = "EventBridgeEndpoint"
+	kinesisEndpoint        = "KinesisEndpoint"
+	lambdaEndpoint         = "LambdaEndpoint"
+	stsEndpoint            = "StsEndpoint"
+	ecrAPIEndpoint         = "EcrApiEndpoint"
+	ecrDockerEndpoint      = "EcrDockerEndpoint"
+	logsEndpoint           = "LogsEndpoint"
+)
+
 // stackEndpoints are the example VPC's endpoints whose policies the stack scopes to its own
 // resources.
 type stackEndpoints struct {
-	s3           awsec2.GatewayVpcEndpoint
-	secrets, sns awsec2.InterfaceVpcEndpoint
+	s3         awsec2.GatewayVpcEndpoint
+	interfaces map[string]awsec2.InterfaceVpcEndpoint
 }
 
-// scope writes the endpoint policies: through the S3 gateway endpoint only CloudFormation's
-// custom resource responses and the claim check's objects; through the Secrets Manager
-// endpoint only the stack's secrets (and GetRandomPassword, which has no resource, for
-// rotation); through the SNS endpoint only publishing to the outbox's topics. Code in the
-// VPC cannot use these endpoints to move data to or from anything else, whatever its role
-// allows. Call it after every secret, topic and bucket of the stack exists.
-func (e *stackEndpoints) scope(stack awscdk.Stack, topics []*string, bucket awss3.IBucket, importedSecret *string) {
-	any := &[]awsiam.IPrincipal{awsiam.NewAnyPrincipal()}
+// endpointCallers are what the stack's hosts call through the endpoints: each endpoint's
+// policy names these resources only.
+type endpointCallers struct {
+	// topics are the SNS topics the relays publish to.
+	topics []*string
+	// destination is the example's destination other than SNS; nil for SNS.
+	destination Destination
+	// bucket is the claim check's bucket; nil without.
+	bucket awss3.IBucket
+	// importedSecret is an imported database's secret; nil for the stack's own.
+	importedSecret *string
+	// relayRepository and relayLogs are the Fargate relay's image repository and log group;
+	// nil for the relay Lambda.
+	relayRepository, relayLogs *string
+	// mskConsumer is the consumer an MSK mapping's pollers invoke; nil without MSK.
+	mskConsumer awslambda.IFunction
+}
+
+// ecrLayerBucket is ECR's bucket of image layers in the stack's region, which Fargate pulls
+// through the S3 gateway endpoint (AWS documents the name for private subnets).
+func ecrLayerBucket() *string {
+	return awscdk.Fn_Join(jsii.String(""), &[]*string{
+		jsii.String("arn:"), awscdk.Aws_PARTITION(), jsii.String(":s3:::prod-"), awscdk.Aws_REGION(), jsii.String("-starport-layer-bucket/*"),
+	})
+}
+
+// scope writes the endpoint policies: each endpoint lets through only the calls the stack's
+// hosts make, on the stack's resources (callers). Through the S3 gateway endpoint
+// CloudFormation's custom resource responses, the claim check's objects (and listing its
+// bucket, so that a missing payload reads 404) and ECR's layers; through Secrets Manager the
+// stack's secrets; through SNS publishing to the relays' topics; through EventBridge and
+// Kinesis putting on the destination; through Lambda and STS the MSK mapping's invoking and
+// assuming the consumer's role; through ECR pulling the relay's image; through CloudWatch
+// Logs the relay tasks' log streams. Code in the VPC cannot use an endpoint to reach anything
+// else, whatever its role allows. Call it after every resource of the stack exists; it panics
+// on an interface endpoint it has no policy for (an endpoint without a policy allows all).
+func (e *stackEndpoints) scope(stack awscdk.Stack, c endpointCallers) {
+	allow := func(ep interface {
+		AddToPolicy(awsiam.PolicyStatement)
+	}, sid string, resources []*string, actions ...string) {
+		ep.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Sid: jsii.String(sid), Principals: &[]awsiam.IPrincipal{awsiam.NewAnyPrincipal()}, Actions: jsii.Strings(actions...), Resources: &resources,
+		}))
+	}
 	// The region without dashes, as the response bucket's name spells it (us-east-1 → useast1).
 	region := awscdk.Fn_Join(jsii.String(""), awscdk.Fn_Split(jsii.String("-"), awscdk.Aws_REGION(), nil))
 	responses := awscdk.Fn_Join(jsii.String(""), &[]*string{
 		jsii.String("arn:"), awscdk.Aws_PARTITION(), jsii.String(":s3:::cloudformation-custom-resource-response-"), region, jsii.String("/*"),
 	})
-	e.s3.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
-		Sid: jsii.String("CloudFormationResponses"), Principals: any, Actions: jsii.Strings("s3:PutObject"), Resources: &[]*string{responses},
-	}))
-	if bucket != nil {
-		e.s3.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
-			Sid: jsii.String("ClaimCheckObjects"), Principals: any, Actions: jsii.Strings("s3:PutObject", "s3:GetObject"),
-			Resources: &[]*string{bucket.ArnForObjects(jsii.String("*"))},
-		}))
+	allow(e.s3, "CloudFormationResponses", []*string{responses}, "s3:PutObject")
+	if c.bucket != nil {
+		allow(e.s3, "ClaimCheckObjects", []*string{c.bucket.ArnForObjects(jsii.String("*"))}, "s3:PutObject", "s3:GetObject")
+		// S3 answers 404 for a missing key only to a caller that may list the bucket.
+		allow(e.s3, "ClaimCheckMissingPayloads", []*string{c.bucket.BucketArn()}, "s3:ListBucket")
+	}
+	if c.relayRepository != nil {
+		allow(e.s3, "EcrImageLayers", []*string{ecrLayerBucket()}, "s3:GetObject")
 	}
 
-	var secrets []*string
-	for _, c := range *stack.Node().FindAll(constructs.ConstructOrder_PREORDER) {
-		if r, ok := c.(awscdk.CfnResource); ok && *awscdk.CfnResource_IsCfnResource(c) && *r.CfnResourceType() == "AWS::SecretsManager::Secret" {
-			secrets = append(secrets, r.Ref())
+	scoped := map[string]bool{}
+	for id, ep := range e.interfaces {
+		switch id {
+		case secretsManagerEndpoint:
+			var secrets []*string
+			for _, n := range *stack.Node().FindAll(constructs.ConstructOrder_PREORDER) {
+				if r, ok := n.(awscdk.CfnResource); ok && *awscdk.CfnResource_IsCfnResource(n) && *r.CfnResourceType() == "AWS::SecretsManager::Secret" {
+					secrets = append(secrets, r.Ref())
+				}
+			}
+			if c.importedSecret != nil {
+				secrets = append(secrets, c.importedSecret)
+			}
+			allow(ep, "TheStacksSecrets", secrets,
+				"secretsmanager:GetSecretValue", "secretsmanager:PutSecretValue", "secretsmanager:DescribeSecret", "secretsmanager:UpdateSecretVersionStage")
+			allow(ep, "RotationPasswords", []*string{jsii.String("*")}, "secretsmanager:GetRandomPassword")
+		case snsEndpoint:
+			if len(c.topics) == 0 {
+				continue
+			}
+			allow(ep, "TheOutboxTopics", c.topics, "sns:Publish")
+		case eventBridgeEndpoint:
+			allow(ep, "TheDestinationBus", []*string{c.destination.Address()}, "events:PutEvents")
+		case kinesisEndpoint:
+			allow(ep, "TheDestinationStream", []*string{c.destination.Address()}, "kinesis:PutRecords")
+		case lambdaEndpoint:
+			// The MSK mapping's pollers invoke the consumer (and its versions).
+			fn := c.mskConsumer.FunctionArn()
+			allow(ep, "TheMappingInvokesTheConsumer", []*string{fn, awscdk.Fn_Join(jsii.String(""), &[]*string{fn, jsii.String(":*")})}, "lambda:InvokeFunction")
+		case stsEndpoint:
+			// ... as the consumer's execution role, which they assume.
+			allow(ep, "TheMappingAssumesTheConsumersRole", []*string{c.mskConsumer.Role().RoleArn()}, "sts:AssumeRole")
+		case ecrAPIEndpoint, ecrDockerEndpoint:
+			// Fargate pulls the relay's image with the task execution role: a token (no
+			// resource), then the image's manifest and layer locations.
+			allow(ep, "PullToken", []*string{jsii.String("*")}, "ecr:GetAuthorizationToken")
+			allow(ep, "PullTheRelayImage", []*string{c.relayRepository},
+				"ecr:BatchCheckLayerAvailability", "ecr:GetDownloadUrlForLayer", "ecr:BatchGetImage")
+		case logsEndpoint:
+			// The awslogs driver writes the relay tasks' streams (the EMF metrics among them).
+			allow(ep, "TheRelayTasksLogs", []*string{c.relayLogs}, "logs:CreateLogStream", "logs:PutLogEvents")
+		default:
+			continue
+		}
+		scoped[id] = true
+	}
+	var open []string
+	for _, id := range sortedKeys(e.interfaces) {
+		if !scoped[id] {
+			open = append(open, id)
 		}
 	}
-	if importedSecret != nil {
-		secrets = append(secrets, importedSecret)
-	}
-	e.secrets.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
-		Sid: jsii.String("TheStacksSecrets"), Principals: any,
-		Actions:   jsii.Strings("secretsmanager:GetSecretValue", "secretsmanager:PutSecretValue", "secretsmanager:DescribeSecret", "secretsmanager:UpdateSecretVersionStage"),
-		Resources: &secrets,
-	}))
-	e.secrets.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
-		Sid: jsii.String("RotationPasswords"), Principals: any, Actions: jsii.Strings("secretsmanager:GetRandomPassword"), Resources: jsii.Strings("*"),
-	}))
-
-	if len(topics) > 0 {
-		e.sns.AddToPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
-			Sid: jsii.String("TheOutboxTopics"), Principals: any, Actions: jsii.Strings("sns:Publish"), Resources: &topics,
-		}))
+	if len(open) > 0 {
+		panic(fmt.Errorf("sluice: interface endpoints without a policy (they would allow every call): %s", strings.Join(open, ", ")))
 	}
 }
 
@@ -729,12 +801,15 @@ func newDatabase(stack awscdk.Stack, network Network, p SluiceStackProps) (awsrd
 	return db, sg
 }
 
-// relayService is the example stack's Fargate relay from the image built in dir; nil for "".
-func relayService(dir string) *RelayServiceProps {
+// exampleRelayService is the example stack's Fargate relay from the image built in dir, and
+// that image (whose repository the ECR endpoints admit); nil, nil for "".
+func exampleRelayService(stack awscdk.Stack, dir string) (*RelayServiceProps, awsecrassets.DockerImageAsset) {
 	if dir == "" {
-		return nil
+		return nil, nil
 	}
-	return &RelayServiceProps{Image: awsecs.ContainerImage_FromAsset(jsii.String(dir), &awsecs.AssetImageProps{
-		Platform: awsecrassets.Platform_LINUX_ARM64(),
-	})}
+	image := awsecrassets.NewDockerImageAsset(stack, jsii.String("RelayImage"), &awsecrassets.DockerImageAssetProps{
+		Directory: jsii.String(dir),
+		Platform:  awsecrassets.Platform_LINUX_ARM64(),
+	})
+	return &RelayServiceProps{Image: awsecs.ContainerImage_FromDockerImageAsset(image)}, image
 }

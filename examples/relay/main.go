@@ -7,8 +7,9 @@
 //   - SLUICE_HEALTH_ADDR (default :8080): GET /healthz answers 200 while the process runs
 //     (liveness), GET /readyz 200 while the database answers and the relay is not stopping
 //     (readiness).
-//   - DATABASE_MAX_CONNS: the pool's size. Unset, it is Pipelines + 2 (at least 4): one
-//     connection per pipeline's round, one for polling and the key walk, one for metrics.
+//   - DATABASE_MAX_CONNS: the pool's size. Unset, it is RelayConfig.PoolSize() + 1 (at least
+//     4): one connection per pipeline's round, as many for rounds a slow destination detached
+//     from their pipelines, one for polling and the key walk, one for metrics.
 //
 // On SIGTERM (what ECS and Kubernetes send before stopping a task) it stops taking rounds,
 // lets the rounds in flight end as the relay Lambda's do at its deadline (what the broker
@@ -44,7 +45,7 @@ func run(ctx context.Context, getenv lambdaenv.Getenv, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	pool, err := lambdaenv.OpenPool(ctx, withPoolSize(getenv, cfg.Pipelines))
+	pool, err := lambdaenv.OpenPool(ctx, withPoolSize(getenv, cfg.PoolSize()))
 	if err != nil {
 		return err
 	}
@@ -83,11 +84,11 @@ func run(ctx context.Context, getenv lambdaenv.Getenv, log *slog.Logger) error {
 }
 
 // withPoolSize gives DATABASE_MAX_CONNS a default that fits the relay's pipelines.
-func withPoolSize(getenv lambdaenv.Getenv, pipelines int) lambdaenv.Getenv {
+func withPoolSize(getenv lambdaenv.Getenv, poolSize int) lambdaenv.Getenv {
 	if getenv(lambdaenv.DatabaseMaxConns) != "" {
 		return getenv
 	}
-	size := strconv.Itoa(max(4, pipelines+2))
+	size := strconv.Itoa(max(4, poolSize+1)) // and one for the health check's ping
 	return func(k string) string {
 		if k == lambdaenv.DatabaseMaxConns {
 			return size

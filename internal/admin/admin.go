@@ -1,7 +1,9 @@
 // Package admin is what the operator functions of pkg/outbox and pkg/inbox share, so that the
 // same idea has the same value and meaning in both: the purge batch default, the refusal of a
 // negative batch size, the error of an empty selection, and the batched row purges that
-// Purge and partition maintenance (pkg/partition, for a default partition) both run.
+// Purge and partition maintenance (pkg/partition, for a default partition) both run, and the
+// reads of how long a Kinesis stream or a Kafka topic keeps its records, which bound how long
+// an inbox must keep its rows (the CLI's retention guard).
 package admin
 
 import (

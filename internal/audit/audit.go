@@ -12,7 +12,10 @@
 //
 // Invariant: every event the outbox published in the window that the consumer did not apply is
 // reported in Report.Missing, and every applied event the outbox never published in the window is
-// reported in Report.Unpublished (Run, in compareLeaf, is the one place that decides both).
+// reported in Report.Unpublished (Run, in compareLeaf, is the one place that decides both),
+// except the events that no filter policy of the consumer's subscriptions delivers
+// (Options.Filters, read by `sluice audit --subscription`): those are counted in
+// Report.Filtered, never as missing.
 package audit
 
 import (
@@ -25,6 +28,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/sluicehq/sluice/internal/wire"
 )
 
 // Querier is the smallest database handle the audit needs: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
@@ -54,6 +59,11 @@ type Options struct {
 	// AlarmAfter separates missing events from events in flight: a published event that is
 	// not applied AlarmAfter after its publication is missing. Defaults to DefaultAlarmAfter.
 	AlarmAfter time.Duration
+	// Filters are the filter policies of the consumer's SNS subscriptions: an event none of
+	// them delivers is not expected in the inbox, and is counted in Report.Filtered instead of
+	// Report.Missing. Defaults to none: every published event is expected (a subscription
+	// without a filter policy delivers every event; leave Filters empty then).
+	Filters []*FilterPolicy
 	// LeafSize is the bucket size compared id by id. Defaults to DefaultLeafSize.
 	LeafSize int
 	// Now is the clock; defaults to time.Now.
@@ -103,6 +113,9 @@ type Report struct {
 	// Unpublished lists event ids the consumer applied that the outbox did not publish in the
 	// window (created in the window by their createdAt): there should be none.
 	Unpublished []string
+	// Filtered counts the published events not applied that no subscription's filter policy
+	// (Options.Filters) delivers: they are not missing.
+	Filtered int
 	Lag         Lag
 	Cost        Cost
 }
@@ -386,27 +399,60 @@ func (a auditor) describeGaps(ctx context.Context, outboxDB, inboxDB Querier, r 
 		ids[i] = g.EventID
 	}
 	a.cost.Queries += 2
-	rows, err := outboxDB.Query(ctx, `SELECT event_id::text, event_type, published_at FROM outbox_event
-		WHERE event_id = ANY($1::uuid[])`, ids)
+	rows, err := outboxDB.Query(ctx, `SELECT event_id::text, event_type, published_at, aggregate_type, aggregate_id, created_at, headers, payload::text
+		FROM outbox_event WHERE event_id = ANY($1::uuid[])`, ids)
 	if err != nil {
 		return fmt.Errorf("audit: describe the missing events: %w", err)
 	}
 	type info struct {
 		eventType string
 		published time.Time
+		filtered  bool
 	}
 	infos := map[string]info{}
 	for rows.Next() {
-		var id string
-		var in info
-		if err := rows.Scan(&id, &in.eventType, &in.published); err != nil {
+		var (
+			id, aggType, aggID, payload string
+			created                     time.Time
+			headers                     map[string]string
+			in                          info
+		)
+		if err := rows.Scan(&id, &in.eventType, &in.published, &aggType, &aggID, &created, &headers, &payload); err != nil {
 			rows.Close()
 			return fmt.Errorf("audit: describe the missing events: %w", err)
+		}
+		if len(a.opts.Filters) > 0 {
+			attrs := map[string]string{}
+			for k, v := range headers {
+				attrs[k] = v
+			}
+			attrs[wire.MessageID], attrs[wire.EventType], attrs[wire.AggregateType], attrs[wire.AggregateID] = id, in.eventType, aggType, aggID
+			attrs[wire.CreatedAt] = created.UTC().Format(time.RFC3339Nano)
+			in.filtered = true
+			for _, f := range a.opts.Filters {
+				if ok, _ := f.Matches(attrs, []byte(payload)); ok {
+					in.filtered = false
+					break
+				}
+			}
 		}
 		infos[id] = in
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("audit: describe the missing events: %w", err)
+	}
+	kept := r.Missing[:0]
+	for _, g := range r.Missing {
+		if infos[g.EventID].filtered {
+			r.Filtered++
+			continue
+		}
+		kept = append(kept, g)
+	}
+	r.Missing = kept
+	ids = ids[:0]
+	for _, g := range r.Missing {
+		ids = append(ids, g.EventID)
 	}
 	rows, err = inboxDB.Query(ctx, `SELECT lower(message_id), CASE WHEN parked_at IS NOT NULL THEN 'parked' ELSE 'pending' END
 		FROM inbox_event WHERE consumer = $1 AND lower(message_id) = ANY($2::text[])`, a.opts.Consumer, ids)

@@ -60,6 +60,10 @@ type Verification struct {
 	OrderViolations int
 	// P50 and P99 are the commit-to-apply latencies (outbox created_at to the ledger insert).
 	P50, P99 time.Duration
+	// PublishP50 and PublishP99 are the relay's share of them: commit to the moment the relay
+	// recorded the broker's acknowledgement (outbox created_at to published_at), over the
+	// applied events.
+	PublishP50, PublishP99 time.Duration
 }
 
 // OK reports whether every committed event was applied exactly once (and, when fifo, in
@@ -93,16 +97,16 @@ func (v Verification) Problems(fifo bool) []string {
 // Verify checks the run whose order ids start with prefix.
 func Verify(ctx context.Context, db Querier, prefix string) (Verification, error) {
 	var v Verification
-	var p50, p99 *float64
+	var p50, p99, pub50, pub99 *float64
 	err := db.QueryRow(ctx, `
 		WITH produced AS (
-			SELECT event_id::text AS message_id, created_at FROM outbox_event
+			SELECT event_id::text AS message_id, created_at, published_at FROM outbox_event
 			WHERE aggregate_id LIKE $1 AND event_type = 'OrderCreated'
 		), applied AS (
 			SELECT message_id, count(*) AS n, min(applied_at) AS first_at FROM demo_ledger
 			WHERE order_id LIKE $1 GROUP BY message_id
 		), joined AS (
-			SELECT p.message_id, p.created_at, a.n, a.first_at FROM produced p LEFT JOIN applied a USING (message_id)
+			SELECT p.message_id, p.created_at, p.published_at, a.n, a.first_at FROM produced p LEFT JOIN applied a USING (message_id)
 		), ordered AS (
 			SELECT seq, lag(seq) OVER (PARTITION BY customer ORDER BY entry_id) AS prev
 			FROM demo_ledger WHERE order_id LIKE $1
@@ -116,18 +120,21 @@ func Verify(ctx context.Context, db Querier, prefix string) (Verification, error
 			(SELECT count(*) FROM applied WHERE message_id NOT IN (SELECT message_id FROM produced)),
 			(SELECT count(*) FROM ordered WHERE prev IS NOT NULL AND seq <= prev),
 			(SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM first_at - created_at)) FROM joined WHERE n IS NOT NULL),
-			(SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM first_at - created_at)) FROM joined WHERE n IS NOT NULL)`,
+			(SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM first_at - created_at)) FROM joined WHERE n IS NOT NULL),
+			(SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - created_at)) FROM joined WHERE n IS NOT NULL),
+			(SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - created_at)) FROM joined WHERE n IS NOT NULL)`,
 		likePrefix(prefix)).Scan(&v.Produced, &v.Events, &v.ExactlyOnce, &v.Lost, &v.AppliedTwice, &v.Unexpected,
-		&v.OrderViolations, &p50, &p99)
+		&v.OrderViolations, &p50, &p99, &pub50, &pub99)
 	if err != nil {
 		return Verification{}, fmt.Errorf("verify run %s: %w", prefix, err)
 	}
-	if p50 != nil {
-		v.P50 = time.Duration(*p50 * float64(time.Second))
+	seconds := func(f *float64) time.Duration {
+		if f == nil {
+			return 0
+		}
+		return time.Duration(*f * float64(time.Second))
 	}
-	if p99 != nil {
-		v.P99 = time.Duration(*p99 * float64(time.Second))
-	}
+	v.P50, v.P99, v.PublishP50, v.PublishP99 = seconds(p50), seconds(p99), seconds(pub50), seconds(pub99)
 	return v, nil
 }
 

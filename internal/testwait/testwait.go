@@ -51,37 +51,68 @@ func Progress[T comparable](t testing.TB, what string, step func() (seen T, done
 	}
 }
 
+// StallFactor scales a watched loop's stall window with its own pace: a loop fails only when
+// what it watches has stood still for StallFactor times the longest pause it has already
+// recovered from (and at least its base window). A machine that runs everything ten times
+// slower stretches its waits ten times; a loop that stopped fails.
+const StallFactor = 4
+
 // Watcher bounds a loop the test drives itself (receive, process, delete) by its progress.
 type Watcher[T comparable] struct {
 	t       testing.TB
 	what    string
 	stop    time.Time
 	bounded bool
+	base    time.Duration // the stall window before any pause was seen
 	started bool
 	last    T
 	changed time.Time
+	longest time.Duration // the longest pause between two changes so far
 }
 
-// Watch returns a Watcher of what a loop awaits; call Check once per pass.
+// Watch returns a Watcher of what a loop awaits, with a stall window of [Stall]; call Check
+// once per pass.
 func Watch[T comparable](t testing.TB, what string) *Watcher[T] {
+	return WatchFor[T](t, what, Stall)
+}
+
+// WatchFor returns a Watcher whose stall window starts at base (a liveness bound the
+// guarantee under test rules out, such as a backoff of minutes) and grows with the loop's
+// own pace: see [StallFactor]. A base that is not positive fails the test: a window of zero
+// would fail a loop on its first pass.
+func WatchFor[T comparable](t testing.TB, what string, base time.Duration) *Watcher[T] {
+	t.Helper()
+	if base <= 0 {
+		t.Fatalf("testwait: the stall window of %q must be positive, not %s", what, base)
+	}
 	stop, bounded := stopAt(t)
-	return &Watcher[T]{t: t, what: what, stop: stop, bounded: bounded}
+	return &Watcher[T]{t: t, what: what, stop: stop, bounded: bounded, base: base}
+}
+
+// Window is the stall window in force: the base, or StallFactor times the longest pause seen
+// so far, whichever is longer.
+func (w *Watcher[T]) Window() time.Duration {
+	return max(w.base, StallFactor*w.longest)
 }
 
 // Check takes what the loop observed this pass (a count of rows left, of messages applied):
-// it fails the test when that has not changed for [Stall], or shortly before the test
+// it fails the test when that has not changed for [Watcher.Window], or shortly before the test
 // binary's deadline.
 func (w *Watcher[T]) Check(seen T) {
 	w.t.Helper()
 	now := time.Now()
-	if !w.started || seen != w.last {
+	switch {
+	case !w.started:
 		w.started, w.last, w.changed = true, seen, now
+	case seen != w.last:
+		w.longest = max(w.longest, now.Sub(w.changed))
+		w.last, w.changed = seen, now
 	}
 	switch {
 	case w.bounded && now.After(w.stop):
 		w.t.Fatalf("still waiting, close to the test deadline: %s (last seen %v)", w.what, seen)
-	case now.Sub(w.changed) > Stall:
-		w.t.Fatalf("no progress for %s: %s (stuck at %v)", Stall, w.what, seen)
+	case now.Sub(w.changed) > w.Window():
+		w.t.Fatalf("no progress for %s: %s (stuck at %v)", now.Sub(w.changed).Round(time.Second), w.what, seen)
 	}
 }
 

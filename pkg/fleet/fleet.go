@@ -75,7 +75,31 @@ type TenantStatus struct {
 	Failures  int
 	// LastTurn is when the last turn ended.
 	LastTurn time.Time
+	// Detection is how the tenant's writes are found between its sweeps, as its server's last
+	// activity poll saw its database; "" until a turn has read the database's name and a poll
+	// has run since.
+	Detection Detection
 }
+
+// Detection is how a tenant's new writes are found between its sweeps.
+type Detection string
+
+// The detections of a tenant.
+const (
+	// DetectPoll: its server's activity poll sees its database's counters and every session's
+	// state: a write wakes it within about a DetectInterval (plus the statistics' delay).
+	DetectPoll Detection = "poll"
+	// DetectCounters: the poll sees its database's counters and write transactions, but not
+	// every session's state (another role's sessions without pg_read_all_stats, or
+	// track_activities off): a write wakes it when the statistics count it (about 1 s, up to
+	// 10 s), and its parked connections look every DetectInterval.
+	DetectCounters Detection = "counters"
+	// DetectSweepOnly: the poll does not see its database at all (the poll's connection, made
+	// through another tenant of the same Server, reaches another server: tenants of different
+	// servers, or behind a proxy, under one Server name): its writes wait for its sweep,
+	// SweepInterval/2 to SweepInterval.
+	DetectSweepOnly Detection = "sweep-only"
+)
 
 // Status returns every registered tenant's status, the failing first, then by oldest pending
 // row, then by name.
@@ -264,9 +288,12 @@ type tenant struct {
 
 	mu     sync.Mutex // guards status and database
 	status TenantStatus
-	// database is the tenant's database name on its server (from its connection settings),
-	// how its server's activity poll recognizes it.
+	// database is the tenant's database name as its server knows it (current_database(), read
+	// on the tenant's first turn: a URL without a database name, or a proxy that aliases
+	// names, would not match), how its server's activity poll recognizes it; "" until read.
 	database string
+	// warned: the tenant's detection was logged as short of DetectPoll (once per tenant).
+	warned bool
 
 	// pool and relay are the tenant goroutine's (run, turn): made on the first turn, kept
 	// between turns and runs without a connection, dropped after a failed turn and when the
@@ -378,7 +405,8 @@ func (t *tenant) run(parent context.Context) {
 	} else {
 		t.server.awaitFirstPoll(ctx)
 	}
-	fruitless := 0 // turns in a row that claimed nothing
+	fruitless := 0  // turns in a row that claimed nothing
+	failed := false // the last turn failed: its backoff runs until due, whatever wakes it
 	for {
 		timer := time.NewTimer(time.Until(due))
 		var (
@@ -386,7 +414,13 @@ func (t *tenant) run(parent context.Context) {
 			expire <-chan time.Time
 			look   <-chan time.Time
 			stir   <-chan struct{}
+			wake   = t.wake
 		)
+		if failed {
+			// Writes to a failing tenant's database (its activity poll's wake-ups) do not cut its
+			// backoff short: its next turn comes when the backoff ends.
+			wake = nil
+		}
 		if hold != nil {
 			evict, expire = hold.evict, time.After(time.Until(parkedUntil))
 			look, stir = time.After(cfg.DetectInterval), t.stirred
@@ -395,7 +429,7 @@ func (t *tenant) run(parent context.Context) {
 		case <-ctx.Done():
 			timer.Stop()
 			return
-		case <-t.wake:
+		case <-wake:
 		case <-timer.C:
 		case <-stir: // parked, and its database's sessions did something: a commit, perhaps
 			timer.Stop()
@@ -463,6 +497,7 @@ func (t *tenant) run(parent context.Context) {
 			t.server.budget.release(held)
 		}
 		wait := time.Duration(0)
+		failed = err != nil
 		switch {
 		case ctx.Err() != nil:
 			return
@@ -483,6 +518,50 @@ func (t *tenant) run(parent context.Context) {
 			wait = cfg.SweepInterval/2 + rand.N(cfg.SweepInterval/2+1) // sweeps spread over the interval
 		}
 		due = time.Now().Add(wait)
+	}
+}
+
+// readDatabase reads, once, the tenant's database name as its server knows it: the name its
+// server's activity poll recognizes it by (the connection settings may have none, or a
+// proxy's alias).
+func (t *tenant) readDatabase(ctx context.Context) error {
+	t.mu.Lock()
+	known := t.database != ""
+	t.mu.Unlock()
+	if known {
+		return nil
+	}
+	var db string
+	if err := t.pool.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
+		return fmt.Errorf("tenant %s: read its database's name (SELECT current_database()): %w", t.t.Name, err)
+	}
+	t.mu.Lock()
+	t.database = db
+	t.mu.Unlock()
+	return nil
+}
+
+// detected records how the server's activity poll sees the tenant's database, and logs once
+// a tenant whose writes it cannot see in full.
+func (t *tenant) detected(d Detection) {
+	t.mu.Lock()
+	t.status.Detection = d
+	warn := d != DetectPoll && !t.warned
+	t.warned = t.warned || warn
+	db := t.database
+	t.mu.Unlock()
+	if !warn {
+		return
+	}
+	switch d {
+	case DetectSweepOnly:
+		t.f.log.Warn("fleet: the activity poll does not see this tenant's database; its writes wait for its sweep",
+			"tenant", t.t.Name, "database", db, "server", t.t.Server, "sweep_interval", t.f.cfg.SweepInterval,
+			"fix", "give the tenant its own Server when its database is on another server or behind a proxy")
+	case DetectCounters:
+		t.f.log.Warn("fleet: the activity poll cannot see every session of this tenant's database; its writes are found by the statistics (about 1 s later) and its parked connections look every DetectInterval",
+			"tenant", t.t.Name, "database", db, "server", t.t.Server,
+			"fix", "grant pg_read_all_stats (RDS: pg_monitor) to the role the poll connects as")
 	}
 }
 
@@ -554,6 +633,9 @@ func (t *tenant) turn(ctx context.Context, conns int) (held int, more, retrying 
 	t.looked = 0
 	relay, err := t.open(ctx, held)
 	if err != nil {
+		return held, false, false, err
+	}
+	if err := t.readDatabase(ctx); err != nil {
 		return held, false, false, err
 	}
 	t.update(func(s *TenantStatus) { s.Turns++ })
@@ -761,9 +843,6 @@ func (t *tenant) open(ctx context.Context, pipelines int) (*outbox.Relay, error)
 		pcfg.ConnConfig.RuntimeParams = map[string]string{}
 	}
 	pcfg.ConnConfig.RuntimeParams["application_name"] = "sluice-fleet-relay"
-	t.mu.Lock()
-	t.database = pcfg.ConnConfig.Database
-	t.mu.Unlock()
 	rcfg := cfg.Relay
 	rcfg.Tenant, rcfg.Pipelines = t.t.Name, pipelines
 	rcfg.Logger = cfg.Logger.With("tenant", t.t.Name)
@@ -1043,6 +1122,20 @@ func (s *server) detect(ctx context.Context) {
 					t.stir() // (a turn woken above reads the outbox anyway)
 				}
 				t.watch(at, a.hidden == 0)
+			}
+		}
+		for _, t := range all {
+			t.mu.Lock()
+			db := t.database
+			t.mu.Unlock()
+			switch a, ok := seen[db]; {
+			case db == "": // not known yet: its first turn reads it
+			case !ok:
+				t.detected(DetectSweepOnly)
+			case a.hidden > 0:
+				t.detected(DetectCounters)
+			default:
+				t.detected(DetectPoll)
 			}
 		}
 		sessions = nextSessions

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -145,15 +146,29 @@ func CreateRegistryTable(ctx context.Context, db Execer) error {
 	return nil
 }
 
+// DefaultRegistryTimeout is Table.Timeout's default.
+const DefaultRegistryTimeout = 5 * time.Second
+
 // Table is a Registry read from RegistryTable in a control database: adding, disabling or
 // deleting a row adds or removes a tenant without a deploy.
 type Table struct {
 	// DB is the control database.
 	DB Querier
+	// Timeout bounds one read, connecting included: a control database that accepts
+	// connections but never answers fails the read (a Fleet keeps serving the tenants it knows
+	// and those of its other registries) instead of holding it. Defaults to
+	// DefaultRegistryTimeout.
+	Timeout time.Duration
 }
 
 // Tenants returns the enabled rows of RegistryTable.
 func (r Table) Tenants(ctx context.Context) ([]Tenant, error) {
+	timeout := r.Timeout
+	if timeout <= 0 {
+		timeout = DefaultRegistryTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	rows, err := r.DB.Query(ctx, `SELECT name, coalesce(database_url, ''), coalesce(secret_arn, ''), coalesce(server, ''), weight
 		FROM `+RegistryTable+` WHERE enabled ORDER BY name`)
 	if err != nil {

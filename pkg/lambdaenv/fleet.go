@@ -66,22 +66,21 @@ func FleetTenantsFrom(getenv Getenv) (fleet.Static, error) {
 
 // FleetRegistry returns the registry the environment describes: FleetTenants and, with
 // FleetRegistryURL or FleetRegistrySecretARN, the control database's table (read on a pool of
-// one connection, which close closes). secrets reads the control database's secret.
+// one connection, which close closes). secrets reads the control database's secret; as for the
+// function's own pool (OpenPool), its credentials are re-read after a failed connection
+// attempt, so that the control pool follows a rotation.
 func FleetRegistry(ctx context.Context, getenv Getenv, secrets SecretGetter) (reg fleet.Registry, close func(), err error) {
 	static, err := FleetTenantsFrom(getenv)
 	if err != nil {
 		return nil, nil, err
 	}
-	url, err := FleetRegistryDatabaseURL(ctx, getenv, secrets)
-	if err != nil {
-		return nil, nil, err
-	}
-	if url == "" {
+	url, arn := getenv(FleetRegistryURL), getenv(FleetRegistrySecretARN)
+	if url == "" && arn == "" {
 		return static, func() {}, nil
 	}
-	cfg, err := pgxpool.ParseConfig(url)
+	cfg, err := secretPoolConfig(ctx, getenv, secrets, url, arn)
 	if err != nil {
-		return nil, nil, fmt.Errorf("fleet registry database URL: %w", err)
+		return nil, nil, fmt.Errorf("fleet registry database (%s): %w", FleetRegistrySecretARN, err)
 	}
 	cfg.MaxConns, cfg.MinConns = 1, 0
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)

@@ -109,13 +109,31 @@ func (s rdsSecret) url(getenv Getenv) string {
 
 // openPool opens the pool of OpenPool with the given Secrets Manager client (nil with DATABASE_URL).
 func openPool(ctx context.Context, getenv Getenv, secrets SecretGetter) (*pgxpool.Pool, error) {
+	if getenv(DatabaseURL) == "" && (getenv(DatabaseSecretARN) == "" || secrets == nil) {
+		_, err := DatabaseURLFrom(ctx, getenv, secrets)
+		return nil, err
+	}
+	cfg, err := secretPoolConfig(ctx, getenv, secrets, getenv(DatabaseURL), getenv(DatabaseSecretARN))
+	if err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("create database pool: %w", err)
+	}
+	return pool, nil
+}
+
+// secretPoolConfig is the pool configuration (PoolConfig) of url, or, when url is "", of the
+// database the RDS secret arn names, whose credentials every new connection takes from the
+// secret and re-reads after a failed connection attempt (secretCredentials): a warm pool follows
+// a rotation. Every pool opened from a secret (the function's own, the fleet's control
+// database) is configured here.
+func secretPoolConfig(ctx context.Context, getenv Getenv, secrets SecretGetter, url, arn string) (*pgxpool.Config, error) {
 	var creds *secretCredentials
-	url := getenv(DatabaseURL)
 	if url == "" {
-		arn := getenv(DatabaseSecretARN)
-		if arn == "" || secrets == nil {
-			_, err := DatabaseURLFrom(ctx, getenv, secrets)
-			return nil, err
+		if secrets == nil {
+			return nil, fmt.Errorf("a Secrets Manager client is needed to read the database secret %s", arn)
 		}
 		refresh, err := Duration(getenv, DatabaseSecretRefresh, DefaultSecretRefresh)
 		if err != nil {
@@ -136,11 +154,7 @@ func openPool(ctx context.Context, getenv Getenv, secrets SecretGetter) (*pgxpoo
 		cfg.BeforeConnect = creds.beforeConnect
 		cfg.AfterConnect = creds.afterConnect
 	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("create database pool: %w", err)
-	}
-	return pool, nil
+	return cfg, nil
 }
 
 // secretCredentials hands the database secret's user and password to every new connection of a

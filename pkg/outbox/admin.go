@@ -227,27 +227,108 @@ func CountReplay(ctx context.Context, db Querier, f ReplayFilter) (int64, error)
 	return n, nil
 }
 
+// ReplayPlan is what a replay would mark: how many published rows match, and the range of
+// their ids.
+type ReplayPlan struct {
+	// Rows is the number of published rows the filter matches.
+	Rows int64
+	// FirstID and LastID are the lowest and highest id among them (0 when none).
+	FirstID, LastID int64
+}
+
+// PlanReplay counts the rows Replay with f would publish again, and the range of their ids;
+// ReplayBatches given that range marks no row created since.
+func PlanReplay(ctx context.Context, db Querier, f ReplayFilter) (ReplayPlan, error) {
+	args, err := f.args()
+	if err != nil {
+		return ReplayPlan{}, err
+	}
+	var p ReplayPlan
+	if err := db.QueryRow(ctx, "SELECT count(*), coalesce(min(id), 0), coalesce(max(id), 0) FROM outbox_event WHERE "+replayWhere,
+		args...).Scan(&p.Rows, &p.FirstID, &p.LastID); err != nil {
+		return ReplayPlan{}, fmt.Errorf("plan replay: %w", err)
+	}
+	return p, nil
+}
+
+// ReplayOptions configure ReplayBatches. The zero value walks every id in batches of
+// DefaultPurgeBatchSize.
+type ReplayOptions struct {
+	// After and Through bound the ids walked: After < id <= Through (Through 0: no upper
+	// bound). A ReplayPlan's FirstID-1 and LastID keep rows created after the plan out.
+	After, Through int64
+	// BatchSize is the most rows one UPDATE examines. Defaults to DefaultPurgeBatchSize.
+	BatchSize int
+	// Progress, when set, is called after each batch with the rows marked so far and the
+	// highest id the walk reached.
+	Progress func(marked, lastID int64)
+}
+
 // Replay marks the selected published rows unpublished, so the relay publishes them again with
 // the same event_id: existing consumers deduplicate them, a new or rebuilt consumer applies them.
-// Each partition key's rows go out again in id order. It returns how many rows it selected.
+// Each partition key's rows go out again in id order. It runs as ReplayBatches with the
+// default options, and returns how many rows it marked.
 func Replay(ctx context.Context, db Querier, f ReplayFilter) (int64, error) {
+	return ReplayBatches(ctx, db, f, nil)
+}
+
+// ReplayBatches is Replay in bounded statements, like Purge: it walks the ids in ascending
+// order, BatchSize at a time, and marks the matching published rows of each batch in one
+// statement (its own transaction, unless db is one), so no statement holds its locks or
+// writes its WAL for long, and an interruption leaves whole batches marked. A key's rows are
+// marked in id order, so the relay publishes them again in that order. It returns exactly the
+// number of rows it marked; it stops between batches once ctx ends.
+func ReplayBatches(ctx context.Context, db Querier, f ReplayFilter, opts *ReplayOptions) (int64, error) {
 	args, err := f.args()
 	if err != nil {
 		return 0, err
 	}
-	var n int64
-	err = db.QueryRow(ctx, `
-		WITH replayed AS (
-		    UPDATE outbox_event SET published_at = NULL, available_at = NULL, attempts = 0, last_error = NULL, failing_since = NULL
-		    WHERE `+replayWhere+`
-		    RETURNING 1
-		)
-		`+bumpEpoch+`
-		SELECT count(*) FROM replayed`, args...).Scan(&n)
-	if err != nil {
-		return 0, fmt.Errorf("replay outbox rows: %w", err)
+	var o ReplayOptions
+	if opts != nil {
+		o = *opts
 	}
-	return n, nil
+	batch, err := admin.PurgeBatch(o.BatchSize)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: replay: %w", err)
+	}
+	var total int64
+	for cursor := o.After; ; {
+		var (
+			last   *int64
+			marked int64
+		)
+		// The filter is tested on o, the row as the UPDATE reaches it: a row the relay has not
+		// published (again) is left alone. o.id > $6 starts the join's index scan at the cursor.
+		err := db.QueryRow(ctx, `
+			WITH batch AS (
+			    SELECT id FROM outbox_event WHERE id > $6 AND ($7 = 0 OR id <= $7) ORDER BY id LIMIT $8
+			), replayed AS (
+			    UPDATE outbox_event o SET published_at = NULL, available_at = NULL, attempts = 0, last_error = NULL, failing_since = NULL
+			    FROM batch b
+			    WHERE o.id = b.id AND o.id > $6 AND `+replayWhere+`
+			    RETURNING 1
+			)
+			`+bumpEpoch+`
+			SELECT max(b.id), (SELECT count(*) FROM replayed) FROM batch b`,
+			append(args, cursor, o.Through, batch)...).Scan(&last, &marked)
+		if err != nil {
+			return total, fmt.Errorf("replay outbox rows after id %d: %w", cursor, err)
+		}
+		total += marked
+		if last == nil {
+			return total, nil
+		}
+		cursor = *last
+		if o.Progress != nil {
+			o.Progress(total, cursor)
+		}
+		if o.Through != 0 && cursor >= o.Through {
+			return total, nil
+		}
+		if ctx.Err() != nil {
+			return total, ctx.Err()
+		}
+	}
 }
 
 // bumpEpoch is a CTE that moves outbox_control.admin_epoch in the same statement as an

@@ -93,11 +93,12 @@ func readSettings(lease time.Duration, dedicated bool) []string {
 
 // pollSQL returns rows committed since the relay last looked: those after its frontier in id
 // order, and those whose ids it saw missing (transactions that had not committed yet), each
-// with whether it is published already (by another relay: then it moves the frontier only).
+// with its topic (a held key whose new row goes elsewhere may move) and whether it is
+// published already (by another relay: then it moves the frontier only).
 const pollSQL = `
-(SELECT id, partition_key, published_at IS NOT NULL FROM outbox_event WHERE id > $1 ORDER BY id LIMIT $2)
+(SELECT id, partition_key, topic, published_at IS NOT NULL FROM outbox_event WHERE id > $1 ORDER BY id LIMIT $2)
 UNION ALL
-(SELECT id, partition_key, published_at IS NOT NULL FROM outbox_event WHERE id = ANY($3::bigint[]) AND id <= $1)`
+(SELECT id, partition_key, topic, published_at IS NOT NULL FROM outbox_event WHERE id = ANY($3::bigint[]) AND id <= $1)`
 
 // epochSQL reads the counter that operator actions bump.
 const epochSQL = `SELECT admin_epoch FROM outbox_control WHERE singleton`
@@ -107,24 +108,24 @@ const maxIDSQL = `SELECT coalesce(max(id), 0) FROM outbox_event`
 
 // sweepSQL walks the pending keys after $1 (inclusive when $2) in key order, one index descent
 // per key on outbox_event_pending_key_idx, up to $3 keys, and reports each key's head row: its
-// first pending row, whether quarantined, and until when it backs off. A key's other rows are
+// first pending row, its topic, whether quarantined, and until when it backs off. A key's other rows are
 // never read, however many wait behind its head.
 const sweepSQL = `
-WITH RECURSIVE walk(partition_key, id, quarantined, available_at, n) AS (
-    (SELECT o.partition_key, o.id, o.quarantined_at IS NOT NULL, o.available_at, 1
+WITH RECURSIVE walk(partition_key, id, topic, quarantined, available_at, n) AS (
+    (SELECT o.partition_key, o.id, o.topic, o.quarantined_at IS NOT NULL, o.available_at, 1
      FROM outbox_event o
      WHERE o.published_at IS NULL AND (o.partition_key > $1 OR ($2 AND o.partition_key = $1))
      ORDER BY o.partition_key, o.id LIMIT 1)
     UNION ALL
-    SELECT nx.partition_key, nx.id, nx.quarantined, nx.available_at, w.n + 1
+    SELECT nx.partition_key, nx.id, nx.topic, nx.quarantined, nx.available_at, w.n + 1
     FROM walk w CROSS JOIN LATERAL (
-        SELECT o.partition_key, o.id, o.quarantined_at IS NOT NULL AS quarantined, o.available_at
+        SELECT o.partition_key, o.id, o.topic, o.quarantined_at IS NOT NULL AS quarantined, o.available_at
         FROM outbox_event o
         WHERE o.published_at IS NULL AND o.partition_key > w.partition_key
         ORDER BY o.partition_key, o.id LIMIT 1) nx
     WHERE w.n < $3
 )
-SELECT partition_key, id, quarantined, available_at, now() FROM walk`
+SELECT partition_key, id, topic, quarantined, available_at, now() FROM walk`
 
 // lockKeysSQL takes a session-level advisory lock per partition key (a 64-bit hash of the key),
 // skipping keys another round holds. The lock is what makes a key belong to one round at a

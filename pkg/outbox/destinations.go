@@ -7,14 +7,17 @@ import (
 )
 
 // destinations tracks, per destination, whether it is failing as a whole (an outage, a wrong
-// topic policy, a missing topic): a destination that fails a call while nothing sent to it
-// succeeds is backed off as a whole, so its rows neither burn attempts nor hold the relay's
-// rounds, and one call at a time probes it until it answers again. Rows of other destinations
-// are not affected.
+// topic policy, a missing topic) or slow: a destination that fails a call while nothing sent to
+// it succeeds is backed off as a whole, so its rows neither burn attempts nor hold the relay's
+// rounds, and one call at a time probes it until it answers again. A destination with a call in
+// flight for longer than slowAfter is slow: ordinary rounds send it nothing more until that
+// call ends (its keys wait, held), so that its slowness costs only its own rows. Rows of other
+// destinations are not affected.
 type destinations struct {
 	mu         sync.Mutex
 	state      map[string]*destState
 	base, max  time.Duration
+	slowAfter  time.Duration
 	jitterFrac func(time.Duration) time.Duration
 }
 
@@ -26,13 +29,54 @@ type destState struct {
 	probing bool
 	// lastSuccess is when a call to the destination last had an acknowledged entry.
 	lastSuccess time.Time
-	// downSince is when the current outage began (zero when healthy).
-	downSince time.Time
-	lastErr   string
+	// downSince is when the current outage began (zero when healthy); failedAt when its last
+	// counted failure was recorded.
+	downSince, failedAt time.Time
+	lastErr             string
+	// calls are the calls in flight to the destination, each with when it started.
+	calls map[*callTrack]time.Time
 }
 
-func newDestinations(base, max time.Duration, jitter func(time.Duration) time.Duration) *destinations {
-	return &destinations{state: map[string]*destState{}, base: base, max: max, jitterFrac: jitter}
+// callTrack identifies one call in flight (callStarted, callEnded).
+type callTrack struct{}
+
+func newDestinations(base, max, slowAfter time.Duration, jitter func(time.Duration) time.Duration) *destinations {
+	return &destinations{state: map[string]*destState{}, base: base, max: max, slowAfter: slowAfter, jitterFrac: jitter}
+}
+
+// callStarted records a call to dest going out and returns its handle for callEnded.
+func (d *destinations) callStarted(dest string, now time.Time) *callTrack {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := d.get(dest)
+	if s.calls == nil {
+		s.calls = map[*callTrack]time.Time{}
+	}
+	c := &callTrack{}
+	s.calls[c] = now
+	return c
+}
+
+// callEnded records that the call c to dest returned.
+func (d *destinations) callEnded(dest string, c *callTrack) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if s := d.state[dest]; s != nil {
+		delete(s.calls, c)
+	}
+}
+
+// slowLocked reports whether s has a call in flight for longer than slowAfter (with d.mu held).
+func (d *destinations) slowLocked(s *destState, now time.Time) bool {
+	if d.slowAfter == 0 {
+		return false // one destination: nothing to isolate it from (RelayConfig.slowAfter)
+	}
+	for _, started := range s.calls {
+		if now.Sub(started) >= d.slowAfter {
+			return true
+		}
+	}
+	return false
 }
 
 func (d *destinations) get(dest string) *destState {
@@ -47,15 +91,23 @@ func (d *destinations) get(dest string) *destState {
 // admit decides whether a call to dest may go out now: a healthy destination admits every call;
 // a failing one admits only its probe's calls (probe is the destination a probe round probes,
 // "" in an ordinary round), so that an ordinary round never waits for a destination that may
-// hang. Otherwise it returns when the destination's next probe may go out.
+// hang; a slow one admits none until its slow call ends. Otherwise it returns when the
+// destination may be tried again (its next probe, or now for a slow one: its keys wait, held,
+// until the slow call ends).
 func (d *destinations) admit(dest, probe string) (bool, time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	s := d.get(dest)
-	if s.failures == 0 || dest == probe {
+	now := time.Now()
+	switch {
+	case dest == probe:
 		return true, time.Time{}
+	case s.failures > 0:
+		return false, s.retryAt
+	case d.slowLocked(s, now):
+		return false, now
 	}
-	return false, s.retryAt
+	return true, time.Time{}
 }
 
 // startProbe reports whether dest fails as a whole and its probe is due and not out: the
@@ -78,14 +130,16 @@ func (d *destinations) succeeded(dest string, now time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	s := d.get(dest)
-	*s = destState{lastSuccess: now}
+	*s = destState{lastSuccess: now, calls: s.calls}
 }
 
-// failedWhole records a call to dest whose every entry failed with a retryable error. It
-// reports an outage, and when to probe again, when the failure is the destination's: nothing
-// sent to it succeeded since since. Then the destination backs off as a whole. When other
-// calls to it succeed, the rows are to blame and it reports false.
-func (d *destinations) failedWhole(dest string, since, now time.Time, err error) (time.Time, bool) {
+// failedWhole records a call to dest, begun at started, whose every entry failed with a
+// retryable error. It reports an outage, and when to probe again, when the failure is the
+// destination's: nothing sent to it succeeded since since. Then the destination backs off as a
+// whole. When other calls to it succeed, the rows are to blame and it reports false. A call
+// begun before the outage's last failure was recorded (one of several in flight when it began)
+// does not double the backoff again: only calls made since, the probes, count.
+func (d *destinations) failedWhole(dest string, since, started, now time.Time, err error) (time.Time, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	s := d.get(dest)
@@ -97,8 +151,11 @@ func (d *destinations) failedWhole(dest string, since, now time.Time, err error)
 	}
 	if s.failures == 0 {
 		s.downSince = now
+	} else if started.Before(s.failedAt) {
+		return s.retryAt, true
 	}
 	s.failures++
+	s.failedAt = now
 	s.probing = false
 	delay := d.base
 	for i := 1; i < s.failures && delay < d.max; i++ {
@@ -110,12 +167,13 @@ func (d *destinations) failedWhole(dest string, since, now time.Time, err error)
 	return s.retryAt, true
 }
 
-// healthy reports whether dest is not backed off as a whole.
+// healthy reports whether dest is neither backed off as a whole nor slow: ordinary rounds may
+// call it.
 func (d *destinations) healthy(dest string) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	s := d.state[dest]
-	return s == nil || s.failures == 0
+	return s == nil || s.failures == 0 && !d.slowLocked(s, time.Now())
 }
 
 // abandoned ends a probe that made no call (its round stopped first, or its keys had no row

@@ -160,8 +160,12 @@ func (b *keyBook) evict(now time.Time) bool {
 	return true
 }
 
-// sawRow records that key has a committed row the relay has just noticed (a poll of new rows).
-func (b *keyBook) sawRow(key string, now time.Time) {
+// sawRow records that key has a committed row for dest the relay has just noticed (a poll of
+// new rows). A key held for another destination is made due: the row may be its new head (a
+// late commit with a lower id), and a held key waits for a failing destination only while its
+// head row is that destination's. If the head is still the failing destination's, the round
+// that reads it holds the key again.
+func (b *keyBook) sawRow(key, dest string, now time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if _, parked := b.parked[key]; parked {
@@ -175,6 +179,9 @@ func (b *keyBook) sawRow(key string, now time.Time) {
 		k.dirty = true
 	case !known:
 		b.signal()
+	case k.heldBy != "" && k.heldBy != dest:
+		b.unhold(k)
+		b.schedule(k, now, now)
 	}
 }
 
@@ -185,11 +192,16 @@ const (
 	headClaimable headState = iota
 	headBackingOff
 	headQuarantined
+	// headHeld: the head row's destination fails or is slow.
+	headHeld
 )
 
-// sawHead records a key's head row as a sweep found it. A sweep only fills free room: it never
-// evicts (the keys it would evict for would be found again by the next sweep, and so on).
-func (b *keyBook) sawHead(key string, state headState, availableAt, now time.Time) {
+// sawHead records a key's head row for dest as a sweep found it. The head decides: a key
+// waits for a failing destination only while its head row is that destination's (held keys
+// follow their head), and a claimable head always finds room, evicting a key that cannot move
+// now if the book is full (the evicted key's row says in the database when it may move, and a
+// later sweep finds it then). Other heads only fill free room.
+func (b *keyBook) sawHead(key string, state headState, availableAt time.Time, dest string, now time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if k := b.keys[key]; k != nil && k.taken {
@@ -207,14 +219,19 @@ func (b *keyBook) sawHead(key string, state headState, availableAt, now time.Tim
 		return
 	}
 	delete(b.parked, key)
-	k := b.entry(key, now, false)
+	k := b.entry(key, now, state == headClaimable)
 	switch {
 	case k == nil:
-	case k.heldBy != "":
-		// Its destination fails: the probe, not the sweep, decides when it may move.
+	case state == headHeld:
+		if k.heldBy != dest {
+			b.unhold(k)
+			b.hold(k, dest) // the probe, or the slow call's end, decides when it may move
+		}
 	case state == headBackingOff:
+		b.unhold(k)
 		b.schedule(k, availableAt, now)
 	default:
+		b.unhold(k)
 		b.schedule(k, now, now)
 	}
 }

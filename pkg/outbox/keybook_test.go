@@ -22,10 +22,10 @@ func TestKeyBookHandsOutDueKeysOldestFirstAndNeverTwice(t *testing.T) {
 	t.Parallel()
 	now := time.Now()
 	b := newKeyBook(100)
-	b.sawRow("b", now.Add(-time.Second))
-	b.sawRow("a", now.Add(-2*time.Second))
-	b.sawRow("a", now) // a is already due: still one entry
-	b.sawHead("c", headBackingOff, now.Add(time.Minute), now)
+	b.sawRow("b", "", now.Add(-time.Second))
+	b.sawRow("a", "", now.Add(-2*time.Second))
+	b.sawRow("a", "", now) // a is already due: still one entry
+	b.sawHead("c", headBackingOff, now.Add(time.Minute), "", now)
 
 	first := b.take(10, now)
 	require.Equal(t, []string{"a", "b"}, first.keys, "due longest first; c backs off")
@@ -40,11 +40,11 @@ func TestKeyBookVerdicts(t *testing.T) {
 	now := time.Now()
 	b := newKeyBook(100)
 	for _, k := range []string{"drained", "more", "wait", "parked", "release", "dirty", "elsewhere"} {
-		b.sawRow(k, now)
+		b.sawRow(k, "", now)
 	}
 	taken := b.take(10, now)
 	require.Len(t, taken.keys, 7)
-	b.sawRow("dirty", now) // a new row while the round holds the key
+	b.sawRow("dirty", "", now) // a new row while the round holds the key
 	b.settle([]keyResult{
 		{key: "drained", verdict: verdictDrained},
 		{key: "more", verdict: verdictMore},
@@ -56,7 +56,7 @@ func TestKeyBookVerdicts(t *testing.T) {
 	}, now)
 	require.ElementsMatch(t, []string{"more", "release", "dirty"}, b.take(10, now).keys)
 	require.Equal(t, 4, b.size(), "drained and elsewhere left the book, parked is kept apart; waiting stays")
-	b.sawRow("parked", now)
+	b.sawRow("parked", "", now)
 	require.Empty(t, b.take(10, now).keys, "a new row behind a quarantined head does not make the key due")
 }
 
@@ -64,10 +64,10 @@ func TestKeyBookSweepAndResetReviveParkedKeys(t *testing.T) {
 	t.Parallel()
 	now := time.Now()
 	b := newKeyBook(100)
-	b.sawHead("q", headQuarantined, now, now)
-	b.sawRow("q", now) // new rows behind a quarantined head do not make it due
+	b.sawHead("q", headQuarantined, now, "", now)
+	b.sawRow("q", "", now) // new rows behind a quarantined head do not make it due
 	require.Empty(t, b.take(10, now).keys)
-	b.sawHead("q", headClaimable, now, now) // an operator released it
+	b.sawHead("q", headClaimable, now, "", now) // an operator released it
 	taken := b.take(10, now)
 	require.Equal(t, []string{"q"}, taken.keys)
 	settleAll(b, taken, keyResult{verdict: verdictParked}, now)
@@ -81,7 +81,7 @@ func TestKeyBookOverflowAsksForASweep(t *testing.T) {
 	now := time.Now()
 	b := newKeyBook(4)
 	for i := range 6 {
-		b.sawRow(string(rune('a'+i)), now)
+		b.sawRow(string(rune('a'+i)), "", now)
 	}
 	require.Equal(t, 4, b.size())
 	require.False(t, b.takeOverflow(), "no room yet")
@@ -98,7 +98,7 @@ func TestKeyBookFullOfStuckKeysStillTakesNewKeys(t *testing.T) {
 	const capacity = 300
 	b := newKeyBook(capacity)
 	for i := range capacity {
-		b.sawRow(fmt.Sprintf("k%03d", i), now)
+		b.sawRow(fmt.Sprintf("k%03d", i), "", now)
 	}
 	taken := b.take(capacity, now)
 	require.Len(t, taken.keys, capacity)
@@ -117,7 +117,7 @@ func TestKeyBookFullOfStuckKeysStillTakesNewKeys(t *testing.T) {
 	require.Equal(t, 2*capacity/3, b.size(), "parked keys are kept apart")
 
 	for i := range capacity {
-		b.sawRow(fmt.Sprintf("new%03d", i), now)
+		b.sawRow(fmt.Sprintf("new%03d", i), "", now)
 	}
 	got := map[string]bool{}
 	for {
@@ -143,10 +143,10 @@ func TestKeyBookHoldsAFailingDestinationsKeysForItsProbe(t *testing.T) {
 	now := time.Now()
 	b := newKeyBook(1000)
 	for i := range 100 {
-		b.sawRow(fmt.Sprintf("down%02d", i), now)
+		b.sawRow(fmt.Sprintf("down%02d", i), "", now)
 	}
 	settleAll(b, b.take(1000, now), keyResult{verdict: verdictHeld, dest: "arn:down"}, now)
-	b.sawRow("healthy", now)
+	b.sawRow("healthy", "", now)
 	require.Equal(t, []string{"healthy"}, b.take(1000, now.Add(time.Hour)).keys, "held keys are never due for a round")
 	require.Equal(t, []string{"arn:down"}, b.heldDestinations())
 
@@ -172,7 +172,7 @@ func TestKeyBookBreaksTiesAtRandomSoRelaysTryDifferentKeys(t *testing.T) {
 	for range 20 {
 		b := newKeyBook(100)
 		for _, k := range []string{"a", "b", "c", "d", "e", "f", "g", "h"} {
-			b.sawRow(k, now)
+			b.sawRow(k, "", now)
 		}
 		firsts[b.take(1, now).keys[0]] = true
 	}

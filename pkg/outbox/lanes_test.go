@@ -140,7 +140,7 @@ func TestLaneSetStopsHandingOutCallsWhenStopping(t *testing.T) {
 
 func TestDestinationsBackOffAsAWholeAndProbeOnce(t *testing.T) {
 	t.Parallel()
-	d := newDestinations(time.Second, 8*time.Second, func(time.Duration) time.Duration { return 0 })
+	d := newDestinations(time.Second, 8*time.Second, time.Hour, func(time.Duration) time.Duration { return 0 })
 	now := time.Now()
 	ok, _ := d.admit("A", "")
 	require.True(t, ok)
@@ -148,13 +148,13 @@ func TestDestinationsBackOffAsAWholeAndProbeOnce(t *testing.T) {
 
 	// Succeeded since the rows began failing: the rows are to blame, not the destination.
 	d.succeeded("A", now)
-	_, outage := d.failedWhole("A", now.Add(-time.Second), now, errors.New("x"))
+	_, outage := d.failedWhole("A", now.Add(-time.Second), now, now, errors.New("x"))
 	require.False(t, outage)
 
 	// Nothing succeeded since: an outage. Ordinary rounds never call it; one probe goes out once
 	// the backoff ended, and only the probe round may call.
 	later := now.Add(time.Second)
-	retryAt, outage := d.failedWhole("A", later, later, errors.New("AuthorizationError"))
+	retryAt, outage := d.failedWhole("A", later, later, later, errors.New("AuthorizationError"))
 	require.True(t, outage)
 	require.Equal(t, later.Add(500*time.Millisecond), retryAt, "half the base, no jitter")
 	ok, at := d.admit("A", "")
@@ -171,7 +171,10 @@ func TestDestinationsBackOffAsAWholeAndProbeOnce(t *testing.T) {
 	require.Equal(t, "AuthorizationError", d.down()[0].LastError)
 
 	// The probe fails: the backoff doubles. Then it answers: healthy again.
-	retryAt2, _ := d.failedWhole("A", retryAt, retryAt, errors.New("AuthorizationError"))
+	// A call that was in flight when the outage began fails too: the backoff stays.
+	again, _ := d.failedWhole("A", now, now, retryAt, errors.New("AuthorizationError"))
+	require.Equal(t, retryAt, again, "a call begun before the outage does not double the backoff")
+	retryAt2, _ := d.failedWhole("A", retryAt, retryAt, retryAt, errors.New("AuthorizationError"))
 	require.Equal(t, retryAt.Add(time.Second), retryAt2)
 	require.True(t, d.startProbe("A", retryAt2))
 	d.succeeded("A", retryAt2)
@@ -180,7 +183,7 @@ func TestDestinationsBackOffAsAWholeAndProbeOnce(t *testing.T) {
 	require.True(t, ok)
 
 	// A nil error (no entry was sent) never panics.
-	_, outage = d.failedWhole("B", now, now, nil)
+	_, outage = d.failedWhole("B", now, now, now, nil)
 	require.True(t, outage)
 }
 

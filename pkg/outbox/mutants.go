@@ -27,7 +27,7 @@ const (
 	// polls (watcher.applySweep).
 	mutantSweepAboveFrontier = "sweepabovefrontier"
 	// mutantJumpSkipsLate: sweeps ignore heads in the ids a frontier jump passed over, so a
-	// row that commits late below the jump is never found (watcher.jumpFrontier, applySweep).
+	// row that commits late below the jump is never found (watcher.pollAndSweep, applySweep).
 	mutantJumpSkipsLate = "jumpskipslate"
 	// mutantCancelledPublished: an entry whose call was cancelled (the relay stopping) is
 	// recorded as published (Relay.call).

@@ -70,6 +70,15 @@ type RelayConfig struct {
 	ClaimCheck *ClaimCheck
 	// PublishTimeout bounds one PublishBatch call. Defaults to 10s.
 	PublishTimeout time.Duration
+	// SlowCall is how long a call may be in flight before its destination counts as slow (or
+	// PublishTimeout, when shorter): ordinary rounds then send that destination nothing more
+	// (its keys wait, held) until the call ends, the call stops counting against
+	// PublishConcurrency, and the round that made it gives its pipeline back (while the pool
+	// has a connection for another round; otherwise the slow call is cut short and the
+	// destination is backed off and probed as a failing one). So a slow or hanging destination
+	// delays only its own rows (docs/outbox.md, "Liveness"). A relay with one destination has
+	// nothing to isolate it from and does none of this. Defaults to 250ms.
+	SlowCall time.Duration
 	// Lease bounds how long one round holds its partition keys: publishing stops at three
 	// quarters of it, every statement of the round is cancelled after half of it, and
 	// PostgreSQL ends the round's session if it sits idle longer (a hung or frozen relay;
@@ -130,10 +139,10 @@ type RelayConfig struct {
 	// (docs/fleet.md, "Limits"). Defaults to none.
 	Tenant string
 
-	// tests: the key book's capacity; 0 means the default (bookCapacity).
+	// bookCapacity overrides the key book's capacity (tests: a small book; 0 means bookCapacity).
 	bookCapacity int
-	// tests: how long calls in flight may take to return when the relay stops; 0 means the
-	// default (stopGrace).
+	// stopGrace overrides how long calls in flight may take to return when the relay stops
+	// (tests: stops that cancel calls; 0 means stopGrace).
 	stopGrace time.Duration
 }
 
@@ -249,6 +258,8 @@ type Relay struct {
 	// rounds counts the rounds in flight, changed under the pipelines' lock: RunOnce waits for
 	// it to reach 0, and IdleStop reads it (lock-free) to tell an idle relay.
 	rounds atomic.Int64
+	// detached counts the rounds running detached from their pipelines (runRound).
+	detached atomic.Int64
 }
 
 // bookCapacity bounds the keys a relay schedules at once; the rest wait for a later sweep.
@@ -274,7 +285,7 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 		log:      cfg.Logger.With("component", "relay"),
 		inFlight: make(chan struct{}, cfg.PublishConcurrency),
 		book:     newKeyBook(cmp.Or(cfg.bookCapacity, bookCapacity)),
-		dests:    newDestinations(cfg.BackoffBase, cfg.BackoffMax, jitter),
+		dests:    newDestinations(cfg.BackoffBase, cfg.BackoffMax, cfg.slowAfter(), jitter),
 	}
 	r.watch = newWatcher(r)
 	r.limits = map[string]Limits{}
@@ -526,13 +537,20 @@ func (r *Relay) pipelinesReporting(ctx context.Context, untilIdle bool, report f
 		}
 		return true
 	}
+	failed := func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		errs = append(errs, err)
+		idle.Broadcast()
+	}
 	// probe starts, beside the pipelines, a probe round for each failing destination whose
 	// probe is due: a destination that hangs holds only its own probe, never a pipeline.
 	probe := func() {
 		for _, dest := range r.book.heldDestinations() {
 			if r.dests.healthy(dest) {
 				// It answered while a round still held some of its keys, which that round then
-				// handed back as held: release them (the probe that answered released the rest).
+				// handed back as held (or its slow call ended): release them (the call that
+				// answered released the rest).
 				r.book.release(dest, time.Now())
 				continue
 			}
@@ -550,11 +568,32 @@ func (r *Relay) pipelinesReporting(ctx context.Context, untilIdle bool, report f
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				st, err := r.round(ctx, keys)
+				st, err := r.round(ctx, keys, nil)
 				r.dests.abandoned(dest) // no-op when the probe's call answered or failed
 				ran(st, err)
 			}()
 		}
+	}
+	if untilIdle {
+		// A pass sweeps on the sweep's deadline whatever its rounds do (watcher.sweepDue), and
+		// looks at probes while rounds are in flight: pipelines that wait for rounds are woken
+		// every poll interval to look.
+		stop := make(chan struct{})
+		defer close(stop)
+		go func() {
+			t := time.NewTicker(r.cfg.PollInterval)
+			defer t.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-t.C:
+					mu.Lock()
+					idle.Broadcast()
+					mu.Unlock()
+				}
+			}
+		}()
 	}
 	for range r.cfg.Pipelines {
 		wg.Add(1)
@@ -562,6 +601,12 @@ func (r *Relay) pipelinesReporting(ctx context.Context, untilIdle bool, report f
 			defer wg.Done()
 			for ctx.Err() == nil {
 				probe()
+				if untilIdle && r.watch.sweepDue() {
+					if err := r.watch.sweepIfFree(ctx); err != nil && ctx.Err() == nil {
+						failed(err)
+						return
+					}
+				}
 				keys := r.book.take(r.cfg.BatchSize, time.Now())
 				if len(keys.keys) == 0 {
 					if !untilIdle {
@@ -571,9 +616,7 @@ func (r *Relay) pipelinesReporting(ctx context.Context, untilIdle bool, report f
 					if r.watch.sweepWanted() {
 						// An operator action moved the epoch meanwhile: walk the keys again.
 						if err := r.watch.sweep(ctx); err != nil && ctx.Err() == nil {
-							mu.Lock()
-							errs = append(errs, err)
-							mu.Unlock()
+							failed(err)
 							return
 						}
 						continue
@@ -584,14 +627,17 @@ func (r *Relay) pipelinesReporting(ctx context.Context, untilIdle bool, report f
 						mu.Unlock()
 						return
 					}
-					idle.Wait() // a round in flight may hand keys back
+					idle.Wait() // a round in flight may hand keys back; a sweep may be due
 					mu.Unlock()
 					continue
 				}
 				mu.Lock()
 				r.rounds.Add(1)
 				mu.Unlock()
-				st, err := r.round(ctx, keys)
+				st, err, ended := r.runRound(ctx, keys, &wg, func(st Stats, err error) { ran(st, err) })
+				if !ended {
+					continue // the round goes on detached; this pipeline takes other keys
+				}
 				if !ran(st, err) {
 					return
 				}
@@ -601,9 +647,7 @@ func (r *Relay) pipelinesReporting(ctx context.Context, untilIdle bool, report f
 				}
 				if untilIdle {
 					if err := r.watch.pollIfDue(ctx); err != nil && ctx.Err() == nil {
-						mu.Lock()
-						errs = append(errs, err)
-						mu.Unlock()
+						failed(err)
 						return
 					}
 				}
@@ -668,13 +712,18 @@ func (r *Relay) emitMetrics(ctx context.Context, s Stats) {
 func (r *Relay) DestinationsDown() []DestinationOutage { return r.dests.down() }
 
 func (r *Relay) destination(e *Event) (string, error) {
-	if d, ok := r.cfg.Topics[e.Topic]; ok {
+	if d := r.destinationOf(e.Topic); d != "" {
 		return d, nil
 	}
-	if r.cfg.DefaultTopic != "" {
-		return r.cfg.DefaultTopic, nil
-	}
 	return "", Permanent(fmt.Errorf("unknown topic %q: no destination is configured for it", e.Topic))
+}
+
+// destinationOf returns the destination of rows of topic, "" when none is configured.
+func (r *Relay) destinationOf(topic string) string {
+	if d, ok := r.cfg.Topics[topic]; ok {
+		return d
+	}
+	return r.cfg.DefaultTopic
 }
 
 // backoff returns the delay before attempt number attempts+1: exponential, capped, with jitter

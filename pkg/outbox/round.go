@@ -83,8 +83,9 @@ func (c *roundConn) close(ctx context.Context, lease time.Duration) {
 
 // round claims taken's keys, publishes their rows and records each key's outcomes as its lane
 // ends (see the comment above). Whatever happens, every key goes back to the book with what
-// the round learned about it.
-func (r *Relay) round(ctx context.Context, taken roundKeys) (Stats, error) {
+// the round learned about it. calls tracks the round's calls for its pipeline (nil in a probe
+// round; see runRound).
+func (r *Relay) round(ctx context.Context, taken roundKeys, calls *roundCalls) (Stats, error) {
 	start := time.Now()
 	back := newKeyReturns(r.book, taken.keys)
 	defer back.rest()
@@ -144,7 +145,7 @@ func (r *Relay) round(ctx context.Context, taken roundKeys) (Stats, error) {
 			settler.ended(kp) // nothing to send: record nothing, release at once
 		}
 	}
-	r.publish(pctx, callCtx, start, plan.keys, taken.probe, settler.ended)
+	r.publish(pctx, callCtx, start, plan.keys, taken.probe, calls, settler.ended)
 	published := time.Now()
 	st, err := settler.finish()
 	st.Rounds = 1
@@ -361,8 +362,8 @@ func (s *roundSettler) flush(ctx context.Context, plans []*keyPlan) (Stats, erro
 // publish sends the lanes of plans (see laneSet) with up to PublishConcurrency calls in flight
 // across the relay's rounds, and tells ended of each key whose lane ended. probe is the failing
 // destination a probe round may call ("" in an ordinary round). No call starts once ctx has
-// ended; the calls themselves run under callCtx.
-func (r *Relay) publish(ctx, callCtx context.Context, roundStart time.Time, plans []*keyPlan, probe string, ended func(*keyPlan)) {
+// ended; the calls themselves run under callCtx, tracked by calls.
+func (r *Relay) publish(ctx, callCtx context.Context, roundStart time.Time, plans []*keyPlan, probe string, calls *roundCalls, ended func(*keyPlan)) {
 	set := newLaneSet(plans, r.limit, func(dest string) (bool, time.Time) {
 		return r.dests.admit(dest, probe)
 	}, func(l *lane) { ended(l.plan) })
@@ -382,7 +383,7 @@ func (r *Relay) publish(ctx, callCtx context.Context, roundStart time.Time, plan
 				if !ok {
 					return
 				}
-				set.finish(batch, r.call(callCtx, roundStart, dest, batch))
+				set.finish(batch, r.call(callCtx, roundStart, dest, batch, calls))
 			}
 		}()
 	}
@@ -419,7 +420,10 @@ func (r *Relay) limit(dest string) Limits {
 // A call may carry several consecutive rows of a lane (Limits.KeyOrderInCall): a row after one
 // of its lane that could not be stored, or that was refused when asked alone, is not sent, and
 // laneSet.finish acknowledges a lane's rows only up to its first failure.
-func (r *Relay) call(ctx context.Context, roundStart time.Time, dest string, batch []entry) []callResult {
+//
+// A call cut short for being slow (errSlowCall) is the destination's failure, whatever else
+// succeeded: it backs off as a whole and is probed.
+func (r *Relay) call(ctx context.Context, roundStart time.Time, dest string, batch []entry, calls *roundCalls) []callResult {
 	events := make([]*Event, len(batch))
 	since := roundStart
 	for i, e := range batch {
@@ -446,19 +450,20 @@ func (r *Relay) call(ctx context.Context, roundStart time.Time, dest string, bat
 	}
 	errs := make([]error, len(events))
 	var sendErrs []error
+	started := time.Now()
 	if len(sent) > 0 {
 		toSend := make([]*Event, len(sent))
 		for j, i := range sent {
 			toSend[j] = events[i]
 		}
-		sendErrs = r.send(ctx, dest, toSend)
+		sendErrs = r.send(ctx, dest, toSend, calls)
 		if len(toSend) > 1 && allPermanent(sendErrs) && ctx.Err() == nil {
 			// Asked alone, a row after one of its lane that was refused is not sent: it keeps
 			// the call's answer and waits behind that row.
 			refused := map[*lane]bool{}
 			for j, i := range sent {
 				if l := batch[i].lane; !refused[l] {
-					sendErrs[j] = r.send(ctx, dest, toSend[j:j+1])[0]
+					sendErrs[j] = r.send(ctx, dest, toSend[j:j+1], calls)[0]
 					refused[l] = sendErrs[j] != nil
 				}
 			}
@@ -518,7 +523,10 @@ func (r *Relay) call(ctx context.Context, roundStart time.Time, dest string, bat
 		// sent to it succeeded since these rows began failing; otherwise a call that failed as a
 		// whole (a throttle) is still not the rows' fault, and only entries the destination
 		// refused one by one count as attempts.
-		retryAt, outage := r.dests.failedWhole(dest, since, now, sendErrs[0])
+		if errors.Is(sendErrs[0], errSlowCall) {
+			since = now // slow: the destination's failure, even if other calls to it succeeded
+		}
+		retryAt, outage := r.dests.failedWhole(dest, since, started, now, sendErrs[0])
 		for i := range results {
 			switch {
 			case results[i].err == nil || stored[i] != nil:
@@ -604,15 +612,23 @@ func allPermanent(errs []error) bool {
 }
 
 // send makes one PublishBatch call, bounded by PublishTimeout, waiting for a free slot among
-// PublishConcurrency. A publisher that panics fails the call instead of the relay.
-func (r *Relay) send(ctx context.Context, dest string, events []*Event) (errs []error) {
+// PublishConcurrency; a call that becomes slow gives its slot back (see bulkhead.go), and one
+// cut short for it fails whole with errSlowCall. A publisher that panics fails the call
+// instead of the relay.
+func (r *Relay) send(ctx context.Context, dest string, events []*Event, calls *roundCalls) (errs []error) {
 	select {
 	case r.inFlight <- struct{}{}:
 	case <-ctx.Done():
 		return CallFailed(len(events), ctx.Err())
 	}
-	defer func() { <-r.inFlight }()
-	pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	var freeSlot sync.Once
+	release := func() { freeSlot.Do(func() { <-r.inFlight }) }
+	defer release()
+	track := r.dests.callStarted(dest, time.Now())
+	defer r.dests.callEnded(dest, track)
+	cctx, ended := calls.begin(ctx, release)
+	defer ended()
+	pctx, cancel := context.WithTimeout(cctx, r.cfg.PublishTimeout)
 	defer cancel()
 	defer func() {
 		if p := recover(); p != nil {
@@ -624,7 +640,16 @@ func (r *Relay) send(ctx context.Context, dest string, events []*Event) (errs []
 		errs = make([]error, len(events))
 	}
 	if len(errs) != len(events) {
-		errs = CallFailed(len(events), fmt.Errorf("publisher returned %d results for %d events", len(errs), len(events)))
+		return CallFailed(len(events), fmt.Errorf("publisher returned %d results for %d events", len(errs), len(events)))
+	}
+	if errors.Is(context.Cause(cctx), errSlowCall) && ctx.Err() == nil {
+		// Cut short: what the publisher still acknowledged stands; the rest failed with it.
+		cut := CallFailed(1, errSlowCall)[0]
+		for i, err := range errs {
+			if err != nil {
+				errs[i] = cut
+			}
+		}
 	}
 	return errs
 }

@@ -128,7 +128,7 @@ type simSchedule struct {
 	// passes: the last relay slots (relays-passes..relays-1) run RunOnce in a loop, as a relay
 	// started on a schedule does, instead of Run, and poll pageRows rows at a time, so that
 	// their polls page and their passes move the frontier past rows they have not read
-	// (watcher.jumpFrontier).
+	// (watcher.pollAndSweep).
 	passes, pageRows int
 	// shortGrace: the relays give calls in flight simShortGrace to return when they stop
 	// (RelayConfig.stopGrace), less than a slow or hanging call takes, so that stops cancel

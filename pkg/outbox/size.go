@@ -6,6 +6,8 @@ import (
 	"errors"
 	"strings"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 // What each destination accepts in one message is a setting (MessageLimits, RelaySettings'
@@ -135,12 +137,56 @@ func strictestSize(e *Event, payloadLen int) int {
 		// A time whose RFC 3339 form is the longest: nanoseconds without trailing zeros.
 		long.CreatedAt = time.Date(2006, 1, 2, 15, 4, 5, 999_999_999, time.UTC)
 	}
-	source := string(bytes.Repeat([]byte("s"), eventBridgeMaxSource))
 	n := 0
 	for _, k := range []Kind{SNS, EventBridge, Kinesis, Kafka} {
-		n = max(n, messageSize(k, &long, payloadLen, source))
+		n = max(n, messageSize(k, &long, payloadLen, longestSource))
 	}
 	return n
+}
+
+// longestSource is the longest EventBridge Source (eventBridgeMaxSource bytes), which
+// strictestSize measures with.
+var longestSource = strings.Repeat("s", eventBridgeMaxSource)
+
+// The terms of overheadBound. A byte of EventType, AggregateType, AggregateID, PartitionKey or
+// of a header's name or value appears at most twice in any destination's measure (EventType as
+// EventBridge's DetailType and in the envelope, PartitionKey in the Kinesis envelope and as its
+// stream key), each time at most 6 bytes long (JSON's \u00XX escape, the longest), so it adds
+// at most 12; a header adds at most boundPerHeader beside its bytes (SNS's "String" type,
+// the envelope's quotes, colon, comma and the "headers":{} around them, a Kafka header's
+// varints). boundBase is the exact overhead of a message with one byte in each field and no
+// headers (so that every key omitempty would drop is counted), plus a stream key's hashed
+// form (sha256-<64 hex>), which replaces a partition key of more than 256 characters.
+const (
+	boundPerByte   = 12
+	boundPerHeader = 32
+)
+
+var boundBase = func() int {
+	_, overhead := writeSize(Message{EventID: uuid.Max, EventType: "e", AggregateType: "t", AggregateID: "i", PartitionKey: "k", Payload: []byte("{}")})
+	return overhead + len("sha256-") + 64
+}()
+
+// overheadBound is an upper bound of what writeSize counts beside m's payload, from the
+// lengths of m's fields alone: what Write checks first, so that a message far from every
+// limit (nearly all of them) costs a few additions instead of rendering its envelope,
+// attributes and record headers for each destination kind. Only a message whose bound
+// reaches a limit is measured exactly (writeSize), which decides. m's fields are those of a
+// validated message (Message.prepare): valid UTF-8, attribute names and values SNS accepts.
+func overheadBound(m Message) int {
+	n := boundBase + boundPerByte*(len(m.EventType)+len(m.AggregateType)+len(m.AggregateID)+len(m.PartitionKey))
+	for k, v := range m.Headers {
+		n += boundPerHeader + boundPerByte*(len(k)+len(v))
+	}
+	return n
+}
+
+// surelyFits reports whether m, measured as writeSize does, is certainly at most maxBytes with
+// at most maxMessageOverheadBytes beside its payload, judged by overheadBound; false means
+// writeSize must decide.
+func surelyFits(m Message, maxBytes int) bool {
+	b := overheadBound(m)
+	return b <= maxMessageOverheadBytes && len(m.Payload)+b <= maxBytes
 }
 
 // envelopeSize is the length of e's envelope (envelopeOf) with a payload of payloadLen bytes.

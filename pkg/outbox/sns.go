@@ -29,8 +29,8 @@ type SNSAPI interface {
 var _ SNSAPI = (*sns.Client)(nil)
 
 // SNSPublisher publishes events with SNS PublishBatch, carrying the contract's attributes and,
-// on FIFO topics (ARN ending in .fifo), MessageGroupId = partition key and
-// MessageDeduplicationId = event id.
+// on FIFO topics (ARN ending in .fifo), MessageGroupId = partition key (qualified by the
+// tenant, "tenant:key", on a fleet's messages: see groupID) and MessageDeduplicationId = event id.
 type SNSPublisher struct {
 	client SNSAPI
 }
@@ -85,7 +85,7 @@ func (p *SNSPublisher) PublishBatch(ctx context.Context, topicARN string, events
 			MessageAttributes: attributes(e),
 		}
 		if fifo {
-			entries[i].MessageGroupId = aws.String(groupID(e.PartitionKey))
+			entries[i].MessageGroupId = aws.String(groupID(e.Headers[wire.Tenant], e.PartitionKey))
 			entries[i].MessageDeduplicationId = aws.String(e.EventID.String())
 		}
 	}
@@ -197,7 +197,14 @@ func headerOrder(h map[string]string) []string {
 
 // groupID turns a partition key into a valid FIFO MessageGroupId: the key itself when it fits
 // SNS's 128 characters of printable ASCII, otherwise a stable SHA-256 of it; "_" for an empty key.
-func groupID(key string) string {
+// A fleet's message (tenant set: its TenantHeader) has the group "tenant:key", hashed the same
+// way when that does not fit: two tenants' events with the same key are in different groups,
+// so that one tenant's failed or slow message never holds another tenant's at the queue. A
+// tenant's name has no ':', so the group names one tenant's key and only it.
+func groupID(tenant, key string) string {
+	if tenant != "" {
+		key = tenant + ":" + key
+	}
 	if key == "" {
 		return "_"
 	}

@@ -203,10 +203,18 @@ func TestAttributesRespectSNSLimitAndPutTraceContextFirst(t *testing.T) {
 	require.Contains(t, attrs, "h0")
 	require.NotContains(t, attrs, "h3")
 
-	require.Equal(t, "_", outbox.GroupID(""))
-	require.Equal(t, "order-1", outbox.GroupID("order-1"))
-	long := outbox.GroupID(strings.Repeat("x", 200))
+	require.Equal(t, "_", outbox.GroupID("", ""))
+	require.Equal(t, "order-1", outbox.GroupID("", "order-1"))
+	long := outbox.GroupID("", strings.Repeat("x", 200))
 	require.True(t, strings.HasPrefix(long, "sha256-"))
 	require.LessOrEqual(t, len(long), 128)
-	require.Equal(t, long, outbox.GroupID(strings.Repeat("x", 200)), "stable")
+	require.Equal(t, long, outbox.GroupID("", strings.Repeat("x", 200)), "stable")
+	// A fleet's messages: the tenant qualifies the group, so two tenants' keys never share one.
+	require.Equal(t, "acme:order-1", outbox.GroupID("acme", "order-1"))
+	require.Equal(t, "acme:", outbox.GroupID("acme", ""))
+	require.NotEqual(t, outbox.GroupID("acme", "order-1"), outbox.GroupID("globex", "order-1"))
+	longA, longG := outbox.GroupID("acme", strings.Repeat("x", 200)), outbox.GroupID("globex", strings.Repeat("x", 200))
+	require.True(t, strings.HasPrefix(longA, "sha256-"))
+	require.LessOrEqual(t, len(longA), 128)
+	require.NotEqual(t, longA, longG)
 }

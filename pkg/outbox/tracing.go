@@ -221,8 +221,10 @@ func withTrace(m Message, injected map[string]string, fields []string, maxBytes 
 		next[k] = v
 		t := m
 		t.Headers = next
-		if size, overhead := writeSize(t); size > maxBytes || overhead > maxMessageOverheadBytes {
-			break
+		if !surelyFits(t, maxBytes) {
+			if size, overhead := writeSize(t); size > maxBytes || overhead > maxMessageOverheadBytes {
+				break
+			}
 		}
 		h = next
 		room--

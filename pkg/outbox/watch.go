@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -33,6 +34,9 @@ type watcher struct {
 
 	sweepMu   sync.Mutex // one sweep at a time
 	sweepWant chan struct{}
+	// sweptAt is when the last sweep started (unix nanoseconds), sweepTook how long the last
+	// finished one took (nanoseconds): the sweep's deadline (sweepPeriod).
+	sweptAt, sweepTook atomic.Int64
 
 	// pageRows is the most rows one poll reads: pollRows (the fault simulator sets a few, so
 	// that its small outboxes page and its passes jump their frontier).
@@ -133,6 +137,7 @@ func (w *watcher) pollIfDue(ctx context.Context) error {
 type polledRow struct {
 	id        int64
 	key       string
+	topic     string
 	published bool
 }
 
@@ -168,7 +173,7 @@ func (w *watcher) queuePoll(b *pgx.Batch) pollRead {
 	p := pollRead{at: now, rows: new([]polledRow), epoch: new(int64)}
 	b.Queue(pollSQL, w.frontier, w.pageRows, gapIDs).Query(func(rs pgx.Rows) error {
 		var r polledRow
-		_, err := pgx.ForEachRow(rs, []any{&r.id, &r.key, &r.published}, func() error {
+		_, err := pgx.ForEachRow(rs, []any{&r.id, &r.key, &r.topic, &r.published}, func() error {
 			*p.rows = append(*p.rows, r)
 			return nil
 		})
@@ -201,7 +206,7 @@ func (w *watcher) applyPoll(p pollRead) int {
 			w.frontier = p.id
 		}
 		if !p.published {
-			w.r.book.sawRow(p.key, now)
+			w.r.book.sawRow(p.key, w.r.destinationOf(p.topic), now)
 		}
 	}
 	if w.r.book.takeOverflow() {
@@ -214,44 +219,59 @@ func (w *watcher) applyPoll(p pollRead) int {
 // the first sweep step share one read-only transaction (one round trip, where each in its own
 // took two), and the sweep goes on while a step came back full (sweepOn). A first poll that
 // came back full (a backlog) is not paged through as polling does: the sweep walks every
-// pending key, the backlog's among them, so the frontier moves to the outbox's newest row
-// (jumpFrontier) as a relay's start sets it, one round trip where paging took one per
-// pollRows rows before the pass's first claim.
+// pending key, the backlog's among them, so the frontier moves to the outbox's newest row as a
+// relay's start sets it, one round trip where paging took one per pollRows rows before the
+// pass's first claim. The newest row is read in the same batch, before the sweep's statement:
+// a row at or below it that had committed by then is in the sweep's walk, and one that
+// commits later (a late commit below the jump) is found by the next sweep, which a pass makes
+// on the sweep's deadline (sweepDue) however long it runs.
 func (w *watcher) pollAndSweep(ctx context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.sweepMu.Lock()
 	defer w.sweepMu.Unlock()
+	started := time.Now()
 	b := &pgx.Batch{}
-	p, s := w.queuePoll(b), queueSweep(b, "", true)
+	p := w.queuePoll(b)
+	var newest int64
+	b.Queue(maxIDSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&newest) })
+	s := queueSweep(b, "", true)
 	if err := w.readOnly(ctx, b); err != nil {
 		return fmt.Errorf("poll outbox for new rows and walk pending partition keys: %w", err)
 	}
 	if w.applyPoll(p) >= w.pageRows {
-		if err := w.jumpFrontier(ctx); err != nil {
-			return err
+		if mutant == mutantJumpSkipsLate {
+			// Once this sweep walked: later sweeps skip the ids the jump passed over.
+			defer mutantJumped(w, w.frontier, newest)
 		}
+		w.frontier = max(w.frontier, newest)
 	}
 	n, last := w.applySweep(s)
-	return w.sweepOn(ctx, n, last)
+	err := w.sweepOn(ctx, n, last)
+	w.sweepEnded(started)
+	return err
 }
 
-// jumpFrontier moves the frontier to the outbox's newest row (with w.mu held). The rows it
-// passes over are the sweep's, as start leaves the rows before the first frontier: the ones
-// that committed before the pass's sweep step are in its walk, and the ones not committed
-// yet are found by a later sweep (the next pass's).
-func (w *watcher) jumpFrontier(ctx context.Context) error {
-	var newest int64
-	b := &pgx.Batch{}
-	b.Queue(maxIDSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&newest) })
-	if err := w.readOnly(ctx, b); err != nil {
-		return fmt.Errorf("read where the outbox ends: %w", err)
-	}
-	if mutant == mutantJumpSkipsLate {
-		mutantJumped(w, w.frontier, newest)
-	}
-	w.frontier = max(w.frontier, newest)
-	return nil
+// sweepPeriod is how long after a sweep began the next one is due: RescanInterval, spaced out
+// to at least ten times the last sweep's duration, so that a walk slowed by dead index entries
+// that VACUUM cannot remove yet never takes more than a tenth of the time.
+func (w *watcher) sweepPeriod() time.Duration {
+	return max(w.r.cfg.RescanInterval, 10*time.Duration(w.sweepTook.Load()))
+}
+
+// untilSweep is how long until the next sweep is due (0 or less: due).
+func (w *watcher) untilSweep() time.Duration {
+	return w.sweepPeriod() - time.Since(time.Unix(0, w.sweptAt.Load()))
+}
+
+// sweepDue reports whether a sweep is due: the sweep's deadline, which Run's watcher and
+// RunPass's pipelines both keep, whatever else the relay does.
+func (w *watcher) sweepDue() bool { return w.untilSweep() <= 0 }
+
+// sweepEnded records a sweep that began at started and just ended.
+func (w *watcher) sweepEnded(started time.Time) {
+	w.sweptAt.Store(started.UnixNano())
+	w.sweepTook.Store(int64(time.Since(started)))
 }
 
 func (w *watcher) wantSweep() {
@@ -275,11 +295,30 @@ func (w *watcher) sweepWanted() bool {
 func (w *watcher) sweep(ctx context.Context) error {
 	w.sweepMu.Lock()
 	defer w.sweepMu.Unlock()
+	return w.sweepLocked(ctx)
+}
+
+// sweepIfFree sweeps unless another sweep is under way (which then is the due one).
+func (w *watcher) sweepIfFree(ctx context.Context) error {
+	if !w.sweepMu.TryLock() {
+		return nil
+	}
+	defer w.sweepMu.Unlock()
+	return w.sweepLocked(ctx)
+}
+
+// sweepLocked sweeps with w.sweepMu held.
+func (w *watcher) sweepLocked(ctx context.Context) error {
+	started := time.Now()
 	n, last, err := w.sweepStep(ctx, "", true)
+	if err == nil {
+		err = w.sweepOn(ctx, n, last)
+	}
+	w.sweepEnded(started)
 	if err != nil {
 		return fmt.Errorf("walk pending partition keys: %w", err)
 	}
-	return w.sweepOn(ctx, n, last)
+	return nil
 }
 
 // sweepOn walks on after last while the last step came back full (n keys), with w.sweepMu held.
@@ -308,6 +347,7 @@ func (w *watcher) sweepStep(ctx context.Context, after string, inclusive bool) (
 type sweptHead struct {
 	key         string
 	id          int64
+	topic       string
 	quarantined bool
 	availableAt *time.Time
 	dbNow       time.Time
@@ -321,7 +361,7 @@ func queueSweep(b *pgx.Batch, after string, inclusive bool) sweepRead {
 	s := sweepRead{heads: new([]sweptHead)}
 	b.Queue(sweepSQL, after, inclusive, sweepKeys).Query(func(rows pgx.Rows) error {
 		var h sweptHead
-		_, err := pgx.ForEachRow(rows, []any{&h.key, &h.id, &h.quarantined, &h.availableAt, &h.dbNow}, func() error {
+		_, err := pgx.ForEachRow(rows, []any{&h.key, &h.id, &h.topic, &h.quarantined, &h.availableAt, &h.dbNow}, func() error {
 			*s.heads = append(*s.heads, h)
 			return nil
 		})
@@ -339,15 +379,17 @@ func (w *watcher) applySweep(s sweepRead) (int, string) {
 		if (mutant == mutantSweepAboveFrontier && h.id <= w.frontier) || (mutant == mutantJumpSkipsLate && mutantSkipHead(w, h.id)) {
 			continue
 		}
-		state, at := headClaimable, now
+		state, at, dest := headClaimable, now, w.r.destinationOf(h.topic)
 		switch {
 		case h.quarantined:
 			state = headQuarantined
 		case h.availableAt != nil && h.availableAt.After(h.dbNow):
 			// The database's clock decides; translate its wait into ours.
 			state, at = headBackingOff, now.Add(h.availableAt.Sub(h.dbNow))
+		case dest != "" && !w.r.dests.healthy(dest):
+			state = headHeld // its destination fails or is slow: its probe or answer moves it
 		}
-		w.r.book.sawHead(h.key, state, at, now)
+		w.r.book.sawHead(h.key, state, at, dest, now)
 	}
 	if len(heads) == 0 {
 		return 0, ""
@@ -355,9 +397,8 @@ func (w *watcher) applySweep(s sweepRead) (int, string) {
 	return len(heads), heads[len(heads)-1].key
 }
 
-// run polls every PollInterval and sweeps every RescanInterval (spaced out to at least ten
-// times the last sweep's duration, so a walk slowed by dead index entries that VACUUM cannot
-// remove yet never takes more than a tenth of the time), until ctx ends.
+// run polls every PollInterval and sweeps on the sweep's deadline (sweepPeriod), until ctx
+// ends.
 func (w *watcher) run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Add(2)
@@ -379,12 +420,10 @@ func (w *watcher) run(ctx context.Context) {
 	go func() {
 		defer wg.Done()
 		for ctx.Err() == nil {
-			start := time.Now()
 			if err := w.sweep(ctx); err != nil && ctx.Err() == nil {
 				w.r.log.Warn("relay sweep failed; retrying", "error", err)
 			}
-			wait := max(w.r.cfg.RescanInterval, 10*time.Since(start))
-			t := time.NewTimer(wait)
+			t := time.NewTimer(max(w.untilSweep(), time.Millisecond))
 			select {
 			case <-ctx.Done():
 			case <-w.sweepWant:

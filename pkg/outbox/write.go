@@ -182,14 +182,16 @@ func (w *Writer) prepare(msgs []Message, trace map[string]string) ([]Message, []
 		if err != nil {
 			return nil, nil, err
 		}
-		size, overhead := writeSize(p)
-		if overhead > maxMessageOverheadBytes {
-			return nil, nil, &ValidationError{Index: i, Field: "Headers", Problem: fmt.Sprintf("the message carries %d bytes beside its payload (attributes, headers and partition key, as the strictest destination counts them), above the %d Write allows, so that a claim check's pointer always fits",
-				overhead, maxMessageOverheadBytes)}
-		}
-		if size > w.cfg.MaxMessageBytes {
-			return nil, nil, &ValidationError{Index: i, Field: "Payload", Problem: fmt.Sprintf("message is %d bytes as the strictest destination counts it (payload %d bytes), above the publishable %d bytes%s",
-				size, len(p.Payload), w.cfg.MaxMessageBytes, raiseHint(w.cfg.MaxMessageBytes))}
+		if !surelyFits(p, w.cfg.MaxMessageBytes) {
+			size, overhead := writeSize(p)
+			if overhead > maxMessageOverheadBytes {
+				return nil, nil, &ValidationError{Index: i, Field: "Headers", Problem: fmt.Sprintf("the message carries %d bytes beside its payload (attributes, headers and partition key, as the strictest destination counts them), above the %d Write allows, so that a claim check's pointer always fits",
+					overhead, maxMessageOverheadBytes)}
+			}
+			if size > w.cfg.MaxMessageBytes {
+				return nil, nil, &ValidationError{Index: i, Field: "Payload", Problem: fmt.Sprintf("message is %d bytes as the strictest destination counts it (payload %d bytes), above the publishable %d bytes%s",
+					size, len(p.Payload), w.cfg.MaxMessageBytes, raiseHint(w.cfg.MaxMessageBytes))}
+			}
 		}
 		if len(trace) > 0 {
 			p.Headers = withTrace(p, trace, w.cfg.Propagator.Fields(), w.cfg.MaxMessageBytes)

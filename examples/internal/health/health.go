@@ -26,9 +26,21 @@ const DefaultAddr = ":8080"
 // AddrVariable names the address the probes listen on (host:port, ":0" for any free port).
 const AddrVariable = "SLUICE_HEALTH_ADDR"
 
+// CheckFlag, as the only argument, makes Main probe the running process's /healthz instead of
+// running the service, and exit 0 when it answers 200, 1 otherwise: the container health
+// check of an image without a shell or curl (ECS: ["CMD", "/relay", "-healthcheck"]).
+const CheckFlag = "-healthcheck"
+
 // Main runs run until SIGTERM or Ctrl-C, with the JSON logger of the named service, and exits 1
-// when it fails: the shared main of the long-running examples.
+// when it fails: the shared main of the long-running examples. With CheckFlag it probes instead.
 func Main(service string, run func(ctx context.Context, getenv lambdaenv.Getenv, log *slog.Logger) error) {
+	if len(os.Args) == 2 && os.Args[1] == CheckFlag {
+		if err := Check(os.Getenv); err != nil {
+			fmt.Fprintln(os.Stderr, service+" health check:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	ctx, stop := SignalContext(context.Background())
 	defer stop()
 	log := lambdaenv.Logger(os.Getenv, service)
@@ -50,6 +62,33 @@ func ServeFrom(getenv lambdaenv.Getenv, ready func(context.Context) error, log *
 		return nil, fmt.Errorf("health endpoint: %w", err)
 	}
 	return s, nil
+}
+
+// Check asks the liveness endpoint of the process in this container (the address AddrVariable
+// names in getenv, on the loopback interface when it names no host) and returns nil when it
+// answers 200 within two seconds.
+func Check(getenv lambdaenv.Getenv) error {
+	addr := getenv(AddrVariable)
+	if addr == "" {
+		addr = DefaultAddr
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%s %q: %w", AddrVariable, addr, err)
+	}
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = "127.0.0.1"
+	}
+	client := &http.Client{Timeout: 2 * time.Second}
+	resp, err := client.Get("http://" + net.JoinHostPort(host, port) + "/healthz")
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("/healthz answered %s", resp.Status)
+	}
+	return nil
 }
 
 // SignalContext returns a context that ends on SIGTERM (ECS and Kubernetes stop a task with it)

@@ -232,6 +232,7 @@ func run(ctx context.Context, o options) int {
 		fmt.Printf("  out of per-customer order   %d\n", v.OrderViolations)
 	}
 	fmt.Printf("  commit-to-apply latency     p50 %s, p99 %s\n", v.P50.Round(time.Millisecond), v.P99.Round(time.Millisecond))
+	fmt.Printf("    of which commit-to-publish (the relay's share) p50 %s, p99 %s\n", v.PublishP50.Round(time.Millisecond), v.PublishP99.Round(time.Millisecond))
 	if v.Produced != o.n {
 		fmt.Printf("FAIL: %d orders committed, %d requested\n", v.Produced, o.n)
 		return 1

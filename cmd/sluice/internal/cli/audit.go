@@ -107,6 +107,7 @@ never published, 0 otherwise; --json prints the reports as a JSON array.
 	fl.Var(&durationValue{d: &opts.AlarmAfter}, "alarm-after", "a published event not applied this long after its publication is missing (default 15m)")
 	fl.StringVar(&inboxURL, "inbox-database-url", "", "the inbox's database when it is not the outbox's (default $"+EnvInboxDatabaseURL+", else --database-url)")
 	fl.BoolVar(&jsonOutput, "json", false, "print the reports as JSON")
+	readsOnly(cmd)
 	return cmd
 }
 

@@ -217,6 +217,7 @@ Exit codes: 0 success, 1 failure, 2 bad usage. Errors are one line on stderr.`,
 	})
 	root.AddCommand(a.migrateCommand(), a.relayCommand(), a.statusCommand(), a.deadCommand(),
 		a.redriveCommand(), a.replayCommand(), a.purgeCommand(), a.partitionCommand(), a.auditCommand(), a.fleetCommand())
+	readsOnly(root)
 	usageArgs(root)
 	return root
 }

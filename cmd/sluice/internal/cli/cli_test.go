@@ -133,7 +133,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"missing duration", []string{"purge"}, 2, "--older-than is required"},
 		{"malformed timestamp", []string{"replay", "--since", "yesterday", "--yes"}, 2, `invalid timestamp "yesterday"`},
 		{"empty replay range", []string{"replay", "--since", "-1h", "--until", "-2h", "--yes"}, 2, "must be after --since"},
-		{"replay without --yes and no terminal", []string{"replay", "--since", "-7d"}, 1, "refusing to replay 1 events: stdin is not a terminal, so pass --yes"},
+		{"replay without --yes and no terminal", []string{"replay", "--since", "-7d"}, 1, "refusing to replay 1 events (not confirmed): stdin is not a terminal; pass --yes"},
 		{"unreachable database", []string{"status", "--database-url", "postgres://sluice:secret@127.0.0.1:1/app"}, 1, "cannot reach the database postgres://sluice:xxxxx@127.0.0.1:1/app"},
 		{"non-existent queue (status)", []string{"status", "--queue", missingQueue}, 1, "queue " + missingQueue + ": queue does not exist"},
 		{"non-existent queue (purge)", []string{"purge", "--older-than", "1d", "--queue", missingQueue}, 1, "queue does not exist"},
@@ -143,7 +143,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"purge shorter than DLQ retention", []string{"purge", "--older-than", "7d", "--queue", queueURL}, 1, "refusing to purge: --older-than 7d is not longer than the message retention of " + dlqURL},
 		{"retry of a row that is not quarantined", []string{"dead", "retry", strconv.FormatInt(qid, 10), "999"}, 1, "outbox rows 999 are not quarantined"},
 		{"retry id that is not a number", []string{"dead", "retry", "abc"}, 2, `"abc" is not an outbox row id`},
-		{"migrate down without --yes", []string{"migrate", "down"}, 1, "refusing to roll back: stdin is not a terminal"},
+		{"migrate down without --yes", []string{"migrate", "down"}, 1, "refusing to roll back (not confirmed): stdin is not a terminal; pass --yes"},
 		{"migrate down to an unknown version", []string{"migrate", "down", "--to", "99", "--yes"}, 2, "--to 99 is not a version"},
 		{"an argument a command does not take", []string{"status", "extra"}, 2, `unknown command "extra" for "sluice status"`},
 		{"unknown subcommand", []string{"dead", "bury"}, 2, `unknown command "bury" for "sluice dead"`},
@@ -291,15 +291,15 @@ func TestDeadListAndRetry(t *testing.T) {
 	require.Contains(t, out, "would retry inbox row shipping/m-1")
 	require.Equal(t, before, b.fingerprint(t), "--dry-run changes nothing")
 
-	require.Contains(t, b.ok(t, "dead", "retry", strconv.FormatInt(q1, 10)), "released 1 outbox rows")
+	require.Contains(t, b.ok(t, "dead", "retry", strconv.FormatInt(q1, 10), "--yes"), "released 1 outbox rows")
 	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM outbox_event WHERE quarantined_at IS NOT NULL"))
 	require.Equal(t, 0, b.count(t, "SELECT attempts FROM outbox_event WHERE id = "+strconv.FormatInt(q1, 10)))
 
-	require.Contains(t, b.ok(t, "dead", "retry", "--consumer", "billing", "m-2"), "released 1 parked inbox rows")
+	require.Contains(t, b.ok(t, "dead", "retry", "--consumer", "billing", "m-2", "--yes"), "released 1 parked inbox rows")
 	require.Equal(t, 2, b.count(t, "SELECT count(*) FROM inbox_event WHERE parked_at IS NOT NULL"))
 	requireOneLineError(t, b.run(t, "dead", "retry", "--consumer", "billing", "m-2"), 1, `inbox rows m-2 of consumer "billing" are not parked or dead letters`)
 
-	out = b.ok(t, "dead", "retry", "--all")
+	out = b.ok(t, "dead", "retry", "--all", "--yes")
 	require.Contains(t, out, "released 1 outbox rows")
 	require.Contains(t, out, "released 2 parked inbox rows")
 	require.Equal(t, 0, b.count(t, "SELECT count(*) FROM outbox_event WHERE quarantined_at IS NOT NULL"))

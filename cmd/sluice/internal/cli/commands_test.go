@@ -80,10 +80,11 @@ func TestCommandFunctionsWithoutTheCommandLine(t *testing.T) {
 
 	var asked int64
 	rep, err := cli.Replay(ctx, b.pool, cli.ReplayOptions{Filter: outbox.ReplayFilter{Since: time.Now().Add(-72 * time.Hour)},
-		Confirm: func(n int64) error { asked = n; return errors.New("no") }})
+		Confirm: func(p outbox.ReplayPlan) error { asked = p.Rows; return errors.New("no") }})
 	require.EqualError(t, err, "no")
 	require.EqualValues(t, 1, asked)
-	require.Equal(t, cli.ReplayResult{Matching: 1}, rep, "refused: nothing marked")
+	require.EqualValues(t, 1, rep.Plan.Rows)
+	require.Zero(t, rep.Marked, "refused: nothing marked")
 
 	pr, err := cli.Purge(ctx, b.pool, nil, cli.PurgeOptions{OlderThan: 20 * 24 * time.Hour})
 	require.NoError(t, err)

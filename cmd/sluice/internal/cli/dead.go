@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -83,6 +84,9 @@ type DeadRetryOptions struct {
 	IDs []string
 	// DryRun chooses the rows and changes nothing.
 	DryRun bool
+	// Confirm is given the chosen rows before any is released (not on a dry run, nor when none
+	// was chosen); an error stops it, nothing released. Defaults to nil: no confirmation.
+	Confirm func(DeadRetryResult) error
 }
 
 // DeadRetryResult is what RetryDead chose and released.
@@ -103,9 +107,15 @@ type DeadRetryResult struct {
 	OutboxChosen, InboxChosen bool
 }
 
+// Chosen is the number of rows chosen: outbox rows, parked inbox rows and dead letters.
+func (r DeadRetryResult) Chosen() int {
+	return len(r.Outbox) + len(r.Inbox) + len(r.DeadLetters)
+}
+
 // RetryDead releases quarantined outbox rows and parked inbox rows for another attempt with a
 // fresh attempt count. Every id given must be quarantined (or parked): otherwise it changes
-// nothing and says which are not.
+// nothing and says which are not. It chooses every row first, asks opts.Confirm with them, and
+// then releases exactly those.
 func RetryDead(ctx context.Context, db Querier, opts DeadRetryOptions) (DeadRetryResult, error) {
 	if opts.All == (len(opts.IDs) > 0) {
 		return DeadRetryResult{}, usagef("give either --all or the ids to retry, not both and not neither")
@@ -120,27 +130,36 @@ func RetryDead(ctx context.Context, db Querier, opts DeadRetryOptions) (DeadRetr
 			return DeadRetryResult{}, err
 		}
 		res.OutboxChosen = true
-		if !opts.DryRun && len(res.Outbox) > 0 {
-			sel := make([]int64, len(res.Outbox))
-			for i, r := range res.Outbox {
-				sel[i] = r.ID
-			}
-			if res.OutboxReleased, err = outbox.RetryQuarantined(ctx, db, sel); err != nil {
-				return res, err
-			}
-		}
-		if !opts.All {
-			return res, nil
-		}
 	}
-	var err error
-	if res.Inbox, res.DeadLetters, res.Unretryable, err = chooseInbox(ctx, db, opts.Consumer, opts.All, opts.IDs); err != nil {
-		return res, err
+	if opts.Consumer != "" || opts.All {
+		var err error
+		if res.Inbox, res.DeadLetters, res.Unretryable, err = chooseInbox(ctx, db, opts.Consumer, opts.All, opts.IDs); err != nil {
+			return res, err
+		}
+		res.InboxChosen = true
 	}
-	res.InboxChosen = true
-	if opts.DryRun {
+	if opts.DryRun || res.Chosen() == 0 {
 		return res, nil
 	}
+	if opts.Confirm != nil {
+		if err := opts.Confirm(res); err != nil {
+			return res, err
+		}
+	}
+	if len(res.Outbox) > 0 {
+		sel := make([]int64, len(res.Outbox))
+		for i, r := range res.Outbox {
+			sel[i] = r.ID
+		}
+		var err error
+		if res.OutboxReleased, err = outbox.RetryQuarantined(ctx, db, sel); err != nil {
+			return res, err
+		}
+	}
+	if !res.InboxChosen {
+		return res, nil
+	}
+	var err error
 	if res.InboxReleased, err = retryParked(ctx, db, res.Inbox); err != nil {
 		return res, err
 	}
@@ -148,7 +167,6 @@ func RetryDead(ctx context.Context, db Querier, opts DeadRetryOptions) (DeadRetr
 	return res, err
 }
 
-// outboxIDs parses outbox row ids.
 func outboxIDs(args []string) ([]int64, error) {
 	ids := make([]int64, 0, len(args))
 	for _, s := range args {
@@ -244,6 +262,12 @@ func chooseInbox(ctx context.Context, db Querier, consumer string, all bool, mes
 		if len(missing) > 0 {
 			return nil, nil, nil, fmt.Errorf("inbox rows %s of consumer %q are not parked or dead letters; nothing retried", strings.Join(missing, ", "), consumer)
 		}
+		for _, d := range found {
+			// Said before the plan: what RetryDeadLetters would refuse once confirmed.
+			if d.MessageID == "" || d.ErrorClass == inbox.ClassClaimCheck {
+				return nil, nil, nil, fmt.Errorf("%w: %s/%s (%s); redrive its source's copy once the cause is fixed; nothing retried", inbox.ErrNotRetryable, d.Consumer, d.Key, d.ErrorClass)
+			}
+		}
 		letters = found
 	}
 	return parked, letters, nil, nil
@@ -320,6 +344,7 @@ even if its DLQ copy is redriven too.`,
 		},
 	}
 	cmd.AddCommand(a.deadListCommand(), a.deadShowCommand(), a.deadRetryCommand())
+	readsOnly(cmd)
 	return cmd
 }
 
@@ -359,6 +384,7 @@ func (a *app) deadListCommand() *cobra.Command {
 	cmd.Flags().IntVar(&opts.Limit, "limit", 100, "most rows of each kind to show")
 	cmd.Flags().BoolVar(&opts.Applied, "applied", false, "list dead letters the inbox applied since too")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	readsOnly(cmd)
 	return cmd
 }
 
@@ -482,6 +508,7 @@ func (a *app) deadShowCommand() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&consumer, "consumer", "", "the inbox consumer (required)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	readsOnly(cmd)
 	return cmd
 }
 
@@ -523,7 +550,10 @@ func printDeadLetter(w io.Writer, d inbox.DeadLetter) {
 }
 
 func (a *app) deadRetryCommand() *cobra.Command {
-	var opts DeadRetryOptions
+	var (
+		opts DeadRetryOptions
+		g    guard
+	)
 	cmd := &cobra.Command{
 		Use:   "retry [--all | ID... | --consumer NAME KEY...]",
 		Short: "Release quarantined outbox rows, parked inbox rows or dead letters for another attempt",
@@ -539,11 +569,14 @@ A dead letter is stored in the inbox for the consumer's processor (its schedule 
 stack, or the inbox.Processor you run), which applies it once with the consumer's handlers: its
 inbox key is taken, so a copy redriven from the DLQ is a duplicate. --all passes over dead
 letters that are still being retried by their source, and those that cannot go through the
-inbox (a record that could not be parsed, a payload never fetched from S3). --dry-run shows what
-would be retried and changes nothing.`,
+inbox (a record that could not be parsed, a payload never fetched from S3).
+
+It first prints the rows it chose, and releases exactly those. --dry-run stops there. On a
+terminal it asks for confirmation; --yes confirms for scripts; without a terminal and without
+--yes it refuses and changes nothing.`,
 		Example: `  sluice dead retry --dry-run --all
-  sluice dead retry 1042 1043
-  sluice dead retry --consumer billing 6f1c9a1e-0c1e-4c53-9f5b-2a4b8f0d1e77
+  sluice dead retry 1042 1043 --yes
+  sluice dead retry --consumer billing 6f1c9a1e-0c1e-4c53-9f5b-2a4b8f0d1e77 --yes
   sluice dead retry --all --consumer billing`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -562,14 +595,31 @@ would be retried and changes nothing.`,
 			if err != nil {
 				return err
 			}
+			opts.DryRun = g.dryRun
+			opts.Confirm = func(plan DeadRetryResult) error {
+				a.printPlan(g, "dead retry", plan, func(w io.Writer) { printDeadRetry(w, plan, true, false) })
+				return a.proceedOrStop(g, fmt.Sprintf("Retry these %d rows?", plan.Chosen()), "retry dead rows")
+			}
 			res, err := RetryDead(ctx, pool, opts)
-			printDeadRetry(a.io.Out, res, opts.DryRun, err == nil)
+			if errors.Is(err, errDryRun) {
+				return nil
+			}
+			if opts.DryRun {
+				a.printPlan(g, "dead retry", res, func(w io.Writer) { printDeadRetry(w, res, true, false) })
+				return err
+			}
+			if g.json {
+				emitJSON(a.io.Out, map[string]any{"event": "result", "op": "dead retry", "outbox_released": res.OutboxReleased,
+					"inbox_released": res.InboxReleased, "dead_letters_stored": len(res.Stored), "already_in_inbox": len(res.InInbox)})
+				return err
+			}
+			printDeadRetry(a.io.Out, res, false, err == nil)
 			return err
 		},
 	}
 	cmd.Flags().StringVar(&opts.Consumer, "consumer", "", "retry parked inbox rows and dead letters of this consumer (ids are then message ids)")
 	cmd.Flags().BoolVar(&opts.All, "all", false, "retry every quarantined/parked row (narrowed by --consumer)")
-	cmd.Flags().BoolVar(&opts.DryRun, "dry-run", false, "show what would be retried; change nothing")
+	g.flags(cmd, "be retried")
 	return cmd
 }
 

@@ -63,11 +63,11 @@ func TestDeadLettersListShowRetry(t *testing.T) {
 	require.Contains(t, out, "cannot retry dead letter billing/arn:aws:sqs:eu-west-1:123456789012:billing/sqs-2 through the inbox (bad-message)")
 	require.Equal(t, before, b.fingerprint(t), "--dry-run changes nothing")
 
-	out = b.ok(t, "dead", "retry", "--all", "--consumer", "billing")
+	out = b.ok(t, "dead", "retry", "--all", "--consumer", "billing", "--yes")
 	require.Contains(t, out, "stored 1 dead letters for the consumer's processor: billing/m-1")
 	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM inbox_event WHERE consumer = 'billing' AND message_id = 'm-1' AND processed_at IS NULL"))
 	require.Regexp(t, `billing\s+m-1\s+OrderCreated\s+aws:sqs\s+1\s+retrying`, b.ok(t, "dead", "list"))
-	require.Contains(t, b.ok(t, "dead", "retry", "--consumer", "billing", "m-1"), "already in the inbox, nothing to do (applied or waiting): billing/m-1")
+	require.Contains(t, b.ok(t, "dead", "retry", "--consumer", "billing", "m-1", "--yes"), "already in the inbox, nothing to do (applied or waiting): billing/m-1")
 	requireOneLineError(t, b.run(t, "dead", "retry", "--consumer", "billing", "arn:aws:sqs:eu-west-1:123456789012:billing/sqs-2"), 1,
 		"cannot be retried through the inbox")
 }

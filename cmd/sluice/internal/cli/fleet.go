@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
@@ -237,10 +238,10 @@ registry refresh, without a deploy.
 "sluice migrate --fleet" migrates every tenant and "sluice status --fleet" shows each tenant's
 backlog, worst first.`,
 		Example: `  sluice fleet init --fleet-registry postgres://sluice@control/fleet
-  sluice fleet add acme --url postgres://sluice@db-1/acme
-  sluice fleet add globex --secret-arn arn:aws:secretsmanager:eu-west-1:123456789012:secret:globex --server db-2 --weight 2
+  sluice fleet add acme --url postgres://sluice@db-1/acme --yes
+  sluice fleet add globex --secret-arn arn:aws:secretsmanager:eu-west-1:123456789012:secret:globex --server db-2 --weight 2 --yes
   sluice fleet list
-  sluice fleet remove acme`,
+  sluice fleet remove acme --yes`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
@@ -269,9 +270,12 @@ backlog, worst first.`,
 		},
 	}
 
-	var add fleet.Tenant
+	var (
+		add      fleet.Tenant
+		addGuard guard
+	)
 	addCmd := &cobra.Command{
-		Use:   "add NAME (--url URL | --secret-arn ARN --server NAME) [--weight N]",
+		Use:   "add NAME (--url URL | --secret-arn ARN --server NAME) [--weight N] [--dry-run] [--yes]",
 		Short: "Add a tenant to the registry, or replace its row (and enable it)",
 		Long: `Add a tenant database to the registry table, or replace the row of a tenant of that name. The
 tenant's database is --url (a PostgreSQL URL) or --secret-arn (an RDS Secrets Manager secret,
@@ -279,8 +283,12 @@ read by the relay; --server then names its PostgreSQL server, whose connection b
 tenants on it share). --weight (1 to 100, default 1) is the tenant's share of its server.
 
 Migrate the new tenant's database before or right after adding it: sluice migrate --fleet
---from NAME.`,
-		Example: `  sluice fleet add acme --url postgres://sluice@db-1/acme
+--from NAME.
+
+It first prints what it would add, or replace (the row's database before and after); --dry-run
+stops there. On a terminal it asks for confirmation; --yes confirms for scripts; without a
+terminal and without --yes it refuses.`,
+		Example: `  sluice fleet add acme --url postgres://sluice@db-1/acme --yes
   sluice fleet add globex --secret-arn arn:aws:secretsmanager:eu-west-1:123456789012:secret:globex --server db-2 --weight 2`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -289,13 +297,38 @@ Migrate the new tenant's database before or right after adding it: sluice migrat
 			if (add.DatabaseURL == "") == (add.SecretARN == "") {
 				return usagef("pass exactly one of --url and --secret-arn")
 			}
+			// What AddTenant would refuse is said before the plan, not after a confirmation.
+			if err := fleet.CheckName(add.Name); err != nil {
+				return err
+			}
+			if add.Weight != 0 && (add.Weight < 1 || add.Weight > fleet.MaxWeight) {
+				return fmt.Errorf("tenant %s: weight %d is outside 1 to %d", add.Name, add.Weight, fleet.MaxWeight)
+			}
 			pool, err := a.registryDB(ctx, src)
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
+			old, found, err := registryRow(ctx, pool, add.Name)
+			if err != nil {
+				return err
+			}
+			plan := map[string]any{"tenant": add.Name, "database": tenantDatabase(add), "replaces": found}
+			text := fmt.Sprintf("add tenant %s (%s)", add.Name, tenantDatabase(add))
+			if found {
+				plan["was"] = tenantDatabase(old)
+				text = fmt.Sprintf("replace tenant %s: %s, was %s", add.Name, tenantDatabase(add), tenantDatabase(old))
+			}
+			a.printPlan(addGuard, "fleet add", plan, func(w io.Writer) { fmt.Fprintln(w, "Would "+text) })
+			if err := a.proceedOrStop(addGuard, "Go on?", "change the fleet registry"); err != nil {
+				return ignoreDryRun(err)
+			}
 			if err := fleet.AddTenant(ctx, pool, add); err != nil {
 				return registryError(err)
+			}
+			if addGuard.json {
+				emitJSON(a.io.Out, map[string]any{"event": "result", "op": "fleet add", "tenant": add.Name, "replaced": found})
+				return nil
 			}
 			fmt.Fprintf(a.io.Out, "added tenant %s (%s)\n", add.Name, tenantDatabase(add))
 			return nil
@@ -305,15 +338,21 @@ Migrate the new tenant's database before or right after adding it: sluice migrat
 	addCmd.Flags().StringVar(&add.SecretARN, "secret-arn", "", "the `ARN` of the tenant database's RDS Secrets Manager secret")
 	addCmd.Flags().StringVar(&add.Server, "server", "", "the `NAME` of the tenant's PostgreSQL server (default the URL's host:port; required with --secret-arn)")
 	addCmd.Flags().IntVar(&add.Weight, "weight", 0, fmt.Sprintf("the tenant's share of its server, `N` from 1 to %d (default 1)", fleet.MaxWeight))
+	addGuard.flags(addCmd, "be added or replaced")
 
+	var removeGuard guard
 	removeCmd := &cobra.Command{
-		Use:   "remove NAME",
+		Use:   "remove NAME [--dry-run] [--yes]",
 		Short: "Remove a tenant's row from the registry (its database is left alone)",
 		Long: `Remove a tenant's row from the registry table: the relay stops serving it within its registry
 refresh. The tenant's database and its rows are left alone; rows it has not published stay
-pending until the tenant is added again.`,
-		Example: `  sluice fleet remove acme`,
-		Args:    cobra.ExactArgs(1),
+pending until the tenant is added again.
+
+It first prints the row it would remove; --dry-run stops there. On a terminal it asks for
+confirmation; --yes confirms for scripts; without a terminal and without --yes it refuses.`,
+		Example: `  sluice fleet remove acme --dry-run
+  sluice fleet remove acme --yes`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
 			pool, err := a.registryDB(ctx, src)
@@ -321,17 +360,34 @@ pending until the tenant is added again.`,
 				return err
 			}
 			defer pool.Close()
-			found, err := fleet.RemoveTenant(ctx, pool, args[0])
+			old, found, err := registryRow(ctx, pool, args[0])
 			if err != nil {
+				return err
+			}
+			if !found {
+				return fmt.Errorf("no tenant %s in the fleet registry: nothing removed (see sluice fleet list)", args[0])
+			}
+			a.printPlan(removeGuard, "fleet remove", map[string]any{"tenant": old.Name, "database": tenantDatabase(old)}, func(w io.Writer) {
+				fmt.Fprintf(w, "Would remove tenant %s (%s) from the fleet registry\n", old.Name, tenantDatabase(old))
+			})
+			if err := a.proceedOrStop(removeGuard, "Remove this tenant?", "remove the tenant"); err != nil {
+				return ignoreDryRun(err)
+			}
+			if found, err = fleet.RemoveTenant(ctx, pool, args[0]); err != nil {
 				return registryError(err)
 			}
 			if !found {
 				return fmt.Errorf("no tenant %s in the fleet registry: nothing removed (see sluice fleet list)", args[0])
 			}
+			if removeGuard.json {
+				emitJSON(a.io.Out, map[string]any{"event": "result", "op": "fleet remove", "tenant": args[0], "removed": true})
+				return nil
+			}
 			fmt.Fprintf(a.io.Out, "removed tenant %s\n", args[0])
 			return nil
 		},
 	}
+	removeGuard.flags(removeCmd, "be removed")
 
 	var asJSON bool
 	listCmd := &cobra.Command{
@@ -386,10 +442,26 @@ SLUICE_FLEET_TENANTS.`,
 	listCmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
 
 	cmd.AddCommand(initCmd, addCmd, removeCmd, listCmd)
+	readsOnly(cmd, listCmd)
+	unguarded(initCmd, "creates the registry table when it does not exist, and changes no row")
 	return cmd
 }
 
 // tenantDatabase is where a tenant's database is, without its password.
+// registryRow reads name's row of the registry table, enabled or not.
+func registryRow(ctx context.Context, db *pgxpool.Pool, name string) (fleet.Tenant, bool, error) {
+	t := fleet.Tenant{Name: name}
+	err := db.QueryRow(ctx, `SELECT coalesce(database_url, ''), coalesce(secret_arn, ''), coalesce(server, ''), weight
+		FROM `+fleet.RegistryTable+` WHERE name = $1`, name).Scan(&t.DatabaseURL, &t.SecretARN, &t.Server, &t.Weight)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return t, false, nil
+	}
+	if err != nil {
+		return t, false, registryError(fmt.Errorf("read tenant %s: %w", name, err))
+	}
+	return t, true, nil
+}
+
 func tenantDatabase(t fleet.Tenant) string {
 	if t.DatabaseURL != "" {
 		return redact(t.DatabaseURL)

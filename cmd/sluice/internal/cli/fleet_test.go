@@ -247,8 +247,8 @@ func TestFleetRegistryAddListRemove(t *testing.T) {
 	b.env["SLUICE_FLEET_REGISTRY_URL"] = control // the flag's fallback, as the Lambdas read it
 	require.Contains(t, b.ok(t, "fleet", "init"), "sluice_fleet_tenant is ready")
 	require.Contains(t, b.ok(t, "fleet", "init"), "is ready", "init is idempotent")
-	require.Contains(t, b.ok(t, "fleet", "add", "acme", "--url", tenant.url), "added tenant acme")
-	b.ok(t, "fleet", "add", "globex", "--secret-arn", "arn:aws:secretsmanager:eu-west-1:123456789012:secret:globex", "--server", "db-2", "--weight", "3")
+	require.Contains(t, b.ok(t, "fleet", "add", "acme", "--url", tenant.url, "--yes"), "added tenant acme")
+	b.ok(t, "fleet", "add", "globex", "--secret-arn", "arn:aws:secretsmanager:eu-west-1:123456789012:secret:globex", "--server", "db-2", "--weight", "3", "--yes")
 	requireOneLineError(t, b.run(t, "fleet", "add", "Bad Name", "--url", tenant.url), cli.ExitError, "tenant name")
 	requireOneLineError(t, b.run(t, "fleet", "add", "heavy", "--url", tenant.url, "--weight", "101"), cli.ExitError, "weight 101")
 
@@ -278,8 +278,8 @@ func TestFleetRegistryAddListRemove(t *testing.T) {
 	require.Regexp(t, `(?m)^initech\s`, r.out)
 	require.Contains(t, r.out, "3 tenants")
 
-	require.Contains(t, b.ok(t, "fleet", "remove", "globex"), "removed tenant globex")
-	requireOneLineError(t, b.run(t, "fleet", "remove", "globex"), cli.ExitError, "no tenant globex in the fleet registry")
+	require.Contains(t, b.ok(t, "fleet", "remove", "globex", "--yes"), "removed tenant globex")
+	requireOneLineError(t, b.run(t, "fleet", "remove", "globex", "--yes"), cli.ExitError, "no tenant globex in the fleet registry")
 	out = b.ok(t, "fleet", "list")
 	require.NotContains(t, out, "globex")
 	require.Contains(t, out, "1 tenants")

@@ -12,14 +12,50 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// guard is what every destructive command (purge, partition maintain --older-than, redrive)
-// goes through before it changes anything: it prints the plan, stops there with --dry-run,
+// guard is what every command that changes data goes through before it changes anything
+// (purge, partition maintain --older-than, partition convert, redrive, replay, dead retry,
+// migrate down, fleet add and fleet remove): it prints the plan, stops there with --dry-run,
 // asks on a terminal, proceeds with --yes, and refuses on a non-terminal without --yes.
+//
+// Every command of the tree says what it changes with [changesAnnotation]: guard.flags marks
+// it guarded, readsOnly and unguarded mark the others, and a test walks the tree and fails on a
+// command that says nothing, or on an unguarded one it was not told about.
 type guard struct {
 	dryRun, yes, json bool
 }
 
+// changesAnnotation is the key of the cobra annotation that says what a command changes:
+// changesGuarded, changesNothing, or changesUnguarded followed by the reason.
+const changesAnnotation = "sluice.changes"
+
+const (
+	changesGuarded   = "guarded"
+	changesNothing   = "nothing"
+	changesUnguarded = "unguarded: "
+)
+
+func annotate(cmd *cobra.Command, value string) {
+	if cmd.Annotations == nil {
+		cmd.Annotations = map[string]string{}
+	}
+	cmd.Annotations[changesAnnotation] = value
+}
+
+// readsOnly marks commands that change nothing (they read, or print help).
+func readsOnly(cmds ...*cobra.Command) {
+	for _, c := range cmds {
+		annotate(c, changesNothing)
+	}
+}
+
+// unguarded marks a command that changes data without the guard, saying why that is safe
+// (it only adds what is missing, or does the service's own work).
+func unguarded(cmd *cobra.Command, why string) {
+	annotate(cmd, changesUnguarded+why)
+}
+
 func (g *guard) flags(cmd *cobra.Command, what string) {
+	annotate(cmd, changesGuarded)
 	fl := cmd.Flags()
 	fl.BoolVar(&g.dryRun, "dry-run", false, "print exactly what would "+what+", and change nothing")
 	fl.BoolVarP(&g.yes, "yes", "y", false, "do not ask for confirmation (scripts; without a terminal on stdin it is required)")
@@ -56,6 +92,37 @@ func (a *app) proceed(g guard, question, action string) (bool, error) {
 		return true, nil
 	}
 	return false, fmt.Errorf("refusing to %s (%w): nothing was changed", action, ErrNotConfirmed)
+}
+
+// proceedOrStop is proceed for a Confirm callback: nil to go on, errDryRun on a dry run (the
+// command then ends without an error), or the refusal.
+func (a *app) proceedOrStop(g guard, question, action string) error {
+	ok, err := a.proceed(g, question, action)
+	if err == nil && !ok {
+		return errDryRun
+	}
+	return err
+}
+
+// ignoreDryRun ends a command without an error after a dry run's plan.
+func ignoreDryRun(err error) error {
+	if errors.Is(err, errDryRun) {
+		return nil
+	}
+	return err
+}
+
+// printPlan prints a guarded command's plan: one JSON line {"event":"plan"} with --json, else
+// text, after "Dry run: nothing is changed." on a dry run.
+func (a *app) printPlan(g guard, op string, plan any, text func(io.Writer)) {
+	if g.json {
+		emitJSON(a.io.Out, map[string]any{"event": "plan", "op": op, "dry_run": g.dryRun, "plan": plan})
+		return
+	}
+	if g.dryRun {
+		fmt.Fprintln(a.io.Out, "Dry run: nothing is changed.")
+	}
+	text(a.io.Out)
 }
 
 // emitJSON writes v as one JSON line.

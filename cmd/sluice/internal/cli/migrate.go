@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"io"
 	"text/tabwriter"
 
 	"github.com/jackc/pgx/v5"
@@ -36,16 +37,18 @@ safe to run while Lambdas migrate too.` + fleetMigrateHelp,
 	}
 	fleetFlags.register(up.Flags())
 	var (
-		to  int
-		yes bool
+		to int
+		g  guard
 	)
 	down := &cobra.Command{
 		Use:   "down",
 		Short: "Roll back migrations (one step, or to --to N); drops tables and their rows",
 		Long: `Roll back schema migrations: one step by default, or down to version --to (0 removes every
-sluice table). Rolling back drops tables with their rows, so it asks for confirmation unless --yes;
-without a terminal and without --yes it refuses.`,
+sluice table). Rolling back drops tables with their rows, so it first prints the versions it would roll back
+across; --dry-run stops there. On a terminal it asks for confirmation; --yes confirms for
+scripts; without a terminal and without --yes it refuses.`,
 		Example: `  sluice migrate down            # one step, asks first
+  sluice migrate down --to 0 --dry-run
   sluice migrate down --to 0 --yes`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -57,16 +60,20 @@ without a terminal and without --yes it refuses.`,
 				v := int32(to)
 				opts.To = &v
 			}
-			if !yes {
-				opts.Confirm = func(from, to int32) error {
-					return a.confirm(cmd, fmt.Sprintf("Roll back from version %d to %d, dropping tables and their rows?", from, to),
-						"refusing to roll back")
-				}
+			opts.Confirm = func(from, to int32) error {
+				a.printPlan(g, "migrate down", map[string]any{"from": from, "to": to}, func(w io.Writer) {
+					fmt.Fprintf(w, "Would roll back from version %d to %d, dropping tables and their rows\n", from, to)
+				})
+				return a.proceedOrStop(g, fmt.Sprintf("Roll back from version %d to %d, dropping tables and their rows?", from, to), "roll back")
 			}
 			return a.withConn(cmd.Context(), func(ctx context.Context, conn *pgx.Conn) error {
 				res, err := MigrateDown(ctx, conn, opts)
 				if err != nil {
-					return err
+					return ignoreDryRun(err)
+				}
+				if g.json {
+					emitJSON(a.io.Out, map[string]any{"event": "result", "op": "migrate down", "from": res.From, "to": res.To})
+					return nil
 				}
 				if res.From == res.To {
 					fmt.Fprintf(a.io.Out, "nothing to roll back: the database is at version %d\n", res.From)
@@ -78,7 +85,7 @@ without a terminal and without --yes it refuses.`,
 		},
 	}
 	down.Flags().IntVar(&to, "to", 0, "version to roll back to (default: one step down)")
-	down.Flags().BoolVarP(&yes, "yes", "y", false, "do not ask for confirmation")
+	g.flags(down, "be rolled back")
 	status := &cobra.Command{
 		Use:     "status",
 		Short:   "Show the database's schema version and the embedded migrations",
@@ -105,6 +112,10 @@ without a terminal and without --yes it refuses.`,
 		},
 	}
 	cmd.AddCommand(up, down, status)
+	const why = "applies the embedded migrations the database lacks: it adds tables, columns and indexes and removes no row; the Lambdas run it at every cold start (--fleet --dry-run shows what it would apply)"
+	unguarded(cmd, why)
+	unguarded(up, why)
+	readsOnly(status)
 	return cmd
 }
 

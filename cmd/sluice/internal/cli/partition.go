@@ -45,6 +45,7 @@ created go to a default partition, which is purged row by row.`,
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	cmd.AddCommand(a.partitionStatusCommand(), a.partitionConvertCommand(), a.partitionMaintainCommand())
+	readsOnly(cmd)
 	return cmd
 }
 
@@ -104,6 +105,7 @@ func (a *app) partitionStatusCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	readsOnly(cmd)
 	return cmd
 }
 
@@ -154,6 +156,9 @@ type PartitionConvertOptions struct {
 	Size     int64
 	// Yes converts; without it ConvertPartitioned only plans and returns ErrNotConfirmed.
 	Yes bool
+	// Confirm, when set, is given the plan before anything changes (with Yes); an error stops
+	// it, nothing changed.
+	Confirm func(PartitionConvertResult) error
 	// Progress receives each completed step (nil for none).
 	Progress func(step string)
 }
@@ -208,27 +213,36 @@ func ConvertPartitioned(ctx context.Context, db DB, opts PartitionConvertOptions
 	if !opts.Yes {
 		return res, fmt.Errorf("refusing to convert %s without --yes (%w): nothing was changed", t, ErrNotConfirmed)
 	}
+	if opts.Confirm != nil {
+		if err := opts.Confirm(res); err != nil {
+			return res, err
+		}
+	}
 	_, err = partition.Convert(ctx, db, t, o, opts.Progress)
 	res.Converted = err == nil
 	return res, err
 }
 
 func (a *app) partitionConvertCommand() *cobra.Command {
-	var opts PartitionConvertOptions
+	var (
+		opts PartitionConvertOptions
+		g    guard
+	)
 	cmd := &cobra.Command{
-		Use:   "convert outbox|inbox [--interval D] [--ahead N] [--size N] --yes",
+		Use:   "convert outbox|inbox [--interval D] [--ahead N] [--size N] [--dry-run] [--yes]",
 		Short: "Convert outbox_event or inbox_event to a partitioned table, without copying a row",
 		Long: `Convert outbox_event (partitioned by RANGE (id)) or inbox_event (by RANGE (received_at)) to a
 partitioned table. No row is copied, moved or deleted: the plain table becomes the first partition of
 a new partitioned table of the same name, with the same columns, constraints, identity, indexes,
 grants, row-level security policies and owner; partitions are created ahead of it.
 
-It prints the plan first and refuses without --yes. Producers, relays and consumers keep running: the
+It prints the plan first; --dry-run stops there. On a terminal it asks for confirmation; --yes
+confirms for scripts; without a terminal and without --yes it refuses. Producers, relays and consumers keep running: the
 table is validated and indexed while writers continue, then switched in a transaction that holds an
 ACCESS EXCLUSIVE lock for milliseconds. Upgrade every consumer to this version before converting the
 inbox (older ones fail every record until upgraded). An interrupted conversion is finished by running
 it again. There is no automatic way back to a plain table.`,
-		Example: `  sluice partition convert outbox
+		Example: `  sluice partition convert outbox --dry-run
   sluice partition convert outbox --yes
   sluice partition convert inbox --interval 7d --yes`,
 		Args: cobra.ExactArgs(1),
@@ -242,25 +256,38 @@ it again. There is no automatic way back to a plain table.`,
 			if err != nil {
 				return err
 			}
-			opts.Progress = func(s string) { fmt.Fprintln(a.io.Out, "done: "+s) }
-			res, err := ConvertPartitioned(ctx, pool, opts)
-			if len(res.Steps) > 0 && !res.Converted {
-				fmt.Fprintf(a.io.Out, "Converting %s to a partitioned table:\n", res.Table)
-				for i, s := range res.Steps {
-					fmt.Fprintf(a.io.Out, "  %d. %s\n", i+1, s)
+			opts.Progress = func(s string) {
+				if g.json {
+					emitJSON(a.io.Out, map[string]any{"event": "progress", "op": "partition convert", "done": s})
+					return
 				}
-				for _, n := range res.Notes {
-					fmt.Fprintln(a.io.Out, "  note: "+n)
-				}
+				fmt.Fprintln(a.io.Out, "done: "+s)
 			}
-			return err
+			opts.Yes = true // the guard asks: Confirm
+			opts.Confirm = func(plan PartitionConvertResult) error {
+				a.printPlan(g, "partition convert", plan, func(w io.Writer) {
+					fmt.Fprintf(w, "Converting %s to a partitioned table:\n", plan.Table)
+					for i, s := range plan.Steps {
+						fmt.Fprintf(w, "  %d. %s\n", i+1, s)
+					}
+					for _, n := range plan.Notes {
+						fmt.Fprintln(w, "  note: "+n)
+					}
+				})
+				return a.proceedOrStop(g, "Convert "+plan.Table+"?", "convert "+plan.Table)
+			}
+			res, err := ConvertPartitioned(ctx, pool, opts)
+			if g.json && err == nil {
+				emitJSON(a.io.Out, map[string]any{"event": "result", "op": "partition convert", "table": res.Table, "converted": res.Converted})
+			}
+			return ignoreDryRun(err)
 		},
 	}
 	fl := cmd.Flags()
 	fl.Var(&durationValue{d: &opts.Interval}, "interval", fmt.Sprintf("time one partition covers (inbox) or fills in at the observed rate (outbox) (default %s)", FormatDuration(partition.DefaultInterval)))
 	fl.IntVar(&opts.Ahead, "ahead", 0, fmt.Sprintf("empty partitions to keep ready (default %d)", partition.DefaultAhead))
 	fl.Int64Var(&opts.Size, "size", 0, "ids per outbox partition instead of a size from the observed rate")
-	fl.BoolVarP(&opts.Yes, "yes", "y", false, "convert (without it, only print the plan)")
+	g.flags(cmd, "be done")
 	return cmd
 }
 
@@ -269,10 +296,10 @@ type PartitionMaintainOptions struct {
 	// OlderThan, when positive, drops partitions whose rows were all published (outbox) or
 	// processed (inbox) longer ago. Defaults to 0: only create partitions ahead.
 	OlderThan time.Duration
-	// Queues are SQS queue URLs of inbox consumers: dropping inbox partitions is refused when
-	// OlderThan is not longer than one's retention (or its DLQ's; without Queues, SQS's 14-day
-	// maximum), as in Purge.
-	Queues []string
+	// InboxSources name the inbox consumers' queues, streams and topics: dropping inbox
+	// partitions is refused when OlderThan is not longer than the longest retention among them
+	// (without any, SQS's 14-day maximum), as in Purge.
+	InboxSources
 	// AllowDuplicateApplies drops inbox partitions even then. Defaults to false: ErrGuarantee.
 	AllowDuplicateApplies bool
 	// OutboxOnly and InboxOnly maintain one table only; at most one may be set.
@@ -314,6 +341,17 @@ type PartitionMaintainResult struct {
 }
 
 // of returns the report field of table t.
+// partitioned reports whether any table maintained is partitioned (on a plain one
+// maintenance does nothing).
+func (r *PartitionMaintainResult) partitioned() bool {
+	for _, t := range partition.Tables() {
+		if rep := *r.of(t); rep != nil && rep.Partitioned {
+			return true
+		}
+	}
+	return false
+}
+
 func (r *PartitionMaintainResult) of(t *partition.Table) **partition.Report {
 	if t == partition.Inbox {
 		return &r.Inbox
@@ -332,7 +370,7 @@ func MaintainPartitions(ctx context.Context, db DB, c SQSAPI, opts PartitionMain
 	doInbox, doOutbox := !opts.OutboxOnly, !opts.InboxOnly
 	if doInbox && opts.OlderThan > 0 {
 		var err error
-		if _, _, res.Warning, err = checkInboxRetention(ctx, c, opts.OlderThan, opts.Queues, opts.AllowDuplicateApplies, "drop inbox partitions"); err != nil {
+		if _, _, res.Warning, err = checkInboxRetention(ctx, c, opts.InboxSources, opts.OlderThan, opts.AllowDuplicateApplies, "drop inbox partitions"); err != nil {
 			return res, err
 		}
 	}
@@ -364,6 +402,9 @@ func MaintainPartitions(ctx context.Context, db DB, c SQSAPI, opts PartitionMain
 		plan, err := run(true)
 		if err != nil || opts.Confirm == nil && opts.DryRun {
 			return plan, err
+		}
+		if !opts.DryRun && !plan.partitioned() {
+			return plan, nil // plain tables: nothing to create or drop, nothing to confirm
 		}
 		if opts.Confirm != nil {
 			if err := opts.Confirm(plan); err != nil {
@@ -408,11 +449,15 @@ maximum) unless --allow-duplicate-applies accepts that risk. Ctrl-C stops betwee
 				return err
 			}
 			var c SQSAPI
-			if len(opts.Queues) > 0 && !opts.OutboxOnly && opts.OlderThan > 0 {
-				var err error
-				if c, err = a.sqsClient(ctx); err != nil {
+			if !opts.OutboxOnly && opts.OlderThan > 0 {
+				var (
+					closeSources func()
+					err          error
+				)
+				if c, closeSources, err = a.connectSources(ctx, &opts.InboxSources); err != nil {
 					return err
 				}
+				defer closeSources()
 			}
 			pool, err := a.db(ctx)
 			if err != nil {
@@ -452,7 +497,7 @@ maximum) unless --allow-duplicate-applies accepts that risk. Ctrl-C stops betwee
 	}
 	fl := cmd.Flags()
 	fl.Var(&durationValue{d: &opts.OlderThan}, "older-than", "retention: drop partitions whose rows were all published/processed longer ago (e.g. 30d)")
-	fl.StringArrayVar(&opts.Queues, "queue", nil, "SQS queue URL of an inbox consumer; refuse if its (or its DLQ's) retention is not shorter than --older-than (repeatable)")
+	opts.InboxSources.flags(fl)
 	fl.BoolVar(&opts.OutboxOnly, "outbox-only", false, "maintain only the outbox")
 	fl.BoolVar(&opts.InboxOnly, "inbox-only", false, "maintain only the inbox")
 	fl.Var(&durationValue{d: &opts.Interval}, "interval", fmt.Sprintf("time one new partition covers (inbox) or fills in at the observed rate (outbox) (default %s)", FormatDuration(partition.DefaultInterval)))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,7 +26,7 @@ func TestPartitionConvertPrintsThePlanAndRefusesWithoutYes(t *testing.T) {
 
 	r := b.run(t, "partition", "convert", "outbox")
 	require.Equal(t, cli.ExitError, r.code)
-	require.Contains(t, r.err, "refusing to convert outbox_event without --yes")
+	require.Contains(t, r.err, "refusing to convert outbox_event (not confirmed): stdin is not a terminal; pass --yes")
 	require.Contains(t, r.out, "Converting outbox_event to a partitioned table:")
 	require.Contains(t, r.out, "1. add CHECK (id < ")
 	require.Contains(t, r.out, "note: unique index outbox_event_event_id_key stays on outbox_event_p0 only")
@@ -97,4 +98,26 @@ func TestPartitionMaintainAndPurgeDropExpiredPartitions(t *testing.T) {
 	var left int
 	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox_event`).Scan(&left))
 	require.Equal(t, 1, left, "only the unpublished row is left")
+}
+
+// On plain tables maintenance has nothing to do: with --older-than, and without a terminal or
+// --yes (a cron job), it says so once and succeeds.
+func TestPartitionMaintainOnPlainTablesSaysNothingToDoOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.insertOutbox(t, outboxRow{age: 40 * 24 * time.Hour, publishedAgo: ago(40 * 24 * time.Hour)})
+	before := b.fingerprint(t)
+	for _, args := range [][]string{
+		{"partition", "maintain", "--older-than", "30d"},
+		{"partition", "maintain", "--older-than", "30d", "--yes"},
+	} {
+		r := b.run(t, args...)
+		require.Equal(t, cli.ExitOK, r.code, "%v: %s", args, r.err)
+		require.Equal(t, 1, strings.Count(r.out, "outbox_event: plain table, nothing to do"), "%v: %s", args, r.out)
+		require.Equal(t, 1, strings.Count(r.out, "inbox_event: plain table, nothing to do"), "%v: %s", args, r.out)
+	}
+	lines := jsonLines(t, b.ok(t, "partition", "maintain", "--older-than", "30d", "--json"))
+	require.Len(t, lines, 1, "one result line, no plan awaiting a confirmation: %v", lines)
+	require.Equal(t, "result", lines[0]["event"])
+	require.Equal(t, before, b.fingerprint(t))
 }

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
+	"github.com/sluicehq/sluice/internal/admin"
 	"github.com/sluicehq/sluice/pkg/inbox"
 	"github.com/sluicehq/sluice/pkg/outbox"
 	"github.com/sluicehq/sluice/pkg/partition"
@@ -60,11 +62,15 @@ Durations: Go durations plus a day suffix (36h, 7d, 30d).`,
 				return err
 			}
 			var c SQSAPI
-			if len(opts.Queues) > 0 && !opts.OutboxOnly {
-				var err error
-				if c, err = a.sqsClient(ctx); err != nil {
+			if !opts.OutboxOnly {
+				var (
+					closeSources func()
+					err          error
+				)
+				if c, closeSources, err = a.connectSources(ctx, &opts.InboxSources); err != nil {
 					return err
 				}
+				defer closeSources()
 			}
 			pool, err := a.db(ctx)
 			if err != nil {
@@ -117,7 +123,7 @@ Durations: Go durations plus a day suffix (36h, 7d, 30d).`,
 	}
 	fl := cmd.Flags()
 	fl.Var(&durationValue{d: &opts.OlderThan}, "older-than", "retention: delete rows published/processed longer ago than this (required; e.g. 30d)")
-	fl.StringArrayVar(&opts.Queues, "queue", nil, "SQS queue URL of an inbox consumer; refuse if its (or its DLQ's) retention is not shorter than --older-than (repeatable)")
+	opts.InboxSources.flags(fl)
 	fl.StringVar(&opts.Consumer, "consumer", "", "purge only this inbox consumer's rows")
 	fl.IntVar(&opts.BatchSize, "batch-size", 0, fmt.Sprintf("most rows per DELETE statement (default %d)", outbox.DefaultPurgeBatchSize))
 	fl.BoolVar(&opts.OutboxOnly, "outbox-only", false, "purge only the outbox")
@@ -196,11 +202,11 @@ func printList(w io.Writer, items []string) {
 type PurgeOptions struct {
 	// OlderThan is the retention: rows published or processed longer ago are deleted. Required.
 	OlderThan time.Duration
-	// Queues are SQS queue URLs of inbox consumers: Purge refuses when OlderThan is not longer
-	// than one's message retention (or its DLQ's), since a message redelivered after its inbox
-	// row is gone would be applied twice. Defaults to none: then the bound is SQS's 14-day
-	// maximum retention.
-	Queues []string
+	// InboxSources name the inbox consumers' queues, streams and topics: Purge refuses when
+	// OlderThan is not longer than the longest retention among them, since a message
+	// delivered again after its inbox row is gone would be applied twice. Defaults to none:
+	// then the bound is SQS's 14-day maximum retention.
+	InboxSources
 	// AllowDuplicateApplies purges inbox rows even when OlderThan is not above that bound.
 	// Defaults to false: refused with ErrGuarantee.
 	AllowDuplicateApplies bool
@@ -242,8 +248,22 @@ type PurgePlan struct {
 	Inbox  *InboxPurgePlan  `json:"inbox,omitempty"`
 	// RetentionBound is the longest retention a message can come back from (0 without an inbox
 	// purge), named by RetentionFrom.
-	RetentionBound time.Duration `json:"retention_bound_seconds,omitempty"`
+	RetentionBound time.Duration `json:"-"`
 	RetentionFrom  string        `json:"retention_from,omitempty"`
+}
+
+// MarshalJSON writes RetentionBound as retention_bound_seconds, a number of seconds (-1 for a
+// source that keeps its messages without a time limit).
+func (p PurgePlan) MarshalJSON() ([]byte, error) {
+	type plain PurgePlan
+	v := struct {
+		plain
+		RetentionBoundSeconds float64 `json:"retention_bound_seconds,omitempty"`
+	}{plain: plain(p), RetentionBoundSeconds: p.RetentionBound.Seconds()}
+	if p.RetentionBound == admin.Forever {
+		v.RetentionBoundSeconds = -1
+	}
+	return json.Marshal(v)
 }
 
 // OutboxPurgePlan is the outbox part of a PurgePlan. On a plain table, Rows published rows in
@@ -298,7 +318,7 @@ func Purge(ctx context.Context, db DB, c SQSAPI, opts PurgeOptions) (PurgeResult
 	doInbox, doOutbox := !opts.OutboxOnly, !opts.InboxOnly
 	if doInbox {
 		var err error
-		res.Plan.RetentionBound, res.Plan.RetentionFrom, res.Warning, err = checkInboxRetention(ctx, c, opts.OlderThan, opts.Queues, opts.AllowDuplicateApplies, "purge")
+		res.Plan.RetentionBound, res.Plan.RetentionFrom, res.Warning, err = checkInboxRetention(ctx, c, opts.InboxSources, opts.OlderThan, opts.AllowDuplicateApplies, "purge")
 		if err != nil {
 			return res, err
 		}
@@ -444,34 +464,9 @@ func planInboxPurge(ctx context.Context, db DB, cutoff time.Time, opts PurgeOpti
 	return p, nil
 }
 
-// checkInboxRetention refuses (ErrGuarantee) to remove inbox rows younger than the longest
-// retention a message can come back from: that of queues and their DLQs (c is then required),
-// or SQS's 14-day maximum without queues. allow accepts the risk: it returns a warning instead.
-func checkInboxRetention(ctx context.Context, c SQSAPI, olderThan time.Duration, queues []string, allow bool, verb string) (bound time.Duration, from, warning string, err error) {
-	bound, from = sqsMaxRetention, "SQS's 14-day maximum retention; name the consumer's queues with --queue to check theirs"
-	if len(queues) > 0 {
-		if c == nil {
-			return 0, "", "", errors.New("cli: an SQS client is needed to check the queues' retention")
-		}
-		if bound, from, err = longestRetention(ctx, c, queues); err != nil {
-			return 0, "", "", err
-		}
-	}
-	if olderThan > bound {
-		return bound, from, "", nil
-	}
-	msg := fmt.Sprintf("--older-than %s is not longer than the message retention of %s (%s): a message redelivered or redriven after its inbox row is gone would be applied twice",
-		FormatDuration(olderThan), from, FormatDuration(bound))
-	if !allow {
-		return bound, from, "", guaranteeError{"refusing to " + verb + ": " + msg + ". Use --older-than above " + FormatDuration(bound) +
-			", --outbox-only, or --allow-duplicate-applies to accept it. Nothing was changed"}
-	}
-	return bound, from, msg + " (--allow-duplicate-applies)", nil
-}
-
-// longestRetention returns the longest message retention among queues and their DLQs, and
+// queuesRetention returns the longest message retention among queues and their DLQs, and
 // which queue has it.
-func longestRetention(ctx context.Context, c SQSAPI, queues []string) (time.Duration, string, error) {
+func queuesRetention(ctx context.Context, c SQSAPI, queues []string) (time.Duration, string, error) {
 	var longest time.Duration
 	var from string
 	for _, u := range queues {

@@ -92,6 +92,7 @@ partition key is one relay round's at a time (an advisory lock per key).`,
 				s.Doc, s.Format(s.Min), s.Format(s.Max), s.Env, s.Format(s.Default)))
 		}
 	}
+	unguarded(cmd, "publishes the outbox's pending rows, the work the relay Lambda does all the time; it deletes and rewinds nothing")
 	return cmd
 }
 

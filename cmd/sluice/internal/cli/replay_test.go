@@ -3,7 +3,9 @@ package cli_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -14,8 +16,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/cmd/sluice/internal/cli"
 	"github.com/sluicehq/sluice/internal/localaws"
 	"github.com/sluicehq/sluice/pkg/inbox"
+	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
 // topicWithRawQueue creates an SNS topic and an SQS queue subscribed with raw delivery.
@@ -86,7 +90,7 @@ func TestRelayAndReplay(t *testing.T) {
 	// Without a terminal and without --yes, replay refuses and changes nothing.
 	before := b.fingerprint(t)
 	r := b.run(t, "replay", "--since", "-1h", "--aggregate-id", "o-1")
-	requireOneLineError(t, r, 1, "refusing to replay 1 events")
+	requireOneLineError(t, r, 1, "refusing to replay 1 events (not confirmed)")
 	require.Equal(t, before, b.fingerprint(t))
 	require.Contains(t, b.ok(t, "replay", "--since", "-1h", "--aggregate-id", "o-1", "--dry-run"), "1 published events match")
 	require.Equal(t, before, b.fingerprint(t), "--dry-run changes nothing")
@@ -110,4 +114,50 @@ func TestRelayAndReplay(t *testing.T) {
 	require.Equal(t, 1, fresh.Process(ctx, sqsEvent(again)).Count(inbox.Duplicate), "once")
 	require.Equal(t, 2, b.count(t, "SELECT count(*) FROM effect WHERE consumer = 'billing'"))
 	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM effect WHERE consumer = 'rebuilt'"))
+}
+
+// Replay marks its rows in bounded batches, shows its progress, and reports exactly the rows it
+// marked: not a row created after its plan, not a row that was already pending again.
+func TestReplayMarksInBatchesExactlyWhatItReports(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	const rows = 25
+	var ids []int64
+	for i := range rows {
+		id, _ := b.insertOutbox(t, outboxRow{aggID: fmt.Sprintf("o-%d", i%5), age: time.Hour, publishedAgo: ago(time.Hour)})
+		ids = append(ids, id)
+	}
+
+	lines := jsonLines(t, b.ok(t, "replay", "--since", "-2h", "--batch-size", "4", "--yes", "--json"))
+	plan := lineOf(t, lines, "plan")["plan"].(map[string]any)
+	require.EqualValues(t, rows, plan["rows"])
+	require.EqualValues(t, ids[0], plan["first_id"])
+	require.EqualValues(t, ids[rows-1], plan["last_id"])
+	progress := 0
+	for _, l := range lines {
+		if l["event"] == "progress" {
+			progress++
+		}
+	}
+	require.GreaterOrEqual(t, progress, 2, "a line per batch of 4 ids: %v", lines)
+	require.EqualValues(t, rows, lineOf(t, lines, "result")["marked"])
+	require.Equal(t, rows, b.count(t, "SELECT count(*) FROM outbox_event WHERE published_at IS NULL"))
+
+	// Published again; then, between the plan and the run, a matching row is created and a
+	// counted one becomes pending (another replay, say): neither is counted as marked.
+	_, err := b.pool.Exec(ctx, `UPDATE outbox_event SET published_at = now()`)
+	require.NoError(t, err)
+	var late int64
+	res, err := cli.Replay(ctx, b.pool, cli.ReplayOptions{Filter: outbox.ReplayFilter{Since: time.Now().Add(-2 * time.Hour), Until: time.Now()}, BatchSize: 3,
+		Confirm: func(p outbox.ReplayPlan) error {
+			late, _ = b.insertOutbox(t, outboxRow{aggID: "o-late", age: time.Minute, publishedAgo: ago(time.Minute)})
+			_, err := b.pool.Exec(ctx, `UPDATE outbox_event SET published_at = NULL WHERE id = $1`, ids[7])
+			return err
+		}})
+	require.NoError(t, err)
+	require.EqualValues(t, rows, res.Plan.Rows)
+	require.EqualValues(t, rows-1, res.Marked, "the row already pending is not marked again")
+	require.Equal(t, rows, b.count(t, "SELECT count(*) FROM outbox_event WHERE published_at IS NULL"), "exactly the counted rows are pending")
+	require.Equal(t, 0, b.count(t, fmt.Sprintf("SELECT count(*) FROM outbox_event WHERE id = %d AND published_at IS NULL", late)), "a row created after the plan is left alone")
 }

@@ -216,6 +216,7 @@ tenant is {tenant, error} or {tenant} with the single database's document (outbo
 	cmd.Flags().IntVar(&fleetOpts.Parallel, "parallel", DefaultFleetStatusParallel, fmt.Sprintf("with --fleet: tenants read at once (1 to %d)", MaxFleetParallel))
 	cmd.Flags().IntVar(&offloadThreshold, "offload-threshold", 0,
 		fmt.Sprintf("payload size in bytes above which the claim check stores a payload in S3 (default $%s, else %d)", lambdaenv.ClaimCheckThreshold, outbox.RelaySetting("MessageLimits.SNS").Default))
+	readsOnly(cmd)
 	return cmd
 }
 
