@@ -29,6 +29,7 @@ type simRow struct {
 	event      uuid.UUID
 	id         int64
 	key        string
+	dest       string // the destination its topic routes to (its ARN)
 	serialized bool   // the key's rows commit in id order: its order is checked
 	body       []byte // the payload as written, what the message must carry
 	hostile    string // a hostile row's kind: it may be quarantined, its bytes are not compared

@@ -54,9 +54,10 @@ const (
 	actHostile                                // insert a hostile row with plain SQL
 	actOutage                                 // every call to the destination fails (throttled) for a while
 	actLateCommit                             // a transaction takes an id, holds it while higher ids commit, then commits
+	actRowLocks                               // an operator's transaction holds the pending rows' row locks for a while
 )
 
-var simActionNames = [...]string{"cancel", "kill", "terminate", "term-producers", "replay", "purge", "retry-all", "hostile", "outage", "late-commit"}
+var simActionNames = [...]string{"cancel", "kill", "terminate", "term-producers", "replay", "purge", "retry-all", "hostile", "outage", "late-commit", "row-locks"}
 
 func (k simActionKind) String() string { return simActionNames[k] }
 
@@ -74,7 +75,7 @@ func (a simAction) String() string {
 	switch a.kind {
 	case actCancel, actKill:
 		s += fmt.Sprintf("(r%d,down=%dms)", a.relay, a.down.Milliseconds())
-	case actOutage, actLateCommit:
+	case actOutage, actLateCommit, actRowLocks:
 		s += fmt.Sprintf("(%dms)", a.down.Milliseconds())
 	case actTerminate:
 		s += fmt.Sprintf("(r%d)", a.relay)
@@ -136,8 +137,12 @@ type simSchedule struct {
 	shortGrace bool
 	// bookCap is the relays' key book capacity (RelayConfig.bookCapacity); 0: the default.
 	bookCap int
-	rates   simRates
-	actions []simAction
+	// passPause is how long a passes slot waits between two RunOnce calls: PollInterval, or
+	// longer, as a relay a schedule starts, so that its first look of a drain finds a backlog
+	// and jumps its frontier over ids not committed yet (late commits below the jump).
+	passPause time.Duration
+	rates     simRates
+	actions   []simAction
 }
 
 // simShortGrace is the stop grace of a shortGrace seed.
@@ -226,7 +231,10 @@ func drawSchedule(seed int64, rng *rand.Rand, p simProfile) *simSchedule {
 // those stay what they were for every seed): slow destinations, stops that cancel calls
 // mid-flight, late commits below the frontier, sessions terminated mid-round, a small key
 // book, relays that all run long passes under steady writes, a few hot keys, refusals (rows
-// quarantined ahead of their key's later rows) and calls that time out.
+// quarantined ahead of their key's later rows), calls that time out, passes a schedule starts
+// (a pause between drains, so that a drain's first look jumps over late commits) and settles
+// that wait for an operator's row locks (the span between a round's outcomes and their
+// commit grows).
 func drawLivenessFaults(s *simSchedule, rng *rand.Rand, pick func(float64) float64, at func() time.Duration) {
 	s.rates.slow = pick(0.3)
 	s.shortGrace = rng.IntN(3) == 0
@@ -242,13 +250,13 @@ func drawLivenessFaults(s *simSchedule, rng *rand.Rand, pick func(float64) float
 		s.serialized = min(s.serialized, s.keys)
 		s.retiring = min(s.retiring, s.serialized)
 	}
-	if rng.IntN(3) == 0 { // refusals: quarantined rows with rows of their key behind them
-		s.rates.permanent = max(s.rates.permanent, 0.02+0.03*rng.Float64())
+	if rng.IntN(2) == 0 { // refusals: quarantined rows with rows of their key behind them
+		s.rates.permanent = max(s.rates.permanent, 0.03+0.05*rng.Float64())
 	}
 	if rng.IntN(3) == 0 { // calls that time out
 		s.rates.hang = max(s.rates.hang, 0.02+0.04*rng.Float64())
 	}
-	for range 1 + rng.IntN(3) {
+	for range 2 + rng.IntN(5) {
 		s.actions = append(s.actions, simAction{at: at(), kind: actLateCommit, down: time.Duration(200+rng.IntN(1000)) * time.Millisecond})
 	}
 	if s.shortGrace { // stops while slow calls are in flight
@@ -257,15 +265,23 @@ func drawLivenessFaults(s *simSchedule, rng *rand.Rand, pick func(float64) float
 			s.actions = append(s.actions, simAction{at: at(), kind: actCancel, relay: rng.IntN(s.relays), down: time.Duration(rng.IntN(300)) * time.Millisecond})
 		}
 	}
+	if rng.IntN(2) == 0 { // relays a schedule starts: a pause between drains
+		s.passPause = time.Duration(50+rng.IntN(250)) * time.Millisecond
+	}
+	if rng.IntN(2) == 0 { // settles that wait for an operator's row locks
+		for range 1 + rng.IntN(4) {
+			s.actions = append(s.actions, simAction{at: at(), kind: actRowLocks, down: time.Duration(100+rng.IntN(300)) * time.Millisecond})
+		}
+	}
 	slices.SortStableFunc(s.actions, func(a, b simAction) int { return int(a.at - b.at) })
 }
 
 // String is the schedule in one compact paragraph, for a failing seed's report.
 func (s *simSchedule) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "relays=%d (dedicated pools %d, passes %d of %d rows a poll) pipelines=%d producers=%d keys=%d serialized=%d retiring=%d@%dms rows/tx<=%d fault=%dms claimcheck=%t dest2=%t keyorder=%t shortgrace=%t book=%d\n",
+	fmt.Fprintf(&b, "relays=%d (dedicated pools %d, passes %d of %d rows a poll) pipelines=%d producers=%d keys=%d serialized=%d retiring=%d@%dms rows/tx<=%d fault=%dms claimcheck=%t dest2=%t keyorder=%t shortgrace=%t book=%d passpause=%dms\n",
 		s.relays, s.dedicated, s.passes, s.pageRows, s.pipelines, s.producers, s.keys, s.serialized, s.retiring, s.retireAt.Milliseconds(), s.maxRows,
-		s.faultPhase.Milliseconds(), s.claimCheck, s.secondDest, s.keyOrder, s.shortGrace, s.bookCap)
+		s.faultPhase.Milliseconds(), s.claimCheck, s.secondDest, s.keyOrder, s.shortGrace, s.bookCap, s.passPause.Milliseconds())
 	r := s.rates
 	fmt.Fprintf(&b, "rates: delay=%.2f(<=%dms) hang=%.3f callErr=%.2f throttle=%.2f lostCall=%.2f entryErr=%.2f permanent=%.3f lostEntry=%.2f storeErr=%.2f overtake=%.3f slow=%.2f midRound=%.3f\n",
 		r.delay, r.maxDelay.Milliseconds(), r.hang, r.callErr, r.throttle, r.lostCall, r.entryErr, r.permanent, r.lostEntry, r.storeErr, r.overtake, r.slow, r.midRound)
@@ -323,9 +339,12 @@ type simDestination struct {
 	outage atomic.Bool  // every call fails (actOutage)
 	store  *simStore    // resolves claim-check pointers; nil without a claim check
 	start  time.Time
-	// timeout is the relays' PublishTimeout (rates.slow stays below it); terminate ends every
-	// relay's sessions (rates.midRound), midRounds counts its uses.
+	// timeout is the relays' PublishTimeout (rates.slow stays below it); slowCall the bound's
+	// SlowCall (simSlowCall): a call that takes longer leaves its destination unhealthy, as a
+	// failed one does; terminate ends every relay's sessions (rates.midRound), midRounds counts
+	// its uses.
 	timeout   time.Duration
+	slowCall  time.Duration
 	terminate func()
 	midRounds atomic.Int64
 
@@ -529,7 +548,7 @@ func (d *simDestination) PublishBatch(ctx context.Context, dest string, events [
 		}
 		d.deliveries = append(d.deliveries, dl)
 	}
-	if callErr != nil || lostCall || len(failedKeys) > 0 {
+	if callErr != nil || lostCall || len(failedKeys) > 0 || at-from > d.slowCall {
 		d.windows = append(d.windows, simWindow{dest: dest, from: from, to: at})
 	}
 	return errs

@@ -13,21 +13,34 @@ import (
 	"github.com/google/uuid"
 )
 
-// simSchedulingSlack is the simulator's allowance for its own noise in livenessBound: eight
-// seeds run at once on a machine shared with other work, each with two or three relays,
-// producers and a PostgreSQL, so a goroutine or a statement may wait this long for a core.
-// It is not part of the relay's promise.
+// simSchedulingSlack is the simulator's allowance, in livenessBound, for the bound's terms
+// that are no setting, S (a sweep's own duration) and R (a round's claim and settle, one
+// round trip each), for P's spacing (the sweep period stretches to ten times a slow walk's
+// duration), and for its own noise: eight seeds run at once on a machine shared with other
+// work, each with two or three relays, producers and a PostgreSQL, so a goroutine or a
+// statement may wait this long for a core. On a quiet machine S and R are milliseconds; the
+// slack is the busy machine's, not part of the relay's promise.
 const simSchedulingSlack = 2 * time.Second
 
-// livenessBound mirrors docs/outbox.md's "Liveness" statement: a committed row whose
-// destination answers within PublishTimeout, and whose key's earlier rows are published, is
-// published within RescanInterval (a sweep, which walks every pending key against the
-// database, is due that often whatever the pass, the key book or the frontier did) plus one
-// PublishTimeout (the call that carries it) plus two PollIntervals (a poll, and the wait for a
-// free pipeline's next turn), whatever other keys, other destinations, the key book, a pass or
-// another relay do. The simulator adds simSchedulingSlack for its busy machine.
+// livenessBound is docs/outbox.md's bound ("Liveness"), B = P + S + SlowCall + R + C: a
+// committed row whose destination answers each call within SlowCall (PublishTimeout if that is
+// shorter), and whose key's earlier rows are published, is published within B of the later of
+// its commit and its key's previous row's publication, whatever other keys, other
+// destinations, the key book, a pass or another relay do. P is RescanInterval (a sweep, which
+// walks every pending key against the database, is due that often whatever the pass, the key
+// book or the frontier did); SlowCall the most a pipeline waits for another call before it
+// moves on; C the row's own call, at most SlowCall under the bound's condition. S and R are
+// no setting: simSchedulingSlack stands for them.
 func livenessBound(cfg RelayConfig) time.Duration {
-	return cfg.RescanInterval + cfg.PublishTimeout + 2*cfg.PollInterval + simSchedulingSlack
+	return cfg.RescanInterval + 2*simSlowCall(cfg) + simSchedulingSlack
+}
+
+// simSlowCall is the bound's SlowCall: RelayConfig.SlowCall, or PublishTimeout if shorter. A
+// call that takes longer makes its destination unhealthy (the bound's condition fails for its
+// rows): simDestination records a window for it.
+func simSlowCall(cfg RelayConfig) time.Duration {
+	cfg = cfg.WithDefaults()
+	return min(cfg.SlowCall, cfg.PublishTimeout)
 }
 
 // simRecovery is how long after a destination's last failure (or a relay's crash) its rows
@@ -63,12 +76,13 @@ func (c *simChecker) deadline(dest string, from time.Duration) time.Duration {
 	return deadline
 }
 
-// checkBound checks each published row's first acceptance against its deadline (check 8):
-// its wait starts when it committed or when the last lower-id row of its key was first
-// accepted, whichever is later. Rows behind a row never published, rows quarantined or
+// checkBound checks each published row's first acceptance against its deadline (check 8),
+// and each row still pending at the end against the end: its wait starts when it committed or
+// when the last lower-id row of its key was first accepted, whichever is later. Rows behind a row never published, rows quarantined or
 // refused, rows of a key whose order the destination broke and rows whose commit had an
 // unknown outcome are not judged.
 func (c *simChecker) checkBound(table map[uuid.UUID]simDBRow) {
+	end := time.Since(c.hist.start)
 	c.windows = slices.Clone(c.dest.windows)
 	if c.store != nil {
 		c.windows = append(c.windows, c.store.windows()...)
@@ -99,7 +113,15 @@ func (c *simChecker) checkBound(table map[uuid.UUID]simDBRow) {
 						r.id, key, from.Milliseconds(), r.committedAt.Milliseconds(), d.at.Milliseconds(), deadline.Milliseconds(), livenessBound(c.cfg))
 				}
 			}
-			_, exists := table[r.event]
+			db, exists := table[r.event]
+			if !blocked && !published && r.status == rowCommitted && r.hostile == "" && exists && !db.published && !db.quarantined {
+				// Still pending at the end: late too, once its deadline passed.
+				from := max(r.committedAt, ready)
+				if deadline := c.deadline(r.dest, from); end > deadline {
+					c.report(findLate, "row %d (key %s) ready at %dms (committed %dms) was still pending at the end (%dms), after its deadline %dms (bound %s)",
+						r.id, key, from.Milliseconds(), r.committedAt.Milliseconds(), end.Milliseconds(), deadline.Milliseconds(), livenessBound(c.cfg))
+				}
+			}
 			switch {
 			case published:
 				ready = max(ready, d.at)

@@ -202,7 +202,7 @@ func runSim(t *testing.T, seed int64, prof simProfile) *simResult {
 	began := time.Now()
 	rng := rand.New(rand.NewPCG(uint64(seed), 0x5eed))
 	w := &simWorld{t: t, seed: seed, sched: drawSchedule(seed, rng, prof), url: testdb.URL(t), hist: newSimHistory()}
-	w.admin = w.pool("admin", 4, false)
+	w.admin = w.pool("admin", 8, false)
 	w.start = time.Now()
 	w.hist.start = w.start
 	if w.sched.claimCheck {
@@ -211,6 +211,7 @@ func runSim(t *testing.T, seed int64, prof simProfile) *simResult {
 	w.dest = newSimDestination(seed, w.sched.rates, &w.faulty, w.store, w.start)
 	w.dest.keyOrder = w.sched.keyOrder
 	w.dest.timeout = w.relayConfig().PublishTimeout
+	w.dest.slowCall = simSlowCall(w.relayConfig())
 	w.dest.terminate = w.terminateRelays
 	w.relays = make([]*simRelay, w.sched.relays)
 	for i := range w.relays {
@@ -317,7 +318,7 @@ func (w *simWorld) terminateRelays() {
 // the producers commit higher ids, then commits it: a row that commits below the relays'
 // frontier (and below a pass's jump).
 func (w *simWorld) lateCommit(rng *rand.Rand, hold time.Duration) {
-	row := &simRow{event: simUUID(rng), key: "late-" + simUUID(rng).String()[:8]}
+	row := &simRow{event: simUUID(rng), key: "late-" + simUUID(rng).String()[:8], dest: simFIFOARN}
 	row.body = simPayload(rng, row.key, 0, false)
 	w.late.Add(1)
 	go func() {
@@ -340,6 +341,26 @@ func (w *simWorld) lateCommit(rng *rand.Rand, hold time.Duration) {
 			status = rowCommitted
 		}
 		w.logf("late commit: row %d (key %s) after %dms", row.id, row.key, hold.Milliseconds())
+	}()
+}
+
+// lockRows holds the row locks of every pending row in an operator's transaction for hold, as
+// a hand-run UPDATE would: the relays' settles of those rows wait for it (their keys stay
+// locked meanwhile), their claims and calls do not.
+func (w *simWorld) lockRows(hold time.Duration) {
+	w.late.Add(1)
+	go func() {
+		defer w.late.Done()
+		ctx := context.Background()
+		tx, err := w.admin.Begin(ctx)
+		if err != nil {
+			return
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		var n int
+		err = tx.QueryRow(ctx, `SELECT count(*) FROM (SELECT id FROM outbox_event WHERE published_at IS NULL AND quarantined_at IS NULL FOR UPDATE) l`).Scan(&n)
+		w.logf("row locks: %d pending rows for %dms %s", n, hold.Milliseconds(), errOrEmpty(err))
+		time.Sleep(hold)
 	}()
 }
 
@@ -404,7 +425,7 @@ func (w *simWorld) startRelay(i int) {
 		}
 		for ctx.Err() == nil { // a relay started on a schedule: a drain, then the next start
 			_, _ = relay.RunOnce(ctx)
-			sleep(ctx, cfg.PollInterval)
+			sleep(ctx, max(cfg.PollInterval, w.sched.passPause))
 		}
 	}()
 }
@@ -466,6 +487,8 @@ func (w *simWorld) do(rng *rand.Rand, a simAction) {
 		w.logf("hostile %s: %s", simHostileKinds[a.arg], w.insertHostile(ctx, rng, a.arg))
 	case actLateCommit:
 		w.lateCommit(rng, a.down)
+	case actRowLocks:
+		w.lockRows(a.down)
 	}
 }
 
@@ -684,7 +707,10 @@ func (p *simProducer) txn() {
 		if p.w.sched.secondDest && p.rng.IntN(4) == 0 {
 			topic = simOtherTopic
 		}
-		row := &simRow{event: simUUID(p.rng), key: key, serialized: serialized, body: simPayload(p.rng, key, p.seq, p.w.sched.claimCheck)}
+		row := &simRow{event: simUUID(p.rng), key: key, dest: simFIFOARN, serialized: serialized, body: simPayload(p.rng, key, p.seq, p.w.sched.claimCheck)}
+		if topic == simOtherTopic {
+			row.dest = simOtherARN
+		}
 		if p.rng.IntN(2) == 0 {
 			err = tx.QueryRow(ctx, simInsertSQL, row.event, topic, key, key, string(row.body)).Scan(&row.id)
 		} else {
