@@ -10,6 +10,8 @@ package outbox
 import (
 	"context"
 	"sync"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // The planted bugs, the values of SLUICE_MUTANT.
@@ -26,8 +28,10 @@ const (
 	// mutantSweepAboveFrontier: sweeps ignore heads at or below the frontier, leaving them to
 	// polls (watcher.applySweep).
 	mutantSweepAboveFrontier = "sweepabovefrontier"
-	// mutantJumpSkipsLate: sweeps ignore heads in the ids a frontier jump passed over, so a
-	// row that commits late below the jump is never found (watcher.pollAndSweep, applySweep).
+	// mutantJumpSkipsLate: sweeps ignore heads with the ids a frontier jump (a relay's start,
+	// or a pass's first look at a backlog) passed over that had not committed yet, so a row
+	// that commits late below the jump is never found by that relay (watcher.start,
+	// watcher.pollAndSweep, applySweep).
 	mutantJumpSkipsLate = "jumpskipslate"
 	// mutantCancelledPublished: an entry whose call was cancelled (the relay stopping) is
 	// recorded as published (Relay.call).
@@ -52,8 +56,8 @@ var mutantState struct {
 	mu sync.Mutex
 	// positions: mutantCachedPosition's highest id read per relay and key.
 	positions map[*Relay]map[string]int64
-	// jumps: mutantJumpSkipsLate's id ranges passed over per watcher.
-	jumps map[*watcher][][2]int64
+	// skipped: mutantJumpSkipsLate's ids passed over uncommitted, per watcher.
+	skipped map[*watcher]map[int64]bool
 }
 
 // mutantReadFromCache drops the rows of read at or below the highest id r read of their key
@@ -81,27 +85,34 @@ func mutantReadFromCache(r *Relay, read []*claimedRow) []*claimedRow {
 	return out
 }
 
-// mutantJumped records that w's frontier jumped from `from` to `to` (mutantJumpSkipsLate).
-func mutantJumped(w *watcher, from, to int64) {
+// mutantJumped records the ids in (from, to] that w's frontier jumped over before they
+// committed (mutantJumpSkipsLate): its sweeps skip them from now on.
+func mutantJumped(ctx context.Context, w *watcher, from, to int64) {
+	var missing []int64
+	b := &pgx.Batch{}
+	b.Queue(`SELECT coalesce(array_agg(g), '{}') FROM generate_series($1::bigint + 1, $2::bigint) g
+		WHERE NOT EXISTS (SELECT 1 FROM outbox_event WHERE id = g)`, from, to).QueryRow(func(row pgx.Row) error { return row.Scan(&missing) })
+	if w.readOnly(ctx, b) != nil {
+		return
+	}
 	mutantState.mu.Lock()
 	defer mutantState.mu.Unlock()
-	if mutantState.jumps == nil {
-		mutantState.jumps = map[*watcher][][2]int64{}
+	if mutantState.skipped == nil {
+		mutantState.skipped = map[*watcher]map[int64]bool{}
 	}
-	mutantState.jumps[w] = append(mutantState.jumps[w], [2]int64{from, to})
+	if mutantState.skipped[w] == nil {
+		mutantState.skipped[w] = map[int64]bool{}
+	}
+	for _, id := range missing {
+		mutantState.skipped[w][id] = true
+	}
 }
 
-// mutantSkipHead reports whether w's sweep ignores a head with id (mutantJumpSkipsLate:
-// it is in a range a jump passed over).
+// mutantSkipHead reports whether w's sweep ignores a head with id (mutantJumpSkipsLate).
 func mutantSkipHead(w *watcher, id int64) bool {
 	mutantState.mu.Lock()
 	defer mutantState.mu.Unlock()
-	for _, j := range mutantState.jumps[w] {
-		if id > j[0] && id <= j[1] {
-			return true
-		}
-	}
-	return false
+	return mutantState.skipped[w][id]
 }
 
 // mutantUnlockFirst unlocks keys on rc before their outcomes are recorded

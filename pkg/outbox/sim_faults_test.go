@@ -141,8 +141,12 @@ type simSchedule struct {
 	// longer, as a relay a schedule starts, so that its first look of a drain finds a backlog
 	// and jumps its frontier over ids not committed yet (late commits below the jump).
 	passPause time.Duration
-	rates     simRates
-	actions   []simAction
+	// passRun, when set, cuts each of a passes slot's RunOnce calls in the fault phase after
+	// passRun, as an invocation's deadline (a Lambda's timeout) does: its next drain begins
+	// with a look that jumps over what it did not read.
+	passRun time.Duration
+	rates   simRates
+	actions []simAction
 }
 
 // simShortGrace is the stop grace of a shortGrace seed.
@@ -245,7 +249,8 @@ func drawLivenessFaults(s *simSchedule, rng *rand.Rand, pick func(float64) float
 	if rng.IntN(3) == 0 {
 		s.passes = s.relays
 	}
-	if rng.IntN(3) == 0 { // a few hot keys: rounds and relays contend for them
+	single := rng.IntN(2) == 0 // with passes, a single relay a schedule starts (the relay Lambda)
+	if rng.IntN(3) == 0 {      // a few hot keys: rounds and relays contend for them
 		s.keys = min(s.keys, 6+rng.IntN(10))
 		s.serialized = min(s.serialized, s.keys)
 		s.retiring = min(s.retiring, s.serialized)
@@ -265,12 +270,21 @@ func drawLivenessFaults(s *simSchedule, rng *rand.Rand, pick func(float64) float
 			s.actions = append(s.actions, simAction{at: at(), kind: actCancel, relay: rng.IntN(s.relays), down: time.Duration(rng.IntN(300)) * time.Millisecond})
 		}
 	}
-	if rng.IntN(2) == 0 { // relays a schedule starts: a pause between drains
-		s.passPause = time.Duration(50+rng.IntN(250)) * time.Millisecond
+	if single && s.passes == s.relays {
+		s.relays, s.passes, s.dedicated = 1, 1, min(s.dedicated, 1)
+		s.actions = slices.DeleteFunc(s.actions, func(a simAction) bool { // the other slots' stops
+			return (a.kind == actCancel || a.kind == actKill || a.kind == actTerminate) && a.relay != 0
+		})
 	}
-	if rng.IntN(2) == 0 { // settles that wait for an operator's row locks
-		for range 1 + rng.IntN(4) {
-			s.actions = append(s.actions, simAction{at: at(), kind: actRowLocks, down: time.Duration(100+rng.IntN(300)) * time.Millisecond})
+	if pause := rng.IntN(2) == 0; pause || s.relays == 1 { // relays a schedule starts: a pause between drains
+		s.passPause = time.Duration(50+rng.IntN(250)) * time.Millisecond
+		if cut := rng.IntN(2) == 0; cut || s.relays == 1 { // and each drain cut by its deadline
+			s.passRun = time.Duration(50+rng.IntN(250)) * time.Millisecond
+		}
+	}
+	if rng.IntN(3) != 0 { // settles that wait for an operator's row locks
+		for range 2 + rng.IntN(5) {
+			s.actions = append(s.actions, simAction{at: at(), kind: actRowLocks, down: time.Duration(200+rng.IntN(500)) * time.Millisecond})
 		}
 	}
 	slices.SortStableFunc(s.actions, func(a, b simAction) int { return int(a.at - b.at) })
@@ -279,9 +293,9 @@ func drawLivenessFaults(s *simSchedule, rng *rand.Rand, pick func(float64) float
 // String is the schedule in one compact paragraph, for a failing seed's report.
 func (s *simSchedule) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "relays=%d (dedicated pools %d, passes %d of %d rows a poll) pipelines=%d producers=%d keys=%d serialized=%d retiring=%d@%dms rows/tx<=%d fault=%dms claimcheck=%t dest2=%t keyorder=%t shortgrace=%t book=%d passpause=%dms\n",
+	fmt.Fprintf(&b, "relays=%d (dedicated pools %d, passes %d of %d rows a poll) pipelines=%d producers=%d keys=%d serialized=%d retiring=%d@%dms rows/tx<=%d fault=%dms claimcheck=%t dest2=%t keyorder=%t shortgrace=%t book=%d passpause=%dms passrun=%dms\n",
 		s.relays, s.dedicated, s.passes, s.pageRows, s.pipelines, s.producers, s.keys, s.serialized, s.retiring, s.retireAt.Milliseconds(), s.maxRows,
-		s.faultPhase.Milliseconds(), s.claimCheck, s.secondDest, s.keyOrder, s.shortGrace, s.bookCap, s.passPause.Milliseconds())
+		s.faultPhase.Milliseconds(), s.claimCheck, s.secondDest, s.keyOrder, s.shortGrace, s.bookCap, s.passPause.Milliseconds(), s.passRun.Milliseconds())
 	r := s.rates
 	fmt.Fprintf(&b, "rates: delay=%.2f(<=%dms) hang=%.3f callErr=%.2f throttle=%.2f lostCall=%.2f entryErr=%.2f permanent=%.3f lostEntry=%.2f storeErr=%.2f overtake=%.3f slow=%.2f midRound=%.3f\n",
 		r.delay, r.maxDelay.Milliseconds(), r.hang, r.callErr, r.throttle, r.lostCall, r.entryErr, r.permanent, r.lostEntry, r.storeErr, r.overtake, r.slow, r.midRound)
@@ -327,6 +341,7 @@ type simDelivery struct {
 	pointer  bool          // body came from the claim check's store
 	accepted bool          // the destination kept the message (whatever it answered)
 	acked    bool          // the destination answered success for it: the relay knows it is published
+	relay    string        // the relay (generation) that made the call
 	from, at time.Duration // when the call started; when it was answered
 }
 
@@ -373,19 +388,35 @@ type simDestination struct {
 	windows, crashes []simWindow
 }
 
-// crash records a relay's crash (a stop, a kill, sessions terminated, a failed round) from
-// from to now: its rows may wait, and may be published again.
-func (d *simDestination) crash(from time.Duration) {
+// crash records relay's crash (a stop, a kill, sessions terminated, a failed round; relay ""
+// for every relay) from from to now: every row may wait, and the rows that relay sent may be
+// published again.
+func (d *simDestination) crash(relay string, from time.Duration) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	w := simWindow{from: from, to: time.Since(d.start)}
 	d.windows = append(d.windows, w)
+	w.relay = relay
 	d.crashes = append(d.crashes, w)
+}
+
+// simPublisher is one relay's view of the fake broker: the calls it makes are recorded as
+// that relay's.
+type simPublisher struct {
+	d     *simDestination
+	relay string
+}
+
+var _ Publisher = simPublisher{}
+
+// PublishBatch implements Publisher.
+func (p simPublisher) PublishBatch(ctx context.Context, dest string, events []*Event) []error {
+	return p.d.publish(ctx, p.relay, dest, events)
 }
 
 // simKeyOrderDestination is the fake broker of a keyOrder seed: it declares that it keeps a
 // key's order inside one call.
-type simKeyOrderDestination struct{ *simDestination }
+type simKeyOrderDestination struct{ simPublisher }
 
 var _ LimitedPublisher = simKeyOrderDestination{}
 
@@ -403,7 +434,8 @@ func (simKeyOrderDestination) MessageSize(_ string, e *Event, payloadLen int) in
 // everything else.
 type simOvertakeLog struct {
 	slog.Handler
-	dest *simDestination
+	dest  *simDestination
+	relay string // whose log it is: its failed rounds are its crashes
 }
 
 func (h simOvertakeLog) Enabled(ctx context.Context, l slog.Level) bool {
@@ -415,7 +447,7 @@ func (h simOvertakeLog) Handle(ctx context.Context, r slog.Record) error {
 		h.dest.reported.Add(1)
 	}
 	if r.Level >= slog.LevelError && strings.HasPrefix(r.Message, "relay round failed") {
-		h.dest.crash(time.Since(h.dest.start))
+		h.dest.crash(h.relay, time.Since(h.dest.start))
 	}
 	if h.Handler.Enabled(ctx, r.Level) {
 		return h.Handler.Handle(ctx, r)
@@ -424,11 +456,11 @@ func (h simOvertakeLog) Handle(ctx context.Context, r slog.Record) error {
 }
 
 func (h simOvertakeLog) WithAttrs(as []slog.Attr) slog.Handler {
-	return simOvertakeLog{h.Handler.WithAttrs(as), h.dest}
+	return simOvertakeLog{h.Handler.WithAttrs(as), h.dest, h.relay}
 }
 
 func (h simOvertakeLog) WithGroup(g string) slog.Handler {
-	return simOvertakeLog{h.Handler.WithGroup(g), h.dest}
+	return simOvertakeLog{h.Handler.WithGroup(g), h.dest, h.relay}
 }
 
 func newSimDestination(seed int64, rates simRates, faulty *atomic.Bool, store *simStore, start time.Time) *simDestination {
@@ -436,10 +468,8 @@ func newSimDestination(seed int64, rates simRates, faulty *atomic.Bool, store *s
 		attempts: map[uuid.UUID]int{}, refused: map[uuid.UUID]bool{}, resets: map[int][]string{}, tainted: map[string]bool{}}
 }
 
-var _ Publisher = (*simDestination)(nil)
-
-// PublishBatch implements Publisher.
-func (d *simDestination) PublishBatch(ctx context.Context, dest string, events []*Event) []error {
+// publish answers one call of relay's (simPublisher).
+func (d *simDestination) publish(ctx context.Context, relay, dest string, events []*Event) []error {
 	from := time.Since(d.start)
 	bytes := 0
 	d.mu.Lock()
@@ -542,7 +572,7 @@ func (d *simDestination) PublishBatch(ctx context.Context, dest string, events [
 			failedKeys[e.PartitionKey] = true
 		}
 		dl := simDelivery{event: e.EventID, key: e.PartitionKey, id: e.ID, dest: dest, body: e.Payload,
-			accepted: accepted, acked: errs[i] == nil, from: from, at: at}
+			accepted: accepted, acked: errs[i] == nil, from: from, at: at, relay: relay}
 		if e.ExtendedPayloadSize > 0 && d.store != nil {
 			dl.body, dl.pointer = d.store.body(e.EventID.String()), true
 		}

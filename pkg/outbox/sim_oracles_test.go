@@ -57,6 +57,8 @@ func simRecovery(cfg RelayConfig) time.Duration {
 type simWindow struct {
 	dest     string
 	from, to time.Duration
+	// relay: for a crash, the relay (generation) that crashed; "" for every relay.
+	relay string
 }
 
 // deadline returns when a row of dest that could be published from `from` on must have been:
@@ -136,7 +138,9 @@ func (c *simChecker) checkBound(table map[uuid.UUID]simDBRow) {
 // may re-send for (check 9): the first answer was lost (the relay saw an error), a relay
 // stopped, was killed or lost its sessions, or a round failed, between the start of the round
 // that made the first call (at most a Lease before it: the round's calls end by then) and the
-// second acceptance, or the key was replayed. Sessions terminated before the call still count:
+// second acceptance, or the key was replayed. Only the crashes of the two relays that made
+// the calls count (the second may be a round that lost its locks and published on): another
+// relay's crash is no cause. Sessions terminated before the call still count:
 // the round lost its advisory locks, and another relay may take its keys. A key whose order the destination broke
 // is not judged.
 func (c *simChecker) checkDuplicates() {
@@ -155,7 +159,7 @@ func (c *simChecker) checkDuplicates() {
 			continue
 		}
 		p := c.dest.deliveries[j]
-		if r, ok := lastReset[d.key]; !p.acked || c.dest.tainted[d.key] || (ok && r > j) || c.crashed(p.from-c.cfg.Lease, d.at) {
+		if r, ok := lastReset[d.key]; !p.acked || c.dest.tainted[d.key] || (ok && r > j) || c.crashed(p.relay, p.from-c.cfg.Lease, d.at) || c.crashed(d.relay, p.from-c.cfg.Lease, d.at) {
 			continue
 		}
 		c.report(findDuplicate, "row %d (key %s) acknowledged at %dms (call from %dms) was published again at %dms with no crash, timeout or lost answer between",
@@ -163,11 +167,11 @@ func (c *simChecker) checkDuplicates() {
 	}
 }
 
-// crashed reports whether a relay stopped, crashed or lost its sessions, or a round failed,
-// between from and to.
-func (c *simChecker) crashed(from, to time.Duration) bool {
+// crashed reports whether relay stopped, crashed or lost its sessions, or a round of it
+// failed, between from and to.
+func (c *simChecker) crashed(relay string, from, to time.Duration) bool {
 	for _, w := range c.dest.crashes {
-		if w.from <= to && w.to >= from {
+		if (w.relay == "" || w.relay == relay) && w.from <= to && w.to >= from {
 			return true
 		}
 	}

@@ -311,7 +311,7 @@ func (w *simWorld) terminateRelays() {
 	err := w.admin.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
 		WHERE application_name LIKE $1 AND datname = current_database()`, w.appName("relay-")+"%").Scan(&n)
 	w.logf("terminate every relay mid-call: %d backends %s", n, errOrEmpty(err))
-	w.dest.crash(from)
+	w.dest.crash("", from)
 }
 
 // lateCommit inserts a row on a key of its own in a transaction it holds open for hold while
@@ -344,9 +344,10 @@ func (w *simWorld) lateCommit(rng *rand.Rand, hold time.Duration) {
 	}()
 }
 
-// lockRows holds the row locks of every pending row in an operator's transaction for hold, as
-// a hand-run UPDATE would: the relays' settles of those rows wait for it (their keys stay
-// locked meanwhile), their claims and calls do not.
+// lockRows holds the row locks of the pending rows of one key (the one with the most) in an
+// operator's transaction for hold, as a hand-run UPDATE would: the settle of the round that
+// publishes them waits for it (the key stays locked meanwhile); claims, calls and other rounds
+// do not.
 func (w *simWorld) lockRows(hold time.Duration) {
 	w.late.Add(1)
 	go func() {
@@ -358,7 +359,9 @@ func (w *simWorld) lockRows(hold time.Duration) {
 		}
 		defer func() { _ = tx.Rollback(ctx) }()
 		var n int
-		err = tx.QueryRow(ctx, `SELECT count(*) FROM (SELECT id FROM outbox_event WHERE published_at IS NULL AND quarantined_at IS NULL FOR UPDATE) l`).Scan(&n)
+		err = tx.QueryRow(ctx, `SELECT count(*) FROM (SELECT id FROM outbox_event WHERE published_at IS NULL AND quarantined_at IS NULL
+			AND partition_key = (SELECT partition_key FROM outbox_event WHERE published_at IS NULL AND quarantined_at IS NULL
+				GROUP BY partition_key ORDER BY count(*) DESC, partition_key LIMIT 1) FOR UPDATE) l`).Scan(&n)
 		w.logf("row locks: %d pending rows for %dms %s", n, hold.Milliseconds(), errOrEmpty(err))
 		time.Sleep(hold)
 	}()
@@ -367,7 +370,6 @@ func (w *simWorld) lockRows(hold time.Duration) {
 // relayConfig is every simulated relay's configuration.
 func (w *simWorld) relayConfig() RelayConfig {
 	cfg := RelayConfig{
-		Publisher:      w.dest,
 		Topics:         map[string]string{simFIFOTopic: simFIFOARN},
 		Pipelines:      w.sched.pipelines,
 		MaxRoundBytes:  simMaxRoundBytes,
@@ -387,9 +389,10 @@ func (w *simWorld) relayConfig() RelayConfig {
 	if os.Getenv("RELAY_DEBUG") != "" {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	cfg.Logger = slog.New(simOvertakeLog{cfg.Logger.Handler(), w.dest})
+	cfg.Logger = slog.New(simOvertakeLog{cfg.Logger.Handler(), w.dest, ""})
+	cfg.Publisher = simPublisher{w.dest, ""}
 	if w.sched.keyOrder {
-		cfg.Publisher = simKeyOrderDestination{w.dest}
+		cfg.Publisher = simKeyOrderDestination{simPublisher{w.dest, ""}}
 	}
 	if w.sched.secondDest {
 		cfg.Topics[simOtherTopic] = simOtherARN
@@ -407,6 +410,11 @@ func (w *simWorld) startRelay(i int) {
 	r.name = fmt.Sprintf("relay-%d-%d", i, r.gen)
 	r.pool = w.pool(r.name, 6, i < w.sched.dedicated)
 	cfg := w.relayConfig()
+	cfg.Logger = slog.New(simOvertakeLog{cfg.Logger.Handler().(simOvertakeLog).Handler, w.dest, r.name})
+	cfg.Publisher = simPublisher{w.dest, r.name}
+	if w.sched.keyOrder {
+		cfg.Publisher = simKeyOrderDestination{simPublisher{w.dest, r.name}}
+	}
 	relay, err := NewRelay(r.pool, cfg)
 	require.NoError(w.t, err)
 	passes := i >= w.sched.relays-w.sched.passes
@@ -415,6 +423,7 @@ func (w *simWorld) startRelay(i int) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel, r.done = cancel, make(chan struct{})
+	name := r.name
 	w.maxLive.Store(max(w.maxLive.Load(), w.live.Add(1)))
 	go func() {
 		defer close(r.done)
@@ -424,10 +433,38 @@ func (w *simWorld) startRelay(i int) {
 			return
 		}
 		for ctx.Err() == nil { // a relay started on a schedule: a drain, then the next start
-			_, _ = relay.RunOnce(ctx)
+			w.drain(ctx, relay, name)
 			sleep(ctx, max(cfg.PollInterval, w.sched.passPause))
 		}
 	}()
+}
+
+// drain runs one RunOnce of a passes slot, cut after passRun when that falls in the fault
+// phase: a cut is a stop (calls in flight cancelled after the stop grace), recorded as a crash
+// of the relay, as is a drain that ended with an error (a round failed: what it sent may not
+// be recorded, and goes again).
+func (w *simWorld) drain(ctx context.Context, relay *Relay, name string) {
+	began := time.Since(w.start)
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var cutAt atomic.Int64
+	if w.sched.passRun > 0 {
+		cut := time.AfterFunc(w.sched.passRun, func() {
+			if w.faulty.Load() {
+				cutAt.Store(int64(time.Since(w.start)))
+				cancel()
+			}
+		})
+		defer cut.Stop()
+	}
+	_, err := relay.RunOnce(rctx)
+	switch at := cutAt.Load(); {
+	case ctx.Err() != nil:
+	case at != 0:
+		w.dest.crash(name, time.Duration(at))
+	case err != nil: // a round failed at most a Lease after it began
+		w.dest.crash(name, max(began, time.Since(w.start)-w.relayConfig().Lease))
+	}
 }
 
 // stopRelay stops relay slot i: with kill, its backends are terminated mid-statement as its
@@ -435,7 +472,7 @@ func (w *simWorld) startRelay(i int) {
 func (w *simWorld) stopRelay(i int, kill bool) error {
 	r := w.relays[i]
 	from := time.Since(w.start)
-	defer w.dest.crash(from)
+	defer w.dest.crash(r.name, from)
 	if kill {
 		n := w.terminate(r.name)
 		w.logf("kill %s (%d backends)", r.name, n)
@@ -463,8 +500,9 @@ func (w *simWorld) do(rng *rand.Rand, a simAction) {
 		w.logf("%s r%d, restarted as %s", a.kind, a.relay, w.relays[a.relay].name)
 	case actTerminate:
 		from := time.Since(w.start)
-		w.logf("terminate %s: %d backends", w.relays[a.relay].name, w.terminate(w.relays[a.relay].name))
-		w.dest.crash(from)
+		name := w.relays[a.relay].name
+		w.logf("terminate %s: %d backends", name, w.terminate(name))
+		w.dest.crash(name, from)
 	case actTerminateProducer:
 		n := 0
 		for p := range w.sched.producers {

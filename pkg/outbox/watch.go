@@ -98,6 +98,9 @@ func (w *watcher) start(ctx context.Context) error {
 	}
 	w.pg14 = version >= 140000
 	w.started = true
+	if mutant == mutantJumpSkipsLate {
+		mutantJumped(ctx, w, 0, w.frontier)
+	}
 	return nil
 }
 
@@ -242,7 +245,7 @@ func (w *watcher) pollAndSweep(ctx context.Context) error {
 	if w.applyPoll(p) >= w.pageRows {
 		if mutant == mutantJumpSkipsLate {
 			// Once this sweep walked: later sweeps skip the ids the jump passed over.
-			defer mutantJumped(w, w.frontier, newest)
+			defer mutantJumped(ctx, w, w.frontier, newest)
 		}
 		w.frontier = max(w.frontier, newest)
 	}
