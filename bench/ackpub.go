@@ -106,6 +106,20 @@ func (b *waitBook) committedSince(ids []uuid.UUID, t time.Time) []uuid.UUID {
 	return out
 }
 
+// committedBetween returns the ids, in their order, whose commit was recorded in [from, to).
+func (b *waitBook) committedBetween(ids []uuid.UUID, from, to time.Time) []uuid.UUID {
+	var out []uuid.UUID
+	for _, id := range b.committedSince(ids, from) {
+		b.mu.Lock()
+		c := b.committed[id]
+		b.mu.Unlock()
+		if c.Before(to) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
 // waits returns the commit-to-acknowledgement time of each of ids that was acknowledged, in
 // the order of ids, and how many were not. A wait is never negative: the broker can
 // acknowledge an event a few microseconds before its producer's Commit call returns.
@@ -135,6 +149,9 @@ type ackPublisher struct {
 	failCall func(dest string) error
 	// failEvent, when set and returning an error, fails that entry.
 	failEvent func(e *outbox.Event) error
+	// delayOf, when set and returning true, gives a call to dest its own latency instead of
+	// Delay (a slow destination; one longer than the relay's PublishTimeout never answers).
+	delayOf func(dest string) (time.Duration, bool)
 
 	calls, events, failures atomic.Int64
 }
@@ -145,7 +162,13 @@ var _ outbox.Publisher = (*ackPublisher)(nil)
 func (p *ackPublisher) PublishBatch(ctx context.Context, dest string, events []*outbox.Event) []error {
 	p.calls.Add(1)
 	errs := make([]error, len(events))
-	if err := sleepCtx(ctx, p.Delay); err != nil {
+	delay := p.Delay
+	if p.delayOf != nil {
+		if d, ok := p.delayOf(dest); ok {
+			delay = d
+		}
+	}
+	if err := sleepCtx(ctx, delay); err != nil {
 		for i := range errs {
 			errs[i] = err
 		}

@@ -31,6 +31,8 @@ type Env struct {
 	Durable bool
 	// durable is the server for the durable runs (see DurableEnv), once opened.
 	durable *Env
+	// closers close further servers a suite opened (the WAL wake-up suite's).
+	closers []func()
 	cluster *pgcluster.Cluster
 	dbs     []string
 	log     *slog.Logger
@@ -87,6 +89,9 @@ func (e *Env) Close() {
 	defer cancel()
 	if e.durable != nil {
 		e.durable.Close()
+	}
+	for _, c := range e.closers {
+		c()
 	}
 	if e.cluster != nil {
 		e.cluster.Stop()

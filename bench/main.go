@@ -20,8 +20,9 @@
 //
 // The suites:
 //
-//  1. relay throughput: sluice's relay (1 and 4 instances), the textbook relay, watermill-sql's
-//     forwarder and the claim+mark ceiling, with a publisher stub of 0 ms and 10 ms per call;
+//  1. relay throughput: sluice's relay (1 and 4 instances with Run, 1 with RunOnce in a loop at
+//     0 ms), the textbook relay, watermill-sql's forwarder and the claim+mark ceiling, with a
+//     publisher stub of 0 ms and 10 ms per call;
 //  2. producer overhead: a business transaction with and without outbox.Write, and bulk writes;
 //  3. consumer throughput with 10% duplicates: inbox per-record vs batched commits;
 //     both run on the fast-commit server and again on a durable one (fsync and synchronous
@@ -30,7 +31,8 @@
 //     runtime interface emulator), with diagnostics of where the time goes (e2ediag.go);
 //  5. scale: claim latency with published rows retained, purge throughput, sizes after a purge;
 //  6. isolation (issue 10): how long idle keys wait behind a hot key, a key in backoff, a failing
-//     topic, a quarantined key's backlog and a hostile plain-SQL payload;
+//     topic, a quarantined key's backlog and a hostile plain-SQL payload, and (issue 40) beside a
+//     destination that answers after 3 s and one that never answers, under steady traffic;
 //  7. concurrent producers (issue 11) on the durable server: 1, 4 and 16 clients, the order alone
 //     and with a minimal hand-written outbox row, outbox.Write or outbox.Queue;
 //  8. wake-up (issue 11): commit-to-publish latency of a running relay at 100 events/s, with no
@@ -83,7 +85,7 @@ func main() {
 		chart     = flag.String("chart", "bench.png", "where to write the relay chart (PNG); the sustained suite's goes next to it, with -sustained before the extension")
 		chartRef  = flag.String("chart-ref", "", "how the report links the chart (defaults to -chart)")
 		quick     = flag.Bool("quick", false, "reduced sizes, for developing the harness (numbers are not the reported ones)")
-		only      = flag.String("only", "", "comma-separated suites to run (relay,producer,consumer,e2e,scale,isolation,producers,wakeup,sustained,tracing,destinations,claimcheck,writes-per-event,idlecost,hotkey,scaleout,fleet); default all")
+		only      = flag.String("only", "", "comma-separated suites to run (relay,producer,consumer,e2e,scale,isolation,producers,wakeup,sustained,tracing,destinations,claimcheck,writes-per-event,idlecost,hotkey,scaleout,fleet,walwake); default all")
 		command   = flag.String("command", "", "the command line to print in the report (defaults to this process's)")
 		verbosity = flag.Bool("v", false, "log progress of every run")
 		hotWeight = flag.Int("fleet-hot-weight", 1, "the fleet suite's hot tenant's Weight (the report's runs use 1)")
@@ -215,8 +217,12 @@ type Sizes struct {
 	ProducersClients []int
 	ProducersRounds  int
 	ProducersBlock   time.Duration
-	// WakeupDuration is how long the wake-up suite's producer commits 100 events/s.
+	// WakeupDuration is how long the wake-up suite's producer commits 100 events/s (and the WAL
+	// wake-up suite's, each rate).
 	WakeupDuration time.Duration
+	// WALWakeStopped is how long the WAL wake-up suite's relay is stopped while the producer
+	// goes on (the WAL its slot would retain).
+	WALWakeStopped time.Duration
 	// Each sustained run produces 1,000 events/s for a warm-up (SustainedWarmup, or
 	// SustainedHeldWarmup with VACUUM held back: the held snapshot's age when measuring starts)
 	// and then a measurement window of SustainedMeasure; Purge runs every SustainedPurgeEvery
@@ -235,7 +241,7 @@ func fullSizes() Sizes {
 		ScaleRetained: []int{0, 1_000_000, 5_000_000}, ScalePending: 20_000,
 		IsolationWaves: 10, IsolationWaveEvery: 500 * time.Millisecond,
 		ProducersClients: []int{1, 4, 16}, ProducersRounds: 3, ProducersBlock: 3 * time.Second,
-		WakeupDuration:  30 * time.Second,
+		WakeupDuration: 30 * time.Second, WALWakeStopped: time.Minute,
 		SustainedWarmup: 2 * time.Minute, SustainedHeldWarmup: 10 * time.Minute, SustainedMeasure: 2 * time.Minute,
 		SustainedPurgeEvery: 30 * time.Second, SustainedRetention: time.Minute,
 		SustainedSampleEvery: 5 * time.Second, SustainedBurst: 20_000,
@@ -250,7 +256,7 @@ func quickSizes() Sizes {
 		ScaleRetained: []int{0, 100_000, 300_000}, ScalePending: 5_000,
 		IsolationWaves: 4, IsolationWaveEvery: 300 * time.Millisecond,
 		ProducersClients: []int{1, 4, 16}, ProducersRounds: 2, ProducersBlock: 400 * time.Millisecond,
-		WakeupDuration:  5 * time.Second,
+		WakeupDuration: 5 * time.Second, WALWakeStopped: 5 * time.Second,
 		SustainedWarmup: 10 * time.Second, SustainedHeldWarmup: 20 * time.Second, SustainedMeasure: 10 * time.Second,
 		SustainedPurgeEvery: 10 * time.Second, SustainedRetention: 10 * time.Second,
 		SustainedSampleEvery: 2 * time.Second, SustainedBurst: 10_000,
@@ -304,6 +310,7 @@ func run(ctx context.Context, log *slog.Logger, o runOptions) error {
 		{"hotkey", runHotKeySuite},             // issue 25, bench/hotkey.go
 		{"scaleout", runScaleoutSuite},         // issue 25, bench/scaleout.go
 		{"fleet", runFleetSuite},               // issue 24, bench/fleet.go
+		{"walwake", runWALWakeSuite},           // issue 44, bench/walwake.go
 	}
 	for _, s := range suites {
 		if !want(s.name) {
@@ -398,6 +405,8 @@ func mergeOnto(base string, part *Report) (*Report, error) {
 			rep.HotKey = part.HotKey
 		case "scaleout": // issue 25, bench/scaleout.go
 			rep.Scaleout = part.Scaleout
+		case "walwake": // issue 44, bench/walwake.go
+			rep.WALWake = part.WALWake
 		case "fleet": // issue 24, bench/fleet.go
 			rep.Fleet = part.Fleet
 		}

@@ -183,7 +183,7 @@ func TestSustainedChartPath(t *testing.T) {
 func newSuitesReport() *Report {
 	ms := func(n float64) time.Duration { return time.Duration(n * float64(time.Millisecond)) }
 	lat := func(p50, max float64) Latencies {
-		return Latencies{N: 20, P50: ms(p50), P95: ms(max), P99: ms(max), Max: ms(max), Mean: ms(p50)}
+		return Latencies{N: 20, P50: ms(p50), P90: ms(max), P95: ms(max), P99: ms(max), Max: ms(max), Mean: ms(p50)}
 	}
 	rep := &Report{Sizes: quickSizes(), Started: time.Unix(0, 0), Finished: time.Unix(60, 0), ChartRef: "docs/bench.png",
 		Relay: []RelayResult{
@@ -195,6 +195,8 @@ func newSuitesReport() *Report {
 		{Name: "(a) hot key", Blocker: "hot", Idle: 100, All: lat(50, 900), Start: lat(50, 900), Running: lat(50, 80), StateOK: true, State: "hot pending"},
 		{Name: "(b) key in backoff", Idle: 100, All: lat(50, 1200), StateOK: true},
 		{Name: "(c) failing topic", Idle: 100, All: lat(50, 90), StateOK: false, State: "audit was not down"},
+		{Name: "(f) slow destination", Idle: 620, All: lat(40, 1100), Over: 1, StateOK: true},
+		{Name: "(g) hanging destination", Idle: 620, All: lat(40, 70), StateOK: true},
 	}}
 	pr := func(v string, c int, tx int, p50 float64) ProducersRun {
 		return ProducersRun{Variant: v, Clients: c, Tx: tx, Elapsed: time.Second, Latency: Latencies{N: tx, P50: ms(p50), P99: ms(3 * p50), Mean: ms(p50)}, BlockRates: []float64{float64(tx)}}
@@ -261,6 +263,8 @@ func TestRenderNewSuites(t *testing.T) {
 		"Isolation (a) hot key":                                  "met",
 		"Isolation (b) key in backoff":                           "**not met**",
 		"Isolation (c) failing topic":                            "**not measured**",
+		"Isolation (f) slow destination":                         "**not met**", // max 1.1 s
+		"Isolation (g) hanging destination":                      "met",
 		"Concurrent producers, 16 clients, durable commits":      "**not met**", // 4,400 ÷ 5,000 = 88%
 		"Producer overhead vs the minimal row, durable commits":  "**not met**", // 1 client 1.05, 16 clients 1.2
 		"Relay wake-up at 100 events/s":                          "met",
@@ -281,6 +285,12 @@ func TestRenderNewSuites(t *testing.T) {
 		if tg.Status != status {
 			t.Errorf("target %q: %s, want %s (%s)", name, tg.Status, status, tg.Measured)
 		}
+	}
+	if tg := got["Isolation (f) slow destination"]; tg.Issue != 40 || !strings.Contains(tg.Measured, "1 over 1s") {
+		t.Errorf("the slow destination's target: issue %d, %s", tg.Issue, tg.Measured)
+	}
+	if !strings.Contains(md, "| (f) slow destination |  | 620 | 40.00 ms | 1.10 s | **1.10 s** | 1 |") {
+		t.Error("the isolation table lacks (f)'s p90, max and count over 1 s")
 	}
 	if m := got["Producer overhead vs the minimal row, durable commits"].Measured; !strings.Contains(m, "1 client: 1.05") || !strings.Contains(m, "16 clients: 1.20") {
 		t.Errorf("overhead ratios: %s", m)
@@ -386,5 +396,32 @@ func TestFleetPublisherFilesOnRead(t *testing.T) {
 	}
 	if book.ackedCount() != 3 || book.pending([]uuid.UUID{a.EventID, b.EventID, c.EventID}) != 0 {
 		t.Fatalf("book: %d acknowledged", book.ackedCount())
+	}
+}
+
+// RunOnce in a loop is judged against the better of the two ceilings, with Run's ratio beside it.
+func TestRunOnceCeilingTarget(t *testing.T) {
+	t.Parallel()
+	at := func(name string, rate float64) RelayResult {
+		return RelayResult{Name: name, Events: int(rate), Elapsed: time.Second}
+	}
+	for _, tc := range []struct {
+		once   float64
+		status string
+	}{{60_000, "met"}, {59_999, "**not met**"}} {
+		rep := &Report{Relay: []RelayResult{at(nameCeiling1, 40_000), at(nameCeiling4, 60_000), at(nameSluice1, 30_000), at(nameSluiceRunOnce, tc.once)}}
+		var found bool
+		for _, tg := range rep.targets() {
+			if tg.Name != "RunOnce in a loop vs ceiling, 0 ms" {
+				continue
+			}
+			found = true
+			if tg.Status != tc.status || tg.Issue != 40 || !strings.Contains(tg.Measured, "Run, same run: 50% (30,000 events/s)") {
+				t.Errorf("RunOnce at %.0f events/s: %s, issue %d (%s)", tc.once, tg.Status, tg.Issue, tg.Measured)
+			}
+		}
+		if !found {
+			t.Error("no RunOnce target")
+		}
 	}
 }

@@ -45,8 +45,8 @@ type ProducerResult struct {
 
 // Latencies summarises a sample of durations.
 type Latencies struct {
-	N                        int
-	Mean, P50, P95, P99, Max time.Duration
+	N                             int
+	Mean, P50, P90, P95, P99, Max time.Duration
 }
 
 func summarize(d []time.Duration) Latencies {
@@ -60,7 +60,7 @@ func summarize(d []time.Duration) Latencies {
 		sum += v
 	}
 	q := func(p float64) time.Duration { return s[min(len(s)-1, int(p*float64(len(s))))] }
-	return Latencies{N: len(s), Mean: sum / time.Duration(len(s)), P50: q(0.50), P95: q(0.95), P99: q(0.99), Max: s[len(s)-1]}
+	return Latencies{N: len(s), Mean: sum / time.Duration(len(s)), P50: q(0.50), P90: q(0.90), P95: q(0.95), P99: q(0.99), Max: s[len(s)-1]}
 }
 
 const createOrders = `CREATE TABLE IF NOT EXISTS bench_order (

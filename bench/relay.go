@@ -45,12 +45,13 @@ func (r RelayResult) Rate() float64 {
 
 // The contenders' names, used by the report and the chart.
 const (
-	nameSluice1   = "sluice relay, defaults, 1 instance"
-	nameSluice4   = "sluice relay, defaults, 4 instances"
-	nameTextbook  = "textbook relay"
-	nameWatermill = "watermill-sql v4 forwarder"
-	nameCeiling1  = "ceiling: claim+mark only, 1 worker"
-	nameCeiling4  = "ceiling: claim+mark only, 4 workers"
+	nameSluice1       = "sluice relay, defaults, 1 instance"
+	nameSluice4       = "sluice relay, defaults, 4 instances"
+	nameSluiceRunOnce = "sluice relay, defaults, 1 instance, RunOnce in a loop"
+	nameTextbook      = "textbook relay"
+	nameWatermill     = "watermill-sql v4 forwarder"
+	nameCeiling1      = "ceiling: claim+mark only, 1 worker"
+	nameCeiling4      = "ceiling: claim+mark only, 4 workers"
 )
 
 // textbookBatch is the textbook relay's SELECT ... FOR UPDATE LIMIT.
@@ -60,7 +61,7 @@ const textbookBatch = 100
 const ceilingBatch = 1000
 
 func runRelaySuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, rep *Report) error {
-	pool, _, err := env.NewDatabase(ctx, "relay", 16, nil)
+	pool, dbURL, err := env.NewDatabase(ctx, "relay", 16, nil)
 	if err != nil {
 		return err
 	}
@@ -78,8 +79,9 @@ func runRelaySuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, re
 		}{
 			{nameCeiling1, func() (RelayResult, error) { return runCeiling(ctx, pool, n, 1, sz.RelayTimeout) }},
 			{nameCeiling4, func() (RelayResult, error) { return runCeiling(ctx, pool, n, 4, sz.RelayTimeout) }},
-			{nameSluice1, func() (RelayResult, error) { return runSluice(ctx, pool, n, 1, delay, sz.RelayTimeout) }},
-			{nameSluice4, func() (RelayResult, error) { return runSluice(ctx, pool, n, 4, delay, sz.RelayTimeout) }},
+			{nameSluice1, func() (RelayResult, error) { return runSluiceDefaults(ctx, pool, dbURL, n, 1, delay, sz.RelayTimeout) }},
+			{nameSluiceRunOnce, func() (RelayResult, error) { return runSluiceOnce(ctx, pool, dbURL, n, delay, sz.RelayTimeout) }},
+			{nameSluice4, func() (RelayResult, error) { return runSluiceDefaults(ctx, pool, dbURL, n, 4, delay, sz.RelayTimeout) }},
 			{nameTextbook, func() (RelayResult, error) { return runTextbook(ctx, pool, n, delay, sz.PeerTimeBox) }},
 			{nameWatermill, func() (RelayResult, error) { return runWatermill(ctx, pool, n, keys, delay, sz.PeerTimeBox) }},
 		}
@@ -93,6 +95,9 @@ func runRelaySuite(ctx context.Context, log *slog.Logger, env *Env, sz Sizes, re
 				isPeer := r.name == nameTextbook || r.name == nameWatermill
 				if delay > 0 && isCeiling {
 					continue // the ceiling publishes nothing: the delay does not apply
+				}
+				if delay > 0 && r.name == nameSluiceRunOnce {
+					continue // compared with the ceiling, which runs at 0 ms only
 				}
 				if delay > 0 && isPeer && rep > 0 {
 					continue
@@ -214,10 +219,82 @@ func (p *stubPublisher) PublishBatch(ctx context.Context, _ string, events []*ou
 	return errs
 }
 
-// runSluice runs `instances` relays (outbox.Relay.Run, defaults except for the stub publisher)
-// on the seeded outbox and measures the time until every row is marked published in the database.
-func runSluice(ctx context.Context, pool *pgxpool.Pool, n, instances int, delay, timeout time.Duration) (RelayResult, error) {
-	return runSluiceWith(ctx, pool, n, instances, delay, timeout, nil)
+// runSluiceDefaults runs `instances` relays (outbox.Relay.Run, defaults except for the stub
+// publisher), each on a pool of its own on dbURL of RelayConfig.PoolSize() connections, as
+// examples/relay sizes it, on the seeded outbox, and measures the time until every row is
+// marked published in the database (read through pool).
+func runSluiceDefaults(ctx context.Context, pool *pgxpool.Pool, dbURL string, n, instances int, delay, timeout time.Duration) (RelayResult, error) {
+	pub := &stubPublisher{Delay: delay}
+	relays := make([]*outbox.Relay, instances)
+	for i := range relays {
+		r, closePool, err := newDefaultRelay(ctx, dbURL, pub)
+		if err != nil {
+			return RelayResult{}, err
+		}
+		defer closePool()
+		relays[i] = r
+	}
+	elapsed, err := drainWith(ctx, pool, relays, n, pub.events.Load, timeout)
+	if err != nil {
+		return RelayResult{}, err
+	}
+	return drainResult(n, elapsed, pub), nil
+}
+
+// runSluiceOnce is runSluiceDefaults for one relay driven by RunOnce in a loop, as a scheduled
+// job or a test drives it, instead of Run: each RunOnce drains what it can claim and returns;
+// the loop ends when the stub acknowledged n events and the database has no pending row left.
+func runSluiceOnce(ctx context.Context, pool *pgxpool.Pool, dbURL string, n int, delay, timeout time.Duration) (RelayResult, error) {
+	pub := &stubPublisher{Delay: delay}
+	r, closePool, err := newDefaultRelay(ctx, dbURL, pub)
+	if err != nil {
+		return RelayResult{}, err
+	}
+	defer closePool()
+	runCtx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	start := time.Now()
+	for {
+		if _, err := r.RunOnce(runCtx); err != nil {
+			return RelayResult{}, fmt.Errorf("RunOnce: %w", err)
+		}
+		if pub.events.Load() < int64(n) {
+			continue
+		}
+		left, err := pendingCount(runCtx, pool)
+		if err != nil {
+			return RelayResult{}, err
+		}
+		if left == 0 {
+			return drainResult(n, time.Since(start), pub), nil
+		}
+	}
+}
+
+// newDefaultRelay returns a relay with its defaults publishing to pub, on a pool of its own on
+// dbURL of RelayConfig.PoolSize() connections, and the function that closes that pool.
+func newDefaultRelay(ctx context.Context, dbURL string, pub outbox.Publisher) (*outbox.Relay, func(), error) {
+	cfg := outbox.RelayConfig{Publisher: pub, Topics: map[string]string{"orders": "arn:aws:sns:us-east-1:000000000000:orders"}}
+	relayPool, err := openPool(ctx, dbURL, int32(cfg.PoolSize()))
+	if err != nil {
+		return nil, nil, err
+	}
+	r, err := outbox.NewRelay(relayPool, cfg)
+	if err != nil {
+		relayPool.Close()
+		return nil, nil, err
+	}
+	return r, relayPool.Close, nil
+}
+
+// drainResult is the result of a drain of n rows that took elapsed, noting the stub's
+// acknowledgements beyond n.
+func drainResult(n int, elapsed time.Duration, pub *stubPublisher) RelayResult {
+	res := RelayResult{Events: n, Elapsed: elapsed}
+	if dup := pub.events.Load() - int64(n); dup > 0 {
+		res.Note = fmt.Sprintf("%d duplicate publishes", dup)
+	}
+	return res
 }
 
 // runSluiceWith is runSluice with each relay's configuration passed through configure (when not
@@ -240,11 +317,7 @@ func runSluiceWith(ctx context.Context, pool *pgxpool.Pool, n, instances int, de
 	if err != nil {
 		return RelayResult{}, err
 	}
-	res := RelayResult{Events: n, Elapsed: elapsed}
-	if dup := pub.events.Load() - int64(n); dup > 0 {
-		res.Note = fmt.Sprintf("%d duplicate publishes", dup)
-	}
-	return res, nil
+	return drainResult(n, elapsed, pub), nil
 }
 
 // drainWith runs relays (outbox.Relay.Run) on the seeded outbox until acked (the stub's

@@ -213,6 +213,9 @@ func (m *migrations) addRole(p DatabaseRoleProps, secret awssecretsmanager.ISecr
 	if p.Consumer != "" {
 		role["Consumer"] = p.Consumer
 	}
+	if p.WALPublication != "" {
+		role["WALPublication"] = p.WALPublication
+	}
 	if len(p.Grants) > 0 {
 		grants := make([]any, len(p.Grants))
 		for i, g := range p.Grants {

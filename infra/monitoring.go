@@ -93,6 +93,10 @@ type DatabaseAlarms struct {
 	// MaximumUsedTransactionIDs alarms when the oldest unfrozen transaction ID is this old
 	// (wraparound stops writes at about 2.1 billion). Defaults to 1,000,000,000.
 	MaximumUsedTransactionIDs float64
+	// ReplicationSlotLagBytes, when set, alarms when a replication slot holds back more WAL than
+	// this (RDS's OldestReplicationSlotLag) for 5 minutes: a slot nobody reads fills the disk.
+	// Defaults to 0: no alarm (the example stack sets it when the relay follows the WAL).
+	ReplicationSlotLagBytes float64
 }
 
 // Monitoring holds the sluice alarms and dashboard.
@@ -474,6 +478,10 @@ func NewMonitoring(scope constructs.Construct, id string, props *MonitoringProps
 			i.MetricDatabaseConnections(every(1, "Maximum")), gt, float64(connections), 5, notBreaching)
 		alarm("DatabaseTransactionIDAge", fmt.Sprintf("The oldest unfrozen transaction ID is %.0f transactions old: vacuum is blocked (a long transaction, an abandoned replication slot or prepared transaction).", d.MaximumUsedTransactionIDs),
 			i.Metric(jsii.String("MaximumUsedTransactionIDs"), every(5, "Maximum")), gt, d.MaximumUsedTransactionIDs, 1, notBreaching)
+		if d.ReplicationSlotLagBytes > 0 {
+			alarm("DatabaseReplicationSlotLag", fmt.Sprintf("A replication slot holds back more than %.0f MiB of WAL for 5 minutes: its reader stopped reading (docs/outbox.md, \"WAL wake-up\").", d.ReplicationSlotLagBytes/1024/1024),
+				i.Metric(jsii.String("OldestReplicationSlotLag"), every(1, "Maximum")), gt, d.ReplicationSlotLagBytes, 5, notBreaching)
+		}
 		dash.AddWidgets(
 			graph("Database CPU (%)", []awscloudwatch.IMetric{i.MetricCPUUtilization(every(5, "Average"))}, jsii.Number(d.CPUPercent)),
 			graph("Database connections", []awscloudwatch.IMetric{i.MetricDatabaseConnections(every(1, "Maximum"))}, jsii.Number(float64(connections))),

@@ -303,9 +303,11 @@ func NewOutbox(scope constructs.Construct, id string, props *OutboxProps) Outbox
 		// The relay's role may not create or drop tables: the migrations function, which logs
 		// in as the owner, maintains the partitions on its schedule.
 		p.Migrations.(*migrations).maintainOutbox(p.OutboxRetention, p.OutboxPartitionInterval)
-		role := NewDatabaseRole(this, "DatabaseRole", &DatabaseRoleProps{
-			Migrations: p.Migrations, Name: p.DatabaseRole, Kind: RoleRelay, Network: p.Network, Database: p.Database,
-		})
+		rp := &DatabaseRoleProps{Migrations: p.Migrations, Name: p.DatabaseRole, Kind: RoleRelay, Network: p.Network, Database: p.Database}
+		if p.RelayService != nil {
+			rp.WALPublication = p.RelayService.WALPublication
+		}
+		role := NewDatabaseRole(this, "DatabaseRole", rp)
 		roleSecret = role.Secret()
 	}
 	var host relayHost
@@ -313,8 +315,11 @@ func NewOutbox(scope constructs.Construct, id string, props *OutboxProps) Outbox
 		rs := newRelayService(this, &p, env, roleSecret)
 		o.service, o.serviceLogs, host = rs.service, rs.logs, rs
 		if p.Migrations != nil {
-			n := p.RelayService.withDefaults().DesiredCount
-			p.Migrations.UseConnections(fmt.Sprintf("relay service %d (tasks) × %d (pool)", n, p.Database.maxConns()), n*p.Database.maxConns())
+			n, perTask, what := p.RelayService.withDefaults().DesiredCount, p.Database.maxConns(), "(pool)"
+			if p.RelayService.WALPublication != "" {
+				perTask, what = perTask+1, "(pool + its replication connection)"
+			}
+			p.Migrations.UseConnections(fmt.Sprintf("relay service %d (tasks) × %d %s", n, perTask, what), n*perTask)
 			rs.service.Node().AddDependency(p.Migrations.Resource())
 		}
 	} else {

@@ -46,6 +46,12 @@ type RelayServiceProps struct {
 	MemoryMiB int
 	// Cluster runs the service. Defaults to a new cluster in Network.Vpc with Container Insights.
 	Cluster awsecs.ICluster
+	// WALPublication, when set, has the tasks follow the WAL for new rows through this
+	// publication instead of polling (SLUICE_RELAY_WAL_PUBLICATION; docs/outbox.md, "WAL
+	// wake-up"), on one replication connection per task beside the pool. The database needs
+	// rds.logical_replication=1; with OutboxProps.Migrations the relay's role gets the
+	// publication and rds_replication. Defaults to "": the tasks poll.
+	WALPublication string
 }
 
 func (p *RelayServiceProps) withDefaults() RelayServiceProps {
@@ -61,6 +67,9 @@ func (p *RelayServiceProps) validate() error {
 	var errs []error
 	if p.Image == nil {
 		errs = append(errs, errors.New("RelayService.Image is required (make build writes bin/relay-service: awsecs.ContainerImage_FromAsset)"))
+	}
+	if p.WALPublication != "" && !pgIdentifier.MatchString(p.WALPublication) {
+		errs = append(errs, fmt.Errorf("RelayService.WALPublication must be a lower-case PostgreSQL identifier, got %q", p.WALPublication))
 	}
 	if p.DesiredCount < 1 || p.DesiredCount > 16 {
 		errs = append(errs, fmt.Errorf("RelayService.DesiredCount must be between 1 and 16, got %d", p.DesiredCount))
@@ -102,6 +111,9 @@ func newRelayService(scope constructs.Construct, p *OutboxProps, env map[string]
 	// The pool is booked per task: the relay sizes it from DATABASE_MAX_CONNS.
 	full[lambdaenv.DatabaseMaxConns] = jsii.String(strconv.Itoa(p.Database.maxConns()))
 	full[lambdaenv.DatabaseSSLRootCert] = jsii.String(s.CABundlePath)
+	if s.WALPublication != "" {
+		full[lambdaenv.RelayWALPublication] = jsii.String(s.WALPublication)
+	}
 	for k, v := range env {
 		full[k] = v
 	}

@@ -78,6 +78,9 @@ type DatabaseRoleProps struct {
 	Consumer string
 	// Grants are further privileges of a consumer role.
 	Grants []DatabaseGrant
+	// WALPublication, on a RoleRelay role, is the publication a relay that follows the WAL reads:
+	// the migrations create it when missing and grant the role rds_replication.
+	WALPublication string
 	// Network places the secret's rotation function next to the database. Network.Vpc is required.
 	Network Network
 	// Database is the database the role is created in; its Connections admit the rotation

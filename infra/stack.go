@@ -53,6 +53,11 @@ type SluiceStackProps struct {
 	// examples/relay with its Dockerfile) instead of the scheduled Lambda. Defaults to "": the
 	// Lambda.
 	RelayImageDir string
+	// WALWakeup, with RelayImageDir, has the relay tasks follow the WAL for new rows instead of
+	// polling (RelayServiceProps.WALPublication "sluice_outbox"): the new database gets
+	// rds.logical_replication=1 and max_slot_wal_keep_size, the relay's role the publication
+	// and rds_replication, and an alarm watches the replication slots' lag. Defaults to false.
+	WALWakeup bool
 
 	// VpcID imports an existing VPC (looked up at synth time; needs an account and region in
 	// StackProps.Env). It must have private subnets with egress. Defaults to a new VPC.
@@ -317,6 +322,9 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 		claim = NewClaimCheck(stack, "ClaimCheck", p.ClaimCheck)
 	}
 	relayService, relayImage := exampleRelayService(stack, p.RelayImageDir)
+	if relayService != nil && p.WALWakeup {
+		relayService.WALPublication = "sluice_outbox"
+	}
 	s.outbox = NewOutbox(stack, "Outbox", &OutboxProps{
 		RelayCodeDir: p.RelayCodeDir,
 		Network:      network,
@@ -399,6 +407,9 @@ func NewSluiceStack(scope constructs.Construct, id string, props *SluiceStackPro
 	}
 	if instance != nil {
 		mon.Database = &DatabaseAlarms{Instance: instance, MaxConnections: maxConnections}
+		if p.WALWakeup {
+			mon.Database.ReplicationSlotLagBytes = walKeepMB << 20 / 4
+		}
 	}
 	s.monitoring = NewMonitoring(stack, "Monitoring", mon)
 	if endpoints != nil {
@@ -747,13 +758,20 @@ func newDatabase(stack awscdk.Stack, network Network, p SluiceStackProps) (awsrd
 		dbSubnets = &awsec2.SubnetSelection{SubnetGroupName: jsii.String("database")}
 	}
 	engine := awsrds.DatabaseInstanceEngine_Postgres(&awsrds.PostgresInstanceEngineProps{Version: awsrds.PostgresEngineVersion_VER_17_9()})
+	parameters := map[string]*string{
+		"rds.force_ssl":   jsii.String("1"),
+		"max_connections": jsii.String(fmt.Sprint(p.MaxConnections)),
+	}
+	if p.WALWakeup {
+		// The relay follows the WAL (docs/outbox.md, "WAL wake-up"): logical decoding, and a
+		// bound on what any replication slot may hold back (MB), so that none fills the disk.
+		parameters["rds.logical_replication"] = jsii.String("1")
+		parameters["max_slot_wal_keep_size"] = jsii.String(fmt.Sprint(walKeepMB))
+	}
 	params := awsrds.NewParameterGroup(stack, jsii.String("DatabaseParameters"), &awsrds.ParameterGroupProps{
 		Engine:      engine,
 		Description: jsii.String("sluice: TLS required for every connection; max_connections fixed for the connection budget"),
-		Parameters: &map[string]*string{
-			"rds.force_ssl":   jsii.String("1"),
-			"max_connections": jsii.String(fmt.Sprint(p.MaxConnections)),
-		},
+		Parameters:  &parameters,
 	})
 	sg := awsec2.NewSecurityGroup(stack, jsii.String("DatabaseSecurityGroup"), &awsec2.SecurityGroupProps{
 		Vpc:              vpc,
@@ -800,6 +818,11 @@ func newDatabase(stack awscdk.Stack, network Network, p SluiceStackProps) (awsrd
 	rotateSecret(stack, secret, network, Database{Connections: db}, 30, nil)
 	return db, sg
 }
+
+// walKeepMB is the example database's max_slot_wal_keep_size with WALWakeup: the most WAL a
+// replication slot may hold back before PostgreSQL invalidates it (the relay then falls back to
+// polling and creates a new slot). Its alarm fires at a quarter of it.
+const walKeepMB = 4096
 
 // exampleRelayService is the example stack's Fargate relay from the image built in dir, and
 // that image (whose repository the ECR endpoints admit); nil, nil for "".

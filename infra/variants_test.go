@@ -31,8 +31,8 @@ var exampleVariants = []struct {
 	{"Default", func(*testing.T) *infra.SluiceStackProps {
 		return &infra.SluiceStackProps{AlarmEmail: "oncall@example.com"}
 	}},
-	{"Fargate", func(t *testing.T) *infra.SluiceStackProps {
-		return &infra.SluiceStackProps{NoAlarmDestination: true, RelayImageDir: imageDir(t)}
+	{"FargateWAL", func(t *testing.T) *infra.SluiceStackProps { // the relay tasks follow the WAL
+		return &infra.SluiceStackProps{NoAlarmDestination: true, RelayImageDir: imageDir(t), WALWakeup: true}
 	}},
 	{"FargateNatClaimCheck", func(t *testing.T) *infra.SluiceStackProps {
 		return &infra.SluiceStackProps{NoAlarmDestination: true, RelayImageDir: imageDir(t), NatGateways: 1, ClaimCheck: &infra.ClaimCheckProps{}}
@@ -423,4 +423,33 @@ func TestEveryHostReachesWhatItCalls(t *testing.T) {
 // egressOfGroups lists one security group's outbound rules as egressOf does.
 func egressOfGroups(tmpl assertions.Template, sg string) []string {
 	return egressOf(tmpl, map[string]any{"Properties": map[string]any{"VpcConfig": map[string]any{"SecurityGroupIds": []any{map[string]any{"Fn::GetAtt": []any{sg, "GroupId"}}}}}})
+}
+
+// With WALWakeup the relay tasks follow the WAL: the database decodes it and bounds what a slot
+// may hold, the migrations give the relay's role the publication and the right to replicate,
+// the tasks are told the publication, their replication connections are booked, and an alarm
+// watches the slots' lag. The variants without it have none of this.
+func TestWALWakeupVariantDeploysWhatTheStreamNeeds(t *testing.T) {
+	for _, v := range variants(t) {
+		wal := v.name == "FargateWAL"
+		t.Run(v.name, func(t *testing.T) {
+			params := v.tmpl.FindResources(jsii.String("AWS::RDS::DBParameterGroup"), nil)
+			for _, res := range *params {
+				p := (*res)["Properties"].(map[string]any)["Parameters"].(map[string]any)
+				if wal {
+					require.Equal(t, "1", p["rds.logical_replication"])
+					require.Equal(t, "4096", p["max_slot_wal_keep_size"])
+				} else {
+					require.NotContains(t, p, "rds.logical_replication")
+				}
+			}
+			raw, err := os.ReadFile(v.file)
+			require.NoError(t, err)
+			require.Equal(t, wal, regexp.MustCompile(`"WALPublication":\s*"sluice_outbox"`).MatchString(string(raw)), "the relay role's publication")
+			require.Equal(t, wal, strings.Contains(string(raw), "SLUICE_RELAY_WAL_PUBLICATION"), "the tasks' variable")
+			alarms := v.tmpl.FindResources(jsii.String("AWS::CloudWatch::Alarm"), &map[string]any{
+				"Properties": map[string]any{"MetricName": "OldestReplicationSlotLag"}})
+			require.Equal(t, wal, len(*alarms) == 1, "the replication slot lag alarm")
+		})
+	}
 }

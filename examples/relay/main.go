@@ -10,6 +10,9 @@
 //   - DATABASE_MAX_CONNS: the pool's size. Unset, it is RelayConfig.PoolSize() + 1 (at least
 //     4): one connection per pipeline's round, as many for rounds a slow destination detached
 //     from their pipelines, one for polling and the key walk, one for metrics.
+//   - SLUICE_RELAY_WAL_PUBLICATION (pkg/lambdaenv; unset: poll): follow the WAL for new rows
+//     through this publication (docs/outbox.md, "WAL wake-up"), on one more connection, a
+//     replication one, beside the pool; it falls back to polling whenever it cannot.
 //
 // On SIGTERM (what ECS and Kubernetes send before stopping a task) it stops taking rounds,
 // lets the rounds in flight end as the relay Lambda's do at its deadline (what the broker

@@ -116,8 +116,8 @@ type Report struct {
 	// Filtered counts the published events not applied that no subscription's filter policy
 	// (Options.Filters) delivers: they are not missing.
 	Filtered int
-	Lag         Lag
-	Cost        Cost
+	Lag      Lag
+	Cost     Cost
 }
 
 // Overdue counts the missing events older than the alarm threshold.

@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sluicehq/sluice/migrations"
+	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
 // Role kinds (Role.Kind): what a function's database role may do.
@@ -51,6 +52,11 @@ type Role struct {
 	SecretArn string `json:"SecretArn"`
 	// Consumer is the inbox consumer name whose rows a KindConsumer role may touch.
 	Consumer string `json:"Consumer,omitempty"`
+	// WALPublication, on a KindRelay role, is the publication a relay that follows the WAL reads
+	// (outbox.WALWake): the handler creates it when missing (outbox.PublicationSQL; it needs
+	// outbox_event's owner) and lets the role open replication connections (rds_replication
+	// on RDS, the REPLICATION attribute elsewhere).
+	WALPublication string `json:"WALPublication,omitempty"`
 	// Grants are further privileges, e.g. on the tables a consumer's handlers write.
 	Grants []Grant `json:"Grants,omitempty"`
 }
@@ -87,6 +93,9 @@ func validateRoles(roles []Role) error {
 		seen[r.Name] = true
 		if r.SecretArn == "" {
 			errs = append(errs, fmt.Errorf("%s: SecretArn is required", at))
+		}
+		if r.WALPublication != "" && (r.Kind != KindRelay || !identifier.MatchString(r.WALPublication)) {
+			errs = append(errs, fmt.Errorf("%s: WALPublication must be a lower-case PostgreSQL identifier, on a relay role", at))
 		}
 		switch r.Kind {
 		case KindRelay:
@@ -344,6 +353,13 @@ func applyRole(ctx context.Context, tx pgx.Tx, r Role, password string) error {
 		if stats {
 			sqls = append(sqls, "REVOKE pg_read_all_stats FROM "+ident)
 		}
+		if r.WALPublication != "" {
+			wal, err := walWakeGrants(ctx, tx, r.WALPublication, ident)
+			if err != nil {
+				return err
+			}
+			sqls = append(sqls, wal...)
+		}
 	case KindConsumer:
 		if err := applyGrants(ctx, tx, "consumer.sql", map[string]string{"role": r.Name, "consumer": r.Consumer, "policy": "sluice_inbox_" + r.Name}); err != nil {
 			return err
@@ -467,4 +483,23 @@ func sortedRoleNames(roles []Role) []string {
 	}
 	sort.Strings(names)
 	return names
+}
+
+// walWakeGrants returns the statements that let a relay role follow the WAL through
+// publication: the publication, when missing, and the right to replicate — membership of
+// rds_replication where that role exists (RDS), else the REPLICATION attribute.
+func walWakeGrants(ctx context.Context, tx pgx.Tx, publication, ident string) ([]string, error) {
+	var sqls []string
+	var exists, rds bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1),
+		EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'rds_replication')`, publication).Scan(&exists, &rds); err != nil {
+		return nil, err
+	}
+	if !exists {
+		sqls = append(sqls, outbox.PublicationSQL(publication))
+	}
+	if rds {
+		return append(sqls, "GRANT rds_replication TO "+ident), nil
+	}
+	return append(sqls, "ALTER ROLE "+ident+" REPLICATION"), nil
 }

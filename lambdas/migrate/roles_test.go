@@ -488,3 +488,47 @@ func TestRolesRunTheRealConsumerAndRelay(t *testing.T) {
 	}
 	t.Run("partitioned tables", func(t *testing.T) { run(t, "partitioned") })
 }
+
+// A relay role that follows the WAL (WALPublication) gets the publication, created once by the
+// owner, carrying inserts of the wake-up's columns only, and the right to replicate (the
+// REPLICATION attribute on a server without RDS's rds_replication role).
+func TestRolesRelayThatFollowsTheWAL(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := testdb.EmptyURL(t)
+	admin, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	relay := fmt.Sprintf("sluice_relay_wal_%d", time.Now().UnixNano())
+	t.Cleanup(func() {
+		c, err := pgx.Connect(context.Background(), dbURL)
+		if err == nil {
+			_, _ = c.Exec(context.Background(), "DROP OWNED BY "+relay)
+			c.Close(context.Background())
+		}
+	})
+	book := &secretBook{secrets: map[string]string{"arn:" + relay: fmt.Sprintf(`{"username":%q,"password":"pw"}`, relay)}}
+	h := &handler{getenv: func(k string) string { return map[string]string{lambdaenv.DatabaseURL: dbURL}[k] }, secrets: book, log: slog.New(slog.DiscardHandler)}
+	for range 2 { // an update finds the publication there and keeps it
+		ev := createEvent(t)
+		ev.ResourceProperties = map[string]any{RolesProperty: []any{
+			map[string]any{"Name": relay, "Kind": KindRelay, "SecretArn": "arn:" + relay, "WALPublication": "sluice_outbox"}}}
+		_, _, err = h.Handle(ctx, ev)
+		require.NoError(t, err)
+	}
+	var cols []string
+	var ins, upd, replication bool
+	require.NoError(t, admin.QueryRow(ctx, `SELECT p.attnames, pub.pubinsert, pub.pubupdate FROM pg_publication_tables p
+		JOIN pg_publication pub USING (pubname) WHERE pubname = 'sluice_outbox'`).Scan(&cols, &ins, &upd))
+	require.ElementsMatch(t, []string{"id", "topic", "partition_key"}, cols)
+	require.True(t, ins)
+	require.False(t, upd, "only inserts")
+	require.NoError(t, admin.QueryRow(ctx, "SELECT rolreplication FROM pg_roles WHERE rolname = $1", relay).Scan(&replication))
+	require.True(t, replication, "the relay may open replication connections")
+
+	ev := createEvent(t)
+	ev.ResourceProperties = map[string]any{RolesProperty: []any{
+		map[string]any{"Name": relay, "Kind": KindConsumer, "Consumer": "x", "SecretArn": "arn:" + relay, "WALPublication": "sluice_outbox"}}}
+	_, _, err = h.Handle(ctx, ev)
+	require.ErrorContains(t, err, "WALPublication must be a lower-case PostgreSQL identifier, on a relay role")
+}

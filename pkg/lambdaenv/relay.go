@@ -21,6 +21,11 @@ const (
 	// MaxRoundBytes defaults to it divided by 8 × Pipelines, so that every round's payloads and
 	// their copies in flight fit the function.
 	LambdaMemorySize = "AWS_LAMBDA_FUNCTION_MEMORY_SIZE"
+	// RelayWALPublication turns the WAL wake-up on (outbox.WALWake): the publication of
+	// outbox_event's inserts a long-running relay follows instead of polling (outbox's
+	// PublicationSQL creates it, e.g. sluice_outbox). Unset, the relay polls. RunOnce (the
+	// relay Lambda) always polls.
+	RelayWALPublication = "SLUICE_RELAY_WAL_PUBLICATION"
 )
 
 // DefaultRelayStopBefore is SLUICE_RELAY_STOP_BEFORE's default.
@@ -36,6 +41,9 @@ func RelayConfig(getenv Getenv) (outbox.RelayConfig, error) {
 		return outbox.RelayConfig{}, err
 	}
 	cfg.Topics, cfg.DefaultTopic = topics, def
+	if pub := getenv(RelayWALPublication); pub != "" {
+		cfg.WAL = &outbox.WALWake{Publication: pub}
+	}
 	return cfg, nil
 }
 

@@ -114,3 +114,17 @@ func TestRelayRoundBudgetFollowsTheLambdasMemory(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, cfg.MaxRoundBytes, "outside Lambda: the library's default")
 }
+
+// SLUICE_RELAY_WAL_PUBLICATION turns the WAL wake-up on with its publication; unset, the relay
+// polls.
+func TestRelayConfigWALWakeUp(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{TopicARNs: `{"orders":"arn:aws:sns:us-east-1:000000000000:orders"}`}
+	cfg, err := RelayConfig(func(k string) string { return env[k] })
+	require.NoError(t, err)
+	require.Nil(t, cfg.WAL, "polling unless asked")
+	env[RelayWALPublication] = "sluice_outbox"
+	cfg, err = RelayConfig(func(k string) string { return env[k] })
+	require.NoError(t, err)
+	require.Equal(t, &outbox.WALWake{Publication: "sluice_outbox"}, cfg.WAL)
+}

@@ -94,6 +94,10 @@ var (
 	// order in a call (outbox.Limits.KeyOrderInCall) promises never to do.
 	OrderViolations = Metric{Name: "OrderViolations", Kind: Counter, Unit: Count, Services: relay, Dimensions: relayDims,
 		Doc: "published rows a destination acknowledged after failing an earlier row of their key in the same call (a broken promise of per-key order; should stay 0)"}
+	// WALWakeActive is 1 while a relay follows the WAL for new rows (outbox.WALWake), 0 while
+	// it polls because it cannot; emitted only by relays configured to follow it.
+	WALWakeActive = Metric{Name: "WALWakeActive", Kind: Gauge, Unit: Count, Services: relay, Dimensions: relayDims,
+		Doc: "1 while a relay configured with the WAL wake-up follows the stream, 0 while it falls back to polling"}
 	// OldestTransactionAge is the age of the database's oldest transaction holding a snapshot,
 	// which holds back VACUUM.
 	OldestTransactionAge = Metric{Name: "OldestTransactionAgeSeconds", Kind: Gauge, Unit: Seconds, Services: relay, Dimensions: relayDims,
@@ -177,7 +181,7 @@ var (
 func All() []Metric {
 	return []Metric{
 		OutboxPending, OutboxOldestPendingAge, OutboxQuarantined, RelayHeartbeat, Published,
-		PublishFailures, DestinationsDown, OrderViolations, OldestTransactionAge, Offloaded, OffloadedBytes,
+		PublishFailures, DestinationsDown, OrderViolations, WALWakeActive, OldestTransactionAge, Offloaded, OffloadedBytes,
 		FleetTenants, FleetTenantsFailing, TenantOldestPendingAge, TenantPending, TenantQuarantined, TenantPublished,
 		InboxProcessed, InboxSkipped, InboxDuplicates, InboxFailures, InboxStored, InboxDeadLetters, InboxParked,
 		CommitToApplyLatency, AuditMissingEvents, AuditUnpublishedEvents,

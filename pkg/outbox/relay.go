@@ -79,6 +79,10 @@ type RelayConfig struct {
 	// delays only its own rows (docs/outbox.md, "Liveness"). A relay with one destination has
 	// nothing to isolate it from and does none of this. Defaults to 250ms.
 	SlowCall time.Duration
+	// WAL, when set, has Run follow the database's logical replication stream for new rows
+	// instead of polling every PollInterval, falling back to polling whenever the stream
+	// cannot be followed (WALWake; docs/outbox.md, "WAL wake-up"). RunOnce and RunPass poll.
+	WAL *WALWake
 	// Lease bounds how long one round holds its partition keys: publishing stops at three
 	// quarters of it, every statement of the round is cancelled after half of it, and
 	// PostgreSQL ends the round's session if it sits idle longer (a hung or frozen relay;
@@ -251,6 +255,8 @@ type Relay struct {
 	book     *keyBook
 	dests    *destinations
 	watch    *watcher
+	// wal follows the WAL for new rows (RelayConfig.WAL); nil when polling is the only way.
+	wal *walFollower
 	// limits holds each destination's limits (capped by MaxMessageBytes); readBytes is the
 	// largest message the relay reads into memory to publish (or to store, with a claim check).
 	limits    map[string]Limits
@@ -288,6 +294,9 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 		dests:    newDestinations(cfg.BackoffBase, cfg.BackoffMax, cfg.slowAfter(), jitter),
 	}
 	r.watch = newWatcher(r)
+	if cfg.WAL != nil {
+		r.wal = newWALFollower(r, *cfg.WAL)
+	}
 	r.limits = map[string]Limits{}
 	for _, dest := range cfg.Destinations() {
 		lim := r.limitOf(dest)
@@ -425,6 +434,13 @@ func (r *Relay) Run(ctx context.Context) error {
 		defer wg.Done()
 		r.watch.run(ctx)
 	}()
+	if r.wal != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.wal.run(ctx)
+		}()
+	}
 	var (
 		mu     sync.Mutex
 		window Stats
@@ -684,6 +700,9 @@ func (r *Relay) emitMetrics(ctx context.Context, s Stats) {
 		metrics.DestinationsDown.Measure(float64(len(r.dests.down()))),
 		metrics.OrderViolations.Measure(float64(s.OrderViolations)),
 	}
+	if r.wal != nil {
+		ms = append(ms, metrics.WALWakeActive.Measure(map[bool]float64{false: 0, true: 1}[r.wal.following()]))
+	}
 	if r.cfg.ClaimCheck != nil { // payloads stored in S3 (claimcheck.go)
 		ms = append(ms, metrics.Offloaded.Measure(float64(s.Offloaded)), metrics.OffloadedBytes.Measure(float64(s.OffloadedBytes)))
 	}
@@ -707,6 +726,10 @@ func (r *Relay) emitMetrics(ctx context.Context, s Stats) {
 	}
 	r.metrics.Record(ctx, relayDimensions, ms...)
 }
+
+// FollowingWAL reports whether Run follows the WAL for new rows now (RelayConfig.WAL): false
+// without it, before the stream started, and while the relay polls because it cannot.
+func (r *Relay) FollowingWAL() bool { return r.wal.following() }
 
 // DestinationsDown returns the destinations this relay currently backs off as a whole.
 func (r *Relay) DestinationsDown() []DestinationOutage { return r.dests.down() }

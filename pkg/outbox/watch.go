@@ -218,6 +218,16 @@ func (w *watcher) applyPoll(p pollRead) int {
 	return fresh
 }
 
+// pollEvery is how long Run's watcher waits between polls: PollInterval, or RescanInterval
+// while the WAL stream tells the relay of new rows (walFollower). The one place that decides
+// how often Run polls: whenever the stream is not followed, it is PollInterval.
+func (w *watcher) pollEvery() time.Duration {
+	if w.r.wal.following() {
+		return max(w.r.cfg.PollInterval, w.r.cfg.RescanInterval)
+	}
+	return w.r.cfg.PollInterval
+}
+
 // pollAndSweep is RunOnce's look at the outbox, a poll and then a sweep: the first poll and
 // the first sweep step share one read-only transaction (one round trip, where each in its own
 // took two), and the sweep goes on while a step came back full (sweepOn). A first poll that
@@ -407,17 +417,23 @@ func (w *watcher) run(ctx context.Context) {
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		t := time.NewTicker(w.r.cfg.PollInterval)
-		defer t.Stop()
+		var switched chan struct{}
+		if w.r.wal != nil {
+			switched = w.r.wal.switched
+		}
 		for {
 			if err := w.poll(ctx); err != nil && ctx.Err() == nil {
 				w.r.log.Warn("relay poll failed; retrying", "error", err)
 			}
+			t := time.NewTimer(w.pollEvery())
 			select {
 			case <-ctx.Done():
+				t.Stop()
 				return
 			case <-t.C:
+			case <-switched: // the WAL stream stopped: poll at once
 			}
+			t.Stop()
 		}
 	}()
 	go func() {

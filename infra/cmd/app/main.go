@@ -30,6 +30,9 @@
 //	consumerMaxConcurrency   The example consumer's maximum concurrency (2..1000). Defaults to 5.
 //	relayRuntime             lambda (the default) or fargate: the relay as an ECS Fargate service
 //	                         from the image `make build` writes to <assetDir>/relay-service.
+//	walWakeup                "true" (with relayRuntime=fargate): the relay tasks follow the WAL
+//	                         for new rows instead of polling (rds.logical_replication, the
+//	                         publication and rds_replication, a replication slot lag alarm).
 //	relayIdleStop            The relay's idle mode (Go duration, e.g. 10s): an invocation ends once
 //	                         it has claimed nothing for that long, so a quiet outbox costs a short
 //	                         invocation a minute; the first event after a quiet spell waits up to a
@@ -108,6 +111,9 @@ func main() {
 		}
 	default:
 		fail("context relayRuntime: want lambda or fargate, got %q", rt)
+	}
+	if props.WALWakeup && props.RelayImageDir == "" {
+		fail("walWakeup=true needs relayRuntime=fargate: the relay Lambda's scheduled invocations poll (docs/outbox.md, \"WAL wake-up\")")
 	}
 
 	infra.NewSluiceStack(app, orDefault(ctx("stackName"), "Sluice"), props)
@@ -214,6 +220,7 @@ func stackProps(ctx func(string) string, getenv func(string) string) (*infra.Slu
 		MskSecurityGroupID: ctx("mskSecurityGroupId"),
 		MskTopic:           ctx("mskTopic"),
 	}
+	props.WALWakeup = flag("walWakeup", false)
 	if flag("claimCheck", false) {
 		props.ClaimCheck = &infra.ClaimCheckProps{Threshold: number("claimCheckThreshold", 0), MaxPayloadBytes: number("claimCheckMaxPayload", 0)}
 	}

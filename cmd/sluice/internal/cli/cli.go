@@ -368,21 +368,3 @@ func redact(u string) string {
 	}
 	return p.Redacted()
 }
-
-// confirm asks a yes/no question on a terminal. Without a terminal on stdin it refuses
-// rather than waiting for input that will never come.
-func (a *app) confirm(cmd *cobra.Command, question, refusal string) error {
-	if !a.io.IsTerminal(a.io.In) {
-		return errors.New(refusal + ": stdin is not a terminal, so pass --yes to confirm")
-	}
-	fmt.Fprintf(a.io.Err, "%s [y/N] ", question)
-	var answer string
-	if _, err := fmt.Fscanln(a.io.In, &answer); err != nil && answer == "" {
-		return errors.New(refusal + ": not confirmed")
-	}
-	switch strings.ToLower(strings.TrimSpace(answer)) {
-	case "y", "yes":
-		return nil
-	}
-	return errors.New(refusal + ": not confirmed")
-}

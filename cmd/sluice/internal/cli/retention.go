@@ -35,7 +35,7 @@ type InboxSources struct {
 }
 
 func (s *InboxSources) flags(fl *pflag.FlagSet) {
-	fl.StringArrayVar(&s.Queues, "queue", nil, "SQS queue URL of an inbox consumer; refuse if its (or its DLQ's) retention is not shorter than --older-than (repeatable)")
+	fl.StringArrayVar(&s.Queues, "queue", nil, "SQS queue URL of an inbox consumer (fed by SNS or EventBridge); refuse if its (or its DLQ's) retention is not shorter than --older-than (repeatable)")
 	fl.StringArrayVar(&s.KinesisStreams, "kinesis-stream", nil, "Kinesis stream (name or ARN) an inbox consumer reads; refuse if its retention is not shorter than --older-than (repeatable)")
 	fl.StringArrayVar(&s.KafkaTopics, "kafka-topic", nil, "Kafka (MSK) topic an inbox consumer reads, on the brokers of $"+lambdaenv.KafkaBrokers+"; refuse if its retention.ms is not shorter than --older-than (repeatable)")
 	fl.Var(&durationValue{d: &s.Retention}, "source-retention", "retention of an inbox consumer's source given by hand (a stream or topic this machine cannot reach); refuse if it is not shorter than --older-than")

@@ -1,0 +1,337 @@
+package outbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// WAL wake-up (docs/outbox.md, "WAL wake-up"): the database tells Run which rows committed.
+// The stream is a wake-up, never the truth: what a round claims is read from the outbox under
+// its locks as always, so a change the stream misses or repeats costs latency, never order or
+// a row. Its invariant: while the stream is not followed, the relay polls every PollInterval
+// (watcher.pollEvery), and every switch between the two is followed by a sweep.
+
+// WALWake turns on the WAL wake-up: Run follows a logical replication slot on outbox_event's
+// inserts and makes each committed row's key due at once, in commit order, instead of waiting
+// for the next poll; while it follows, it polls only every RescanInterval. When the stream
+// cannot be followed (wal_level is not logical, the role lacks REPLICATION or rds_replication,
+// a proxy that carries no replication connections, a failover, the walsender ended), Run polls
+// every PollInterval at once, says so in a log line and the WALWakeActive metric, and tries the
+// stream again after RetryAfter.
+type WALWake struct {
+	// Publication is the publication of outbox_event's inserts the slot follows. Defaults to
+	// "sluice_outbox". Created when missing if the relay's role owns outbox_event; otherwise
+	// its owner creates it once (docs/outbox.md gives the statement).
+	Publication string
+	// RetryAfter is how long after the stream failed the relay tries it again. Defaults to 10s.
+	RetryAfter time.Duration
+	// StatusInterval is how often the relay confirms the slot's position to the server (it
+	// needs no history, so it confirms everything it received). Defaults to 1s.
+	StatusInterval time.Duration
+}
+
+func (w WALWake) withDefaults() WALWake {
+	if w.Publication == "" {
+		w.Publication = "sluice_outbox"
+	}
+	if w.RetryAfter <= 0 {
+		w.RetryAfter = 10 * time.Second
+	}
+	if w.StatusInterval <= 0 {
+		w.StatusInterval = time.Second
+	}
+	return w
+}
+
+// walFollower follows the slot for one relay. It owns the stream's state: whether it is
+// followed now (active), read by the watcher's poll loop.
+type walFollower struct {
+	r   *Relay
+	cfg WALWake
+
+	mu     sync.Mutex
+	active bool
+	// switched is signalled (without blocking) when the stream stops being followed, so that
+	// the poll loop polls at once instead of at the end of its long interval.
+	switched chan struct{}
+	// woken counts the rows the stream made due (for tests and the status).
+	woken int64
+}
+
+func newWALFollower(r *Relay, cfg WALWake) *walFollower {
+	return &walFollower{r: r, cfg: cfg.withDefaults(), switched: make(chan struct{}, 1)}
+}
+
+// following reports whether the stream is followed now.
+func (f *walFollower) following() bool {
+	if f == nil {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.active
+}
+
+// setActive records a switch between the stream and polling: each is logged once, followed by
+// a sweep (what committed while neither looked is found), and a switch to polling wakes the
+// poll loop.
+func (f *walFollower) setActive(active bool, why error) {
+	f.mu.Lock()
+	was := f.active
+	f.active = active
+	f.mu.Unlock()
+	if was == active {
+		return
+	}
+	if active {
+		f.r.log.Info("relay: following the WAL for new rows; polling every RescanInterval", "publication", f.cfg.Publication)
+	} else {
+		f.r.log.Warn("relay: WAL wake-up unavailable; polling every PollInterval", "error", why, "retry_after", f.cfg.RetryAfter)
+		select {
+		case f.switched <- struct{}{}:
+		default:
+		}
+	}
+	f.r.watch.wantSweep()
+}
+
+// run follows the stream until ctx ends, falling back to polling while it cannot.
+func (f *walFollower) run(ctx context.Context) {
+	for ctx.Err() == nil {
+		err := f.follow(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		f.setActive(false, err)
+		sleep(ctx, f.cfg.RetryAfter)
+	}
+	f.mu.Lock()
+	f.active = false
+	f.mu.Unlock()
+}
+
+// errWALEnded is follow's error when the server ended the stream without an error.
+var errWALEnded = errors.New("the replication stream ended")
+
+// follow connects for replication, makes sure the publication exists, creates a temporary slot
+// (dropped by the server when the session ends: a relay that dies never leaves a slot holding
+// WAL) and follows it until an error or ctx's end.
+func (f *walFollower) follow(ctx context.Context) error {
+	ccfg := f.r.pool.Config().ConnConfig.Config.Copy()
+	if ccfg.RuntimeParams == nil {
+		ccfg.RuntimeParams = map[string]string{}
+	}
+	ccfg.RuntimeParams["replication"] = "database"
+	ccfg.RuntimeParams["application_name"] = "sluice-relay-wal"
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	conn, err := pgconn.ConnectConfig(cctx, ccfg)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("connect for replication: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+
+	if err := f.prepare(ctx, conn); err != nil {
+		return err
+	}
+	slot := "sluice_relay_" + randomHex(8)
+	created, err := pglogrepl.CreateReplicationSlot(ctx, conn, slot, "pgoutput",
+		pglogrepl.CreateReplicationSlotOptions{Temporary: true, SnapshotAction: "NOEXPORT_SNAPSHOT"})
+	if err != nil {
+		return fmt.Errorf("create a temporary replication slot: %w", err)
+	}
+	start, err := pglogrepl.ParseLSN(created.ConsistentPoint)
+	if err != nil {
+		return fmt.Errorf("replication slot's consistent point: %w", err)
+	}
+	err = pglogrepl.StartReplication(ctx, conn, slot, start, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names " + quoteLiteral(f.cfg.Publication)}})
+	if err != nil {
+		return fmt.Errorf("start replication: %w", err)
+	}
+	f.setActive(true, nil)
+	return f.stream(ctx, conn, start)
+}
+
+// prepare checks the server can decode (wal_level=logical) and that the publication exists,
+// creating it when missing (which takes ownership of outbox_event).
+func (f *walFollower) prepare(ctx context.Context, conn *pgconn.PgConn) error {
+	rows, err := conn.Exec(ctx, "SHOW wal_level").ReadAll()
+	if err != nil {
+		return fmt.Errorf("read wal_level: %w", err)
+	}
+	if len(rows) == 0 || len(rows[0].Rows) == 0 || string(rows[0].Rows[0][0]) != "logical" {
+		return errors.New("wal_level is not logical (on RDS, set rds.logical_replication=1 in the parameter group)")
+	}
+	pub := quoteLiteral(f.cfg.Publication)
+	rows, err = conn.Exec(ctx, "SELECT count(*) FROM pg_publication WHERE pubname = "+pub).ReadAll()
+	if err != nil {
+		return fmt.Errorf("look up publication %s: %w", f.cfg.Publication, err)
+	}
+	if len(rows) > 0 && len(rows[0].Rows) > 0 && string(rows[0].Rows[0][0]) != "0" {
+		return nil
+	}
+	if _, err := conn.Exec(ctx, PublicationSQL(f.cfg.Publication)).ReadAll(); err != nil {
+		return fmt.Errorf("create publication %s (its owner can run: %s): %w", f.cfg.Publication, PublicationSQL(f.cfg.Publication), err)
+	}
+	return nil
+}
+
+// PublicationSQL is the statement that creates the publication the WAL wake-up follows: only
+// inserts, only the columns the wake-up reads (never the payload), through a partitioned
+// outbox's root. outbox_event's owner runs it once when the relay's role may not.
+func PublicationSQL(name string) string {
+	return "CREATE PUBLICATION " + pgx.Identifier{name}.Sanitize() +
+		" FOR TABLE outbox_event (id, topic, partition_key) WITH (publish = 'insert', publish_via_partition_root = true)"
+}
+
+// walInsert is a row the stream saw inserted, not yet committed.
+type walInsert struct{ key, topic string }
+
+// stream reads the slot's changes: a committed transaction's outbox rows make their keys due
+// (keyBook.sawRow, as a poll would), in commit order. It confirms what it received every
+// StatusInterval, and at once when the server asks.
+func (f *walFollower) stream(ctx context.Context, conn *pgconn.PgConn, pos pglogrepl.LSN) error {
+	relations := map[uint32]walColumns{}
+	var pending []walInsert
+	nextStatus := time.Now().Add(f.cfg.StatusInterval)
+	for {
+		if !time.Now().Before(nextStatus) {
+			err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: pos})
+			if err != nil {
+				return fmt.Errorf("confirm the slot's position: %w", err)
+			}
+			nextStatus = time.Now().Add(f.cfg.StatusInterval)
+		}
+		rctx, cancel := context.WithDeadline(ctx, nextStatus)
+		msg, err := conn.ReceiveMessage(rctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if pgconn.Timeout(err) {
+				continue
+			}
+			return fmt.Errorf("receive from the replication stream: %w", err)
+		}
+		var data []byte
+		switch m := msg.(type) {
+		case *pgproto3.CopyData:
+			data = m.Data
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("replication stream: %w", pgconn.ErrorResponseToPgError(m))
+		case *pgproto3.CopyDone:
+			return errWALEnded
+		default:
+			continue
+		}
+		if len(data) == 0 {
+			continue
+		}
+		switch data[0] {
+		case pglogrepl.PrimaryKeepaliveMessageByteID:
+			ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+			if err != nil {
+				return fmt.Errorf("parse keepalive: %w", err)
+			}
+			if len(pending) == 0 && ka.ServerWALEnd > pos {
+				pos = ka.ServerWALEnd
+			}
+			if ka.ReplyRequested {
+				nextStatus = time.Time{}
+			}
+		case pglogrepl.XLogDataByteID:
+			x, err := pglogrepl.ParseXLogData(data[1:])
+			if err != nil {
+				return fmt.Errorf("parse WAL data: %w", err)
+			}
+			lm, err := pglogrepl.Parse(x.WALData)
+			if err != nil {
+				return fmt.Errorf("parse pgoutput message: %w", err)
+			}
+			switch m := lm.(type) {
+			case *pglogrepl.RelationMessage:
+				relations[m.RelationID] = columnsOf(m)
+			case *pglogrepl.InsertMessage:
+				if c, ok := relations[m.RelationID]; ok && m.Tuple != nil {
+					if ins, ok := c.read(m.Tuple); ok {
+						pending = append(pending, ins)
+					}
+				}
+			case *pglogrepl.CommitMessage:
+				f.committed(pending)
+				pending = pending[:0]
+				if m.TransactionEndLSN > pos {
+					pos = m.TransactionEndLSN
+				}
+			}
+		}
+	}
+}
+
+// committed makes the keys of a committed transaction's rows due.
+func (f *walFollower) committed(rows []walInsert) {
+	if len(rows) == 0 {
+		return
+	}
+	now := time.Now()
+	for _, ins := range rows {
+		f.r.book.sawRow(ins.key, f.r.destinationOf(ins.topic), now)
+	}
+	if f.r.book.takeOverflow() {
+		f.r.watch.wantSweep()
+	}
+	f.mu.Lock()
+	f.woken += int64(len(rows))
+	f.mu.Unlock()
+}
+
+// walColumns is where a relation's partition_key and topic are in its tuples (-1: absent).
+type walColumns struct{ key, topic int }
+
+func columnsOf(m *pglogrepl.RelationMessage) walColumns {
+	c := walColumns{key: -1, topic: -1}
+	for i, col := range m.Columns {
+		switch col.Name {
+		case "partition_key":
+			c.key = i
+		case "topic":
+			c.topic = i
+		}
+	}
+	return c
+}
+
+// read returns the row's key and topic, when the tuple carries both as text.
+func (c walColumns) read(t *pglogrepl.TupleData) (walInsert, bool) {
+	text := func(i int) (string, bool) {
+		if i < 0 || i >= len(t.Columns) || t.Columns[i].DataType != pglogrepl.TupleDataTypeText {
+			return "", false
+		}
+		return string(t.Columns[i].Data), true
+	}
+	key, ok1 := text(c.key)
+	topic, ok2 := text(c.topic)
+	return walInsert{key: key, topic: topic}, ok1 && ok2
+}
+
+// quoteLiteral quotes s as an SQL string literal.
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,167 @@
+package outbox_test
+
+// Issue 44, the WAL wake-up: the stream makes committed rows' keys due, polling takes over at
+// once whenever the stream cannot be followed, and the claim stays the truth. Each test runs
+// against a real server with wal_level=logical (its own throwaway cluster) or without it (the
+// shared one).
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/internal/pgcluster"
+	"github.com/sluicehq/sluice/internal/testwait"
+	"github.com/sluicehq/sluice/migrations"
+	"github.com/sluicehq/sluice/pkg/outbox"
+)
+
+var (
+	logicalOnce sync.Once
+	logicalURL  string
+	logicalErr  error
+)
+
+// logicalPool returns a pool on a migrated database of a throwaway cluster with
+// wal_level=logical, started once for the package's tests (stopped with the process).
+func logicalPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	logicalOnce.Do(func() {
+		ctx := context.Background()
+		c, err := pgcluster.Start(ctx, pgcluster.Options{MaxConnections: 100, Settings: map[string]string{
+			"wal_level": "logical", "max_replication_slots": "20", "max_wal_senders": "20"}})
+		if err != nil {
+			logicalErr = err
+			return
+		}
+		conn, err := pgx.Connect(ctx, c.URL)
+		if err != nil {
+			logicalErr = err
+			return
+		}
+		defer conn.Close(ctx)
+		if logicalErr = migrations.Up(ctx, conn); logicalErr == nil {
+			logicalURL = c.URL
+		}
+	})
+	require.NoError(t, logicalErr, "a throwaway cluster with wal_level=logical")
+	pool, err := pgxpool.New(context.Background(), logicalURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// walRelay starts Run on pool with the WAL wake-up and a poll interval of an hour: after the
+// start, only the stream can make a new row's key due (or a sweep, an hour apart too).
+func walRelay(t *testing.T, pool *pgxpool.Pool, rec *recorder, poll time.Duration) *outbox.Relay {
+	t.Helper()
+	r, err := outbox.NewRelay(pool, outbox.RelayConfig{Publisher: rec, Topics: map[string]string{testTopic: testARN},
+		PollInterval: poll, RescanInterval: time.Hour, Lease: 30 * time.Second, PublishTimeout: 5 * time.Second,
+		WAL: &outbox.WALWake{RetryAfter: 200 * time.Millisecond}, Logger: testLogger()})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = r.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return r
+}
+
+// The stream wakes the relay: with polls an hour apart, rows committed after the start are
+// published, each key's in order — including a row whose id was taken before another's but
+// that committed after it (a late commit below what a poll would have seen).
+func TestWALWakeUpPublishesWhatCommitted(t *testing.T) {
+	t.Parallel()
+	pool := logicalPool(t)
+	b := &bundle{pool: pool, rec: newRecorder()}
+	r := walRelay(t, pool, b.rec, time.Hour)
+	testwait.Until(t, "the relay follows the WAL", r.FollowingWAL)
+
+	late, commitLate := b.lateRow(t, "late-key", testTopic)
+	written := b.write(t, 30, 3)
+	commitLate()
+	written = append(written, late)
+	testwait.Until(t, "every row committed after the start is published", func() bool {
+		for _, m := range written {
+			if !b.rec.published(m.EventID) {
+				return false
+			}
+		}
+		return true
+	})
+	b.rec.requireKeyOrder(t)
+	require.True(t, r.FollowingWAL(), "still following")
+}
+
+// A slot that ends (its walsender terminated, as at a failover) costs latency only: the relay
+// polls at once, publishes what committed meanwhile, and follows a new slot again.
+func TestWALWakeUpFallsBackAndReturns(t *testing.T) {
+	t.Parallel()
+	pool := logicalPool(t)
+	b := &bundle{pool: pool, rec: newRecorder()}
+	r := walRelay(t, pool, b.rec, 50*time.Millisecond)
+	testwait.Until(t, "the relay follows the WAL", r.FollowingWAL)
+
+	ctx := context.Background()
+	var ended int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_replication
+		WHERE application_name = 'sluice-relay-wal'`).Scan(&ended))
+	require.Positive(t, ended, "a walsender of the relay was ended")
+	written := b.write(t, 10, 2)
+	testwait.Until(t, "rows committed while the stream was down are published", func() bool {
+		for _, m := range written {
+			if !b.rec.published(m.EventID) {
+				return false
+			}
+		}
+		return true
+	})
+	testwait.Until(t, "the relay follows the WAL again", r.FollowingWAL)
+	var slots int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'sluice_relay_%' AND NOT temporary`).Scan(&slots))
+	require.Zero(t, slots, "the relay's slots are temporary: none outlives its session")
+	b.rec.requireKeyOrder(t)
+}
+
+// Where the stream cannot work (wal_level=replica, as on the shared test server), the relay
+// says so and polls: rows are published as without the option.
+func TestWALWakeUpUnavailablePolls(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var level string
+	require.NoError(t, b.pool.QueryRow(context.Background(), "SHOW wal_level").Scan(&level))
+	if level == "logical" {
+		t.Skip("the shared server decodes WAL; this test needs one that does not") // TEST_DATABASE_URL pointing at a logical server
+	}
+	r := walRelay(t, b.pool, b.rec, 50*time.Millisecond)
+	written := b.write(t, 10, 2)
+	testwait.Until(t, "rows published by polling", func() bool {
+		for _, m := range written {
+			if !b.rec.published(m.EventID) {
+				return false
+			}
+		}
+		return true
+	})
+	require.False(t, r.FollowingWAL(), "no stream on a server without wal_level=logical")
+}
+
+// The publication the wake-up creates carries only inserts and never the payload.
+func TestWALWakeUpPublicationCarriesNoPayload(t *testing.T) {
+	t.Parallel()
+	pool := logicalPool(t)
+	b := &bundle{pool: pool, rec: newRecorder()}
+	r := walRelay(t, pool, b.rec, time.Hour)
+	testwait.Until(t, "the relay follows the WAL", r.FollowingWAL)
+	var cols []string
+	var ins, upd bool
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT p.attnames, pub.pubinsert, pub.pubupdate
+		FROM pg_publication_tables p JOIN pg_publication pub USING (pubname) WHERE pubname = 'sluice_outbox'`).Scan(&cols, &ins, &upd))
+	require.ElementsMatch(t, []string{"id", "topic", "partition_key"}, cols)
+	require.True(t, ins)
+	require.False(t, upd)
+}
