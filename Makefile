@@ -129,7 +129,9 @@ MUTANTS ?=
 
 .PHONY: test-mutants
 test-mutants: deps ## Plant each of the relay's nine known bug classes in turn (pkg/outbox/mutants.go) and run the fault simulator's seeds against it (make test's 160); fails unless each is caught in at least 10% of them, and prints each one's catch rate.
-	SLUICE_MUTANT=$(MUTANTS) $(DEVENV) $(GO) test -count=1 -timeout 0 -tags sluice_mutants ./pkg/outbox -run '^TestMutants$$'
+	@mkdir -p .cache && rm -f .cache/mutants-summary.txt
+	SLUICE_MUTANT=$(MUTANTS) $(DEVENV) $(GO) test -count=1 -timeout 0 -tags sluice_mutants ./pkg/outbox -run '^TestMutants$$' \
+	  -sim.summary=$(CURDIR)/.cache/mutants-summary.txt; status=$$?; cat .cache/mutants-summary.txt 2>/dev/null; exit $$status
 
 # The fuzzer's work is a count of inputs, not a duration, so a busy machine runs as many, only
 # slower. Each input that finds new coverage is minimized in at most FUZZ_MINIMIZE calls: with

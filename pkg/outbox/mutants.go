@@ -47,10 +47,6 @@ const (
 	mutantKeyRowsShareCall = "keyrowssharecall"
 )
 
-// mutants lists the planted bugs (make test-mutants runs the simulator once per entry).
-var mutants = []string{mutantUnlockBeforeCommit, mutantCachedPosition, mutantQuarantineSkipped, mutantSweepAboveFrontier,
-	mutantJumpSkipsLate, mutantCancelledPublished, mutantTimedOutAcked, mutantLastFailedAcked, mutantKeyRowsShareCall}
-
 // mutantState is what the mutants that remember something remember, per relay or watcher.
 var mutantState struct {
 	mu sync.Mutex

@@ -16,6 +16,11 @@ import (
 	"time"
 )
 
+// mutants lists the planted bugs of mutants.go (make test-mutants runs the simulator once per
+// entry).
+var mutants = []string{mutantUnlockBeforeCommit, mutantCachedPosition, mutantQuarantineSkipped, mutantSweepAboveFrontier,
+	mutantJumpSkipsLate, mutantCancelledPublished, mutantTimedOutAcked, mutantLastFailedAcked, mutantKeyRowsShareCall}
+
 // simMutantCatchRate is the least share of seeds in which each planted bug must be found.
 const simMutantCatchRate = 0.10
 

@@ -254,7 +254,7 @@ func (w *watcher) pollAndSweep(ctx context.Context) error {
 	}
 	if w.applyPoll(p) >= w.pageRows {
 		if mutant == mutantJumpSkipsLate {
-			// Once this sweep walked: later sweeps skip the ids the jump passed over.
+			// Once this sweep walked: later sweeps skip the ids the jump passed over uncommitted.
 			defer mutantJumped(ctx, w, w.frontier, newest)
 		}
 		w.frontier = max(w.frontier, newest)
