@@ -124,7 +124,9 @@ soak: deps ## Run the relay fault simulator over SOAK_SEEDS seeds (default 3000,
 	  -sim.summary=$(CURDIR)/.cache/soak-summary.txt; status=$$?; cat .cache/soak-summary.txt 2>/dev/null; exit $$status
 
 # The simulator's mutation check: each bug planted in the relay (pkg/outbox/mutants.go, built
-# with the sluice_mutants tag) under make test's seeds; MUTANTS=a,b restricts it to some.
+# with the sluice_mutants tag) under make test's seeds; MUTANTS=a,b restricts it to some. The
+# nine took 31 minutes on a 2-core machine shared with other work (a caught seed waits out the
+# heal phase's 15 s stall, so a mutant that is caught often takes longest).
 MUTANTS ?=
 
 .PHONY: test-mutants
