@@ -202,7 +202,7 @@ func (s *laneSet) takeBatch() (string, []entry) {
 		}
 		size += o.size
 		batch = append(batch, entry{l, o})
-		if !lim.KeyOrderInCall {
+		if !lim.KeyOrderInCall && mutant != mutantKeyRowsShareCall {
 			continue
 		}
 		for _, more := range l.rows[l.next+1:] {

@@ -145,6 +145,9 @@ type RelayConfig struct {
 
 	// bookCapacity overrides the key book's capacity (tests: a small book; 0 means bookCapacity).
 	bookCapacity int
+	// stopGrace overrides how long calls in flight may take to return when the relay stops
+	// (tests: stops that cancel calls; 0 means stopGrace).
+	stopGrace time.Duration
 }
 
 // TenantHeader is the header that names a message's tenant database when a fleet relay

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -142,7 +143,7 @@ func (r *Relay) round(ctx context.Context, taken roundKeys, calls *roundCalls) (
 	// second time by the next relay. The lease bounds them as it bounds the round.
 	callCtx, stopCalls := context.WithDeadline(context.WithoutCancel(ctx), start.Add(r.cfg.Lease*3/4))
 	defer stopCalls()
-	defer context.AfterFunc(pctx, func() { time.AfterFunc(stopGrace, stopCalls) })()
+	defer context.AfterFunc(pctx, func() { time.AfterFunc(cmp.Or(r.cfg.stopGrace, stopGrace), stopCalls) })()
 	// A flush that fails stops the round's publishing: its keys' locks went with its
 	// connection. The calls in flight still get stopGrace to answer (the AfterFunc above), so
 	// that what the destination acknowledged is recorded (recordAcknowledged), not published a
@@ -215,6 +216,9 @@ func (r *Relay) claimKeys(ctx context.Context, rc *roundConn, keys []string, per
 	b.Queue("COMMIT")
 	if err := rc.conn.SendBatch(ctx, b).Close(); err != nil {
 		return nil, nil, fmt.Errorf("lock partition keys and read their rows: %w", err)
+	}
+	if mutant == mutantCachedPosition {
+		read = mutantReadFromCache(r, read)
 	}
 	return locked, read, nil
 }
@@ -366,6 +370,9 @@ func (s *roundSettler) flush(ctx context.Context, plans []*keyPlan) (Stats, erro
 	})
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.r.cfg.Lease/2)
 	defer cancel()
+	if mutant == mutantUnlockBeforeCommit {
+		mutantUnlockFirst(fctx, s.rc, keys)
+	}
 	if err := s.rc.conn.SendBatch(fctx, b).Close(); err != nil {
 		return Stats{}, s.rc.fail(fmt.Errorf("record publish outcomes of %d rows: %w", len(outcomes), err))
 	}
@@ -563,7 +570,7 @@ func (r *Relay) call(ctx context.Context, roundStart time.Time, dest string, bat
 		case err == nil:
 			answered = true
 		case stopping:
-			results[i].cancelled = true
+			results[i].cancelled = mutant != mutantCancelledPublished
 			allRetryable = false
 		case IsPermanent(err):
 			answered = true // the destination refused the row: it works
@@ -571,6 +578,9 @@ func (r *Relay) call(ctx context.Context, roundStart time.Time, dest string, bat
 		default:
 			results[i].err = err
 		}
+	}
+	if mutant == mutantLastFailedAcked {
+		mutantAckLastFailed(results)
 	}
 	now := time.Now()
 	switch {
@@ -697,6 +707,9 @@ func (r *Relay) send(ctx context.Context, dest string, events []*Event, calls *r
 		}
 	}()
 	errs = r.cfg.Publisher.PublishBatch(pctx, dest, events)
+	if mutant == mutantTimedOutAcked && errors.Is(pctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
+		errs = make([]error, len(events))
+	}
 	if len(errs) != len(events) {
 		return CallFailed(len(events), fmt.Errorf("publisher returned %d results for %d events", len(errs), len(events)))
 	}

@@ -63,6 +63,8 @@ func (r *Relay) planRound(keys []string, rows []*claimedRow, perKey int) *roundP
 			continue
 		}
 		switch {
+		case c.quarantined && mutant == mutantQuarantineSkipped:
+			continue
 		case c.quarantined:
 			kp.stop = stopQuarantined
 			continue

@@ -29,18 +29,23 @@ type simRow struct {
 	event      uuid.UUID
 	id         int64
 	key        string
+	dest       string // the destination its topic routes to (its ARN)
 	serialized bool   // the key's rows commit in id order: its order is checked
 	body       []byte // the payload as written, what the message must carry
 	hostile    string // a hostile row's kind: it may be quarantined, its bytes are not compared
 	status     simRowStatus
+	// committedAt is when COMMIT returned success (an offset from the fault phase's start):
+	// the row was visible no later than that. Set only for rowCommitted.
+	committedAt time.Duration
 }
 
 // simHistory records every row written, under one mutex; the checker's ground truth (it does
 // not depend on rows still existing, so Purge cannot disturb it).
 type simHistory struct {
-	mu   sync.Mutex
-	rows map[uuid.UUID]*simRow
-	open map[string]int // producer transactions in progress, per key
+	start time.Time // the fault phase's start: committedAt is an offset from it
+	mu    sync.Mutex
+	rows  map[uuid.UUID]*simRow
+	open  map[string]int // producer transactions in progress, per key
 }
 
 func newSimHistory() *simHistory {
@@ -78,10 +83,12 @@ func (h *simHistory) add(rows ...*simRow) {
 
 // settle records the outcome of the transaction that wrote rows.
 func (h *simHistory) settle(rows []*simRow, s simRowStatus) {
+	at := time.Since(h.start)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, r := range rows {
 		r.status = s
+		r.committedAt = at
 	}
 }
 
@@ -97,7 +104,11 @@ type simChecker struct {
 	dest  *simDestination
 	store *simStore
 	// bound is the most payload bytes calls may carry at once (check 5).
-	bound    int
+	bound int
+	// cfg is the relays' configuration (livenessBound); windows the unhealthy spans of the
+	// destinations and the store, sorted by start (checkBound).
+	cfg      RelayConfig
+	windows  []simWindow
 	findings map[string][]string
 	counts   map[string]int
 }
@@ -112,6 +123,8 @@ const (
 	findMemory      = "memory"      // calls held more payload bytes than the round budget allows
 	findRelay       = "relay"       // a relay did not stop when asked
 	findOvertake    = "overtake"    // the relays' count of overtaking rows differs from the destination's
+	findLate        = "late"        // a row of a healthy destination was published later than livenessBound allows
+	findDuplicate   = "duplicate"   // a row was published again with no crash, timeout or lost answer between
 )
 
 func newSimChecker(hist *simHistory, dest *simDestination, store *simStore, bound int) *simChecker {
@@ -187,6 +200,8 @@ func (c *simChecker) check(table map[uuid.UUID]simDBRow) {
 	c.checkBytes()
 	c.checkMemory()
 	c.checkOvertakes()
+	c.checkBound(table)
+	c.checkDuplicates()
 }
 
 // checkOvertakes checks that every entry the destination acknowledged behind a failed entry of

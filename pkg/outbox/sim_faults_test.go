@@ -53,9 +53,11 @@ const (
 	actRetryAll                               // RetryAllQuarantined
 	actHostile                                // insert a hostile row with plain SQL
 	actOutage                                 // every call to the destination fails (throttled) for a while
+	actLateCommit                             // a transaction takes an id, holds it while higher ids commit, then commits
+	actRowLocks                               // an operator's transaction holds the pending rows' row locks for a while
 )
 
-var simActionNames = [...]string{"cancel", "kill", "terminate", "term-producers", "replay", "purge", "retry-all", "hostile", "outage"}
+var simActionNames = [...]string{"cancel", "kill", "terminate", "term-producers", "replay", "purge", "retry-all", "hostile", "outage", "late-commit", "row-locks"}
 
 func (k simActionKind) String() string { return simActionNames[k] }
 
@@ -73,7 +75,7 @@ func (a simAction) String() string {
 	switch a.kind {
 	case actCancel, actKill:
 		s += fmt.Sprintf("(r%d,down=%dms)", a.relay, a.down.Milliseconds())
-	case actOutage:
+	case actOutage, actLateCommit, actRowLocks:
 		s += fmt.Sprintf("(%dms)", a.down.Milliseconds())
 	case actTerminate:
 		s += fmt.Sprintf("(r%d)", a.relay)
@@ -92,7 +94,16 @@ type simRates struct {
 	// overtake: with keyOrder, per entry behind a failed entry of its key in the same call,
 	// the chance that the destination breaks its promise and acknowledges it anyway.
 	overtake float64
+	// slow: per call, the chance that the destination answers late but within the relay's
+	// PublishTimeout (between half and nine tenths of it): slow, not failing.
+	slow float64
+	// midRound: per call, the chance that every relay's sessions are terminated while the
+	// call is in flight (the rounds lose their advisory locks); at most simMidRoundMax a seed.
+	midRound float64
 }
+
+// simMidRoundMax bounds a seed's mid-round terminations.
+const simMidRoundMax = 3
 
 // simSchedule is everything a seed decides before it starts.
 type simSchedule struct {
@@ -118,11 +129,28 @@ type simSchedule struct {
 	// passes: the last relay slots (relays-passes..relays-1) run RunOnce in a loop, as a relay
 	// started on a schedule does, instead of Run, and poll pageRows rows at a time, so that
 	// their polls page and their passes move the frontier past rows they have not read
-	// (watcher.jumpFrontier).
+	// (watcher.pollAndSweep).
 	passes, pageRows int
-	rates            simRates
-	actions          []simAction
+	// shortGrace: the relays give calls in flight simShortGrace to return when they stop
+	// (RelayConfig.stopGrace), less than a slow or hanging call takes, so that stops cancel
+	// calls mid-flight.
+	shortGrace bool
+	// bookCap is the relays' key book capacity (RelayConfig.bookCapacity); 0: the default.
+	bookCap int
+	// passPause is how long a passes slot waits between two RunOnce calls: PollInterval, or
+	// longer, as a relay a schedule starts, so that its first look of a drain finds a backlog
+	// and jumps its frontier over ids not committed yet (late commits below the jump).
+	passPause time.Duration
+	// passRun, when set, cuts each of a passes slot's RunOnce calls in the fault phase after
+	// passRun, as an invocation's deadline (a Lambda's timeout) does: its next drain begins
+	// with a look that jumps over what it did not read.
+	passRun time.Duration
+	rates   simRates
+	actions []simAction
 }
+
+// simShortGrace is the stop grace of a shortGrace seed.
+const simShortGrace = 20 * time.Millisecond
 
 // drawSchedule draws seed's schedule from rng.
 func drawSchedule(seed int64, rng *rand.Rand, p simProfile) *simSchedule {
@@ -198,18 +226,79 @@ func drawSchedule(seed int64, rng *rand.Rand, p simProfile) *simSchedule {
 	}
 	s.dedicated = rng.IntN(s.relays + 1)
 	s.passes, s.pageRows = rng.IntN(s.relays+1), 1+rng.IntN(8)
+	drawLivenessFaults(s, rng, pick, at)
 	return s
+}
+
+// drawLivenessFaults draws the faults that test liveness against livenessBound rather than
+// outcomes, and that make the planted bugs of mutants.go show (drawn after the others, so that
+// those stay what they were for every seed): slow destinations, stops that cancel calls
+// mid-flight, late commits below the frontier, sessions terminated mid-round, a small key
+// book, relays that all run long passes under steady writes, a few hot keys, refusals (rows
+// quarantined ahead of their key's later rows), calls that time out, passes a schedule starts
+// (a pause between drains, so that a drain's first look jumps over late commits) and settles
+// that wait for an operator's row locks (the span between a round's outcomes and their
+// commit grows).
+func drawLivenessFaults(s *simSchedule, rng *rand.Rand, pick func(float64) float64, at func() time.Duration) {
+	s.rates.slow = pick(0.3)
+	s.shortGrace = rng.IntN(3) == 0
+	s.rates.midRound = pick(0.02)
+	if rng.IntN(4) == 0 {
+		s.bookCap = 2 + rng.IntN(8)
+	}
+	if rng.IntN(3) == 0 {
+		s.passes = s.relays
+	}
+	single := rng.IntN(2) == 0 // with passes, a single relay a schedule starts (the relay Lambda)
+	if rng.IntN(3) == 0 {      // a few hot keys: rounds and relays contend for them
+		s.keys = min(s.keys, 6+rng.IntN(10))
+		s.serialized = min(s.serialized, s.keys)
+		s.retiring = min(s.retiring, s.serialized)
+	}
+	if rng.IntN(2) == 0 { // refusals: quarantined rows with rows of their key behind them
+		s.rates.permanent = max(s.rates.permanent, 0.03+0.05*rng.Float64())
+	}
+	if rng.IntN(3) == 0 { // calls that time out
+		s.rates.hang = max(s.rates.hang, 0.02+0.04*rng.Float64())
+	}
+	for range 2 + rng.IntN(5) {
+		s.actions = append(s.actions, simAction{at: at(), kind: actLateCommit, down: time.Duration(200+rng.IntN(1000)) * time.Millisecond})
+	}
+	if s.shortGrace { // stops while slow calls are in flight
+		s.rates.slow = max(s.rates.slow, 0.2+0.3*rng.Float64())
+		for range 1 + rng.IntN(3) {
+			s.actions = append(s.actions, simAction{at: at(), kind: actCancel, relay: rng.IntN(s.relays), down: time.Duration(rng.IntN(300)) * time.Millisecond})
+		}
+	}
+	if single && s.passes == s.relays {
+		s.relays, s.passes, s.dedicated = 1, 1, min(s.dedicated, 1)
+		s.actions = slices.DeleteFunc(s.actions, func(a simAction) bool { // the other slots' stops
+			return (a.kind == actCancel || a.kind == actKill || a.kind == actTerminate) && a.relay != 0
+		})
+	}
+	if pause := rng.IntN(2) == 0; pause || s.relays == 1 { // relays a schedule starts: a pause between drains
+		s.passPause = time.Duration(50+rng.IntN(250)) * time.Millisecond
+		if cut := rng.IntN(2) == 0; cut || s.relays == 1 { // and each drain cut by its deadline
+			s.passRun = time.Duration(50+rng.IntN(250)) * time.Millisecond
+		}
+	}
+	if rng.IntN(3) != 0 { // settles that wait for an operator's row locks
+		for range 2 + rng.IntN(5) {
+			s.actions = append(s.actions, simAction{at: at(), kind: actRowLocks, down: time.Duration(200+rng.IntN(500)) * time.Millisecond})
+		}
+	}
+	slices.SortStableFunc(s.actions, func(a, b simAction) int { return int(a.at - b.at) })
 }
 
 // String is the schedule in one compact paragraph, for a failing seed's report.
 func (s *simSchedule) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "relays=%d (dedicated pools %d, passes %d of %d rows a poll) pipelines=%d producers=%d keys=%d serialized=%d retiring=%d@%dms rows/tx<=%d fault=%dms claimcheck=%t dest2=%t keyorder=%t\n",
+	fmt.Fprintf(&b, "relays=%d (dedicated pools %d, passes %d of %d rows a poll) pipelines=%d producers=%d keys=%d serialized=%d retiring=%d@%dms rows/tx<=%d fault=%dms claimcheck=%t dest2=%t keyorder=%t shortgrace=%t book=%d passpause=%dms passrun=%dms\n",
 		s.relays, s.dedicated, s.passes, s.pageRows, s.pipelines, s.producers, s.keys, s.serialized, s.retiring, s.retireAt.Milliseconds(), s.maxRows,
-		s.faultPhase.Milliseconds(), s.claimCheck, s.secondDest, s.keyOrder)
+		s.faultPhase.Milliseconds(), s.claimCheck, s.secondDest, s.keyOrder, s.shortGrace, s.bookCap, s.passPause.Milliseconds(), s.passRun.Milliseconds())
 	r := s.rates
-	fmt.Fprintf(&b, "rates: delay=%.2f(<=%dms) hang=%.3f callErr=%.2f throttle=%.2f lostCall=%.2f entryErr=%.2f permanent=%.3f lostEntry=%.2f storeErr=%.2f overtake=%.3f\n",
-		r.delay, r.maxDelay.Milliseconds(), r.hang, r.callErr, r.throttle, r.lostCall, r.entryErr, r.permanent, r.lostEntry, r.storeErr, r.overtake)
+	fmt.Fprintf(&b, "rates: delay=%.2f(<=%dms) hang=%.3f callErr=%.2f throttle=%.2f lostCall=%.2f entryErr=%.2f permanent=%.3f lostEntry=%.2f storeErr=%.2f overtake=%.3f slow=%.2f midRound=%.3f\n",
+		r.delay, r.maxDelay.Milliseconds(), r.hang, r.callErr, r.throttle, r.lostCall, r.entryErr, r.permanent, r.lostEntry, r.storeErr, r.overtake, r.slow, r.midRound)
 	b.WriteString("timeline:")
 	for _, a := range s.actions {
 		b.WriteString(" " + a.String())
@@ -248,10 +337,12 @@ type simDelivery struct {
 	key      string
 	id       int64
 	dest     string
-	body     []byte // the payload as published; a claim-checked one resolved through the store
-	pointer  bool   // body came from the claim check's store
-	accepted bool   // the destination kept the message (whatever it answered)
-	at       time.Duration
+	body     []byte        // the payload as published; a claim-checked one resolved through the store
+	pointer  bool          // body came from the claim check's store
+	accepted bool          // the destination kept the message (whatever it answered)
+	acked    bool          // the destination answered success for it: the relay knows it is published
+	relay    string        // the relay (generation) that made the call
+	from, at time.Duration // when the call started; when it was answered
 }
 
 // simDestination is the fake broker. It answers each call as the seed decides, and records
@@ -263,6 +354,14 @@ type simDestination struct {
 	outage atomic.Bool  // every call fails (actOutage)
 	store  *simStore    // resolves claim-check pointers; nil without a claim check
 	start  time.Time
+	// timeout is the relays' PublishTimeout (rates.slow stays below it); slowCall the bound's
+	// SlowCall (simSlowCall): a call that takes longer leaves its destination unhealthy, as a
+	// failed one does; terminate ends every relay's sessions (rates.midRound), midRounds counts
+	// its uses.
+	timeout   time.Duration
+	slowCall  time.Duration
+	terminate func()
+	midRounds atomic.Int64
 
 	mu         sync.Mutex
 	attempts   map[uuid.UUID]int
@@ -283,11 +382,41 @@ type simDestination struct {
 	sharedCalls int
 	tainted     map[string]bool
 	reported    atomic.Int64
+	// windows are the spans during which a destination (or, with dest "", every one) was
+	// unhealthy; crashes the spans during which a relay stopped, was killed, lost its
+	// sessions or failed a round (see simWindow).
+	windows, crashes []simWindow
+}
+
+// crash records relay's crash (a stop, a kill, sessions terminated, a failed round; relay ""
+// for every relay) from from to now: every row may wait, and the rows that relay sent may be
+// published again.
+func (d *simDestination) crash(relay string, from time.Duration) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	w := simWindow{from: from, to: time.Since(d.start)}
+	d.windows = append(d.windows, w)
+	w.relay = relay
+	d.crashes = append(d.crashes, w)
+}
+
+// simPublisher is one relay's view of the fake broker: the calls it makes are recorded as
+// that relay's.
+type simPublisher struct {
+	d     *simDestination
+	relay string
+}
+
+var _ Publisher = simPublisher{}
+
+// PublishBatch implements Publisher.
+func (p simPublisher) PublishBatch(ctx context.Context, dest string, events []*Event) []error {
+	return p.d.publish(ctx, p.relay, dest, events)
 }
 
 // simKeyOrderDestination is the fake broker of a keyOrder seed: it declares that it keeps a
 // key's order inside one call.
-type simKeyOrderDestination struct{ *simDestination }
+type simKeyOrderDestination struct{ simPublisher }
 
 var _ LimitedPublisher = simKeyOrderDestination{}
 
@@ -305,7 +434,8 @@ func (simKeyOrderDestination) MessageSize(_ string, e *Event, payloadLen int) in
 // everything else.
 type simOvertakeLog struct {
 	slog.Handler
-	dest *simDestination
+	dest  *simDestination
+	relay string // whose log it is: its failed rounds are its crashes
 }
 
 func (h simOvertakeLog) Enabled(ctx context.Context, l slog.Level) bool {
@@ -316,6 +446,9 @@ func (h simOvertakeLog) Handle(ctx context.Context, r slog.Record) error {
 	if r.Level >= slog.LevelError && strings.HasPrefix(r.Message, "outbox destination acknowledged a row after failing") {
 		h.dest.reported.Add(1)
 	}
+	if r.Level >= slog.LevelError && strings.HasPrefix(r.Message, "relay round failed") {
+		h.dest.crash(h.relay, time.Since(h.dest.start))
+	}
 	if h.Handler.Enabled(ctx, r.Level) {
 		return h.Handler.Handle(ctx, r)
 	}
@@ -323,11 +456,11 @@ func (h simOvertakeLog) Handle(ctx context.Context, r slog.Record) error {
 }
 
 func (h simOvertakeLog) WithAttrs(as []slog.Attr) slog.Handler {
-	return simOvertakeLog{h.Handler.WithAttrs(as), h.dest}
+	return simOvertakeLog{h.Handler.WithAttrs(as), h.dest, h.relay}
 }
 
 func (h simOvertakeLog) WithGroup(g string) slog.Handler {
-	return simOvertakeLog{h.Handler.WithGroup(g), h.dest}
+	return simOvertakeLog{h.Handler.WithGroup(g), h.dest, h.relay}
 }
 
 func newSimDestination(seed int64, rates simRates, faulty *atomic.Bool, store *simStore, start time.Time) *simDestination {
@@ -335,10 +468,9 @@ func newSimDestination(seed int64, rates simRates, faulty *atomic.Bool, store *s
 		attempts: map[uuid.UUID]int{}, refused: map[uuid.UUID]bool{}, resets: map[int][]string{}, tainted: map[string]bool{}}
 }
 
-var _ Publisher = (*simDestination)(nil)
-
-// PublishBatch implements Publisher.
-func (d *simDestination) PublishBatch(ctx context.Context, dest string, events []*Event) []error {
+// publish answers one call of relay's (simPublisher).
+func (d *simDestination) publish(ctx context.Context, relay, dest string, events []*Event) []error {
+	from := time.Since(d.start)
 	bytes := 0
 	d.mu.Lock()
 	firstAttempt := d.attempts[events[0].EventID]
@@ -370,8 +502,14 @@ func (d *simDestination) PublishBatch(ctx context.Context, dest string, events [
 	if fate("delay", first, firstAttempt) < d.rates.delay {
 		wait = time.Duration(fate("delay-ms", first, firstAttempt) * float64(d.rates.maxDelay))
 	}
+	if fate("slow", first, firstAttempt) < d.rates.slow {
+		wait = d.timeout/2 + time.Duration(fate("slow-ms", first, firstAttempt)*float64(d.timeout*2/5))
+	}
 	if fate("hang", first, firstAttempt) < d.rates.hang {
 		wait = time.Hour // until the relay's PublishTimeout
+	}
+	if fate("mid-round", first, firstAttempt) < d.rates.midRound && d.terminate != nil && d.midRounds.Add(1) <= simMidRoundMax {
+		d.terminate()
 	}
 	if wait > 0 {
 		t := time.NewTimer(wait)
@@ -433,11 +571,15 @@ func (d *simDestination) PublishBatch(ctx context.Context, dest string, events [
 		if errs[i] != nil {
 			failedKeys[e.PartitionKey] = true
 		}
-		dl := simDelivery{event: e.EventID, key: e.PartitionKey, id: e.ID, dest: dest, body: e.Payload, accepted: accepted, at: at}
+		dl := simDelivery{event: e.EventID, key: e.PartitionKey, id: e.ID, dest: dest, body: e.Payload,
+			accepted: accepted, acked: errs[i] == nil, from: from, at: at, relay: relay}
 		if e.ExtendedPayloadSize > 0 && d.store != nil {
 			dl.body, dl.pointer = d.store.body(e.EventID.String()), true
 		}
 		d.deliveries = append(d.deliveries, dl)
+	}
+	if callErr != nil || lostCall || len(failedKeys) > 0 || at-from > d.slowCall {
+		d.windows = append(d.windows, simWindow{dest: dest, from: from, to: at})
 	}
 	return errs
 }
@@ -451,6 +593,7 @@ func (d *simDestination) resetKey(key string) {
 
 // simStore is the fake claim-check store (the PayloadStore the relay calls).
 type simStore struct {
+	start  time.Time // the fault phase's start
 	seed   int64
 	rate   float64
 	faulty *atomic.Bool
@@ -459,10 +602,11 @@ type simStore struct {
 	attempts map[string]int
 	bodies   map[string][]byte
 	refused  map[string]bool
+	failedAt []time.Duration // when uploads failed
 }
 
-func newSimStore(seed int64, rate float64, faulty *atomic.Bool) *simStore {
-	return &simStore{seed: seed, rate: rate, faulty: faulty,
+func newSimStore(seed int64, rate float64, faulty *atomic.Bool, start time.Time) *simStore {
+	return &simStore{seed: seed, rate: rate, faulty: faulty, start: start,
 		attempts: map[string]int{}, bodies: map[string][]byte{}, refused: map[string]bool{}}
 }
 
@@ -477,6 +621,7 @@ func (s *simStore) PutPayload(ctx context.Context, _, key string, body []byte) e
 	if s.faulty.Load() {
 		id, _ := uuid.Parse(key)
 		if f := simFate(s.seed, "store", id, attempt); f < s.rate {
+			s.failedAt = append(s.failedAt, time.Since(s.start))
 			if f < s.rate/20 {
 				s.refused[key] = true
 				return Permanent(fmt.Errorf("%w (permanent)", errSimStore))
@@ -489,6 +634,18 @@ func (s *simStore) PutPayload(ctx context.Context, _, key string, body []byte) e
 	}
 	s.bodies[key] = slices.Clone(body)
 	return nil
+}
+
+// windows returns the store's failures as unhealthy spans of every destination: a row whose
+// payload could not be stored waits in backoff, as for a failing destination.
+func (s *simStore) windows() []simWindow {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ws := make([]simWindow, len(s.failedAt))
+	for i, at := range s.failedAt {
+		ws[i] = simWindow{from: at, to: at}
+	}
+	return ws
 }
 
 func (s *simStore) body(key string) []byte {

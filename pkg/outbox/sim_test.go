@@ -61,7 +61,24 @@ func simReplayCommand(seed int64) string {
 func TestSimulation(t *testing.T) {
 	simMu.RLock()
 	defer simMu.RUnlock()
-	base, n := *simSeed, *simSeeds
+	base, n := simSeedRange()
+	start := time.Now()
+	failed := runSeeds(t, base, n, func(t *testing.T, res *simResult) {
+		switch {
+		case len(res.checker.counts) == 0:
+			if testing.Verbose() {
+				t.Logf("no findings\n%s", res)
+			}
+		default:
+			t.Errorf("findings:\n%s", res)
+		}
+	})
+	simSummaryLine(t, fmt.Sprintf("simulation: %d seeds from %d, %d failed, %s", n, base, failed, time.Since(start).Round(time.Second)))
+}
+
+// simSeedRange returns the first seed and how many to run, from the flags.
+func simSeedRange() (base int64, n int) {
+	base, n = *simSeed, *simSeeds
 	if *simRandom {
 		base = time.Now().UnixNano() % 1_000_000_000
 		fmt.Fprintf(os.Stderr, "sim: random base seed %d\n", base)
@@ -69,9 +86,14 @@ func TestSimulation(t *testing.T) {
 	if testing.Short() {
 		n = min(n, 10)
 	}
+	return base, n
+}
+
+// runSeeds runs n seeds from base, -sim.parallel at once, each as a subtest seed=<n> handed to
+// judge with its result, and returns how many had findings.
+func runSeeds(t *testing.T, base int64, n int, judge func(*testing.T, *simResult)) int {
 	prof := simProfile{faultMax: *simFaultMax}
-	start := time.Now()
-	var failed atomic.Int64
+	var found atomic.Int64
 	seeds := make(chan int64)
 	var wg sync.WaitGroup
 	for range max(1, *simParallel) {
@@ -81,15 +103,10 @@ func TestSimulation(t *testing.T) {
 			for seed := range seeds {
 				t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 					res := runSim(t, seed, prof)
-					switch {
-					case len(res.checker.counts) == 0:
-						if testing.Verbose() {
-							t.Logf("no findings\n%s", res)
-						}
-					default:
-						failed.Add(1)
-						t.Errorf("findings:\n%s", res)
+					if len(res.checker.counts) > 0 {
+						found.Add(1)
 					}
+					judge(t, res)
 				})
 			}
 		}()
@@ -99,8 +116,11 @@ func TestSimulation(t *testing.T) {
 	}
 	close(seeds)
 	wg.Wait()
-	line := fmt.Sprintf("simulation: %d seeds from %d, %d failed, %s",
-		n, base, failed.Load(), time.Since(start).Round(time.Second))
+	return int(found.Load())
+}
+
+// simSummaryLine logs line and appends it to -sim.summary's file, if set.
+func simSummaryLine(t *testing.T, line string) {
 	t.Log(line)
 	if *simSummary != "" {
 		f, err := os.OpenFile(*simSummary, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
@@ -160,6 +180,8 @@ type simWorld struct {
 	relays []*simRelay
 	// live counts relays whose Run has not returned; maxLive is its peak (the memory bound).
 	live, maxLive atomic.Int64
+	// late counts the late commits (actLateCommit) in progress.
+	late sync.WaitGroup
 
 	logMu sync.Mutex
 	log   strings.Builder
@@ -180,19 +202,24 @@ func runSim(t *testing.T, seed int64, prof simProfile) *simResult {
 	began := time.Now()
 	rng := rand.New(rand.NewPCG(uint64(seed), 0x5eed))
 	w := &simWorld{t: t, seed: seed, sched: drawSchedule(seed, rng, prof), url: testdb.URL(t), hist: newSimHistory()}
-	w.admin = w.pool("admin", 4, false)
+	w.admin = w.pool("admin", 8, false)
 	w.start = time.Now()
+	w.hist.start = w.start
 	if w.sched.claimCheck {
-		w.store = newSimStore(seed, w.sched.rates.storeErr, &w.faulty)
+		w.store = newSimStore(seed, w.sched.rates.storeErr, &w.faulty, w.start)
 	}
 	w.dest = newSimDestination(seed, w.sched.rates, &w.faulty, w.store, w.start)
 	w.dest.keyOrder = w.sched.keyOrder
+	w.dest.timeout = w.relayConfig().PublishTimeout
+	w.dest.slowCall = simSlowCall(w.relayConfig())
+	w.dest.terminate = w.terminateRelays
 	w.relays = make([]*simRelay, w.sched.relays)
 	for i := range w.relays {
 		w.relays[i] = &simRelay{}
 		w.startRelay(i)
 	}
 	checker := newSimChecker(w.hist, w.dest, w.store, 0)
+	checker.cfg = w.relayConfig()
 
 	// Fault phase: producers write while the timeline plays.
 	w.faulty.Store(!prof.calm)
@@ -216,6 +243,7 @@ func runSim(t *testing.T, seed int64, prof simProfile) *simResult {
 	w.faulty.Store(false)
 	close(stop)
 	producers.Wait()
+	w.late.Wait()
 	w.logf("heal: %d rows written", len(w.hist.rows))
 	ctx := context.Background()
 	quarantined, err := ListQuarantined(ctx, w.admin, 100000)
@@ -275,10 +303,73 @@ func (w *simWorld) terminate(role string) int {
 	return n
 }
 
+// terminateRelays ends every relay's sessions at once, mid-round (rates.midRound): the
+// rounds lose their advisory locks.
+func (w *simWorld) terminateRelays() {
+	from := time.Since(w.start)
+	var n int
+	err := w.admin.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE application_name LIKE $1 AND datname = current_database()`, w.appName("relay-")+"%").Scan(&n)
+	w.logf("terminate every relay mid-call: %d backends %s", n, errOrEmpty(err))
+	w.dest.crash("", from)
+}
+
+// lateCommit inserts a row on a key of its own in a transaction it holds open for hold while
+// the producers commit higher ids, then commits it: a row that commits below the relays'
+// frontier (and below a pass's jump).
+func (w *simWorld) lateCommit(rng *rand.Rand, hold time.Duration) {
+	row := &simRow{event: simUUID(rng), key: "late-" + simUUID(rng).String()[:8], dest: simFIFOARN}
+	row.body = simPayload(rng, row.key, 0, false)
+	w.late.Add(1)
+	go func() {
+		defer w.late.Done()
+		ctx := context.Background()
+		status := rowRolledBack
+		w.hist.add(row)
+		defer func() { w.hist.settle([]*simRow{row}, status) }()
+		tx, err := w.admin.Begin(ctx)
+		if err != nil {
+			return
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		if err := tx.QueryRow(ctx, simInsertSQL, row.event, simFIFOTopic, row.key, row.key, string(row.body)).Scan(&row.id); err != nil {
+			return
+		}
+		time.Sleep(hold)
+		status = rowMaybe
+		if err := tx.Commit(ctx); err == nil {
+			status = rowCommitted
+		}
+		w.logf("late commit: row %d (key %s) after %dms", row.id, row.key, hold.Milliseconds())
+	}()
+}
+
+// lockRows holds the row locks of the pending rows of one key (the one with the most) in an
+// operator's transaction for hold, as a hand-run UPDATE would: the settle of the round that
+// publishes them waits for it (the key stays locked meanwhile); claims, calls and other rounds
+// do not.
+func (w *simWorld) lockRows(hold time.Duration) {
+	w.late.Add(1)
+	go func() {
+		defer w.late.Done()
+		ctx := context.Background()
+		tx, err := w.admin.Begin(ctx)
+		if err != nil {
+			return
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		var n int
+		err = tx.QueryRow(ctx, `SELECT count(*) FROM (SELECT id FROM outbox_event WHERE published_at IS NULL AND quarantined_at IS NULL
+			AND partition_key = (SELECT partition_key FROM outbox_event WHERE published_at IS NULL AND quarantined_at IS NULL
+				GROUP BY partition_key ORDER BY count(*) DESC, partition_key LIMIT 1) FOR UPDATE) l`).Scan(&n)
+		w.logf("row locks: %d pending rows for %dms %s", n, hold.Milliseconds(), errOrEmpty(err))
+		time.Sleep(hold)
+	}()
+}
+
 // relayConfig is every simulated relay's configuration.
 func (w *simWorld) relayConfig() RelayConfig {
 	cfg := RelayConfig{
-		Publisher:      w.dest,
 		Topics:         map[string]string{simFIFOTopic: simFIFOARN},
 		Pipelines:      w.sched.pipelines,
 		MaxRoundBytes:  simMaxRoundBytes,
@@ -290,13 +381,18 @@ func (w *simWorld) relayConfig() RelayConfig {
 		PollInterval:   10 * time.Millisecond,
 		RescanInterval: 100 * time.Millisecond,
 		Logger:         slog.New(slog.NewTextHandler(io.Discard, nil)),
+		bookCapacity:   w.sched.bookCap,
+	}
+	if w.sched.shortGrace {
+		cfg.stopGrace = simShortGrace
 	}
 	if os.Getenv("RELAY_DEBUG") != "" {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	cfg.Logger = slog.New(simOvertakeLog{cfg.Logger.Handler(), w.dest})
+	cfg.Logger = slog.New(simOvertakeLog{cfg.Logger.Handler(), w.dest, ""})
+	cfg.Publisher = simPublisher{w.dest, ""}
 	if w.sched.keyOrder {
-		cfg.Publisher = simKeyOrderDestination{w.dest}
+		cfg.Publisher = simKeyOrderDestination{simPublisher{w.dest, ""}}
 	}
 	if w.sched.secondDest {
 		cfg.Topics[simOtherTopic] = simOtherARN
@@ -314,6 +410,11 @@ func (w *simWorld) startRelay(i int) {
 	r.name = fmt.Sprintf("relay-%d-%d", i, r.gen)
 	r.pool = w.pool(r.name, 6, i < w.sched.dedicated)
 	cfg := w.relayConfig()
+	cfg.Logger = slog.New(simOvertakeLog{cfg.Logger.Handler().(simOvertakeLog).Handler, w.dest, r.name})
+	cfg.Publisher = simPublisher{w.dest, r.name}
+	if w.sched.keyOrder {
+		cfg.Publisher = simKeyOrderDestination{simPublisher{w.dest, r.name}}
+	}
 	relay, err := NewRelay(r.pool, cfg)
 	require.NoError(w.t, err)
 	passes := i >= w.sched.relays-w.sched.passes
@@ -322,6 +423,7 @@ func (w *simWorld) startRelay(i int) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel, r.done = cancel, make(chan struct{})
+	name := r.name
 	w.maxLive.Store(max(w.maxLive.Load(), w.live.Add(1)))
 	go func() {
 		defer close(r.done)
@@ -331,16 +433,46 @@ func (w *simWorld) startRelay(i int) {
 			return
 		}
 		for ctx.Err() == nil { // a relay started on a schedule: a drain, then the next start
-			_, _ = relay.RunOnce(ctx)
-			sleep(ctx, cfg.PollInterval)
+			w.drain(ctx, relay, name)
+			sleep(ctx, max(cfg.PollInterval, w.sched.passPause))
 		}
 	}()
+}
+
+// drain runs one RunOnce of a passes slot, cut after passRun when that falls in the fault
+// phase: a cut is a stop (calls in flight cancelled after the stop grace), recorded as a crash
+// of the relay, as is a drain that ended with an error (a round failed: what it sent may not
+// be recorded, and goes again).
+func (w *simWorld) drain(ctx context.Context, relay *Relay, name string) {
+	began := time.Since(w.start)
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var cutAt atomic.Int64
+	if w.sched.passRun > 0 {
+		cut := time.AfterFunc(w.sched.passRun, func() {
+			if w.faulty.Load() {
+				cutAt.Store(int64(time.Since(w.start)))
+				cancel()
+			}
+		})
+		defer cut.Stop()
+	}
+	_, err := relay.RunOnce(rctx)
+	switch at := cutAt.Load(); {
+	case ctx.Err() != nil:
+	case at != 0:
+		w.dest.crash(name, time.Duration(at))
+	case err != nil: // a round failed at most a Lease after it began
+		w.dest.crash(name, max(began, time.Since(w.start)-w.relayConfig().Lease))
+	}
 }
 
 // stopRelay stops relay slot i: with kill, its backends are terminated mid-statement as its
 // context ends, as when its process dies.
 func (w *simWorld) stopRelay(i int, kill bool) error {
 	r := w.relays[i]
+	from := time.Since(w.start)
+	defer w.dest.crash(r.name, from)
 	if kill {
 		n := w.terminate(r.name)
 		w.logf("kill %s (%d backends)", r.name, n)
@@ -367,7 +499,10 @@ func (w *simWorld) do(rng *rand.Rand, a simAction) {
 		w.startRelay(a.relay)
 		w.logf("%s r%d, restarted as %s", a.kind, a.relay, w.relays[a.relay].name)
 	case actTerminate:
-		w.logf("terminate %s: %d backends", w.relays[a.relay].name, w.terminate(w.relays[a.relay].name))
+		from := time.Since(w.start)
+		name := w.relays[a.relay].name
+		w.logf("terminate %s: %d backends", name, w.terminate(name))
+		w.dest.crash(name, from)
 	case actTerminateProducer:
 		n := 0
 		for p := range w.sched.producers {
@@ -388,6 +523,10 @@ func (w *simWorld) do(rng *rand.Rand, a simAction) {
 		w.logf("outage for %dms", a.down.Milliseconds())
 	case actHostile:
 		w.logf("hostile %s: %s", simHostileKinds[a.arg], w.insertHostile(ctx, rng, a.arg))
+	case actLateCommit:
+		w.lateCommit(rng, a.down)
+	case actRowLocks:
+		w.lockRows(a.down)
 	}
 }
 
@@ -606,7 +745,10 @@ func (p *simProducer) txn() {
 		if p.w.sched.secondDest && p.rng.IntN(4) == 0 {
 			topic = simOtherTopic
 		}
-		row := &simRow{event: simUUID(p.rng), key: key, serialized: serialized, body: simPayload(p.rng, key, p.seq, p.w.sched.claimCheck)}
+		row := &simRow{event: simUUID(p.rng), key: key, dest: simFIFOARN, serialized: serialized, body: simPayload(p.rng, key, p.seq, p.w.sched.claimCheck)}
+		if topic == simOtherTopic {
+			row.dest = simOtherARN
+		}
 		if p.rng.IntN(2) == 0 {
 			err = tx.QueryRow(ctx, simInsertSQL, row.event, topic, key, key, string(row.body)).Scan(&row.id)
 		} else {

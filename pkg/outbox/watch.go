@@ -98,6 +98,9 @@ func (w *watcher) start(ctx context.Context) error {
 	}
 	w.pg14 = version >= 140000
 	w.started = true
+	if mutant == mutantJumpSkipsLate {
+		mutantJumped(ctx, w, 0, w.frontier)
+	}
 	return nil
 }
 
@@ -250,6 +253,10 @@ func (w *watcher) pollAndSweep(ctx context.Context) error {
 		return fmt.Errorf("poll outbox for new rows and walk pending partition keys: %w", err)
 	}
 	if w.applyPoll(p) >= w.pageRows {
+		if mutant == mutantJumpSkipsLate {
+			// Once this sweep walked: later sweeps skip the ids the jump passed over uncommitted.
+			defer mutantJumped(ctx, w, w.frontier, newest)
+		}
 		w.frontier = max(w.frontier, newest)
 	}
 	n, last := w.applySweep(s)
@@ -382,6 +389,9 @@ func (w *watcher) applySweep(s sweepRead) (int, string) {
 	heads := *s.heads
 	now := time.Now()
 	for _, h := range heads {
+		if (mutant == mutantSweepAboveFrontier && h.id <= w.frontier) || (mutant == mutantJumpSkipsLate && mutantSkipHead(w, h.id)) {
+			continue
+		}
 		state, at, dest := headClaimable, now, w.r.destinationOf(h.topic)
 		switch {
 		case h.quarantined:
