@@ -195,6 +195,7 @@ func (c *simChecker) check(table map[uuid.UUID]simDBRow) {
 	c.dest.mu.Lock()
 	defer c.dest.mu.Unlock()
 	c.checkOrder()
+	c.checkBehindQuarantine(table)
 	c.checkLiveness(table)
 	c.checkCommitted()
 	c.checkBytes()
@@ -244,6 +245,28 @@ func (c *simChecker) checkOrder() {
 		ks.seen[d.id] = true
 		if d.id > ks.top {
 			ks.top, ks.topAt = d.id, d.at
+		}
+	}
+}
+
+// checkBehindQuarantine is the other half of per-key order (check 1): a quarantined row holds
+// its key, so no later row of a serialized key may be accepted while an earlier row of it ends
+// quarantined, never accepted. checkOrder cannot see this: it compares accepted rows only, and
+// the quarantined one never is.
+func (c *simChecker) checkBehindQuarantine(table map[uuid.UUID]simDBRow) {
+	accepted := c.acceptedCounts()
+	held := map[string]int64{} // per serialized key, its lowest row that ended quarantined, never accepted
+	for ev, row := range c.hist.rows {
+		if db, ok := table[ev]; ok && row.serialized && db.quarantined && accepted[ev] == 0 && !c.dest.tainted[row.key] {
+			if low, seen := held[row.key]; !seen || row.id < low {
+				held[row.key] = row.id
+			}
+		}
+	}
+	for _, d := range c.dest.deliveries {
+		if low, ok := held[d.key]; ok && d.accepted && d.id > low && c.hist.rows[d.event] != nil && c.hist.rows[d.event].serialized {
+			c.report(findOrder, "key %s: row %d accepted at %dms while its earlier row %d stayed quarantined", d.key, d.id, d.at.Milliseconds(), low)
+			delete(held, d.key) // once per key
 		}
 	}
 }

@@ -67,7 +67,17 @@ type walFollower struct {
 	switched chan struct{}
 	// woken counts the rows the stream made due (for tests and the status).
 	woken int64
+	// recheck are the keys (and their destinations) woken since the last recheck, woken once
+	// more walVisibilityGrace after: see committed.
+	recheck      map[string]string
+	recheckArmed bool
 }
+
+// walVisibilityGrace is how long after the stream woke a key it is woken once more. PostgreSQL
+// sends a transaction's commit to the stream once its commit record is flushed, a moment
+// before the committing session makes it visible to other snapshots: a round the first wake
+// started may read the key before its row shows and drop the key as drained.
+const walVisibilityGrace = 20 * time.Millisecond
 
 func newWALFollower(r *Relay, cfg WALWake) *walFollower {
 	return &walFollower{r: r, cfg: cfg.withDefaults(), switched: make(chan struct{}, 1)}
@@ -294,8 +304,32 @@ func (f *walFollower) committed(rows []walInsert) {
 		f.r.watch.wantSweep()
 	}
 	f.mu.Lock()
+	defer f.mu.Unlock()
 	f.woken += int64(len(rows))
+	if f.recheck == nil {
+		f.recheck = map[string]string{}
+	}
+	for _, ins := range rows {
+		f.recheck[ins.key] = f.r.destinationOf(ins.topic)
+	}
+	if !f.recheckArmed {
+		f.recheckArmed = true
+		time.AfterFunc(walVisibilityGrace, f.wakeAgain)
+	}
+}
+
+// wakeAgain wakes the keys woken in the last walVisibilityGrace once more: a key a round
+// dropped as drained before its row became visible is due again, one a round holds is looked
+// at again after it (keyBook.sawRow), one still due costs nothing.
+func (f *walFollower) wakeAgain() {
+	f.mu.Lock()
+	keys := f.recheck
+	f.recheck, f.recheckArmed = nil, false
 	f.mu.Unlock()
+	now := time.Now()
+	for key, dest := range keys {
+		f.r.book.sawRow(key, dest, now)
+	}
 }
 
 // walColumns is where a relation's partition_key and topic are in its tuples (-1: absent).
