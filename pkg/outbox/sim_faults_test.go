@@ -182,7 +182,7 @@ func drawSchedule(seed int64, rng *rand.Rand, p simProfile) *simSchedule {
 	}
 	s.rates = simRates{
 		delay: pick(0.5), hang: pick(0.05), callErr: pick(0.15), throttle: pick(0.15), lostCall: pick(0.1),
-		entryErr: pick(0.2), permanent: pick(0.03), lostEntry: pick(0.1),
+		entryErr: pick(0.2), permanent: pick(0.01), lostEntry: pick(0.1),
 		maxDelay: time.Duration(1+rng.IntN(100)) * time.Millisecond,
 	}
 	if s.claimCheck {
@@ -256,7 +256,7 @@ func drawLivenessFaults(s *simSchedule, rng *rand.Rand, pick func(float64) float
 		s.retiring = min(s.retiring, s.serialized)
 	}
 	if rng.IntN(2) == 0 { // refusals: quarantined rows with rows of their key behind them
-		s.rates.permanent = max(s.rates.permanent, 0.06+0.08*rng.Float64())
+		s.rates.permanent = max(s.rates.permanent, 0.03+0.05*rng.Float64())
 	}
 	if rng.IntN(3) == 0 { // calls that time out
 		s.rates.hang = max(s.rates.hang, 0.02+0.04*rng.Float64())
