@@ -7,7 +7,9 @@ package outbox_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,23 +25,37 @@ import (
 
 var (
 	logicalOnce sync.Once
-	logicalURL  string
+	logicalURL  string // the cluster's admin URL
 	logicalErr  error
+	logicalDBs  atomic.Int64
 )
 
-// logicalPool returns a pool on a migrated database of a throwaway cluster with
-// wal_level=logical, started once for the package's tests (stopped with the process).
+// logicalTemplate is the migrated database each test's database is copied from.
+const logicalTemplate = "sluice_wal_template"
+
+// logicalPool returns a pool on a database of its own (a copy of a migrated template) on a
+// throwaway cluster with wal_level=logical, started once for the package's tests (stopped with
+// the process): each test's relays see only its own outbox.
 func logicalPool(t *testing.T) *pgxpool.Pool {
 	t.Helper()
+	ctx := context.Background()
 	logicalOnce.Do(func() {
-		ctx := context.Background()
 		c, err := pgcluster.Start(ctx, pgcluster.Options{MaxConnections: 100, Settings: map[string]string{
 			"wal_level": "logical", "max_replication_slots": "20", "max_wal_senders": "20"}})
 		if err != nil {
 			logicalErr = err
 			return
 		}
-		conn, err := pgx.Connect(ctx, c.URL)
+		admin, err := pgx.Connect(ctx, c.URL)
+		if err != nil {
+			logicalErr = err
+			return
+		}
+		defer admin.Close(ctx)
+		if _, logicalErr = admin.Exec(ctx, "CREATE DATABASE "+logicalTemplate); logicalErr != nil {
+			return
+		}
+		conn, err := pgx.Connect(ctx, withDatabase(t, c.URL, logicalTemplate))
 		if err != nil {
 			logicalErr = err
 			return
@@ -50,10 +66,24 @@ func logicalPool(t *testing.T) *pgxpool.Pool {
 		}
 	})
 	require.NoError(t, logicalErr, "a throwaway cluster with wal_level=logical")
-	pool, err := pgxpool.New(context.Background(), logicalURL)
+	admin, err := pgx.Connect(ctx, logicalURL)
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	name := fmt.Sprintf("sluice_wal_%d", logicalDBs.Add(1))
+	_, err = admin.Exec(ctx, "CREATE DATABASE "+name+" TEMPLATE "+logicalTemplate)
+	require.NoError(t, err)
+	pool, err := pgxpool.New(ctx, withDatabase(t, logicalURL, name))
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return pool
+}
+
+// withDatabase is url with its database name replaced by db.
+func withDatabase(t *testing.T, url, db string) string {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(url)
+	require.NoError(t, err)
+	return fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable", cfg.User, cfg.Host, cfg.Port, db)
 }
 
 // walRelay starts Run on pool with the WAL wake-up and a poll interval of an hour: after the
@@ -108,8 +138,8 @@ func TestWALWakeUpFallsBackAndReturns(t *testing.T) {
 
 	ctx := context.Background()
 	var ended int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_replication
-		WHERE application_name = 'sluice-relay-wal'`).Scan(&ended))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE backend_type = 'walsender' AND datname = current_database()`).Scan(&ended))
 	require.Positive(t, ended, "a walsender of the relay was ended")
 	written := b.write(t, 10, 2)
 	testwait.Until(t, "rows committed while the stream was down are published", func() bool {
