@@ -374,7 +374,20 @@ func (s *roundSettler) flush(ctx context.Context, plans []*keyPlan) (Stats, erro
 		mutantUnlockFirst(fctx, s.rc, keys)
 	}
 	if err := s.rc.conn.SendBatch(fctx, b).Close(); err != nil {
-		return Stats{}, s.rc.fail(fmt.Errorf("record publish outcomes of %d rows: %w", len(outcomes), err))
+		err = s.rc.fail(fmt.Errorf("record publish outcomes of %d rows: %w", len(outcomes), err))
+		// Said before the round closes the connection and so releases the keys (the one
+		// exception: a flush cut by its deadline, whose connection pgx closed a moment before
+		// this line): from here another relay may publish the acknowledged rows again, unless
+		// recordAcknowledged records them first.
+		acknowledged := 0
+		for _, o := range outcomes {
+			if o.done {
+				acknowledged++
+			}
+		}
+		s.r.log.Warn("relay round could not record its outcomes: its keys are released and the rows their destinations acknowledged are recorded on another connection, or published again",
+			"rows", len(outcomes), "acknowledged", acknowledged, "error", err)
+		return Stats{}, err
 	}
 	byKey := make(map[string]*keyPlan, len(plans))
 	for _, kp := range plans {
