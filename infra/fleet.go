@@ -100,8 +100,10 @@ type OutboxFleetProps struct {
 	// OutboxProps configure the topic, the destinations and each shard's relay Lambda as they
 	// do an Outbox's: RelayCodeDir and Network are required; the topic, LogicalTopics,
 	// ExtraTopics, Destinations, DefaultDestination, Publishers, Subscribers, ClaimCheck,
-	// RelayTimeout (1 minute by default for a fleet), RelayStopBefore, RelayReservedConcurrency
-	// (per shard), RelayMemoryMB,
+	// RelayTimeout (for a fleet, by default RelaySchedule + lambdaenv.FleetShardOverlap +
+	// RelayStopBefore, 1m15s: each invocation is still serving when the next one starts),
+	// RelayStopBefore, RelayReservedConcurrency (per shard; 2 by default for a fleet, the two
+	// invocations of an overlap), RelayMemoryMB,
 	// Relay and LogRetention apply. Database gives only the TLS settings every tenant
 	// database is reached with (SSLMode, CABundle). Database.Secret, Database.Connections,
 	// Database.MaxConns, Migrations, UseDatabaseSecret, DatabaseRole, RelayService,
@@ -171,15 +173,33 @@ func (f *outboxFleet) Schedules() []awsevents.Rule   { return f.schedules }
 func (f *outboxFleet) Role() awsiam.IRole            { return f.role }
 func (f *outboxFleet) Fifo() bool                    { return f.fifo }
 
+// fleetRelayTimeout is a shard's default function timeout: the schedule's period, plus
+// lambdaenv.FleetShardOverlap, plus the stop-before margin (stopBefore, or the relay's default
+// when 0). Each invocation serves until the margin ahead of its deadline, so it is still serving
+// FleetShardOverlap after the next invocation's scheduled start: the next one has started and
+// warmed up (a cold start in a second execution environment the first time) before the last
+// one stops, and the shard's tenants are served every second. With a timeout of one period,
+// each invocation served the period less the margin and the rows committed in the last seconds
+// waited for the next one (measured through the real binaries:
+// e2e.TestFleetShardInvocationsHandOver). Two invocations serve at once for the overlap, each
+// with its own fleet and connection budget: a reserved concurrency of 2, which the connection
+// check books, covers them.
+func fleetRelayTimeout(stopBefore time.Duration) time.Duration {
+	if stopBefore == 0 {
+		stopBefore = lambdaenv.DefaultRelayStopBefore
+	}
+	return RelaySchedule + lambdaenv.FleetShardOverlap + stopBefore
+}
+
 // lambdaEnvironmentLimit is Lambda's limit on a function's environment (keys and values).
 const lambdaEnvironmentLimit = 4096
 
 func (p *OutboxFleetProps) withDefaults() OutboxFleetProps {
 	out := *p
 	if out.RelayTimeout == 0 {
-		// A shard's invocations overlap for RelayTimeout − 1 minute, each running its own Fleet
-		// with its own budget: one minute keeps a shard to one at a time (two at a boundary).
-		out.RelayTimeout = time.Minute
+		out.RelayTimeout = fleetRelayTimeout(out.RelayStopBefore)
+		// Each invocation ends within two periods of its start: two at once, never three.
+		out.RelayReservedConcurrency = orDefault(out.RelayReservedConcurrency, 2)
 	}
 	out.OutboxProps = out.OutboxProps.withDefaults()
 	out.DatabaseRole = "" // an Outbox's default; a fleet's relays have no role of their own

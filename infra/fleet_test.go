@@ -375,3 +375,28 @@ func TestFleetTenantsShareTheirServersSecret(t *testing.T) {
 	policy, _ := json.Marshal(resources(tmpl, "AWS::IAM::Policy"))
 	require.Contains(t, string(policy), "secret:control-AbCdEf")
 }
+
+// Each shard's invocation is still serving when the next one starts: its timeout is the
+// schedule's period plus lambdaenv.FleetShardOverlap plus the stop-before margin, and its
+// reserved concurrency (which the connection check books) covers the two invocations of an
+// overlap. e2e.TestFleetShardInvocationsHandOver runs this shape through the real binaries.
+func TestFleetShardInvocationsOverlap(t *testing.T) {
+	b := fleetSetup(t, "acme", "globex")
+	p := b.fleetProps(2)
+	p.RelayTimeout = 0 // the default
+	infra.NewOutboxFleet(b.stack, "Fleet", p)
+	tmpl := assertions.Template_FromStack(b.stack, nil)
+	var shards int
+	for _, fn := range resources(tmpl, "AWS::Lambda::Function") {
+		if env(fn)[lambdaenv.FleetShard] == nil {
+			continue
+		}
+		shards++
+		p := props(fn)
+		timeout := time.Duration(p["Timeout"].(float64)) * time.Second
+		require.Equal(t, infra.RelaySchedule+lambdaenv.FleetShardOverlap+lambdaenv.DefaultRelayStopBefore, timeout)
+		require.Greater(t, timeout-lambdaenv.DefaultRelayStopBefore, infra.RelaySchedule, "an invocation serves past the next one's start")
+		require.EqualValues(t, 2, p["ReservedConcurrentExecutions"])
+	}
+	require.Equal(t, 2, shards)
+}

@@ -31,6 +31,15 @@ const (
 // DefaultRelayStopBefore is SLUICE_RELAY_STOP_BEFORE's default.
 const DefaultRelayStopBefore = 5 * time.Second
 
+// FleetShardOverlap is how long a fleet shard's relay invocation keeps serving after the next
+// one's scheduled start: the CDK's OutboxFleet gives each shard's function a timeout of its
+// schedule's period + FleetShardOverlap + the stop-before margin, so that the next invocation,
+// started by the schedule, has started (a cold start included) before the last one stops and
+// the shard serves its tenants every second of every minute. Two invocations serve at once for
+// that long, each with its own fleet and budget; each round's claim keeps order and
+// exactly-once between them, as between any overlapping relays.
+const FleetShardOverlap = 10 * time.Second
+
 // RelayConfig builds the relay's configuration from the environment (without Publisher,
 // ClaimCheck, Metrics and Logger, which need clients): the topics (Topics) and the settings
 // (RelaySettings). The relay Lambda reads it; `sluice relay` reads the same two parts.
