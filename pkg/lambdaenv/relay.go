@@ -56,6 +56,19 @@ func RelayConfig(getenv Getenv) (outbox.RelayConfig, error) {
 	return cfg, nil
 }
 
+// RoundMemory is the round memory one relay process shares between its relays
+// (outbox.RelayConfig.RoundMemory) in Lambda: the function's memory (LambdaMemorySize) ÷ 8,
+// what MaxRoundBytes's default gives all of one relay's rounds, so that a process running many
+// relays (the fleet: up to a server's budget of pipelines at once) holds no more payloads than
+// one relay does. Nil outside Lambda (LambdaMemorySize unset): the fleet's default applies.
+func RoundMemory(getenv Getenv) *outbox.RoundMemory {
+	mb, err := strconv.Atoi(getenv(LambdaMemorySize))
+	if err != nil || mb <= 0 {
+		return nil
+	}
+	return outbox.NewRoundMemory(mb << 20 / 8)
+}
+
 // RelaySettings reads the variable of every entry of outbox.RelaySettings (but the claim
 // check's, which ClaimCheck reads), not the topics, checked against outbox's bounds. An unset
 // variable leaves its field zero (outbox's default), but for MaxRoundBytes in Lambda (see
