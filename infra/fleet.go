@@ -67,10 +67,31 @@ type FleetServer struct {
 	// its activity poll included (SLUICE_FLEET_SERVER_CONNECTIONS). At least Relay.Pipelines
 	// (1 when unset) + 1. Defaults to fleet.DefaultServerConnections.
 	RelayConnections int
+	// IAMAuth, when set, makes the fleet's functions log in to this server's tenant databases
+	// with IAM database authentication (lambdaenv.FleetIAMServers): a token per connection
+	// instead of a password, and rds-db:connect granted to the relays' role and to every fleet
+	// consumer's. Defaults to nil: passwords, from the tenants' secrets or URLs.
+	IAMAuth *FleetIAMAuth
 	// Connections, when set, gets an ingress rule on its default port from the relays'
 	// security group, e.g. an awsrds.DatabaseInstance or an imported one. Leave nil when you
 	// manage the server's security group yourself.
 	Connections awsec2.IConnectable
+}
+
+// FleetIAMAuth is a FleetServer's IAM database authentication: the functions log in as User
+// with a token signed by their role, which may rds-db:connect as that user on that server only.
+// The tenants still say where their databases are (a static tenant's Secret gives the host,
+// port, user and database name, and one secret for all the server's tenants is enough, each
+// naming its Database: its password is not used, so it needs no rotation; a control-table
+// tenant may give a databaseUrl without a password instead of a secret).
+type FleetIAMAuth struct {
+	// ResourceID is the server's resource id (an RDS instance's DbiResourceId, "db-…", e.g.
+	// awsrds.DatabaseInstance's InstanceResourceId(); an Aurora cluster's "cluster-…"), the
+	// rds-db:connect ARN's resource. Required.
+	ResourceID *string
+	// User is the database user the functions log in as, which has the rds_iam role in the
+	// database (GRANT rds_iam TO user). Required.
+	User string
 }
 
 // FleetRegistry is an OutboxFleet's dynamic registry: the control database's
@@ -261,6 +282,9 @@ func (p *OutboxFleetProps) validate(raw *OutboxFleetProps) error {
 			errs = append(errs, fmt.Errorf("server %s: MaxConnections is required (the connection budget is checked at synth), or Budget", s.Name))
 		case s.Budget == nil && (s.ReservedConnections < 0 || s.ReservedConnections >= s.MaxConnections):
 			errs = append(errs, fmt.Errorf("server %s: ReservedConnections %d must be between 0 and MaxConnections %d", s.Name, s.ReservedConnections, s.MaxConnections))
+		}
+		if a := s.IAMAuth; a != nil && (a.ResourceID == nil || a.User == "" || strings.ContainsAny(a.User, "/*?")) {
+			errs = append(errs, fmt.Errorf("server %s: IAMAuth needs ResourceID and a User (no '/', '*' or '?')", s.Name))
 		}
 		if s.RelayConnections < minConns {
 			errs = append(errs, fmt.Errorf("server %s: RelayConnections %d is below %d (a tenant's relay needs Relay.Pipelines connections, the server's activity poll 1)", s.Name, s.RelayConnections, minConns))

@@ -400,3 +400,36 @@ func TestFleetShardInvocationsOverlap(t *testing.T) {
 	}
 	require.Equal(t, 2, shards)
 }
+
+// A server with IAMAuth: the relays and a fleet consumer are told to log in to its tenants
+// with IAM tokens (SLUICE_FLEET_IAM_SERVERS names it, not the other server), and their roles
+// may rds-db:connect as its user on it alone; a server without IAMAuth grants nothing of the
+// kind. Bad IAMAuth settings fail synthesis.
+func TestFleetIAMServerGrantsConnectAsItsUser(t *testing.T) {
+	b := fleetSetup(t, "acme", "big-hooli")
+	p := b.fleetProps(1)
+	p.Servers[1].IAMAuth = &infra.FleetIAMAuth{ResourceID: jsii.String("db-ABCDEFGHIJKL"), User: "sluice_relay"}
+	f := infra.NewOutboxFleet(b.stack, "Fleet", p)
+	infra.NewConsumer(b.stack, "Billing", b.fleetConsumerProps(t, f, infra.ConsumerFleet{TenantMaxConns: 2, MaxConns: 4}))
+	tmpl := assertions.Template_FromStack(b.stack, nil)
+
+	var withIAM int
+	for _, fn := range resources(tmpl, "AWS::Lambda::Function") {
+		if v, ok := env(fn)[lambdaenv.FleetIAMServers]; ok {
+			require.JSONEq(t, `["big"]`, v.(string))
+			withIAM++
+		}
+	}
+	require.Equal(t, 2, withIAM, "the shard's relay and the fleet consumer")
+
+	policies, _ := json.Marshal(resources(tmpl, "AWS::IAM::Policy"))
+	want := `"Action":"rds-db:connect","Effect":"Allow","Resource":{"Fn::Join":["",["arn:",{"Ref":"AWS::Partition"},":rds-db:",{"Ref":"AWS::Region"},":",{"Ref":"AWS::AccountId"},":dbuser:db-ABCDEFGHIJKL/sluice_relay"]]}`
+	require.Equal(t, 2, strings.Count(string(policies), want), "the relays' role and the consumer's: %s", policies)
+	require.Equal(t, 2, strings.Count(string(policies), "rds-db:connect"), "no grant for the server without IAMAuth")
+
+	bad := fleetSetup(t, "acme")
+	bp := bad.fleetProps(1)
+	bp.Servers[0].IAMAuth = &infra.FleetIAMAuth{User: "a/b"}
+	err := build(func() { infra.NewOutboxFleet(bad.stack, "Fleet", bp) })
+	require.ErrorContains(t, err, "server main: IAMAuth needs ResourceID and a User")
+}
