@@ -272,6 +272,9 @@ type Relay struct {
 	rounds atomic.Int64
 	// detached counts the rounds running detached from their pipelines (runRound).
 	detached atomic.Int64
+	// lastRead is the payload bytes the relay's last round read, with a RoundMemory: the next
+	// round asks the budget for twice that (takeRoundShare).
+	lastRead atomic.Int64
 }
 
 // bookCapacity bounds the keys a relay schedules at once; the rest wait for a later sweep.

@@ -11,10 +11,11 @@ import (
 // with a relay per busy tenant, bounds the payloads all their rounds hold at once, where
 // MaxRoundBytes bounds one round's.
 //
-// Before it reads, a round takes its share: MaxRoundBytes plus room for the one payload a round
-// may read past its budget (the largest message the relay reads), or what is free when that is
-// less but still holds one such payload; otherwise it waits, after the rounds already waiting
-// (first come, first served). It reads payloads within what it took, gives back at once what
+// Before it reads, a round takes its share: a byte budget of twice what its relay's last round
+// read (at least 1 MiB, at most MaxRoundBytes) plus room for the one payload a round may read
+// past its budget (the largest message the relay reads), or what is free when that is less but
+// still holds one such payload; otherwise it waits, after the rounds already waiting (first
+// come, first served). It reads payloads within what it took, gives back at once what
 // it took and did not read, and the rest when it ends. So the payload bytes the rounds hold
 // never exceed the budget, and a round never waits for a round that waits. A budget smaller
 // than the largest message a relay reads is taken whole by each of its rounds, which then read
@@ -142,26 +143,35 @@ func (m *RoundMemory) done(kept int, read bool) {
 // roundShare is one round's part of a RoundMemory (nil: no shared budget).
 type roundShare struct {
 	m          *RoundMemory
+	r          *Relay
 	took, kept int
 	read       bool
 }
 
-// takeRoundShare takes a round's share of m before it reads: at most MaxRoundBytes + readBytes
-// − 1 (the most a round reads: its budget, passed by one payload), at least readBytes (or the
-// whole budget, when smaller). It
-// returns the byte budget the round's read is given (readSQL's $3): payloads are read while
-// those before stay under it, so the bytes read stay within the share.
+// roundShareFloor is the least byte budget a round with a shared RoundMemory asks for (or
+// MaxRoundBytes, when smaller), whatever its relay's last round read.
+const roundShareFloor = 1 << 20
+
+// takeRoundShare takes a round's share of m before it reads: a byte budget of twice what the
+// relay's last round read (at least roundShareFloor, at most MaxRoundBytes), plus readBytes − 1
+// for the one payload a read may take past its budget; or what is free, when that still holds
+// readBytes (the whole budget, when smaller); else it waits. Asking for what the relay needs,
+// not its most, lets many quiet relays' rounds claim at once, while a backlog's rounds double
+// their budget round by round up to MaxRoundBytes. It returns the byte budget the round's read
+// is given (readSQL's $3): payloads are read while those before stay under it, so the bytes
+// read stay within the share.
 func (r *Relay) takeRoundShare(ctx context.Context) (*roundShare, int, error) {
 	m := r.cfg.RoundMemory
 	if m == nil {
 		return nil, r.cfg.MaxRoundBytes, nil
 	}
 	least := min(max(r.readBytes, 1), m.limit)
-	got, err := m.take(ctx, least, r.cfg.MaxRoundBytes+least-1)
+	budget := min(r.cfg.MaxRoundBytes, max(2*int(r.lastRead.Load()), roundShareFloor))
+	got, err := m.take(ctx, least, budget+least-1)
 	if err != nil {
 		return nil, 0, fmt.Errorf("relay round: wait for round memory: %w", err)
 	}
-	return &roundShare{m: m, took: got, kept: got}, got - least + 1, nil
+	return &roundShare{m: m, r: r, took: got, kept: got}, got - least + 1, nil
 }
 
 // loaded records the payload bytes the round read of rows.
@@ -177,6 +187,7 @@ func (s *roundShare) loaded(rows []*claimedRow) {
 	}
 	s.m.read(s.took, n) // n ≤ took by readSQL's budget; counted as read either way
 	s.kept, s.read = n, true
+	s.r.lastRead.Store(int64(n))
 }
 
 // release gives the share back (the round ended).

@@ -22,7 +22,13 @@ func TestRoundMemorySharesInOrderAndGivesBackWhatWasNotRead(t *testing.T) {
 	require.Equal(t, 20, got2, "what is free, since it holds one payload")
 
 	first := make(chan int, 1)
-	go func() { n, err := m.take(ctx, 30, 50); require.NoError(t, err); first <- n }()
+	go func() {
+		n, err := m.take(ctx, 30, 50)
+		if err != nil {
+			n = -1
+		}
+		first <- n
+	}()
 	cctx, cancel := context.WithCancel(ctx)
 	waitQueued(t, m, 1)
 	second := make(chan error, 1)
@@ -53,4 +59,27 @@ func waitQueued(t *testing.T, m *RoundMemory, n int) {
 		defer m.mu.Unlock()
 		return len(m.queue) == n
 	}, 10e9, 1e6)
+}
+
+// A relay's round asks the shared budget for twice what its last round read (at least 1 MiB,
+// at most MaxRoundBytes), plus one largest message: quiet relays' rounds take little, and a
+// backlog's rounds double their budget round by round.
+func TestRoundShareFollowsWhatTheLastRoundRead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const least = 256 << 10
+	r := &Relay{cfg: RelayConfig{MaxRoundBytes: 16 << 20, RoundMemory: NewRoundMemory(64 << 20)}, readBytes: least}
+	for _, c := range []struct{ lastRead, budget int }{
+		{0, 1 << 20}, {100 << 10, 1 << 20}, {900 << 10, 1800 << 10}, {10 << 20, 16 << 20},
+	} {
+		r.lastRead.Store(int64(c.lastRead))
+		share, budget, err := r.takeRoundShare(ctx)
+		require.NoError(t, err)
+		require.Equal(t, c.budget, budget, "after a round that read %d bytes", c.lastRead)
+		require.Equal(t, c.budget+least-1, share.took)
+		share.loaded([]*claimedRow{{Event: Event{Payload: make([]byte, 5000)}, loaded: true}})
+		require.EqualValues(t, 5000, r.lastRead.Load())
+		share.release()
+	}
+	require.Zero(t, r.cfg.RoundMemory.Stats().Reserved)
 }
