@@ -186,8 +186,9 @@ func fleetConnector(getenv Getenv, secrets SecretGetter, sign IAMTokenSigner) fu
 }
 
 // FleetConfig reads the fleet's settings: the registry (FleetRegistry), the connection
-// budgets (FleetServerConnections, FleetDefaultServerConnections), the shard (FleetShard) and
-// FleetBurstPipelines.
+// budgets (FleetServerConnections, FleetDefaultServerConnections), the shard (FleetShard),
+// FleetBurstPipelines and the IAM servers (FleetIAMServers, checked here so that a bad value
+// stops the cold start).
 // Relay, MetricsRecorder and Logger are left to the caller. close closes the registry's pool.
 func FleetConfig(ctx context.Context, getenv Getenv, secrets SecretGetter) (cfg fleet.Config, close func(), err error) {
 	var errs []error
@@ -200,6 +201,9 @@ func FleetConfig(ctx context.Context, getenv Getenv, secrets SecretGetter) (cfg 
 		errs = append(errs, err)
 	}
 	if cfg.BurstPipelines, err = positiveInt(getenv, FleetBurstPipelines, 0); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := fleetIAMServers(getenv); err != nil {
 		errs = append(errs, err)
 	}
 	if raw := getenv(FleetShard); raw != "" {
