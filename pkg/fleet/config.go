@@ -91,7 +91,8 @@ type Config struct {
 	// (Weight × Turn for heavier ones) gives its connections back when another tenant of its
 	// server has waited Turn for connections and the busy tenants hold more than BusyShare of
 	// the budget: a waiting tenant is let in within about two Turns however busy the others.
-	// Defaults to DefaultTurn.
+	// A turn's time counts from when its first session is open (its connect is not part of
+	// its share). Defaults to DefaultTurn.
 	Turn time.Duration
 	// BusyShare bounds what busy tenants hold while others wait: once tenants past their
 	// Weight × Turn hold more than this fraction of a server's connection budget and another
