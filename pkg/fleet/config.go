@@ -61,8 +61,10 @@ type Config struct {
 	// is larger; Relay.Pipelines turns growing off.
 	BurstPipelines int
 	// Connect returns the pool configuration of a tenant's database; the fleet sets MaxConns
-	// and MinConns. Defaults to parsing Tenant.DatabaseURL; required for tenants given by
-	// SecretARN (the relay Lambda's resolves the secret, see pkg/lambdaenv).
+	// and MinConns, and executes statements without preparing them first
+	// (pgx.QueryExecModeExec) unless it names another mode than pgx's default. Defaults to
+	// parsing Tenant.DatabaseURL; required for tenants given by SecretARN (the relay Lambda's
+	// resolves the secret, see pkg/lambdaenv).
 	Connect func(ctx context.Context, t Tenant) (*pgxpool.Config, error)
 	// ServerConnections maps a server (Tenant.Server) to the most connections the fleet holds
 	// on it at once, its activity poll's included. Servers it does not name get

@@ -870,6 +870,14 @@ func (t *tenant) open(ctx context.Context, pipelines int) (*outbox.Relay, error)
 		pcfg.ConnConfig.RuntimeParams = map[string]string{}
 	}
 	pcfg.ConnConfig.RuntimeParams["application_name"] = "sluice-fleet-relay"
+	// A turn's sessions are mostly new ones (under a full budget every turn opens its own), on
+	// which a prepared statement would be used once: preparing each statement first (pgx's
+	// default) costs a round trip per statement per session for nothing. Executed directly
+	// (parameter types from their Go values), each statement takes one. A mode Connect chose
+	// (the simple protocol behind a proxy, say) is kept.
+	if pcfg.ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
+		pcfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	}
 	rcfg := cfg.Relay
 	rcfg.Tenant, rcfg.Pipelines = t.t.Name, pipelines
 	rcfg.Logger = cfg.Logger.With("tenant", t.t.Name)
