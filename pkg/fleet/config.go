@@ -65,8 +65,10 @@ type Config struct {
 	// is larger; Relay.Pipelines turns growing off.
 	BurstPipelines int
 	// Connect returns the pool configuration of a tenant's database; the fleet sets MaxConns
-	// and MinConns. Defaults to parsing Tenant.DatabaseURL; required for tenants given by
-	// SecretARN (the relay Lambda's resolves the secret, see pkg/lambdaenv).
+	// and MinConns, and executes statements without preparing them first
+	// (pgx.QueryExecModeExec) unless it names another mode than pgx's default. Defaults to
+	// parsing Tenant.DatabaseURL; required for tenants given by SecretARN (the relay Lambda's
+	// resolves the secret, see pkg/lambdaenv).
 	Connect func(ctx context.Context, t Tenant) (*pgxpool.Config, error)
 	// ServerConnections maps a server (Tenant.Server) to the most connections the fleet holds
 	// on it at once, its activity poll's included. Servers it does not name get
@@ -95,7 +97,8 @@ type Config struct {
 	// (Weight × Turn for heavier ones) gives its connections back when another tenant of its
 	// server has waited Turn for connections and the busy tenants hold more than BusyShare of
 	// the budget: a waiting tenant is let in within about two Turns however busy the others.
-	// Defaults to DefaultTurn.
+	// A turn's time counts from when its first session is open (its connect is not part of
+	// its share). Defaults to DefaultTurn.
 	Turn time.Duration
 	// BusyShare bounds what busy tenants hold while others wait: once tenants past their
 	// Weight × Turn hold more than this fraction of a server's connection budget and another

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -647,11 +649,17 @@ func (t *tenant) turn(ctx context.Context, conns int) (held int, more, retrying 
 	if err != nil {
 		return held, false, false, err
 	}
+	if err := t.openSession(ctx); err != nil {
+		return held, false, false, err
+	}
 	if err := t.readDatabase(ctx); err != nil {
 		return held, false, false, err
 	}
 	t.update(func(s *TenantStatus) { s.Turns++ })
 
+	// The turn's share of time starts once it can publish: a session slower to open than a Turn
+	// (TLS and scram-sha-256 on a busy server) would otherwise end every turn before its first
+	// claim, and the tenant would never publish while others wait.
 	start := time.Now()
 	var lastWork time.Time // the last pass of this turn that claimed rows
 	share := time.Duration(t.t.Weight) * cfg.Turn
@@ -862,6 +870,14 @@ func (t *tenant) open(ctx context.Context, pipelines int) (*outbox.Relay, error)
 		pcfg.ConnConfig.RuntimeParams = map[string]string{}
 	}
 	pcfg.ConnConfig.RuntimeParams["application_name"] = "sluice-fleet-relay"
+	// A turn's sessions are mostly new ones (under a full budget every turn opens its own), on
+	// which a prepared statement would be used once: preparing each statement first (pgx's
+	// default) costs a round trip per statement per session for nothing. Executed directly
+	// (parameter types from their Go values), each statement takes one. A mode Connect chose
+	// (the simple protocol behind a proxy, say) is kept.
+	if pcfg.ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
+		pcfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	}
 	rcfg := cfg.Relay
 	rcfg.Tenant, rcfg.Pipelines = t.t.Name, pipelines
 	rcfg.Logger = cfg.Logger.With("tenant", t.t.Name)
@@ -882,19 +898,78 @@ func (t *tenant) open(ctx context.Context, pipelines int) (*outbox.Relay, error)
 	return relay, nil
 }
 
-// closeConns closes the turn's connections (the pool stays, empty) and waits for their
-// sessions to end on the server before the turn gives its connections back to the budget.
+// closeConns closes the turn's connections (the pool stays, empty) and returns once their
+// sessions have ended on the server: the turn gives its connections back to the budget only
+// when the server no longer counts them. A session still being opened (a pass cut while one
+// of its pipelines connected: the pool finishes opening it in the background) joins the
+// pool's idle ones when it is open, and is closed with them; a connection the budget counted
+// free while its session lived on would let the fleet's sessions exceed the budget. Each
+// session is ended synchronously (endSession); one whose end was not seen so is looked for in
+// pg_stat_activity until it is gone (awaitGone). After closeWait, what is left is closed when
+// it is released (the pool's Reset).
 func (t *tenant) closeConns(ctx context.Context) {
 	if t.pool == nil {
 		return
 	}
-	var pids []uint32
-	for _, c := range t.pool.AcquireAllIdle(context.WithoutCancel(ctx)) {
-		pids = append(pids, c.Conn().PgConn().PID())
-		c.Release()
+	qctx := context.WithoutCancel(ctx) // the turn's sessions are ended even as the run ends
+	deadline := time.Now().Add(closeWait)
+	var (
+		mu          sync.Mutex
+		unconfirmed []uint32
+	)
+	for {
+		var wg sync.WaitGroup
+		for _, c := range t.pool.AcquireAllIdle(qctx) {
+			conn := c.Hijack() // out of the pool: its slot is free there, its session ended here
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if pid, gone := endSession(qctx, conn, deadline); !gone {
+					mu.Lock()
+					unconfirmed = append(unconfirmed, pid)
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		if t.pool.Stat().TotalConns() == 0 || time.Now().After(deadline) {
+			break
+		}
+		sleepCtx(qctx, 2*time.Millisecond) // a session still opening (or, for a moment, in use)
 	}
 	t.pool.Reset()
-	t.server.awaitGone(ctx, pids)
+	t.server.awaitGone(ctx, unconfirmed)
+}
+
+// closeWait bounds how long closeConns waits for the sessions of a turn to end.
+const closeWait = 5 * time.Second
+
+// terminateMsg is the protocol's Terminate message ('X', then the length 4).
+var terminateMsg = []byte{'X', 0, 0, 0, 4}
+
+// endSession ends conn's session synchronously, as PostgreSQL lets a client do: it sends
+// Terminate and reads until the server closes the connection. A backend closes it only on
+// its way out, after it has left pg_stat_activity and freed its connection slot (pqcomm.c:
+// socket_close, an on_proc_exit callback, runs after the shared-memory exit callbacks; over
+// TLS its close_notify is sent there too), so the end of the stream is the session's end on
+// the server, seen without a query. It returns the session's backend pid and whether its end
+// was seen by deadline.
+func endSession(ctx context.Context, conn *pgx.Conn, deadline time.Time) (pid uint32, gone bool) {
+	pc := conn.PgConn()
+	pid = pc.PID()
+	defer func() { _ = pc.Close(ctx) }()
+	if pc.SyncConn(ctx) != nil {
+		return pid, false
+	}
+	nc := pc.Conn()
+	if nc.SetDeadline(deadline) != nil {
+		return pid, false
+	}
+	if _, err := nc.Write(terminateMsg); err != nil {
+		return pid, false
+	}
+	_, err := io.Copy(io.Discard, nc) // nil at the end of the stream
+	return pid, !errors.Is(err, os.ErrDeadlineExceeded)
 }
 
 // reopen replaces the tenant's pool and relay with ones of the given pipelines (a turn that
@@ -908,7 +983,23 @@ func (t *tenant) reopen(ctx context.Context, pipelines int) (*outbox.Relay, erro
 	if err != nil {
 		return nil, fmt.Errorf("resize to %d pipelines: %w", pipelines, err)
 	}
+	if err := t.openSession(ctx); err != nil {
+		return nil, fmt.Errorf("resize to %d pipelines: %w", pipelines, err)
+	}
 	return relay, nil
+}
+
+// openSession opens one session of the tenant's pool, unless one is open, on the turn's own
+// context: a pass that must end (its share of time, a resize) is never cut while its first
+// session is being opened, so every turn can claim. The relay's other pipelines open theirs
+// as they need them; closeConns waits for any still opening.
+func (t *tenant) openSession(ctx context.Context) error {
+	c, err := t.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("tenant %s: connect: %w", t.t.Name, err)
+	}
+	c.Release()
+	return nil
 }
 
 // drop forgets the tenant's relay and pool.
@@ -1060,10 +1151,14 @@ func (s *server) membersPolled() ([]*tenant, map[string][]*tenant, []string) {
 // writes, and would stir tenants for nothing).
 // A backend reports itself idle only after its commit is visible, and one that ends leaves the
 // table, so every commit in a database changes its signature at the next poll, unless a
-// session hides its state: another role's session without pg_read_all_stats (state_change is
-// then NULL), or one with track_activities off (state 'disabled'). hidden counts those; a
-// database with hidden sessions is not watched, and its parked tenants keep their periodic
-// looks (tenant.watch).
+// session hides its state: another role's session without pg_read_all_stats (its query reads
+// '<insufficient privilege>', its state and state_change NULL), or one with track_activities
+// off (state 'disabled'). hidden counts those; a database with hidden sessions is not watched,
+// and its parked tenants keep their periodic looks (tenant.watch). A session still starting
+// (logged in, not yet ready for its first query) also shows no state for a moment, but its
+// query is readable: it has committed nothing, and its first return to idle changes the
+// signature, so it is not hidden (counting it made every connection churn look like a missing
+// grant).
 //
 // writers names the transactions that have written (backend_xid, which every role may read)
 // and not ended: a transaction seen writing by one poll and gone at the next has committed (or
@@ -1082,7 +1177,7 @@ FROM mine m
 LEFT JOIN (
 	SELECT datid,
 		sum(hashtextextended(pid::text || ' ' || coalesce(state_change::text, ''), 0))::text AS sessions,
-		count(*) FILTER (WHERE state_change IS NULL OR state IS NULL OR state = 'disabled') AS hidden,
+		count(*) FILTER (WHERE query = '<insufficient privilege>' OR state = 'disabled') AS hidden,
 		array_agg(pid::text || ' ' || backend_xid::text) FILTER (WHERE backend_xid IS NOT NULL) AS writers
 	FROM pg_stat_activity
 	WHERE datid IN (SELECT oid FROM mine) AND application_name NOT LIKE 'sluice-fleet-%'
