@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluicehq/sluice/cmd/sluice/internal/console"
+	"github.com/sluicehq/sluice/pkg/fleet"
 	"github.com/sluicehq/sluice/pkg/lambdaenv"
 )
 
@@ -230,6 +231,13 @@ asks for). --hide-payloads never shows payloads. docs/console.md says how to rea
 			}
 			if src.tenantsFile != "" || src.registryURL != "" {
 				cfg.Fleet = func(ctx context.Context) (console.FleetReport, error) { return a.consoleFleet(ctx, src) }
+				if src.registryURL != "" || a.io.Getenv(lambdaenv.FleetRegistryURL) != "" || a.io.Getenv(lambdaenv.FleetRegistrySecretARN) != "" {
+					// The fleet relay's own view, from the control database: sluice fleet status's reader.
+					cfg.FleetTurns = func(ctx context.Context) ([]fleet.TurnState, error) {
+						ft, err := a.fleetTurns(ctx, src)
+						return ft.Tenants, err
+					}
+				}
 			}
 			cfg.Audit = func(ctx context.Context, consumer, since string) (console.AuditResult, error) {
 				return ConsoleAudit(ctx, pool, consumer, since)

@@ -31,6 +31,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/sluicehq/sluice/pkg/fleet"
 )
 
 // Querier is what the console reads with: a *pgxpool.Pool (or a *pgx.Conn).
@@ -160,6 +162,11 @@ type Config struct {
 	// Fleet, when set, reads every tenant of a fleet as `sluice status --fleet` does, for the
 	// fleet page. Defaults to nil: no fleet page.
 	Fleet func(context.Context) (FleetReport, error)
+	// FleetTurns, when set, reads the fleet relay's own view of its registered tenants, worst
+	// first, as `sluice fleet status` does (from fleet.TurnStateTable in the control database):
+	// a tenant without a recorded turn has its name alone. The fleet page shows it. Defaults to
+	// nil: not shown.
+	FleetTurns func(context.Context) ([]fleet.TurnState, error)
 	// Logger logs requests that failed. Defaults to slog.Default().
 	Logger *slog.Logger
 }

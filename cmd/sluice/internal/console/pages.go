@@ -20,6 +20,7 @@ import (
 
 	"github.com/sluicehq/sluice/cmd/sluice/internal/human"
 	"github.com/sluicehq/sluice/internal/wire"
+	"github.com/sluicehq/sluice/pkg/fleet"
 	"github.com/sluicehq/sluice/pkg/inbox"
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
@@ -632,16 +633,42 @@ func (s *Server) auditPage(w http.ResponseWriter, r *http.Request) {
 	s.render(w, r, http.StatusOK, "audit", "Audit", "audit", v)
 }
 
-// fleetView is the fleet page.
+// fleetView is the fleet page: the fleet relay's own view of its tenants (TurnsOn), and the
+// tenant databases read now (On).
 type fleetView struct {
-	On     bool
+	Now time.Time
+	On  bool
+	// Report is Config.Fleet's reading, Error its failure.
 	Report FleetReport
 	Error  string
+	// Turns are Config.FleetTurns' rows, TurnsError its failure; Failing, SweepOnly and
+	// Unrecorded count its failing tenants, sweep-only ones, and those without a recorded turn.
+	TurnsOn                        bool
+	Turns                          []fleet.TurnState
+	TurnsError                     string
+	Failing, SweepOnly, Unrecorded int
 }
 
-// fleetPage reads every tenant of the fleet (it only reads).
+// fleetPage reads the fleet relay's view of its tenants and every tenant database (it only reads).
 func (s *Server) fleetPage(w http.ResponseWriter, r *http.Request) {
-	v := fleetView{On: s.cfg.Fleet != nil}
+	v := fleetView{Now: time.Now(), On: s.cfg.Fleet != nil, TurnsOn: s.cfg.FleetTurns != nil}
+	if v.TurnsOn {
+		var err error
+		if v.Turns, err = s.cfg.FleetTurns(r.Context()); err != nil {
+			v.TurnsError = err.Error()
+		}
+		for _, t := range v.Turns {
+			switch {
+			case t.State == "":
+				v.Unrecorded++
+			case t.State == fleet.StateFailing:
+				v.Failing++
+			}
+			if t.SweepOnly() {
+				v.SweepOnly++
+			}
+		}
+	}
 	if v.On {
 		var err error
 		if v.Report, err = s.cfg.Fleet(r.Context()); err != nil {
