@@ -327,9 +327,11 @@ func consoleQueues(ctx context.Context, c SQSAPI, urls []string) ([]console.Queu
 
 // ServeConsole serves srv on ln, with its lag sampler, until ctx ends.
 func ServeConsole(ctx context.Context, srv *console.Server, ln net.Listener) error {
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
 	sctx, stop := context.WithCancel(ctx)
 	defer stop()
+	// Requests end with ctx: the overview's event streams, which never end on their own, let
+	// the shutdown below finish.
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return sctx }}
 	go srv.Run(sctx)
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()

@@ -70,7 +70,7 @@ func setup(t *testing.T, actions bool, mutate ...func(*console.Config)) *bundle 
 }
 
 // serve serves s until the test ends and returns its base URL.
-func serve(t *testing.T, s *console.Server) string {
+func serve(t *testing.T, s http.Handler) string {
 	t.Helper()
 	srv := httptest.NewServer(s)
 	t.Cleanup(srv.Close)

@@ -35,6 +35,7 @@ func (s *Server) routes() {
 	m := http.NewServeMux()
 	m.HandleFunc("GET /{$}", s.overviewPage)
 	m.HandleFunc("GET /live/overview", s.overviewLive)
+	m.HandleFunc("GET /live/overview/stream", s.overviewStream)
 	m.HandleFunc("GET /key", s.keyPage)
 	m.HandleFunc("GET /event/{ref}", s.eventPage)
 	m.HandleFunc("GET /event", func(w http.ResponseWriter, r *http.Request) {
@@ -197,6 +198,61 @@ func (s *Server) overviewLive(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.render(w, r, http.StatusOK, "overview-live", "", "", o)
+}
+
+// liveEvery is how often the overview's stream sends the overview: every SampleEvery, at most
+// maxLiveEvery apart.
+func (s *Server) liveEvery() time.Duration { return min(s.cfg.SampleEvery, maxLiveEvery) }
+
+// sseLines continues an event's data on a new "data:" line at each line break.
+var sseLines = strings.NewReplacer("\r\n", "\ndata: ", "\r", "\ndata: ", "\n", "\ndata: ")
+
+// maxLiveEvery bounds the time between two updates of the overview's stream.
+const maxLiveEvery = 5 * time.Second
+
+// overviewStream sends the overview's live part as server-sent events (event "overview", the
+// HTML fragment as its data) at once and then every liveEvery, until the browser goes away or
+// the server stops. The page's script subscribes with EventSource, and polls /live/overview
+// where it has none.
+func (s *Server) overviewStream(w http.ResponseWriter, r *http.Request) {
+	rc := http.NewResponseController(w)
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("X-Accel-Buffering", "no") // a proxy in front (nginx) passes each event on at once
+	w.WriteHeader(http.StatusOK)
+	ctx := r.Context()
+	every := s.liveEvery()
+	// retry: how long the browser waits before it reconnects after the stream ended.
+	if _, err := fmt.Fprintf(w, "retry: %d\n\n", every.Milliseconds()); err != nil || rc.Flush() != nil {
+		return
+	}
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		var buf bytes.Buffer
+		o, err := s.readOverview(ctx)
+		if err == nil {
+			err = s.pages.ExecuteTemplate(&buf, "overview-live", page{Data: o})
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		_ = rc.SetWriteDeadline(time.Now().Add(every + 10*time.Second))
+		if err != nil {
+			s.cfg.Logger.Warn("console: read the overview for its stream", "error", err)
+			_, err = fmt.Fprintf(w, "event: failed\ndata: %s\n\n", strings.Join(strings.Fields(err.Error()), " "))
+		} else {
+			_, err = fmt.Fprintf(w, "event: overview\ndata: %s\n\n", sseLines.Replace(strings.TrimSpace(buf.String())))
+		}
+		if err != nil || rc.Flush() != nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // chainView is the key page.
