@@ -21,6 +21,7 @@ import (
 	"github.com/sluicehq/sluice/cmd/sluice/internal/console"
 	"github.com/sluicehq/sluice/pkg/fleet"
 	"github.com/sluicehq/sluice/pkg/lambdaenv"
+	"github.com/sluicehq/sluice/pkg/metrics"
 )
 
 // EnvConsoleToken is the environment variable `sluice console` reads its token from when
@@ -179,6 +180,8 @@ type consoleOptions struct {
 	allowHosts   []string
 	sampleEvery  time.Duration
 	queues       []string
+	// cwNamespace and cwRegion: the lag charts from the relay's CloudWatch metrics.
+	cwNamespace, cwRegion string
 }
 
 func (a *app) consoleCommand() *cobra.Command {
@@ -253,6 +256,13 @@ asks for). --hide-payloads never shows payloads. docs/console.md says how to rea
 				}
 				cfg.Queues = func(ctx context.Context) ([]console.Queue, error) { return consoleQueues(ctx, sqsc, o.queues) }
 			}
+			if o.cwNamespace != "" {
+				if cfg.LagHistory, cfg.LagHistorySource, err = a.consoleLagHistory(ctx, o.cwNamespace, o.cwRegion); err != nil {
+					return err
+				}
+			} else if o.cwRegion != "" {
+				return usagef("--cloudwatch-region needs --cloudwatch-namespace")
+			}
 			if o.allowActions {
 				cfg.Actions = ConsoleActions{DB: pool, SQS: sqsc}
 			}
@@ -279,6 +289,8 @@ asks for). --hide-payloads never shows payloads. docs/console.md says how to rea
 	fl.BoolVar(&o.hidePayloads, "hide-payloads", false, "never show payloads (sizes only), for sensitive data")
 	fl.StringArrayVar(&o.allowHosts, "allow-host", nil, "host name besides localhost the console answers to without --token, e.g. the name an authenticating proxy forwards (repeatable)")
 	fl.StringArrayVar(&o.queues, "queue", nil, "SQS queue URL whose depth and DLQ depth the overview shows, read every --sample-every (repeatable)")
+	fl.StringVar(&o.cwNamespace, "cloudwatch-namespace", "", fmt.Sprintf("draw the lag charts from the relay's CloudWatch metrics in this `NAMESPACE` (the stack's: %s), read every minute; default: the console's own samples", metrics.Namespace))
+	fl.StringVar(&o.cwRegion, "cloudwatch-region", "", "the `REGION` of --cloudwatch-namespace's metrics (default --region, $AWS_REGION)")
 	src.flags(fl)
 	fl.Var(&durationValue{d: &o.sampleEvery}, "sample-every", fmt.Sprintf("how often the lag chart samples the outbox (default %s)", console.DefaultSampleEvery))
 	// Its own changes go through the dead retry command's code and plan, confirmed in the page.

@@ -108,6 +108,9 @@ type overview struct {
 	Quarantined  []outbox.QuarantinedRow
 	Charts       []chart
 	SampleEvery  time.Duration
+	// ChartSource names the lag history the charts show ("": the console's own samples);
+	// ChartNote says why they show the console's samples though a history is configured.
+	ChartSource, ChartNote string
 	// Queues are the last reading of Config.Queues (QueuesOn), taken at QueuesAt; QueuesErr
 	// the last reading's error.
 	QueuesOn  bool
@@ -173,7 +176,8 @@ func (s *Server) readOverview(ctx context.Context) (overview, error) {
 			o.QueuesErr = qerr.Error()
 		}
 	}
-	ss := s.samples.since(o.Now.Add(-ChartWindow))
+	ss, source, note := s.chartSamples(o.Now.Add(-ChartWindow))
+	o.ChartSource, o.ChartNote = source, note
 	o.Charts = []chart{
 		lagChart("Oldest pending row's age", ss, o.Now, func(x sample) float64 { return x.OldestAge.Seconds() }, formatSeconds),
 		lagChart("Pending rows", ss, o.Now, func(x sample) float64 { return float64(x.Pending) }, formatCount),
