@@ -191,9 +191,11 @@ func (a *app) consoleCommand() *cobra.Command {
 		Use:   "console",
 		Short: "Serve an operator's web console: overview, a key's chain, events, dead letters",
 		Long: `Serve a web console over the outbox and the inbox of the database: an overview per destination
-and consumer with a lag chart of the last hour (sampled while it runs) that updates live, a
-partition key's pending rows and why each waits, an event's payload and state, and dead letters
-grouped by error class and message.
+and consumer with a lag chart of the last hour (sampled while it runs, or with
+--cloudwatch-namespace the relay's CloudWatch metrics) that the server pushes live (server-sent
+events), a partition key's pending rows and why each waits, an event's payload and state, dead
+letters grouped by error class and message, and with --fleet-registry the fleet relay's own view
+of its tenants (as sluice fleet status shows it).
 
 It is read-only unless started with --allow-actions; then each retry first shows the plan of
 ` + "`sluice dead retry --dry-run`" + ` and changes exactly those rows once confirmed. It listens on
@@ -202,6 +204,7 @@ which every request must then carry (as a bearer token, or as the basic-auth pas
 asks for). --hide-payloads never shows payloads. docs/console.md says how to reach it in AWS.`,
 		Example: `  sluice console
   sluice console --allow-actions --listen 127.0.0.1:9000
+  sluice console --cloudwatch-namespace Sluice --fleet-registry postgres://sluice@control/fleet
   SLUICE_CONSOLE_TOKEN=$(openssl rand -hex 16) sluice console --listen 0.0.0.0:8089 --hide-payloads`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
