@@ -94,14 +94,18 @@ func (s TurnState) SweepOnly() bool { return s.Detection == DetectSweepOnly }
 
 // Error classes of TurnState.ErrorClass: what kind of failure a failed turn's was.
 const (
-	ErrorUnreachable = "unreachable"   // no connection to the tenant's server (refused, DNS, TLS)
-	ErrorAuth        = "auth"          // the server refused the credentials or the database
-	ErrorSchema      = "schema"        // sluice's tables are missing or differ: not migrated
-	ErrorTimeout     = "timeout"       // a statement or connection timed out
-	ErrorDatabase    = "database"      // another PostgreSQL error
-	ErrorRelay       = "relay"         // anything else (settings, the relay itself)
+	ErrorUnreachable = "unreachable" // no connection to the tenant's server (refused, DNS, TLS)
+	ErrorAuth        = "auth"        // the server refused the credentials or the database
+	ErrorSchema      = "schema"      // sluice's tables are missing or differ: not migrated
+	ErrorTimeout     = "timeout"     // a statement or connection timed out
+	ErrorDatabase    = "database"    // another PostgreSQL error
+	ErrorRelay       = "relay"       // anything else (settings, the relay itself)
+)
+
+const (
 	errorTextMost    = 500             // LastError's bound, in bytes
 	turnStateTimeout = 2 * time.Second // bounds a turn's write of its row
+	turnStateRetry   = time.Minute     // how long a tenant writes nothing after a failed write
 )
 
 // errorClassOf classifies a failed turn's error.
@@ -154,6 +158,10 @@ type turnRecord struct {
 	published int        // TenantStatus.Published at the end of the last turn
 	written   *TurnState // the row as last written; nil before the first write of this process
 	failed    bool       // the last write failed (logged once until one succeeds)
+	// retryAt: after a failed write (a control database without the table, say), the tenant
+	// writes nothing before it, so that a missing table costs a statement per tenant every
+	// turnStateRetry, not one per turn.
+	retryAt time.Time
 }
 
 // changed reports whether row says something the last written row does not: a turn that
@@ -201,7 +209,7 @@ func (t *tenant) recordTurn(ctx context.Context, err error, due time.Time) {
 	if err != nil {
 		row.ErrorClass, row.LastError, row.BackoffUntil = errorClassOf(err), redactError(s.LastError), due
 	}
-	if !rec.changed(row) {
+	if !rec.changed(row) || time.Now().Before(rec.retryAt) {
 		return
 	}
 	var pending, quarantined *int64
@@ -224,10 +232,10 @@ func (t *tenant) recordTurn(ctx context.Context, err error, due time.Time) {
 		if !rec.failed && ctx.Err() == nil {
 			t.f.log.Warn("fleet: record a tenant's turn in "+TurnStateTable+" (create it with `sluice fleet init`)", "tenant", t.t.Name, "error", werr)
 		}
-		rec.failed = true
+		rec.failed, rec.retryAt = true, time.Now().Add(turnStateRetry)
 		return
 	}
-	rec.failed, rec.written = false, &row
+	rec.failed, rec.written, rec.retryAt = false, &row, time.Time{}
 }
 
 // readTurnStatesSQL reads every row of TurnStateTable.

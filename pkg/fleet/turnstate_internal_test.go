@@ -65,6 +65,29 @@ func TestATurnRecordsASweepOnlyTenantOnce(t *testing.T) {
 	require.True(t, s.WorkedAt.IsZero(), "no turn published")
 }
 
+// A control database without the table: the failed write is not tried again at each turn.
+func TestAFailedTurnWriteWaitsBeforeTheNext(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	control, err := pgxpool.New(ctx, testdb.EmptyURL(t)) // no CreateTurnStateTable
+	require.NoError(t, err)
+	t.Cleanup(control.Close)
+	var writes int
+	counting := execFunc(func(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+		writes++
+		return control.Exec(ctx, sql, args...)
+	})
+	f := &Fleet{cfg: Config{TurnState: counting, Shards: 1}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	tn := &tenant{f: f, t: Tenant{Name: "busy"}}
+	for i := range 3 {
+		tn.turnStarted.Store(time.Now().UnixNano())
+		tn.update(func(s *TenantStatus) { s.State, s.LastTurn, s.Published = StateIdle, time.Now(), s.Published+10 })
+		tn.recordTurn(ctx, nil, time.Time{})
+		require.Equal(t, 1, writes, "turn %d: one failed write, then none for turnStateRetry", i)
+	}
+	require.True(t, tn.turnRecord.failed)
+}
+
 type execFunc func(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 
 func (f execFunc) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
