@@ -53,16 +53,17 @@ func CreateTurnStateTable(ctx context.Context, db Execer) error {
 }
 
 // TurnState is a tenant's row of TurnStateTable: the fleet's view of it at its last recorded
-// turn. A turn is recorded when it published, failed, or changed what the row says (its state,
-// error class, detection or backlog), and on a tenant's first turn in a Fleet's process; an
-// idle tenant's sweeps that find nothing new write nothing.
+// turn. A turn is recorded at once when it failed or changed the tenant's state, error class or
+// detection, and on a tenant's first turn in a Fleet's process; a turn that published or moved
+// the backlog is recorded when the last record is turnStateEvery (10 s) old, else its rows are
+// counted into the next one; an idle tenant's sweeps that find nothing new write nothing.
 type TurnState struct {
 	Tenant string
 	// Shard is the deployment that served the tenant, "I/N" (Config.Shard, Config.Shards).
 	Shard string
 	State TenantState
-	// TurnStarted and TurnEnded bound the last recorded turn; Published counts the rows it
-	// published.
+	// TurnStarted and TurnEnded bound the last recorded turn; Published counts the rows
+	// published since the record before it (by that turn, and any turns not recorded between).
 	TurnStarted time.Time
 	TurnEnded   time.Time
 	Published   int64
@@ -103,9 +104,10 @@ const (
 )
 
 const (
-	errorTextMost    = 500             // LastError's bound, in bytes
-	turnStateTimeout = 2 * time.Second // bounds a turn's write of its row
-	turnStateRetry   = time.Minute     // how long a tenant writes nothing after a failed write
+	errorTextMost    = 500              // LastError's bound, in bytes
+	turnStateTimeout = 2 * time.Second  // bounds a turn's write of its row
+	turnStateRetry   = time.Minute      // how long a tenant writes nothing after a failed write
+	turnStateEvery   = 10 * time.Second // the least time between two rows of a tenant's routine turns (turned)
 )
 
 // errorClassOf classifies a failed turn's error.
@@ -155,8 +157,9 @@ func redactError(text string) string {
 // turnRecord is what a tenant's goroutine remembers of its row of TurnStateTable (the tenant
 // goroutine's own): the counts at its last turn, and what it last wrote.
 type turnRecord struct {
-	published int        // TenantStatus.Published at the end of the last turn
+	published int        // TenantStatus.Published when the row was last written
 	written   *TurnState // the row as last written; nil before the first write of this process
+	writtenAt time.Time  // when
 	failed    bool       // the last write failed (logged once until one succeeds)
 	// retryAt: after a failed write (a control database without the table, say), the tenant
 	// writes nothing before it, so that a missing table costs a statement per tenant every
@@ -169,9 +172,16 @@ type turnRecord struct {
 // as the normal DetectPoll does not count), another backlog.
 func (r *turnRecord) changed(row TurnState) bool {
 	w := r.written
-	return w == nil || row.Published > 0 || row.Failures > 0 || row.State != w.State || row.ErrorClass != w.ErrorClass ||
-		(row.Detection != w.Detection && !(w.Detection == "" && row.Detection == DetectPoll)) ||
-		row.Lag.Pending != w.Lag.Pending || row.Lag.Quarantined != w.Lag.Quarantined
+	return r.turned(row) || row.Published > 0 || row.Lag.Pending != w.Lag.Pending || row.Lag.Quarantined != w.Lag.Quarantined
+}
+
+// turned reports whether row says something an operator must see at once: a first row, a
+// failure, another state, error class or detection. Rows published and a backlog that moved
+// are written at most every turnStateEvery (what a busy tenant's turns change).
+func (r *turnRecord) turned(row TurnState) bool {
+	w := r.written
+	return w == nil || row.Failures > 0 || row.State != w.State || row.ErrorClass != w.ErrorClass ||
+		(row.Detection != w.Detection && !(w.Detection == "" && row.Detection == DetectPoll))
 }
 
 // upsertTurnStateSQL writes a tenant's row; worked_at keeps its value when the turn published
@@ -188,8 +198,9 @@ ON CONFLICT (tenant) DO UPDATE SET shard = excluded.shard, state = excluded.stat
 	backoff_until = excluded.backoff_until, detection = excluded.detection, updated_at = now()`
 
 // recordTurn writes the tenant's row of TurnStateTable after a turn that ended with err, its
-// next turn due at due, when Config.TurnState is set and the row would change (turnRecord.changed):
-// at most one statement per turn, none for an idle tenant's turn that found nothing new. A
+// next turn due at due, when Config.TurnState is set and the row would change (turnRecord.changed),
+// a busy tenant's routine turns at most every turnStateEvery (turnRecord.turned): at most one
+// statement per turn, none for an idle tenant's turn that found nothing new. A
 // write that fails is logged (once until one succeeds) and changes nothing else: the record
 // is only for operators, nothing the fleet does reads it.
 func (t *tenant) recordTurn(ctx context.Context, err error, due time.Time) {
@@ -202,14 +213,14 @@ func (t *tenant) recordTurn(ctx context.Context, err error, due time.Time) {
 	row := TurnState{Tenant: t.t.Name, Shard: fmt.Sprintf("%d/%d", t.f.cfg.Shard, t.f.cfg.Shards), State: s.State,
 		TurnStarted: time.Unix(0, t.turnStarted.Load()), TurnEnded: s.LastTurn, Published: int64(s.Published - rec.published),
 		Lag: s.Lag, LagAt: s.LagAt, Failures: s.Failures, Detection: s.Detection}
-	rec.published = s.Published
 	if row.TurnEnded.Before(row.TurnStarted) {
 		row.TurnEnded = time.Now()
 	}
 	if err != nil {
 		row.ErrorClass, row.LastError, row.BackoffUntil = errorClassOf(err), redactError(s.LastError), due
 	}
-	if !rec.changed(row) || time.Now().Before(rec.retryAt) {
+	now := time.Now()
+	if !rec.changed(row) || now.Before(rec.retryAt) || !rec.turned(row) && now.Sub(rec.writtenAt) < turnStateEvery {
 		return
 	}
 	var pending, quarantined *int64
@@ -235,7 +246,7 @@ func (t *tenant) recordTurn(ctx context.Context, err error, due time.Time) {
 		rec.failed, rec.retryAt = true, time.Now().Add(turnStateRetry)
 		return
 	}
-	rec.failed, rec.written, rec.retryAt = false, &row, time.Time{}
+	rec.failed, rec.written, rec.writtenAt, rec.retryAt, rec.published = false, &row, now, time.Time{}, s.Published
 }
 
 // readTurnStatesSQL reads every row of TurnStateTable.

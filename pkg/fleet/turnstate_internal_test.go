@@ -65,6 +65,49 @@ func TestATurnRecordsASweepOnlyTenantOnce(t *testing.T) {
 	require.True(t, s.WorkedAt.IsZero(), "no turn published")
 }
 
+// A busy tenant's turns that only publish are recorded at most every turnStateEvery, their rows
+// counted into the next record; a failure is recorded at once.
+func TestABusyTenantsTurnsAreRecordedAtMostEveryTurnStateEvery(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	control, err := pgxpool.New(ctx, testdb.EmptyURL(t))
+	require.NoError(t, err)
+	t.Cleanup(control.Close)
+	require.NoError(t, CreateTurnStateTable(ctx, control))
+	var writes int
+	counting := execFunc(func(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+		writes++
+		return control.Exec(ctx, sql, args...)
+	})
+	f := &Fleet{cfg: Config{TurnState: counting, Shards: 1}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	tn := &tenant{f: f, t: Tenant{Name: "busy"}}
+	turn := func(published int, err error) {
+		tn.turnStarted.Store(time.Now().UnixNano())
+		tn.update(func(s *TenantStatus) {
+			s.State, s.LastTurn, s.Published = StateIdle, time.Now(), s.Published+published
+			if err != nil {
+				s.State, s.Failures, s.LastError = StateFailing, s.Failures+1, err.Error()
+			}
+		})
+		tn.recordTurn(ctx, err, time.Now().Add(time.Second))
+	}
+	turn(5, nil)
+	turn(3, nil)
+	require.Equal(t, 1, writes, "the second turn within turnStateEvery is not written")
+	tn.turnRecord.writtenAt = time.Now().Add(-turnStateEvery)
+	turn(2, nil)
+	require.Equal(t, 2, writes)
+	states, err := ReadTurnStates(ctx, control)
+	require.NoError(t, err)
+	require.Equal(t, int64(5), states[0].Published, "the rows of the turn not written are counted in")
+	turn(0, &pgconn.PgError{Code: "28P01", Message: "password authentication failed"})
+	require.Equal(t, 3, writes, "a failure is written at once")
+	states, err = ReadTurnStates(ctx, control)
+	require.NoError(t, err)
+	require.Equal(t, ErrorAuth, states[0].ErrorClass)
+	require.False(t, states[0].WorkedAt.IsZero(), "when a turn last published is kept")
+}
+
 // A control database without the table: the failed write is not tried again at each turn.
 func TestAFailedTurnWriteWaitsBeforeTheNext(t *testing.T) {
 	t.Parallel()

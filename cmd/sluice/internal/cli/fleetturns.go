@@ -194,9 +194,10 @@ func (a *app) fleetStatusCommand(src *fleetSource) *cobra.Command {
 		Short: "Show the fleet relay's own view of each tenant: last turn, backlog, failures, sweep-only tenants",
 		Long: `Show what the fleet relay recorded of each registered tenant in the control database's
 ` + fleet.TurnStateTable + ` table (created by sluice fleet init; the relay writes a tenant's row
-at the end of a turn that published, failed or changed what the row says, never for an idle
-tenant's sweep that found nothing): its state, its last recorded turn (how long ago, how long
-it took, the rows it published), the backlog the relay last read, its failed turns in a row
+at the end of a turn that failed or changed its state at once, a busy tenant's at most every 10
+seconds, never for an idle tenant's sweep that found nothing): its state, its last recorded
+turn (how long ago, how long it took, the rows published since the record before), the
+backlog the relay last read, its failed turns in a row
 with the last error's class and text and when its backoff ends, and how the relay's activity
 poll sees its database: "sweep-only" tenants are those it cannot see, whose writes wait for
 their sweep (give them their own server name: docs/fleet.md).

@@ -85,7 +85,7 @@ func TestBrowserFleetPageShowsTheRelaysView(t *testing.T) {
 	require.Regexp(t, `failing.*\d+ in a row.*auth.*no_such_globex_db.*backoff until`, strings.ReplaceAll(rows[0], "\n", " "))
 	require.True(t, strings.HasPrefix(rows[1], "umbrella"), "then the sweep-only one: %q", rows)
 	require.Contains(t, rows[1], "sweep-only")
-	require.Regexp(t, `acme\s+idle.*ago, took .*rows published; last published .* ago`, strings.ReplaceAll(strings.Join(rows, "|"), "\n", " "))
+	require.Regexp(t, `acme\s+idle.*ago, took .*rows published since the record before; last published .* ago`, strings.ReplaceAll(strings.Join(rows, "|"), "\n", " "))
 	require.Contains(t, strings.Join(rows, "|"), "initech\tno turn recorded")
 	page := read(t, bctx, chromedp.Evaluate[string](`document.documentElement.outerHTML`))
 	require.NotContains(t, page, "hunter2-secret", "no password is rendered")
