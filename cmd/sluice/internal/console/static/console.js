@@ -10,20 +10,37 @@
   if (!live) { return; }
   var every = 5000;
   function say(text) { if (status) { status.textContent = text; } }
-  // show puts the new live part in place, replacing only the sections that changed: a link
-  // or button in a section that did not change keeps the keyboard focus.
+  // morph makes the children of from like those of to, changing only what differs (text,
+  // attributes, added or removed nodes): an element that stays where it was (a focused link)
+  // is kept, and with it the keyboard focus.
+  // Text nodes of white space alone (between tags) are left out, so that the page's markup and
+  // the fragment's line up whatever their indentation.
+  function nodes(parent) {
+    return Array.prototype.filter.call(parent.childNodes, function (c) { return c.nodeType !== 3 || c.nodeValue.trim() !== ""; });
+  }
+  function morph(from, to) {
+    var olds = nodes(from);
+    var news = nodes(to);
+    for (var i = 0; i < news.length; i++) {
+      var o = olds[i], n = news[i];
+      if (!o) { from.appendChild(n); continue; }
+      if (o.nodeType !== n.nodeType || o.nodeName !== n.nodeName) { from.replaceChild(n, o); continue; }
+      if (o.nodeType !== 1) { if (o.nodeValue !== n.nodeValue) { o.nodeValue = n.nodeValue; } continue; }
+      for (var a = o.attributes.length - 1; a >= 0; a--) {
+        if (!n.hasAttribute(o.attributes[a].name)) { o.removeAttribute(o.attributes[a].name); }
+      }
+      for (var b = 0; b < n.attributes.length; b++) {
+        if (o.getAttribute(n.attributes[b].name) !== n.attributes[b].value) { o.setAttribute(n.attributes[b].name, n.attributes[b].value); }
+      }
+      morph(o, n);
+    }
+    for (var r = news.length; r < olds.length; r++) { from.removeChild(olds[r]); }
+  }
+  // show puts the new live part in place.
   function show(html) {
     var next = document.createElement("template");
     next.innerHTML = html;
-    var fresh = Array.prototype.slice.call(next.content.children);
-    var old = Array.prototype.slice.call(live.children);
-    if (fresh.length !== old.length) {
-      live.replaceChildren.apply(live, fresh);
-    } else {
-      for (var i = 0; i < fresh.length; i++) {
-        if (!old[i].isEqualNode(fresh[i])) { live.replaceChild(fresh[i], old[i]); }
-      }
-    }
+    morph(live, next.content);
     say("last update " + new Date().toLocaleTimeString());
   }
   function poll() {
