@@ -67,10 +67,31 @@ type FleetServer struct {
 	// its activity poll included (SLUICE_FLEET_SERVER_CONNECTIONS). At least Relay.Pipelines
 	// (1 when unset) + 1. Defaults to fleet.DefaultServerConnections.
 	RelayConnections int
+	// IAMAuth, when set, makes the fleet's functions log in to this server's tenant databases
+	// with IAM database authentication (lambdaenv.FleetIAMServers): a token per connection
+	// instead of a password, and rds-db:connect granted to the relays' role and to every fleet
+	// consumer's. Defaults to nil: passwords, from the tenants' secrets or URLs.
+	IAMAuth *FleetIAMAuth
 	// Connections, when set, gets an ingress rule on its default port from the relays'
 	// security group, e.g. an awsrds.DatabaseInstance or an imported one. Leave nil when you
 	// manage the server's security group yourself.
 	Connections awsec2.IConnectable
+}
+
+// FleetIAMAuth is a FleetServer's IAM database authentication: the functions log in as User
+// with a token signed by their role, which may rds-db:connect as that user on that server only.
+// The tenants still say where their databases are (a static tenant's Secret gives the host,
+// port, user and database name, and one secret for all the server's tenants is enough, each
+// naming its Database: its password is not used, so it needs no rotation; a control-table
+// tenant may give a databaseUrl without a password instead of a secret).
+type FleetIAMAuth struct {
+	// ResourceID is the server's resource id (an RDS instance's DbiResourceId, "db-…", e.g.
+	// awsrds.DatabaseInstance's InstanceResourceId(); an Aurora cluster's "cluster-…"), the
+	// rds-db:connect ARN's resource. Required.
+	ResourceID *string
+	// User is the database user the functions log in as, which has the rds_iam role in the
+	// database (GRANT rds_iam TO user). Required.
+	User string
 }
 
 // FleetRegistry is an OutboxFleet's dynamic registry: the control database's
@@ -100,8 +121,10 @@ type OutboxFleetProps struct {
 	// OutboxProps configure the topic, the destinations and each shard's relay Lambda as they
 	// do an Outbox's: RelayCodeDir and Network are required; the topic, LogicalTopics,
 	// ExtraTopics, Destinations, DefaultDestination, Publishers, Subscribers, ClaimCheck,
-	// RelayTimeout (1 minute by default for a fleet), RelayStopBefore, RelayReservedConcurrency
-	// (per shard), RelayMemoryMB,
+	// RelayTimeout (for a fleet, by default RelaySchedule + lambdaenv.FleetShardOverlap +
+	// RelayStopBefore, 1m15s: each invocation is still serving when the next one starts),
+	// RelayStopBefore, RelayReservedConcurrency (per shard; 2 by default for a fleet, the two
+	// invocations of an overlap), RelayMemoryMB,
 	// Relay and LogRetention apply. Database gives only the TLS settings every tenant
 	// database is reached with (SSLMode, CABundle). Database.Secret, Database.Connections,
 	// Database.MaxConns, Migrations, UseDatabaseSecret, DatabaseRole, RelayService,
@@ -171,15 +194,33 @@ func (f *outboxFleet) Schedules() []awsevents.Rule   { return f.schedules }
 func (f *outboxFleet) Role() awsiam.IRole            { return f.role }
 func (f *outboxFleet) Fifo() bool                    { return f.fifo }
 
+// fleetRelayTimeout is a shard's default function timeout: the schedule's period, plus
+// lambdaenv.FleetShardOverlap, plus the stop-before margin (stopBefore, or the relay's default
+// when 0). Each invocation serves until the margin ahead of its deadline, so it is still serving
+// FleetShardOverlap after the next invocation's scheduled start: the next one has started and
+// warmed up (a cold start in a second execution environment the first time) before the last
+// one stops, and the shard's tenants are served every second. With a timeout of one period,
+// each invocation served the period less the margin and the rows committed in the last seconds
+// waited for the next one (measured through the real binaries:
+// e2e.TestFleetShardInvocationsHandOver). Two invocations serve at once for the overlap, each
+// with its own fleet and connection budget: a reserved concurrency of 2, which the connection
+// check books, covers them.
+func fleetRelayTimeout(stopBefore time.Duration) time.Duration {
+	if stopBefore == 0 {
+		stopBefore = lambdaenv.DefaultRelayStopBefore
+	}
+	return RelaySchedule + lambdaenv.FleetShardOverlap + stopBefore
+}
+
 // lambdaEnvironmentLimit is Lambda's limit on a function's environment (keys and values).
 const lambdaEnvironmentLimit = 4096
 
 func (p *OutboxFleetProps) withDefaults() OutboxFleetProps {
 	out := *p
 	if out.RelayTimeout == 0 {
-		// A shard's invocations overlap for RelayTimeout − 1 minute, each running its own Fleet
-		// with its own budget: one minute keeps a shard to one at a time (two at a boundary).
-		out.RelayTimeout = time.Minute
+		out.RelayTimeout = fleetRelayTimeout(out.RelayStopBefore)
+		// Each invocation ends within two periods of its start: two at once, never three.
+		out.RelayReservedConcurrency = orDefault(out.RelayReservedConcurrency, 2)
 	}
 	out.OutboxProps = out.OutboxProps.withDefaults()
 	out.DatabaseRole = "" // an Outbox's default; a fleet's relays have no role of their own
@@ -241,6 +282,9 @@ func (p *OutboxFleetProps) validate(raw *OutboxFleetProps) error {
 			errs = append(errs, fmt.Errorf("server %s: MaxConnections is required (the connection budget is checked at synth), or Budget", s.Name))
 		case s.Budget == nil && (s.ReservedConnections < 0 || s.ReservedConnections >= s.MaxConnections):
 			errs = append(errs, fmt.Errorf("server %s: ReservedConnections %d must be between 0 and MaxConnections %d", s.Name, s.ReservedConnections, s.MaxConnections))
+		}
+		if a := s.IAMAuth; a != nil && (a.ResourceID == nil || a.User == "" || strings.ContainsAny(a.User, "/*?")) {
+			errs = append(errs, fmt.Errorf("server %s: IAMAuth needs ResourceID and a User (no '/', '*' or '?')", s.Name))
 		}
 		if s.RelayConnections < minConns {
 			errs = append(errs, fmt.Errorf("server %s: RelayConnections %d is below %d (a tenant's relay needs Relay.Pipelines connections, the server's activity poll 1)", s.Name, s.RelayConnections, minConns))

@@ -375,3 +375,61 @@ func TestFleetTenantsShareTheirServersSecret(t *testing.T) {
 	policy, _ := json.Marshal(resources(tmpl, "AWS::IAM::Policy"))
 	require.Contains(t, string(policy), "secret:control-AbCdEf")
 }
+
+// Each shard's invocation is still serving when the next one starts: its timeout is the
+// schedule's period plus lambdaenv.FleetShardOverlap plus the stop-before margin, and its
+// reserved concurrency (which the connection check books) covers the two invocations of an
+// overlap. e2e.TestFleetShardInvocationsHandOver runs this shape through the real binaries.
+func TestFleetShardInvocationsOverlap(t *testing.T) {
+	b := fleetSetup(t, "acme", "globex")
+	p := b.fleetProps(2)
+	p.RelayTimeout = 0 // the default
+	infra.NewOutboxFleet(b.stack, "Fleet", p)
+	tmpl := assertions.Template_FromStack(b.stack, nil)
+	var shards int
+	for _, fn := range resources(tmpl, "AWS::Lambda::Function") {
+		if env(fn)[lambdaenv.FleetShard] == nil {
+			continue
+		}
+		shards++
+		p := props(fn)
+		timeout := time.Duration(p["Timeout"].(float64)) * time.Second
+		require.Equal(t, infra.RelaySchedule+lambdaenv.FleetShardOverlap+lambdaenv.DefaultRelayStopBefore, timeout)
+		require.Greater(t, timeout-lambdaenv.DefaultRelayStopBefore, infra.RelaySchedule, "an invocation serves past the next one's start")
+		require.EqualValues(t, 2, p["ReservedConcurrentExecutions"])
+	}
+	require.Equal(t, 2, shards)
+}
+
+// A server with IAMAuth: the relays and a fleet consumer are told to log in to its tenants
+// with IAM tokens (SLUICE_FLEET_IAM_SERVERS names it, not the other server), and their roles
+// may rds-db:connect as its user on it alone; a server without IAMAuth grants nothing of the
+// kind. Bad IAMAuth settings fail synthesis.
+func TestFleetIAMServerGrantsConnectAsItsUser(t *testing.T) {
+	b := fleetSetup(t, "acme", "big-hooli")
+	p := b.fleetProps(1)
+	p.Servers[1].IAMAuth = &infra.FleetIAMAuth{ResourceID: jsii.String("db-ABCDEFGHIJKL"), User: "sluice_relay"}
+	f := infra.NewOutboxFleet(b.stack, "Fleet", p)
+	infra.NewConsumer(b.stack, "Billing", b.fleetConsumerProps(t, f, infra.ConsumerFleet{TenantMaxConns: 2, MaxConns: 4}))
+	tmpl := assertions.Template_FromStack(b.stack, nil)
+
+	var withIAM int
+	for _, fn := range resources(tmpl, "AWS::Lambda::Function") {
+		if v, ok := env(fn)[lambdaenv.FleetIAMServers]; ok {
+			require.JSONEq(t, `["big"]`, v.(string))
+			withIAM++
+		}
+	}
+	require.Equal(t, 2, withIAM, "the shard's relay and the fleet consumer")
+
+	policies, _ := json.Marshal(resources(tmpl, "AWS::IAM::Policy"))
+	want := `"Action":"rds-db:connect","Effect":"Allow","Resource":{"Fn::Join":["",["arn:",{"Ref":"AWS::Partition"},":rds-db:",{"Ref":"AWS::Region"},":",{"Ref":"AWS::AccountId"},":dbuser:db-ABCDEFGHIJKL/sluice_relay"]]}`
+	require.Equal(t, 2, strings.Count(string(policies), want), "the relays' role and the consumer's: %s", policies)
+	require.Equal(t, 2, strings.Count(string(policies), "rds-db:connect"), "no grant for the server without IAMAuth")
+
+	bad := fleetSetup(t, "acme")
+	bp := bad.fleetProps(1)
+	bp.Servers[0].IAMAuth = &infra.FleetIAMAuth{User: "a/b"}
+	err := build(func() { infra.NewOutboxFleet(bad.stack, "Fleet", bp) })
+	require.ErrorContains(t, err, "server main: IAMAuth needs ResourceID and a User")
+}

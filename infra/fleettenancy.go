@@ -1,6 +1,7 @@
 package infra
 
 import (
+	"encoding/json"
 	"fmt"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
@@ -58,6 +59,14 @@ func (t *fleetTenancy) environment(scope constructs.Construct, env map[string]*s
 	if r := t.registry; r != nil {
 		env[lambdaenv.FleetRegistrySecretARN] = r.Secret.SecretArn()
 	}
+	if iam := t.iamServers(); len(iam) > 0 {
+		names := make([]string, len(iam))
+		for i, s := range iam {
+			names[i] = s.Name
+		}
+		b, _ := json.Marshal(names)
+		env[lambdaenv.FleetIAMServers] = jsii.String(string(b))
+	}
 	if len(t.tenants) == 0 {
 		return
 	}
@@ -73,7 +82,8 @@ func (t *fleetTenancy) environment(scope constructs.Construct, env map[string]*s
 	env[lambdaenv.FleetTenants] = awscdk.Stack_Of(scope).ToJsonString(list, nil)
 }
 
-// grantRead lets role read what the fleet's functions log in with: every static tenant's
+// grantRead lets role read what the fleet's functions log in with (and connect as the user of
+// each server with IAMAuth): every static tenant's
 // secret (each by its ARN), the control database's secret and, with
 // Registry.TenantSecretsPrefix, every secret under that prefix (the control table's tenants,
 // unknown at synth; the one wildcard, explained to cdk-nag on role). who names the role's
@@ -81,6 +91,17 @@ func (t *fleetTenancy) environment(scope constructs.Construct, env map[string]*s
 func (t *fleetTenancy) grantRead(role awsiam.IRole, who string) {
 	for _, tn := range t.tenants {
 		tn.Secret.GrantRead(role, nil)
+	}
+	// A server with IAMAuth: rds-db:connect as its one user, on it alone.
+	for _, s := range t.iamServers() {
+		role.AddToPrincipalPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Actions: jsii.Strings("rds-db:connect"),
+			Resources: &[]*string{awscdk.Stack_Of(role).FormatArn(&awscdk.ArnComponents{
+				Service: jsii.String("rds-db"), Resource: jsii.String("dbuser"),
+				ResourceName: awscdk.Fn_Join(jsii.String("/"), &[]*string{s.IAMAuth.ResourceID, jsii.String(s.IAMAuth.User)}),
+				ArnFormat:    awscdk.ArnFormat_COLON_RESOURCE_NAME,
+			})},
+		}))
 	}
 	r := t.registry
 	if r == nil {
@@ -102,6 +123,17 @@ func (t *fleetTenancy) grantRead(role awsiam.IRole, who string) {
 		"The control table adds tenants without a deploy, so their secrets are not known at synth: "+who+" may read "+
 			"the secrets under the one prefix the stack names for them (FleetRegistry.TenantSecretsPrefix), no other.",
 		fmt.Sprintf("Resource::arn:<AWS::Partition>:secretsmanager:<AWS::Region>:<AWS::AccountId>:secret:%s*", r.TenantSecretsPrefix))
+}
+
+// iamServers returns the servers with IAMAuth, in the order Servers lists them.
+func (t *fleetTenancy) iamServers() []FleetServer {
+	var out []FleetServer
+	for _, s := range t.servers {
+		if s.IAMAuth != nil {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // allowFrom lets c reach every server whose FleetServer.Connections is set, on its default

@@ -32,6 +32,15 @@ type Schedule struct {
 	Logger *slog.Logger
 
 	invocations, failures atomic.Int64
+	mu                    sync.Mutex
+	spans                 []Span
+}
+
+// Span is one invocation a Schedule made: when it was sent and when its response came back.
+type Span struct {
+	Start, End time.Time
+	// Failed: the invocation returned an error.
+	Failed bool
 }
 
 // Run fires at once and then every interval until ctx ends, and waits for the invocations it started.
@@ -63,7 +72,11 @@ func (s *Schedule) Run(ctx context.Context) {
 			}
 			defer func() { s.Function.free <- in }()
 			s.invocations.Add(1)
+			start := time.Now()
 			err := s.Function.invokeOn(ctx, in, ev, nil)
+			s.mu.Lock()
+			s.spans = append(s.spans, Span{Start: start, End: time.Now(), Failed: err != nil})
+			s.mu.Unlock()
 			if err != nil && ctx.Err() == nil {
 				s.failures.Add(1)
 				log.Warn("scheduled invocation failed", "function", s.Function.opts.Name, "error", err)
@@ -80,6 +93,13 @@ func (s *Schedule) Run(ctx context.Context) {
 			fire()
 		}
 	}
+}
+
+// Spans returns the invocations that ended so far, in the order they ended.
+func (s *Schedule) Spans() []Span {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Span(nil), s.spans...)
 }
 
 // Invocations returns the number of invocations made and of those that failed.

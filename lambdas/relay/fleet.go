@@ -102,6 +102,7 @@ func wireFleet(ctx context.Context, getenv lambdaenv.Getenv, awsCfg aws.Config, 
 		return nil, nil, err
 	}
 	relayCfg.Metrics, relayCfg.TracerProvider, relayCfg.Logger = os.Stdout, tp, log
+	relayCfg.RoundMemory = lambdaenv.RoundMemory(getenv) // one budget for every tenant's rounds
 	cfg.Relay, cfg.Logger = relayCfg, log
 	f, err := fleet.New(cfg)
 	if err != nil {

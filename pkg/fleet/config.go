@@ -52,6 +52,10 @@ type Config struct {
 	// tenant, see TopTenants). IdleStop is ignored: IdleClose and Turn decide how long a
 	// tenant's relay runs. Pipelines is per unit of weight and defaults to 1: a tenant's turn
 	// starts with Weight × Pipelines pipelines (at most 16) on a pool of as many connections.
+	// RoundMemory is shared by every tenant's relay, so that the payloads all the busy
+	// tenants' rounds hold at once stay within one process budget (MaxRoundBytes bounds one
+	// round); it defaults to BurstPipelines × MaxRoundBytes, one relay at its largest (the
+	// relay Lambda sets it to its memory ÷ 8, lambdaenv.RoundMemory).
 	Relay outbox.RelayConfig
 	// BurstPipelines is, per unit of weight, the pipelines a turn grows to while its tenant has
 	// a backlog (still publishing growAfter into its turn, with a full batch per pipeline
@@ -130,6 +134,11 @@ func (c Config) withDefaults() (Config, error) {
 	c.Relay = c.Relay.WithDefaults()
 	if c.BurstPipelines == 0 {
 		c.BurstPipelines = max(c.Relay.Pipelines, int(outbox.RelaySetting("Pipelines").Default))
+	}
+	if c.Relay.RoundMemory == nil {
+		// One budget for every tenant's relay of this fleet: what one relay at its largest
+		// holds, whatever the number of busy tenants.
+		c.Relay.RoundMemory = outbox.NewRoundMemory(c.BurstPipelines * c.Relay.MaxRoundBytes)
 	}
 	if c.BurstPipelines < c.Relay.Pipelines {
 		errs = append(errs, fmt.Errorf("fleet: BurstPipelines %d is below Relay.Pipelines %d", c.BurstPipelines, c.Relay.Pipelines))

@@ -126,8 +126,16 @@ func FleetRegistryDatabaseURL(ctx context.Context, getenv Getenv, secrets Secret
 // many tenants share it, and its
 // credentials are kept as OpenPool keeps them: re-read after a failed connection attempt (at
 // most every DATABASE_SECRET_REFRESH), AWSPENDING tried during a rotation; turns do not each
-// call Secrets Manager.
+// call Secrets Manager. A tenant of a server FleetIAMServers lists logs in with an IAM
+// authentication token per connection instead of a password, signed with the default AWS
+// configuration's credentials and region (loaded on the first token).
 func FleetConnector(getenv Getenv, secrets SecretGetter) func(context.Context, fleet.Tenant) (*pgxpool.Config, error) {
+	return fleetConnector(getenv, secrets, lazySigner())
+}
+
+// fleetConnector is FleetConnector with the IAM token signer sign.
+func fleetConnector(getenv Getenv, secrets SecretGetter, sign IAMTokenSigner) func(context.Context, fleet.Tenant) (*pgxpool.Config, error) {
+	iamServers, iamErr := fleetIAMServers(getenv)
 	var (
 		mu    sync.Mutex
 		creds = map[string]*secretCredentials{} // by secret ARN
@@ -141,12 +149,15 @@ func FleetConnector(getenv Getenv, secrets SecretGetter) func(context.Context, f
 		return getenv(k)
 	}
 	return func(ctx context.Context, t fleet.Tenant) (*pgxpool.Config, error) {
+		if iamErr != nil {
+			return nil, iamErr
+		}
 		if t.DatabaseURL != "" {
 			cfg, err := PoolConfig(t.DatabaseURL, getenv)
 			if err != nil {
 				return nil, fmt.Errorf("tenant %s: %w", t.Name, err)
 			}
-			return t.Aim(cfg), nil
+			return withIAMAuth(t.Aim(cfg), t, iamServers, sign), nil
 		}
 		if secrets == nil {
 			return nil, errors.New("a Secrets Manager client is needed to read tenant " + t.Name + "'s secret")
@@ -176,14 +187,15 @@ func FleetConnector(getenv Getenv, secrets SecretGetter) func(context.Context, f
 			return nil, fmt.Errorf("tenant %s: database URL from its secret: %w", t.Name, err)
 		}
 		cfg.BeforeConnect, cfg.AfterConnect = c.beforeConnect, c.afterConnect
-		return t.Aim(cfg), nil
+		return withIAMAuth(t.Aim(cfg), t, iamServers, sign), nil
 	}
 }
 
 // FleetConfig reads the fleet's settings: the registry (FleetRegistry) and, with a control
 // database, the table of the tenants' turns there (fleet.Config.TurnState), the connection
-// budgets (FleetServerConnections, FleetDefaultServerConnections), the shard (FleetShard) and
-// FleetBurstPipelines.
+// budgets (FleetServerConnections, FleetDefaultServerConnections), the shard (FleetShard),
+// FleetBurstPipelines and the IAM servers (FleetIAMServers, checked here so that a bad value
+// stops the cold start).
 // Relay, MetricsRecorder and Logger are left to the caller. close closes the registry's pool.
 func FleetConfig(ctx context.Context, getenv Getenv, secrets SecretGetter) (cfg fleet.Config, close func(), err error) {
 	var errs []error
@@ -196,6 +208,9 @@ func FleetConfig(ctx context.Context, getenv Getenv, secrets SecretGetter) (cfg 
 		errs = append(errs, err)
 	}
 	if cfg.BurstPipelines, err = positiveInt(getenv, FleetBurstPipelines, 0); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := fleetIAMServers(getenv); err != nil {
 		errs = append(errs, err)
 	}
 	if raw := getenv(FleetShard); raw != "" {

@@ -29,6 +29,15 @@ func TestFleetConfigReadsBurstPipelines(t *testing.T) {
 	env[lambdaenv.FleetBurstPipelines] = "0"
 	_, _, err = lambdaenv.FleetConfig(context.Background(), getenv, nil)
 	require.ErrorContains(t, err, lambdaenv.FleetBurstPipelines)
+
+	delete(env, lambdaenv.FleetBurstPipelines)
+	env[lambdaenv.FleetIAMServers] = `db1`
+	_, _, err = lambdaenv.FleetConfig(context.Background(), getenv, nil)
+	require.ErrorContains(t, err, lambdaenv.FleetIAMServers, "a bad IAM server list stops the cold start")
+	env[lambdaenv.FleetIAMServers] = `["db1"]`
+	_, closeRegistry, err = lambdaenv.FleetConfig(context.Background(), getenv, nil)
+	require.NoError(t, err)
+	closeRegistry()
 }
 
 // With a control database, the fleet records its tenants' turns there (Config.TurnState);

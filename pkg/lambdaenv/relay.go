@@ -31,6 +31,15 @@ const (
 // DefaultRelayStopBefore is SLUICE_RELAY_STOP_BEFORE's default.
 const DefaultRelayStopBefore = 5 * time.Second
 
+// FleetShardOverlap is how long a fleet shard's relay invocation keeps serving after the next
+// one's scheduled start: the CDK's OutboxFleet gives each shard's function a timeout of its
+// schedule's period + FleetShardOverlap + the stop-before margin, so that the next invocation,
+// started by the schedule, has started (a cold start included) before the last one stops and
+// the shard serves its tenants every second of every minute. Two invocations serve at once for
+// that long, each with its own fleet and budget; each round's claim keeps order and
+// exactly-once between them, as between any overlapping relays.
+const FleetShardOverlap = 10 * time.Second
+
 // RelayConfig builds the relay's configuration from the environment (without Publisher,
 // ClaimCheck, Metrics and Logger, which need clients): the topics (Topics) and the settings
 // (RelaySettings). The relay Lambda reads it; `sluice relay` reads the same two parts.
@@ -45,6 +54,19 @@ func RelayConfig(getenv Getenv) (outbox.RelayConfig, error) {
 		cfg.WAL = &outbox.WALWake{Publication: pub}
 	}
 	return cfg, nil
+}
+
+// RoundMemory is the round memory one relay process shares between its relays
+// (outbox.RelayConfig.RoundMemory) in Lambda: the function's memory (LambdaMemorySize) ÷ 8,
+// what MaxRoundBytes's default gives all of one relay's rounds, so that a process running many
+// relays (the fleet: up to a server's budget of pipelines at once) holds no more payloads than
+// one relay does. Nil outside Lambda (LambdaMemorySize unset): the fleet's default applies.
+func RoundMemory(getenv Getenv) *outbox.RoundMemory {
+	mb, err := strconv.Atoi(getenv(LambdaMemorySize))
+	if err != nil || mb <= 0 {
+		return nil
+	}
+	return outbox.NewRoundMemory(mb << 20 / 8)
 }
 
 // RelaySettings reads the variable of every entry of outbox.RelaySettings (but the claim

@@ -128,3 +128,18 @@ func TestRelayConfigWALWakeUp(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, &outbox.WALWake{Publication: "sluice_outbox"}, cfg.WAL)
 }
+
+// In Lambda a relay process's round memory is the function's memory ÷ 8, what one relay's
+// rounds get from MaxRoundBytes's default; outside Lambda there is none (the fleet's default).
+func TestRoundMemoryIsAnEighthOfTheFunctionsMemory(t *testing.T) {
+	t.Parallel()
+	m := RoundMemory(func(k string) string {
+		if k == LambdaMemorySize {
+			return "512"
+		}
+		return ""
+	})
+	require.NotNil(t, m)
+	require.Equal(t, 64<<20, m.Stats().Limit)
+	require.Nil(t, RoundMemory(func(string) string { return "" }))
+}

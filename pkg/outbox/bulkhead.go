@@ -164,11 +164,12 @@ type roundRun struct {
 // when it ends). A slow round that cannot be detached has its slow calls cut short, and is
 // waited for.
 func (r *Relay) runRound(ctx context.Context, taken roundKeys, wg *sync.WaitGroup, detachedRan func(Stats, error)) (Stats, error, bool) {
-	if r.cfg.slowAfter() == 0 {
+	slowAfter := r.dests.slowAfter // the configuration's, computed once (RelayConfig.slowAfter)
+	if slowAfter == 0 {
 		st, err := r.round(ctx, taken, nil)
 		return st, err, true
 	}
-	calls := newRoundCalls(r.cfg.slowAfter())
+	calls := newRoundCalls(slowAfter)
 	done := make(chan roundRun, 1)
 	go func() {
 		st, err := r.round(ctx, taken, calls)

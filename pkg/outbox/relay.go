@@ -52,6 +52,12 @@ type RelayConfig struct {
 	// the budget still goes out alone). The relay Lambda derives it from its memory size.
 	// Defaults to 16 MiB.
 	MaxRoundBytes int
+	// RoundMemory, when set, bounds the payload bytes the rounds of every relay given the same
+	// RoundMemory hold at once (a process running many relays, as a fleet does): a round takes
+	// its share before it reads and waits while the budget is spent (a single message larger
+	// than the whole budget still goes out alone, with the budget to itself). Defaults to nil:
+	// each round is bounded by MaxRoundBytes alone.
+	RoundMemory *RoundMemory
 	// MessageLimits are the largest messages the destinations accept, each measured as its
 	// service counts it (MessageSize: SNS the body and attributes, EventBridge the entry with
 	// its envelope, Kinesis the record's data and partition key, Kafka the record batch). A
@@ -266,6 +272,9 @@ type Relay struct {
 	rounds atomic.Int64
 	// detached counts the rounds running detached from their pipelines (runRound).
 	detached atomic.Int64
+	// lastRead is the payload bytes the relay's last round read, with a RoundMemory: the next
+	// round asks the budget for twice that (takeRoundShare).
+	lastRead atomic.Int64
 }
 
 // bookCapacity bounds the keys a relay schedules at once; the rest wait for a later sweep.

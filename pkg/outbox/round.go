@@ -96,6 +96,14 @@ func (r *Relay) round(ctx context.Context, taken roundKeys, calls *roundCalls) (
 	back := newKeyReturns(r.book, taken.keys)
 	defer back.rest()
 
+	// The round's part of the process's round memory (RoundMemory), taken before its
+	// connection: a round that waits for memory holds no connection of its relay's.
+	share, readBudget, err := r.takeRoundShare(ctx)
+	if err != nil {
+		return Stats{}, r.quiet(ctx, err)
+	}
+	defer share.release()
+
 	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
 		return Stats{}, r.quiet(ctx, fmt.Errorf("relay round: acquire a connection: %w", err))
@@ -108,10 +116,11 @@ func (r *Relay) round(ctx context.Context, taken roundKeys, calls *roundCalls) (
 	if taken.probe != "" {
 		perKey = 1 // a probe is one call's worth of rows
 	}
-	locked, read, err := r.claimKeys(ctx, rc, taken.keys, perKey)
+	locked, read, err := r.claimKeys(ctx, rc, taken.keys, perKey, readBudget)
 	if err != nil {
 		return Stats{}, r.quiet(ctx, rc.fail(err))
 	}
+	share.loaded(read)
 	var mine, elsewhere []string
 	for _, k := range taken.keys {
 		if locked[k] {
@@ -189,7 +198,7 @@ func (r *Relay) quiet(ctx context.Context, err error) error {
 // the read's snapshot is taken when it starts, after the lock statement returned. A key's rows
 // are thus read only once its lock is held, whatever the database's default isolation; the
 // rows of keys it did not lock are the caller's to drop.
-func (r *Relay) claimKeys(ctx context.Context, rc *roundConn, keys []string, perKey int) (map[string]bool, []*claimedRow, error) {
+func (r *Relay) claimKeys(ctx context.Context, rc *roundConn, keys []string, perKey, budget int) (map[string]bool, []*claimedRow, error) {
 	b := &pgx.Batch{}
 	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	if !rc.dedicated {
@@ -208,7 +217,7 @@ func (r *Relay) claimKeys(ctx context.Context, rc *roundConn, keys []string, per
 		return err
 	})
 	var read []*claimedRow
-	b.Queue(readSQL, keys, perKey, r.cfg.MaxRoundBytes, r.readBytes).Query(func(rows pgx.Rows) error {
+	b.Queue(readSQL, keys, perKey, budget, r.readBytes).Query(func(rows pgx.Rows) error {
 		var err error
 		read, err = r.scanClaimed(rows)
 		return err
@@ -374,7 +383,20 @@ func (s *roundSettler) flush(ctx context.Context, plans []*keyPlan) (Stats, erro
 		mutantUnlockFirst(fctx, s.rc, keys)
 	}
 	if err := s.rc.conn.SendBatch(fctx, b).Close(); err != nil {
-		return Stats{}, s.rc.fail(fmt.Errorf("record publish outcomes of %d rows: %w", len(outcomes), err))
+		err = s.rc.fail(fmt.Errorf("record publish outcomes of %d rows: %w", len(outcomes), err))
+		// Said before the round closes the connection and so releases the keys (the one
+		// exception: a flush cut by its deadline, whose connection pgx closed a moment before
+		// this line): from here another relay may publish the acknowledged rows again, unless
+		// recordAcknowledged records them first.
+		acknowledged := 0
+		for _, o := range outcomes {
+			if o.done {
+				acknowledged++
+			}
+		}
+		s.r.log.Warn("relay round could not record its outcomes: its keys are released and the rows their destinations acknowledged are recorded on another connection, or published again",
+			"rows", len(outcomes), "acknowledged", acknowledged, "error", err)
+		return Stats{}, err
 	}
 	byKey := make(map[string]*keyPlan, len(plans))
 	for _, kp := range plans {

@@ -283,10 +283,19 @@ func (c *simChecker) acceptedCounts() map[uuid.UUID]int {
 }
 
 // checkLiveness checks that every committed row ended published (in the table and at the
-// destination) or quarantined for a cause the schedule explains (check 2). A row missing from
+// destination) or quarantined for a cause the schedule explains, or pending behind a
+// quarantined hostile row of its key, which holds it for good (check 2). A row missing from
 // the table was purged, which only published rows are.
 func (c *simChecker) checkLiveness(table map[uuid.UUID]simDBRow) {
 	accepted := c.acceptedCounts()
+	heldBy := map[string]int64{} // per key, its lowest hostile row that ended quarantined
+	for ev, row := range c.hist.rows {
+		if db, ok := table[ev]; ok && row.hostile != "" && db.quarantined {
+			if low, seen := heldBy[row.key]; !seen || row.id < low {
+				heldBy[row.key] = row.id
+			}
+		}
+	}
 	for ev, row := range c.hist.rows {
 		if row.status == rowRolledBack {
 			continue
@@ -305,6 +314,7 @@ func (c *simChecker) checkLiveness(table map[uuid.UUID]simDBRow) {
 		case db.quarantined && !c.explained(row, ev):
 			c.report(findQuarantine, "row %d (key %s) ended quarantined with no permanent error injected: %s", row.id, row.key, db.lastError)
 		case db.quarantined:
+		case heldBy[row.key] != 0 && heldBy[row.key] < row.id:
 		default:
 			c.report(findLiveness, "row %d (key %s, %s) still pending after the heal phase (last error: %q)", row.id, row.key, statusName(row.status), db.lastError)
 		}

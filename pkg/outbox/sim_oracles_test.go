@@ -6,8 +6,11 @@ package outbox
 // checks of outcomes are in sim_check_test.go.
 
 import (
+	"cmp"
+	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -162,9 +165,21 @@ func (c *simChecker) checkDuplicates() {
 		if r, ok := lastReset[d.key]; !p.acked || c.dest.tainted[d.key] || (ok && r > j) || c.crashed(p.relay, p.from-c.cfg.Lease, d.at) || c.crashed(d.relay, p.from-c.cfg.Lease, d.at) {
 			continue
 		}
-		c.report(findDuplicate, "row %d (key %s) acknowledged at %dms (call from %dms) was published again at %dms with no crash, timeout or lost answer between",
-			d.id, d.key, p.at.Milliseconds(), p.from.Milliseconds(), d.at.Milliseconds())
+		c.report(findDuplicate, "row %d (key %s) acknowledged to %s at %dms (call from %dms) was published again by %s at %dms (call from %dms) with no crash, timeout or lost answer between (their crashes: %s)",
+			d.id, d.key, p.relay, p.at.Milliseconds(), p.from.Milliseconds(), d.relay, d.at.Milliseconds(), d.from.Milliseconds(),
+			c.crashesOf(p.relay, d.relay))
 	}
+}
+
+// crashesOf lists the crash windows of the relays named (and of every relay), for a report.
+func (c *simChecker) crashesOf(relays ...string) string {
+	var b strings.Builder
+	for _, w := range c.dest.crashes {
+		if w.relay == "" || slices.Contains(relays, w.relay) {
+			fmt.Fprintf(&b, " %s@%d-%dms", cmp.Or(w.relay, "all"), w.from.Milliseconds(), w.to.Milliseconds())
+		}
+	}
+	return cmp.Or(strings.TrimSpace(b.String()), "none")
 }
 
 // crashed reports whether relay stopped, crashed or lost its sessions, or a round of it
