@@ -118,6 +118,11 @@ type Config struct {
 	TopTenants int
 	// Logger receives operational logs. Defaults to Relay.Logger, or slog.Default().
 	Logger *slog.Logger
+	// TurnState, when set, is the control database where each tenant's turns are recorded in
+	// TurnStateTable for operators (`sluice fleet status`, the console's fleet page): at most
+	// one statement per turn, and none for an idle tenant's turn that found nothing new. The
+	// relay Lambda sets it to its registry's control database. Defaults to nil: not recorded.
+	TurnState Execer
 }
 
 // withDefaults returns c with its zero fields set, or every problem at once.

@@ -326,6 +326,8 @@ type tenant struct {
 	// has ended since its last turn began (detect and awaitPoll set it, turn takes it): a
 	// bulk write's rows are in the outbox before its statistics count them (backlogAtStart).
 	writeEnded atomic.Bool
+	// turnRecord is what recordTurn last wrote to TurnStateTable (the tenant goroutine's).
+	turnRecord turnRecord
 }
 
 func newTenant(f *Fleet, t Tenant, s *server) *tenant {
@@ -532,6 +534,7 @@ func (t *tenant) run(parent context.Context) {
 			wait = cfg.SweepInterval/2 + rand.N(cfg.SweepInterval/2+1) // sweeps spread over the interval
 		}
 		due = time.Now().Add(wait)
+		t.recordTurn(ctx, err, due) // the operators' view (Config.TurnState): at most one statement a turn
 	}
 }
 

@@ -70,24 +70,30 @@ func FleetTenantsFrom(getenv Getenv) (fleet.Static, error) {
 // function's own pool (OpenPool), its credentials are re-read after a failed connection
 // attempt, so that the control pool follows a rotation.
 func FleetRegistry(ctx context.Context, getenv Getenv, secrets SecretGetter) (reg fleet.Registry, close func(), err error) {
+	reg, _, close, err = fleetRegistry(ctx, getenv, secrets)
+	return reg, close, err
+}
+
+// fleetRegistry is FleetRegistry, and the control database's pool (nil without one).
+func fleetRegistry(ctx context.Context, getenv Getenv, secrets SecretGetter) (reg fleet.Registry, control *pgxpool.Pool, close func(), err error) {
 	static, err := FleetTenantsFrom(getenv)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	url, arn := getenv(FleetRegistryURL), getenv(FleetRegistrySecretARN)
 	if url == "" && arn == "" {
-		return static, func() {}, nil
+		return static, nil, func() {}, nil
 	}
 	cfg, err := secretPoolConfig(ctx, getenv, secrets, url, arn)
 	if err != nil {
-		return nil, nil, fmt.Errorf("fleet registry database (%s): %w", FleetRegistrySecretARN, err)
+		return nil, nil, nil, fmt.Errorf("fleet registry database (%s): %w", FleetRegistrySecretARN, err)
 	}
 	cfg.MaxConns, cfg.MinConns = 1, 0
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, nil, fmt.Errorf("fleet registry database: %w", err)
+		return nil, nil, nil, fmt.Errorf("fleet registry database: %w", err)
 	}
-	return fleet.Registries{static, fleet.Table{DB: pool}}, pool.Close, nil
+	return fleet.Registries{static, fleet.Table{DB: pool}}, pool, pool.Close, nil
 }
 
 // FleetRegistryDatabaseURL returns the control database's URL: FleetRegistryURL, else one
@@ -185,7 +191,8 @@ func fleetConnector(getenv Getenv, secrets SecretGetter, sign IAMTokenSigner) fu
 	}
 }
 
-// FleetConfig reads the fleet's settings: the registry (FleetRegistry), the connection
+// FleetConfig reads the fleet's settings: the registry (FleetRegistry) and, with a control
+// database, the table of the tenants' turns there (fleet.Config.TurnState), the connection
 // budgets (FleetServerConnections, FleetDefaultServerConnections), the shard (FleetShard),
 // FleetBurstPipelines and the IAM servers (FleetIAMServers, checked here so that a bad value
 // stops the cold start).
@@ -215,6 +222,10 @@ func FleetConfig(ctx context.Context, getenv Getenv, secrets SecretGetter) (cfg 
 		return cfg, nil, errors.Join(errs...)
 	}
 	cfg.Connect = FleetConnector(getenv, secrets)
-	cfg.Registry, close, err = FleetRegistry(ctx, getenv, secrets)
+	var control *pgxpool.Pool
+	cfg.Registry, control, close, err = fleetRegistry(ctx, getenv, secrets)
+	if control != nil {
+		cfg.TurnState = control // each tenant's turns, for sluice fleet status and the console
+	}
 	return cfg, close, err
 }

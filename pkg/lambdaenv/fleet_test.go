@@ -39,3 +39,21 @@ func TestFleetConfigReadsBurstPipelines(t *testing.T) {
 	require.NoError(t, err)
 	closeRegistry()
 }
+
+// With a control database, the fleet records its tenants' turns there (Config.TurnState);
+// with a static list alone it records nothing.
+func TestFleetConfigRecordsTurnsInTheControlDatabase(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{lambdaenv.FleetTenants: `[{"name":"acme","databaseUrl":"postgres://u@db.internal/acme"}]`}
+	getenv := func(k string) string { return env[k] }
+	cfg, closeRegistry, err := lambdaenv.FleetConfig(context.Background(), getenv, nil)
+	require.NoError(t, err)
+	closeRegistry()
+	require.Nil(t, cfg.TurnState, "no control database")
+
+	env[lambdaenv.FleetRegistryURL] = "postgres://u@control.internal/fleet"
+	cfg, closeRegistry, err = lambdaenv.FleetConfig(context.Background(), getenv, nil)
+	require.NoError(t, err)
+	defer closeRegistry()
+	require.NotNil(t, cfg.TurnState, "the control database records the turns")
+}

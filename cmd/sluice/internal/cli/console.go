@@ -19,7 +19,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluicehq/sluice/cmd/sluice/internal/console"
+	"github.com/sluicehq/sluice/pkg/fleet"
 	"github.com/sluicehq/sluice/pkg/lambdaenv"
+	"github.com/sluicehq/sluice/pkg/metrics"
 )
 
 // EnvConsoleToken is the environment variable `sluice console` reads its token from when
@@ -178,6 +180,8 @@ type consoleOptions struct {
 	allowHosts   []string
 	sampleEvery  time.Duration
 	queues       []string
+	// cwNamespace and cwRegion: the lag charts from the relay's CloudWatch metrics.
+	cwNamespace, cwRegion string
 }
 
 func (a *app) consoleCommand() *cobra.Command {
@@ -187,9 +191,11 @@ func (a *app) consoleCommand() *cobra.Command {
 		Use:   "console",
 		Short: "Serve an operator's web console: overview, a key's chain, events, dead letters",
 		Long: `Serve a web console over the outbox and the inbox of the database: an overview per destination
-and consumer with a lag chart of the last hour (sampled while it runs) that updates live, a
-partition key's pending rows and why each waits, an event's payload and state, and dead letters
-grouped by error class and message.
+and consumer with a lag chart of the last hour (sampled while it runs, or with
+--cloudwatch-namespace the relay's CloudWatch metrics) that the server pushes live (server-sent
+events), a partition key's pending rows and why each waits, an event's payload and state, dead
+letters grouped by error class and message, and with --fleet-registry the fleet relay's own view
+of its tenants (as sluice fleet status shows it).
 
 It is read-only unless started with --allow-actions; then each retry first shows the plan of
 ` + "`sluice dead retry --dry-run`" + ` and changes exactly those rows once confirmed. It listens on
@@ -198,6 +204,7 @@ which every request must then carry (as a bearer token, or as the basic-auth pas
 asks for). --hide-payloads never shows payloads. docs/console.md says how to reach it in AWS.`,
 		Example: `  sluice console
   sluice console --allow-actions --listen 127.0.0.1:9000
+  sluice console --cloudwatch-namespace Sluice --fleet-registry postgres://sluice@control/fleet
   SLUICE_CONSOLE_TOKEN=$(openssl rand -hex 16) sluice console --listen 0.0.0.0:8089 --hide-payloads`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -230,6 +237,13 @@ asks for). --hide-payloads never shows payloads. docs/console.md says how to rea
 			}
 			if src.tenantsFile != "" || src.registryURL != "" {
 				cfg.Fleet = func(ctx context.Context) (console.FleetReport, error) { return a.consoleFleet(ctx, src) }
+				if src.registryURL != "" || a.io.Getenv(lambdaenv.FleetRegistryURL) != "" || a.io.Getenv(lambdaenv.FleetRegistrySecretARN) != "" {
+					// The fleet relay's own view, from the control database: sluice fleet status's reader.
+					cfg.FleetTurns = func(ctx context.Context) ([]fleet.TurnState, error) {
+						ft, err := a.fleetTurns(ctx, src)
+						return ft.Tenants, err
+					}
+				}
 			}
 			cfg.Audit = func(ctx context.Context, consumer, since string) (console.AuditResult, error) {
 				return ConsoleAudit(ctx, pool, consumer, since)
@@ -244,6 +258,13 @@ asks for). --hide-payloads never shows payloads. docs/console.md says how to rea
 					return err
 				}
 				cfg.Queues = func(ctx context.Context) ([]console.Queue, error) { return consoleQueues(ctx, sqsc, o.queues) }
+			}
+			if o.cwNamespace != "" {
+				if cfg.LagHistory, cfg.LagHistorySource, err = a.consoleLagHistory(ctx, o.cwNamespace, o.cwRegion); err != nil {
+					return err
+				}
+			} else if o.cwRegion != "" {
+				return usagef("--cloudwatch-region needs --cloudwatch-namespace")
 			}
 			if o.allowActions {
 				cfg.Actions = ConsoleActions{DB: pool, SQS: sqsc}
@@ -271,6 +292,8 @@ asks for). --hide-payloads never shows payloads. docs/console.md says how to rea
 	fl.BoolVar(&o.hidePayloads, "hide-payloads", false, "never show payloads (sizes only), for sensitive data")
 	fl.StringArrayVar(&o.allowHosts, "allow-host", nil, "host name besides localhost the console answers to without --token, e.g. the name an authenticating proxy forwards (repeatable)")
 	fl.StringArrayVar(&o.queues, "queue", nil, "SQS queue URL whose depth and DLQ depth the overview shows, read every --sample-every (repeatable)")
+	fl.StringVar(&o.cwNamespace, "cloudwatch-namespace", "", fmt.Sprintf("draw the lag charts from the relay's CloudWatch metrics in this `NAMESPACE` (the stack's: %s), read every minute; default: the console's own samples", metrics.Namespace))
+	fl.StringVar(&o.cwRegion, "cloudwatch-region", "", "the `REGION` of --cloudwatch-namespace's metrics (default --region, $AWS_REGION)")
 	src.flags(fl)
 	fl.Var(&durationValue{d: &o.sampleEvery}, "sample-every", fmt.Sprintf("how often the lag chart samples the outbox (default %s)", console.DefaultSampleEvery))
 	// Its own changes go through the dead retry command's code and plan, confirmed in the page.
@@ -319,9 +342,11 @@ func consoleQueues(ctx context.Context, c SQSAPI, urls []string) ([]console.Queu
 
 // ServeConsole serves srv on ln, with its lag sampler, until ctx ends.
 func ServeConsole(ctx context.Context, srv *console.Server, ln net.Listener) error {
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
 	sctx, stop := context.WithCancel(ctx)
 	defer stop()
+	// Requests end with ctx: the overview's event streams, which never end on their own, let
+	// the shutdown below finish.
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return sctx }}
 	go srv.Run(sctx)
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()

@@ -232,3 +232,30 @@ func TestConsoleFleetPage(t *testing.T) {
 	_, page = getPage(t, plain+"/fleet")
 	require.Contains(t, page, "This console reads no fleet")
 }
+
+// The overview's event stream sends the overview at once, and ends when the console stops:
+// an open stream does not hold the shutdown.
+func TestConsoleEventStreamEndsWithTheConsole(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.insertOutbox(t, outboxRow{aggID: "o-1"})
+	base, stop := serveConsole(t, b, "--listen", "127.0.0.1:0")
+	resp, err := http.Get(base + "/live/overview/stream")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+	r := bufio.NewReader(resp.Body)
+	var event strings.Builder
+	for {
+		if _, ev, ok := strings.Cut(event.String(), "event: overview\n"); ok && strings.Contains(ev, "\n\n") {
+			break
+		}
+		line, err := r.ReadString('\n')
+		require.NoError(t, err)
+		event.WriteString(line)
+	}
+	require.Contains(t, event.String(), `<dd id="outbox-pending">1</dd>`)
+	require.Equal(t, 0, stop(), "the console stops with a stream open")
+	_, err = io.ReadAll(r)
+	require.NoError(t, err, "the stream ended")
+}

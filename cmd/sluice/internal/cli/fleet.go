@@ -236,11 +236,13 @@ both, as the relay reads them. A tenant added to the table is served within the 
 registry refresh, without a deploy.
 
 "sluice migrate --fleet" migrates every tenant and "sluice status --fleet" shows each tenant's
-backlog, worst first.`,
+backlog, worst first, read from the tenant databases; "sluice fleet status" shows what the
+fleet relay itself recorded of each tenant (last turn, failures, sweep-only tenants).`,
 		Example: `  sluice fleet init --fleet-registry postgres://sluice@control/fleet
   sluice fleet add acme --url postgres://sluice@db-1/acme --yes
   sluice fleet add globex --secret-arn arn:aws:secretsmanager:eu-west-1:123456789012:secret:globex --server db-2 --weight 2 --yes
   sluice fleet list
+  sluice fleet status
   sluice fleet remove acme --yes`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
@@ -252,7 +254,7 @@ backlog, worst first.`,
 
 	initCmd := &cobra.Command{
 		Use:     "init",
-		Short:   "Create the registry table " + fleet.RegistryTable + " in the control database (if it does not exist)",
+		Short:   "Create the registry table " + fleet.RegistryTable + " and the relay's table " + fleet.TurnStateTable + " in the control database (if they do not exist)",
 		Example: `  sluice fleet init --fleet-registry postgres://sluice@control/fleet`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -265,7 +267,11 @@ backlog, worst first.`,
 			if err := fleet.CreateRegistryTable(ctx, pool); err != nil {
 				return err
 			}
+			if err := fleet.CreateTurnStateTable(ctx, pool); err != nil {
+				return err
+			}
 			fmt.Fprintf(a.io.Out, "fleet registry table %s is ready\n", fleet.RegistryTable)
+			fmt.Fprintf(a.io.Out, "fleet relay's table of its tenants' turns %s is ready (sluice fleet status reads it)\n", fleet.TurnStateTable)
 			return nil
 		},
 	}
@@ -445,8 +451,9 @@ SLUICE_FLEET_TENANTS.`,
 		fmt.Sprintf("`FILE` holding the tenants as a JSON array; \"-\" reads stdin (default $%s)", lambdaenv.FleetTenants))
 	listCmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
 
-	cmd.AddCommand(initCmd, addCmd, removeCmd, listCmd)
-	readsOnly(cmd, listCmd)
+	statusCmd := a.fleetStatusCommand(&src)
+	cmd.AddCommand(initCmd, addCmd, removeCmd, listCmd, statusCmd)
+	readsOnly(cmd, listCmd, statusCmd)
 	unguarded(initCmd, "creates the registry table when it does not exist, and changes no row")
 	return cmd
 }

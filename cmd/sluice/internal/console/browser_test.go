@@ -4,15 +4,18 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/emulation"
+	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
 
@@ -156,4 +159,78 @@ func TestBrowserThemesAndKeyboard(t *testing.T) {
 	require.Equal(t, want, read(t, ctx, chromedp.Evaluate[string](`document.activeElement.getAttribute("href") || ""`)), "the retry is reachable with Tab")
 	step(t, ctx, chromedp.KeyEvent("\r"), chromedp.WaitVisible(chromedp.CSS("#plan-error")))
 	require.Contains(t, read(t, ctx, chromedp.Text(chromedp.CSS("#plan-error"))), "The console is read-only")
+}
+
+// counting counts the requests for each path the console serves.
+type counting struct {
+	h  http.Handler
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *counting) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	c.mu.Lock()
+	c.n[r.URL.Path]++
+	c.mu.Unlock()
+	c.h.ServeHTTP(w, r)
+}
+
+func (c *counting) count(path string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[path]
+}
+
+// The overview subscribes to the server's event stream: rows written after the page loaded
+// appear without a reload and without a poll. A browser without EventSource polls instead and
+// still sees them.
+func TestBrowserOverviewUpdatesByServerSentEvents(t *testing.T) {
+	t.Parallel()
+	b := setup(t, false)
+	s, err := console.New(console.Config{DB: b.pool, SampleEvery: time.Second})
+	require.NoError(t, err)
+	c := &counting{h: s, n: map[string]int{}}
+	base := serve(t, c)
+	write := func() {
+		tx, err := b.pool.Begin(context.Background())
+		require.NoError(t, err)
+		m := outbox.Message{Topic: "orders", AggregateType: "order", AggregateID: "o-9", EventType: "OrderCreated", PartitionKey: "order-9", Payload: json.RawMessage(`{}`)}
+		_, err = outbox.Write(context.Background(), tx, m, m)
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit(context.Background()))
+	}
+	pendingIs := func(ctx context.Context, n string) {
+		t.Helper()
+		ok := read(t, ctx, chromedp.Poll[bool](`document.getElementById("outbox-pending").textContent.trim() === "`+n+`"`,
+			chromedp.WithPollingTimeout(browserWait)))
+		require.True(t, ok, "the overview shows %s pending", n)
+	}
+
+	ctx := browser(t)
+	step(t, ctx, chromedp.Navigate(base+"/"), chromedp.WaitVisible(chromedp.CSS("#destinations")))
+	pendingIs(ctx, "5")
+	write()
+	pendingIs(ctx, "7")
+	require.Positive(t, c.count("/live/overview/stream"), "the page subscribed to the stream")
+	require.Zero(t, c.count("/live/overview"), "and never polled")
+	require.Contains(t, read(t, ctx, chromedp.Text(chromedp.CSS("#live-status"))), "last update")
+	// An update keeps the keyboard focus on a link of a section that did not change.
+	stamp := read(t, ctx, chromedp.Evaluate[string](`document.querySelector('a[href="/key?k=order-2"]').focus(); document.querySelector("#live .stamp").textContent`))
+	require.True(t, read(t, ctx, chromedp.Poll[bool](`document.querySelector("#live .stamp").textContent !== `+strconv.Quote(stamp),
+		chromedp.WithPollingTimeout(browserWait))), "another update came")
+	require.Equal(t, "/key?k=order-2", read(t, ctx, chromedp.Evaluate[string](`document.activeElement.getAttribute("href") || ""`)))
+
+	// A browser without EventSource.
+	old := browser(t)
+	step(t, old, chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		_, err := cdp.Call(ctx, tg, page.AddScriptToEvaluateOnNewDocument,
+			page.AddScriptToEvaluateOnNewDocumentParams{Source: `delete window.EventSource;`})
+		return err
+	}), chromedp.Navigate(base+"/"), chromedp.WaitVisible(chromedp.CSS("#destinations")))
+	streams := c.count("/live/overview/stream")
+	pendingIs(old, "7")
+	write()
+	pendingIs(old, "9")
+	require.Positive(t, c.count("/live/overview"), "it polled")
+	require.Equal(t, streams, c.count("/live/overview/stream"), "it opened no stream")
 }

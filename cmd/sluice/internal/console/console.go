@@ -31,6 +31,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/sluicehq/sluice/pkg/fleet"
 )
 
 // Querier is what the console reads with: a *pgxpool.Pool (or a *pgx.Conn).
@@ -70,6 +72,18 @@ type Queue struct {
 	DLQ        string
 	DLQVisible int64
 }
+
+// LagPoint is one point of the relay's lag history (Config.LagHistory): the oldest pending row's
+// age and the pending rows at a time (the maxima of a period, for CloudWatch).
+type LagPoint struct {
+	At        time.Time
+	OldestAge time.Duration
+	Pending   int64
+}
+
+// LagHistoryEvery is how often the sampler reads Config.LagHistory: the relay's metrics have a
+// one-minute resolution.
+const LagHistoryEvery = time.Minute
 
 // FleetReport is what `sluice status --fleet` printed: a line per tenant, failing ones first
 // with their error, then the worst backlog first.
@@ -160,6 +174,20 @@ type Config struct {
 	// Fleet, when set, reads every tenant of a fleet as `sluice status --fleet` does, for the
 	// fleet page. Defaults to nil: no fleet page.
 	Fleet func(context.Context) (FleetReport, error)
+	// LagHistory, when set, reads the relay's lag over [since, until] from where its metrics
+	// are kept (CloudWatch: the CLI's --cloudwatch-namespace), oldest first; the overview's lag
+	// charts then show it instead of the console's own samples, which stay the fallback while it
+	// fails or has no datapoints. The sampler calls it at start and every LagHistoryEvery, so a
+	// slow API never slows a page. Defaults to nil: the console's own samples.
+	LagHistory func(ctx context.Context, since, until time.Time) ([]LagPoint, error)
+	// LagHistorySource names where LagHistory reads, for the charts' caption (no secrets), e.g.
+	// "CloudWatch Sluice/OutboxOldestPendingAgeSeconds {Service=relay} in eu-west-1".
+	LagHistorySource string
+	// FleetTurns, when set, reads the fleet relay's own view of its registered tenants, worst
+	// first, as `sluice fleet status` does (from fleet.TurnStateTable in the control database):
+	// a tenant without a recorded turn has its name alone. The fleet page shows it. Defaults to
+	// nil: not shown.
+	FleetTurns func(context.Context) ([]fleet.TurnState, error)
 	// Logger logs requests that failed. Defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -174,7 +202,8 @@ type Server struct {
 	static  http.Handler
 	mux     *http.ServeMux
 	samples *samples
-	queues  queueReading
+	queues  reading[[]Queue]
+	history reading[[]LagPoint]
 	// csrfKey signs the CSRF tokens: a token is HMAC(csrfKey, the browser's cookie).
 	csrfKey []byte
 }
@@ -232,13 +261,15 @@ func isLoopback(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// Run samples the outbox's lag every SampleEvery until ctx ends.
+// Run samples the outbox's lag every SampleEvery (and reads the queues, and the lag history
+// every LagHistoryEvery) until ctx ends.
 func (s *Server) Run(ctx context.Context) {
 	t := time.NewTicker(s.cfg.SampleEvery)
 	defer t.Stop()
 	for {
 		s.sample(ctx)
 		s.readQueues(ctx)
+		s.readHistory(ctx)
 		select {
 		case <-ctx.Done():
 			return

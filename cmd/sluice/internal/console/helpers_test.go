@@ -30,6 +30,7 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 
 // bundle is one test's database and console.
 type bundle struct {
+	dbURL  string
 	pool   *pgxpool.Pool
 	srv    *httptest.Server
 	client *http.Client
@@ -41,10 +42,11 @@ type bundle struct {
 // Actions are the CLI's (console.Config.Actions = cli.ConsoleActions) when actions is true.
 func setup(t *testing.T, actions bool, mutate ...func(*console.Config)) *bundle {
 	t.Helper()
-	pool, err := pgxpool.New(context.Background(), testdb.URL(t))
+	dbURL := testdb.URL(t)
+	pool, err := pgxpool.New(context.Background(), dbURL)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	b := &bundle{pool: pool}
+	b := &bundle{pool: pool, dbURL: dbURL}
 	b.seed(t)
 	cfg := console.Config{DB: pool, Database: "db.test:5432/app"}
 	if actions {
@@ -65,6 +67,14 @@ func setup(t *testing.T, actions bool, mutate ...func(*console.Config)) *bundle 
 	require.NoError(t, err)
 	b.client = &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	return b
+}
+
+// serve serves s until the test ends and returns its base URL.
+func serve(t *testing.T, s http.Handler) string {
+	t.Helper()
+	srv := httptest.NewServer(s)
+	t.Cleanup(srv.Close)
+	return srv.URL
 }
 
 // seed writes: key order-1 with three pending rows; key order-2 whose head is quarantined with

@@ -20,6 +20,7 @@ import (
 
 	"github.com/sluicehq/sluice/cmd/sluice/internal/human"
 	"github.com/sluicehq/sluice/internal/wire"
+	"github.com/sluicehq/sluice/pkg/fleet"
 	"github.com/sluicehq/sluice/pkg/inbox"
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
@@ -34,6 +35,7 @@ func (s *Server) routes() {
 	m := http.NewServeMux()
 	m.HandleFunc("GET /{$}", s.overviewPage)
 	m.HandleFunc("GET /live/overview", s.overviewLive)
+	m.HandleFunc("GET /live/overview/stream", s.overviewStream)
 	m.HandleFunc("GET /key", s.keyPage)
 	m.HandleFunc("GET /event/{ref}", s.eventPage)
 	m.HandleFunc("GET /event", func(w http.ResponseWriter, r *http.Request) {
@@ -106,6 +108,9 @@ type overview struct {
 	Quarantined  []outbox.QuarantinedRow
 	Charts       []chart
 	SampleEvery  time.Duration
+	// ChartSource names the lag history the charts show ("": the console's own samples);
+	// ChartNote says why they show the console's samples though a history is configured.
+	ChartSource, ChartNote string
 	// Queues are the last reading of Config.Queues (QueuesOn), taken at QueuesAt; QueuesErr
 	// the last reading's error.
 	QueuesOn  bool
@@ -171,7 +176,8 @@ func (s *Server) readOverview(ctx context.Context) (overview, error) {
 			o.QueuesErr = qerr.Error()
 		}
 	}
-	ss := s.samples.since(o.Now.Add(-ChartWindow))
+	ss, source, note := s.chartSamples(o.Now.Add(-ChartWindow))
+	o.ChartSource, o.ChartNote = source, note
 	o.Charts = []chart{
 		lagChart("Oldest pending row's age", ss, o.Now, func(x sample) float64 { return x.OldestAge.Seconds() }, formatSeconds),
 		lagChart("Pending rows", ss, o.Now, func(x sample) float64 { return float64(x.Pending) }, formatCount),
@@ -196,6 +202,61 @@ func (s *Server) overviewLive(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.render(w, r, http.StatusOK, "overview-live", "", "", o)
+}
+
+// liveEvery is how often the overview's stream sends the overview: every SampleEvery, at most
+// maxLiveEvery apart.
+func (s *Server) liveEvery() time.Duration { return min(s.cfg.SampleEvery, maxLiveEvery) }
+
+// sseLines continues an event's data on a new "data:" line at each line break.
+var sseLines = strings.NewReplacer("\r\n", "\ndata: ", "\r", "\ndata: ", "\n", "\ndata: ")
+
+// maxLiveEvery bounds the time between two updates of the overview's stream.
+const maxLiveEvery = 5 * time.Second
+
+// overviewStream sends the overview's live part as server-sent events (event "overview", the
+// HTML fragment as its data) at once and then every liveEvery, until the browser goes away or
+// the server stops. The page's script subscribes with EventSource, and polls /live/overview
+// where it has none.
+func (s *Server) overviewStream(w http.ResponseWriter, r *http.Request) {
+	rc := http.NewResponseController(w)
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("X-Accel-Buffering", "no") // a proxy in front (nginx) passes each event on at once
+	w.WriteHeader(http.StatusOK)
+	ctx := r.Context()
+	every := s.liveEvery()
+	// retry: how long the browser waits before it reconnects after the stream ended.
+	if _, err := fmt.Fprintf(w, "retry: %d\n\n", every.Milliseconds()); err != nil || rc.Flush() != nil {
+		return
+	}
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		var buf bytes.Buffer
+		o, err := s.readOverview(ctx)
+		if err == nil {
+			err = s.pages.ExecuteTemplate(&buf, "overview-live", page{Data: o})
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		_ = rc.SetWriteDeadline(time.Now().Add(every + 10*time.Second))
+		if err != nil {
+			s.cfg.Logger.Warn("console: read the overview for its stream", "error", err)
+			_, err = fmt.Fprintf(w, "event: failed\ndata: %s\n\n", strings.Join(strings.Fields(err.Error()), " "))
+		} else {
+			_, err = fmt.Fprintf(w, "event: overview\ndata: %s\n\n", sseLines.Replace(strings.TrimSpace(buf.String())))
+		}
+		if err != nil || rc.Flush() != nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // chainView is the key page.
@@ -632,16 +693,42 @@ func (s *Server) auditPage(w http.ResponseWriter, r *http.Request) {
 	s.render(w, r, http.StatusOK, "audit", "Audit", "audit", v)
 }
 
-// fleetView is the fleet page.
+// fleetView is the fleet page: the fleet relay's own view of its tenants (TurnsOn), and the
+// tenant databases read now (On).
 type fleetView struct {
-	On     bool
+	Now time.Time
+	On  bool
+	// Report is Config.Fleet's reading, Error its failure.
 	Report FleetReport
 	Error  string
+	// Turns are Config.FleetTurns' rows, TurnsError its failure; Failing, SweepOnly and
+	// Unrecorded count its failing tenants, sweep-only ones, and those without a recorded turn.
+	TurnsOn                        bool
+	Turns                          []fleet.TurnState
+	TurnsError                     string
+	Failing, SweepOnly, Unrecorded int
 }
 
-// fleetPage reads every tenant of the fleet (it only reads).
+// fleetPage reads the fleet relay's view of its tenants and every tenant database (it only reads).
 func (s *Server) fleetPage(w http.ResponseWriter, r *http.Request) {
-	v := fleetView{On: s.cfg.Fleet != nil}
+	v := fleetView{Now: time.Now(), On: s.cfg.Fleet != nil, TurnsOn: s.cfg.FleetTurns != nil}
+	if v.TurnsOn {
+		var err error
+		if v.Turns, err = s.cfg.FleetTurns(r.Context()); err != nil {
+			v.TurnsError = err.Error()
+		}
+		for _, t := range v.Turns {
+			switch {
+			case t.State == "":
+				v.Unrecorded++
+			case t.State == fleet.StateFailing:
+				v.Failing++
+			}
+			if t.SweepOnly() {
+				v.SweepOnly++
+			}
+		}
+	}
 	if v.On {
 		var err error
 		if v.Report, err = s.cfg.Fleet(r.Context()); err != nil {

@@ -127,28 +127,31 @@ func formatSeconds(v float64) string {
 	return human.Duration(time.Duration(v * float64(time.Second)))
 }
 
-// queueReading is the last reading of Config.Queues: the sampler writes it, pages read it.
-type queueReading struct {
+// reading is the last reading of a source the sampler reads (Config.Queues, Config.LagHistory):
+// the sampler writes it, pages read it.
+type reading[T any] struct {
 	mu  sync.Mutex
 	at  time.Time
-	qs  []Queue
+	v   T
 	err error
 }
 
-func (q *queueReading) set(at time.Time, qs []Queue, err error) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.at, q.err = at, err
+// set records a reading at at; a failed one keeps the last value read.
+func (r *reading[T]) set(at time.Time, v T, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.at, r.err = at, err
 	if err == nil {
-		q.qs = qs
+		r.v = v
 	}
 }
 
-// get returns the last queues read (those of the last success), when, and the last error.
-func (q *queueReading) get() ([]Queue, time.Time, error) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.qs, q.at, q.err
+// get returns the value of the last reading that succeeded, when the last reading was taken,
+// and its error.
+func (r *reading[T]) get() (T, time.Time, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.v, r.at, r.err
 }
 
 // readQueues reads Config.Queues once, when set.
@@ -163,4 +166,49 @@ func (s *Server) readQueues(ctx context.Context) {
 		s.cfg.Logger.Warn("console: read the queues", "error", err)
 	}
 	s.queues.set(time.Now(), qs, err)
+}
+
+// readHistory reads Config.LagHistory over the chart's window, when set and due (at start, then
+// every LagHistoryEvery).
+func (s *Server) readHistory(ctx context.Context) {
+	if s.cfg.LagHistory == nil {
+		return
+	}
+	if _, at, _ := s.history.get(); !at.IsZero() && time.Since(at) < LagHistoryEvery {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, max(s.cfg.SampleEvery, 10*time.Second))
+	defer cancel()
+	now := time.Now()
+	ps, err := s.cfg.LagHistory(ctx, now.Add(-ChartWindow), now)
+	if err != nil && ctx.Err() == nil {
+		s.cfg.Logger.Warn("console: read the lag history", "source", s.cfg.LagHistorySource, "error", err)
+	}
+	s.history.set(now, ps, err)
+}
+
+// chartSamples returns the samples the lag charts show since t, and says where they come from:
+// the lag history (Config.LagHistory) when its last reading has points, else the console's own
+// samples, with why.
+func (s *Server) chartSamples(t time.Time) (ss []sample, source, note string) {
+	own := func() []sample { return s.samples.since(t) }
+	if s.cfg.LagHistory == nil {
+		return own(), "", ""
+	}
+	ps, at, err := s.history.get()
+	switch {
+	case at.IsZero():
+		return own(), "", s.cfg.LagHistorySource + " not read yet: the console's own samples meanwhile."
+	case err != nil:
+		return own(), "", s.cfg.LagHistorySource + " could not be read (" + strings.Join(strings.Fields(err.Error()), " ") + "): the console's own samples meanwhile."
+	}
+	for _, p := range ps {
+		if !p.At.Before(t) {
+			ss = append(ss, sample{At: p.At, Pending: p.Pending, OldestAge: p.OldestAge})
+		}
+	}
+	if len(ss) == 0 {
+		return own(), "", s.cfg.LagHistorySource + " has no datapoints in the last hour: the console's own samples meanwhile."
+	}
+	return ss, s.cfg.LagHistorySource, ""
 }
