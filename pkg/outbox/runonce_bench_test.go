@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -25,6 +26,42 @@ func (ackAll) PublishBatch(_ context.Context, _ string, events []*outbox.Event) 
 //
 //	go run ./internal/cmd/devenv -- go test ./pkg/outbox -run '^$' -bench RunOnceDrain -cpuprofile /tmp/runonce.prof
 func BenchmarkRunOnceDrain(b *testing.B) {
+	benchmarkDrain(b, func(ctx context.Context, r *outbox.Relay, drained func() bool) {
+		for {
+			if _, err := r.RunOnce(ctx); err != nil {
+				b.Fatal(err)
+			}
+			if drained() {
+				return
+			}
+		}
+	})
+}
+
+// BenchmarkRunDrain is BenchmarkRunOnceDrain with the relay's Run (the bench's "1 instance"
+// contender) draining the same backlog, stopped once nothing is pending: run both in one
+// process to compare RunOnce with Run on the same machine at the same time.
+//
+//	go run ./internal/cmd/devenv -- go test ./pkg/outbox -run '^$' -bench 'RunOnceDrain|RunDrain' -count 3
+func BenchmarkRunDrain(b *testing.B) {
+	benchmarkDrain(b, func(ctx context.Context, r *outbox.Relay, drained func() bool) {
+		ctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = r.Run(ctx)
+		}()
+		for !drained() {
+			time.Sleep(2 * time.Millisecond)
+		}
+		cancel()
+		<-done
+	})
+}
+
+// benchmarkDrain seeds the backlog of BenchmarkRunOnceDrain for each iteration and times drain,
+// which returns once drained reports that no row is pending.
+func benchmarkDrain(b *testing.B, drain func(ctx context.Context, r *outbox.Relay, drained func() bool)) {
 	const rows, keys = 20_000, 1_000
 	ctx := context.Background()
 	cfg := outbox.RelayConfig{Publisher: ackAll{}, Topics: map[string]string{testTopic: testARN}}
@@ -38,6 +75,13 @@ func BenchmarkRunOnceDrain(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(pool.Close)
+	drained := func() bool {
+		var left int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_event WHERE published_at IS NULL`).Scan(&left); err != nil {
+			b.Fatal(err)
+		}
+		return left == 0
+	}
 	var events int
 	for b.Loop() {
 		b.StopTimer()
@@ -59,20 +103,8 @@ func BenchmarkRunOnceDrain(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.StartTimer()
-		for {
-			st, err := r.RunOnce(ctx)
-			if err != nil {
-				b.Fatal(err)
-			}
-			events += st.Published
-			var left int
-			if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_event WHERE published_at IS NULL`).Scan(&left); err != nil {
-				b.Fatal(err)
-			}
-			if left == 0 {
-				break
-			}
-		}
+		drain(ctx, r, drained)
+		events += rows
 	}
 	b.ReportMetric(float64(events)/b.Elapsed().Seconds(), "events/s")
 }
