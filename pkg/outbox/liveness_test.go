@@ -286,3 +286,44 @@ func TestASlowOnlyDestinationIsNeverBackedOff(t *testing.T) {
 	require.False(t, down.Load(), "the only destination, slow but answering, was backed off as failing")
 	b.rec.requireKeyOrder(t)
 }
+
+// A pass polls for new rows every poll interval whatever its pipelines do: its pipelines used to
+// poll only after a round of theirs ended, so while they waited for a round detached by a slow
+// call, a row committed meanwhile was found only by the pass's next sweep (here an hour away)
+// or the next pass. Its key's row must go out while the slow call is still in flight.
+func TestAPassPollsWhileItWaitsForASlowCall(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const slowTopic, slowARN = "slow", "arn:aws:sns:us-east-1:000000000000:slow"
+	gp := &gatedPublisher{rec: b.rec, dest: slowARN, gate: make(chan struct{})}
+	r := b.relay(t, func(c *outbox.RelayConfig) {
+		c.Publisher = gp
+		c.Topics = map[string]string{testTopic: testARN, slowTopic: slowARN}
+		c.PublishTimeout, c.Lease = time.Minute, 3*time.Minute // the gate, not a timeout, ends its call
+		c.RescanInterval = time.Hour                           // no sweep during the pass: only a poll finds the new row
+	})
+	b.writeKey(t, "s", slowTopic, 1)
+	var (
+		passEnded atomic.Bool
+		passErr   error
+		done      = make(chan struct{})
+	)
+	go func() {
+		defer close(done)
+		_, passErr = r.RunPass(context.Background())
+		passEnded.Store(true)
+	}()
+	defer func() { gp.open(); <-done }()
+	testwait.Until(t, "the slow destination's call is in flight", func() bool { return gp.waiting.Load() > 0 })
+
+	fresh := b.writeKey(t, "h", testTopic, 1)[0].EventID
+	ok := waitFor(40*time.Second, func() bool { return b.rec.published(fresh) })
+	require.True(t, ok, "a row committed during a pass waited for the pass's slow call (no poll while its pipelines waited)")
+	require.Positive(t, gp.waiting.Load(), "the slow call was still in flight")
+	require.False(t, passEnded.Load(), "the pass was still running")
+
+	gp.open()
+	<-done
+	require.NoError(t, passErr)
+	b.rec.requireKeyOrder(t)
+}

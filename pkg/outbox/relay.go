@@ -568,6 +568,8 @@ func (r *Relay) pipelinesReporting(ctx context.Context, untilIdle bool, report f
 		errs = append(errs, err)
 		idle.Broadcast()
 	}
+	// startLooking starts a pass's polls and sweeps beside its pipelines (see below).
+	startLooking, stopLooking := func() {}, func() {}
 	// probe starts, beside the pipelines, a probe round for each failing destination whose
 	// probe is due: a destination that hangs holds only its own probe, never a pipeline.
 	probe := func() {
@@ -587,6 +589,7 @@ func (r *Relay) pipelinesReporting(ctx context.Context, untilIdle bool, report f
 				r.dests.abandoned(dest)
 				continue
 			}
+			startLooking()
 			mu.Lock()
 			r.rounds.Add(1)
 			mu.Unlock()
@@ -600,25 +603,54 @@ func (r *Relay) pipelinesReporting(ctx context.Context, untilIdle bool, report f
 		}
 	}
 	if untilIdle {
-		// A pass sweeps on the sweep's deadline whatever its rounds do (watcher.sweepDue), and
-		// looks at probes while rounds are in flight: pipelines that wait for rounds are woken
-		// every poll interval to look.
+		// A pass polls every poll interval and sweeps on the sweep's deadline (watcher.sweepDue)
+		// whatever its rounds do, as Run's watcher does: beside the pipelines, so that a poll or
+		// a sweep never holds one between its rounds (made by the pipelines, they took 3-4% of
+		// a pass's pipeline time draining a backlog at 0 ms). Pipelines that wait for rounds are
+		// woken after each look, which also has them look at probes every poll interval. The
+		// looks begin with the pass's first round, probes' too (a pass with nothing to claim needs none,
+		// and its first look at the outbox is pollAndSweep's), and the pass ends once its
+		// pipelines did and the look in progress, if any, ended.
 		stop := make(chan struct{})
-		defer close(stop)
-		go func() {
-			t := time.NewTicker(r.cfg.PollInterval)
-			defer t.Stop()
-			for {
-				select {
-				case <-stop:
-					return
-				case <-t.C:
-					mu.Lock()
-					idle.Broadcast()
-					mu.Unlock()
+		var lookers sync.WaitGroup
+		stopLooking = func() {
+			close(stop)
+			lookers.Wait()
+		}
+		wake := func() {
+			mu.Lock()
+			idle.Broadcast()
+			mu.Unlock()
+		}
+		look := func(every func() time.Duration, do func(context.Context) error) {
+			lookers.Add(1)
+			go func() {
+				defer lookers.Done()
+				for {
+					t := time.NewTimer(every())
+					select {
+					case <-stop:
+						t.Stop()
+						return
+					case <-t.C:
+					}
+					if err := do(ctx); err != nil && ctx.Err() == nil {
+						failed(err)
+						return
+					}
+					wake()
 				}
-			}
-		}()
+			}()
+		}
+		startLooking = sync.OnceFunc(func() {
+			look(func() time.Duration { return r.cfg.PollInterval }, r.watch.pollIfDue)
+			look(func() time.Duration { return max(r.watch.untilSweep(), time.Millisecond) }, func(ctx context.Context) error {
+				if !r.watch.sweepDue() {
+					return nil
+				}
+				return r.watch.sweepIfFree(ctx)
+			})
+		})
 	}
 	for range r.cfg.Pipelines {
 		wg.Add(1)
@@ -626,12 +658,6 @@ func (r *Relay) pipelinesReporting(ctx context.Context, untilIdle bool, report f
 			defer wg.Done()
 			for ctx.Err() == nil {
 				probe()
-				if untilIdle && r.watch.sweepDue() {
-					if err := r.watch.sweepIfFree(ctx); err != nil && ctx.Err() == nil {
-						failed(err)
-						return
-					}
-				}
 				keys := r.book.take(r.cfg.BatchSize, time.Now())
 				if len(keys.keys) == 0 {
 					if !untilIdle {
@@ -656,6 +682,7 @@ func (r *Relay) pipelinesReporting(ctx context.Context, untilIdle bool, report f
 					mu.Unlock()
 					continue
 				}
+				startLooking()
 				mu.Lock()
 				r.rounds.Add(1)
 				mu.Unlock()
@@ -668,18 +695,12 @@ func (r *Relay) pipelinesReporting(ctx context.Context, untilIdle bool, report f
 				}
 				if err != nil && ctx.Err() == nil {
 					sleep(ctx, r.cfg.PollInterval)
-					continue
-				}
-				if untilIdle {
-					if err := r.watch.pollIfDue(ctx); err != nil && ctx.Err() == nil {
-						failed(err)
-						return
-					}
 				}
 			}
 		}()
 	}
 	wg.Wait()
+	stopLooking()
 	return total, errors.Join(errs...)
 }
 
