@@ -32,7 +32,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluicehq/sluice/internal/testdb"
 	"github.com/sluicehq/sluice/internal/testwait"
 )
 
@@ -162,6 +161,7 @@ func TestSimulatorCatchesBrokenRelay(t *testing.T) {
 type simResult struct {
 	seed    int64
 	sched   *simSchedule
+	stream  *simStream
 	checker *simChecker
 	log     string
 	took    time.Duration
@@ -170,7 +170,7 @@ type simResult struct {
 func (r *simResult) String() string {
 	return fmt.Sprintf("%s\nseed %d (took %s), replay with:\n  %s\nschedule:\n  %s\nwhat happened:\n%s",
 		r.checker, r.seed, r.took.Round(time.Millisecond), simReplayCommand(r.seed),
-		strings.ReplaceAll(r.sched.String(), "\n", "\n  "), r.log)
+		strings.ReplaceAll(r.sched.String()+r.stream.String(), "\n", "\n  "), r.log)
 }
 
 // simWorld is one seed's run: its database, relays, producers and fakes.
@@ -183,6 +183,7 @@ type simWorld struct {
 	start time.Time // the fault phase's start
 
 	faulty atomic.Bool
+	stream *simStream // nil: the relays poll (sim_stream_test.go)
 	dest   *simDestination
 	store  *simStore
 	hist   *simHistory
@@ -203,6 +204,7 @@ type simRelay struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	gen    int
+	relay  *Relay // the generation's relay
 }
 
 // runSim runs seed and returns what the checker found.
@@ -210,7 +212,9 @@ func runSim(t *testing.T, seed int64, prof simProfile) *simResult {
 	fmt.Fprintf(os.Stderr, "sim: seed %d starting; replay: %s\n", seed, simReplayCommand(seed))
 	began := time.Now()
 	rng := rand.New(rand.NewPCG(uint64(seed), 0x5eed))
-	w := &simWorld{t: t, seed: seed, sched: drawSchedule(seed, rng, prof), url: testdb.URL(t), hist: newSimHistory()}
+	w := &simWorld{t: t, seed: seed, sched: drawSchedule(seed, rng, prof), hist: newSimHistory()}
+	w.stream = drawStream(seed, w.sched, prof)
+	w.url = simStreamURL(w)
 	w.admin = w.pool("admin", 8, false)
 	w.start = time.Now()
 	w.hist.start = w.start
@@ -227,6 +231,7 @@ func runSim(t *testing.T, seed int64, prof simProfile) *simResult {
 		w.relays[i] = &simRelay{}
 		w.startRelay(i)
 	}
+	w.awaitStream()
 	checker := newSimChecker(w.hist, w.dest, w.store, 0)
 	checker.cfg = w.relayConfig()
 
@@ -242,11 +247,13 @@ func runSim(t *testing.T, seed int64, prof simProfile) *simResult {
 			prod.run(stop)
 		}()
 	}
+	streamPlayed := w.playStream()
 	for _, a := range w.sched.actions {
 		time.Sleep(time.Until(w.start.Add(a.at)))
 		w.do(rng, a)
 	}
 	time.Sleep(time.Until(w.start.Add(w.sched.faultPhase)))
+	streamPlayed()
 
 	// Heal phase: faults and producers stop, the relays publish what is left.
 	w.faulty.Store(false)
@@ -254,6 +261,7 @@ func runSim(t *testing.T, seed int64, prof simProfile) *simResult {
 	producers.Wait()
 	w.late.Wait()
 	w.logf("heal: %d rows written", len(w.hist.rows))
+	w.streamAccount()
 	ctx := context.Background()
 	quarantined, err := ListQuarantined(ctx, w.admin, 100000)
 	require.NoError(t, err)
@@ -272,7 +280,7 @@ func runSim(t *testing.T, seed int64, prof simProfile) *simResult {
 	w.dest.mu.Unlock()
 	checker.bound = w.sched.pipelines * int(w.maxLive.Load()) * simMaxRoundBytes
 	checker.check(w.table())
-	return &simResult{seed: seed, sched: w.sched, checker: checker, log: w.log.String(), took: time.Since(began)}
+	return &simResult{seed: seed, sched: w.sched, stream: w.stream, checker: checker, log: w.log.String(), took: time.Since(began)}
 }
 
 // logf adds a line to the seed's account of what happened.
@@ -399,6 +407,7 @@ func (w *simWorld) relayConfig() RelayConfig {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	cfg.Logger = slog.New(simOvertakeLog{cfg.Logger.Handler(), w.dest, ""})
+	w.streamConfig(&cfg)
 	cfg.Publisher = simPublisher{w.dest, ""}
 	if w.sched.keyOrder {
 		cfg.Publisher = simKeyOrderDestination{simPublisher{w.dest, ""}}
@@ -426,6 +435,8 @@ func (w *simWorld) startRelay(i int) {
 	}
 	relay, err := NewRelay(r.pool, cfg)
 	require.NoError(w.t, err)
+	w.tapStream(relay)
+	r.relay = relay
 	passes := i >= w.sched.relays-w.sched.passes
 	if passes {
 		relay.watch.pageRows = w.sched.pageRows

@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -71,6 +73,11 @@ type walFollower struct {
 	// more walVisibilityGrace after: see committed.
 	recheck      map[string]string
 	recheckArmed bool
+
+	// tap, when set, is handed each committed transaction's rows in place of waking their keys,
+	// with the function that wakes them: the fault simulator's seam (sim_stream_test.go), which
+	// drops, repeats and delays changes through it. Set before Run; nil outside the simulator.
+	tap func(rows []walInsert, wake func([]walInsert))
 }
 
 // walVisibilityGrace is how long after the stream woke a key it is woken once more. PostgreSQL
@@ -207,7 +214,10 @@ func PublicationSQL(name string) string {
 }
 
 // walInsert is a row the stream saw inserted, not yet committed.
-type walInsert struct{ key, topic string }
+type walInsert struct {
+	id         int64
+	key, topic string
+}
 
 // stream reads the slot's changes: a committed transaction's outbox rows make their keys due
 // (keyBook.sawRow, as a poll would), in commit order. It confirms what it received every
@@ -291,8 +301,21 @@ func (f *walFollower) stream(ctx context.Context, conn *pgconn.PgConn, pos pglog
 	}
 }
 
-// committed makes the keys of a committed transaction's rows due.
+// committed makes the keys of a committed transaction's rows due (through the simulator's tap
+// when set).
 func (f *walFollower) committed(rows []walInsert) {
+	if len(rows) == 0 {
+		return
+	}
+	if f.tap != nil {
+		f.tap(slices.Clone(rows), f.wake)
+		return
+	}
+	f.wake(rows)
+}
+
+// wake makes rows' keys due at once, and once more walVisibilityGrace after.
+func (f *walFollower) wake(rows []walInsert) {
 	if len(rows) == 0 {
 		return
 	}
@@ -332,13 +355,15 @@ func (f *walFollower) wakeAgain() {
 	}
 }
 
-// walColumns is where a relation's partition_key and topic are in its tuples (-1: absent).
-type walColumns struct{ key, topic int }
+// walColumns is where a relation's id, partition_key and topic are in its tuples (-1: absent).
+type walColumns struct{ id, key, topic int }
 
 func columnsOf(m *pglogrepl.RelationMessage) walColumns {
-	c := walColumns{key: -1, topic: -1}
+	c := walColumns{id: -1, key: -1, topic: -1}
 	for i, col := range m.Columns {
 		switch col.Name {
+		case "id":
+			c.id = i
 		case "partition_key":
 			c.key = i
 		case "topic":
@@ -348,7 +373,8 @@ func columnsOf(m *pglogrepl.RelationMessage) walColumns {
 	return c
 }
 
-// read returns the row's key and topic, when the tuple carries both as text.
+// read returns the row's key and topic, when the tuple carries both as text, and its id when
+// it carries that (0 otherwise: only the fault simulator reads it).
 func (c walColumns) read(t *pglogrepl.TupleData) (walInsert, bool) {
 	text := func(i int) (string, bool) {
 		if i < 0 || i >= len(t.Columns) || t.Columns[i].DataType != pglogrepl.TupleDataTypeText {
@@ -358,7 +384,11 @@ func (c walColumns) read(t *pglogrepl.TupleData) (walInsert, bool) {
 	}
 	key, ok1 := text(c.key)
 	topic, ok2 := text(c.topic)
-	return walInsert{key: key, topic: topic}, ok1 && ok2
+	ins := walInsert{key: key, topic: topic}
+	if id, ok := text(c.id); ok {
+		ins.id, _ = strconv.ParseInt(id, 10, 64)
+	}
+	return ins, ok1 && ok2
 }
 
 // quoteLiteral quotes s as an SQL string literal.

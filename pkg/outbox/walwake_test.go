@@ -7,83 +7,25 @@ package outbox_test
 
 import (
 	"context"
-	"fmt"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluicehq/sluice/internal/pgcluster"
+	"github.com/sluicehq/sluice/internal/testdb"
 	"github.com/sluicehq/sluice/internal/testwait"
-	"github.com/sluicehq/sluice/migrations"
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
-var (
-	logicalOnce sync.Once
-	logicalURL  string // the cluster's admin URL
-	logicalErr  error
-	logicalDBs  atomic.Int64
-)
-
-// logicalTemplate is the migrated database each test's database is copied from.
-const logicalTemplate = "sluice_wal_template"
-
-// logicalPool returns a pool on a database of its own (a copy of a migrated template) on a
-// throwaway cluster with wal_level=logical, started once for the package's tests (stopped with
-// the process): each test's relays see only its own outbox.
+// logicalPool returns a pool on a fresh, migrated database of its own on the throwaway cluster
+// with wal_level=logical (testdb.LogicalURL): each test's relays see only its own outbox.
 func logicalPool(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	ctx := context.Background()
-	logicalOnce.Do(func() {
-		c, err := pgcluster.Start(ctx, pgcluster.Options{MaxConnections: 100, Settings: map[string]string{
-			"wal_level": "logical", "max_replication_slots": "20", "max_wal_senders": "20"}})
-		if err != nil {
-			logicalErr = err
-			return
-		}
-		admin, err := pgx.Connect(ctx, c.URL)
-		if err != nil {
-			logicalErr = err
-			return
-		}
-		defer admin.Close(ctx)
-		if _, logicalErr = admin.Exec(ctx, "CREATE DATABASE "+logicalTemplate); logicalErr != nil {
-			return
-		}
-		conn, err := pgx.Connect(ctx, withDatabase(t, c.URL, logicalTemplate))
-		if err != nil {
-			logicalErr = err
-			return
-		}
-		defer conn.Close(ctx)
-		if logicalErr = migrations.Up(ctx, conn); logicalErr == nil {
-			logicalURL = c.URL
-		}
-	})
-	require.NoError(t, logicalErr, "a throwaway cluster with wal_level=logical")
-	admin, err := pgx.Connect(ctx, logicalURL)
-	require.NoError(t, err)
-	defer admin.Close(ctx)
-	name := fmt.Sprintf("sluice_wal_%d", logicalDBs.Add(1))
-	_, err = admin.Exec(ctx, "CREATE DATABASE "+name+" TEMPLATE "+logicalTemplate)
-	require.NoError(t, err)
-	pool, err := pgxpool.New(ctx, withDatabase(t, logicalURL, name))
+	pool, err := pgxpool.New(context.Background(), testdb.LogicalURL(t))
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return pool
-}
-
-// withDatabase is url with its database name replaced by db.
-func withDatabase(t *testing.T, url, db string) string {
-	t.Helper()
-	cfg, err := pgx.ParseConfig(url)
-	require.NoError(t, err)
-	return fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable", cfg.User, cfg.Host, cfg.Port, db)
 }
 
 // walRelay starts Run on pool with the WAL wake-up and a poll interval of an hour: after the
