@@ -45,6 +45,11 @@ const (
 	// mutantKeyRowsShareCall: a key's following rows share a call on a destination that does
 	// not keep a key's order in a call (laneSet.takeBatch).
 	mutantKeyRowsShareCall = "keyrowssharecall"
+	// mutantStreamComplete: while Run follows the WAL, the stream is taken as the complete
+	// account of what is pending, so that it stands in for every sweep once one found nothing
+	// to move, however recently it reported a change (walFollower.quiet): a change whose wake
+	// was lost is found only when the stream falls back.
+	mutantStreamComplete = "streamcomplete"
 )
 
 // mutantState is what the mutants that remember something remember, per relay or watcher.

@@ -21,8 +21,10 @@ import (
 // WAL wake-up (docs/outbox.md, "WAL wake-up"): the database tells Run which rows committed.
 // The stream is a wake-up, never the truth: what a round claims is read from the outbox under
 // its locks as always, so a change the stream misses or repeats costs latency, never order or
-// a row. Its invariant: while the stream is not followed, the relay polls every PollInterval
-// (watcher.pollEvery), and every switch between the two is followed by a sweep.
+// a row. Its invariants: while the stream is not followed, the relay polls every PollInterval
+// (watcher.pollEvery), and every switch between the two is followed by a sweep; while it is
+// followed, a sweep is skipped only when the stream stands in for it (walFollower.quiet): the
+// last sweep found nothing that could move, and nothing changed since long enough before it.
 
 // WALWake turns on the WAL wake-up: Run follows a logical replication slot on outbox_event's
 // inserts and makes each committed row's key due at once, in commit order, instead of waiting
@@ -64,6 +66,17 @@ type walFollower struct {
 
 	mu     sync.Mutex
 	active bool
+	// since is when the stream followed now began to be followed; epochs whether it carries
+	// operator actions' epoch moves (PostgreSQL 14+: pgoutput's messages).
+	since  time.Time
+	epochs bool
+	// changed is when the stream last reported a change (a committed transaction's rows or an
+	// epoch move), whether or not the change then woke anything; maxID the highest row id it
+	// reported.
+	changed time.Time
+	maxID   int64
+	// warned: the failure of the stream was logged since it was last followed.
+	warned bool
 	// switched is signalled (without blocking) when the stream stops being followed, so that
 	// the poll loop polls at once instead of at the end of its long interval.
 	switched chan struct{}
@@ -100,21 +113,69 @@ func (f *walFollower) following() bool {
 	return f.active
 }
 
-// setActive records a switch between the stream and polling: each is logged once, followed by
-// a sweep (what committed while neither looked is found), and a switch to polling wakes the
-// poll loop.
-func (f *walFollower) setActive(active bool, why error) {
+// carriesEpochs reports whether the stream is followed now and carries operator actions'
+// epoch moves: then it tells the relay everything a poll would, and Run does not poll.
+func (f *walFollower) carriesEpochs() bool {
+	if f == nil {
+		return false
+	}
 	f.mu.Lock()
-	was := f.active
+	defer f.mu.Unlock()
+	return f.active && f.epochs
+}
+
+// walQuietAfter is the least time between the stream's last change and the start of a sweep
+// that lets the stream stand in for the next ones (quiet): a transaction's commit reaches the
+// stream a moment before other sessions see its rows (walVisibilityGrace), and a sweep that
+// began that moment too early would not see them.
+const walQuietAfter = time.Second
+
+// quiet reports whether the stream stands in for the sweep that is due, given the last sweep
+// (begun at sweptAt, having read work heads that could move; -1 when it failed). It does when
+// the stream, carrying epoch moves, has been followed since before that sweep began, the sweep
+// found no pending key but those behind a quarantined row, and the stream's last change came
+// at least max(RescanInterval, walQuietAfter) before the sweep began. Then nothing is pending
+// that the relay does not know of, and only a change can make something pending (a commit; an
+// operator action, which moves the epoch; a row made pending again by hand-written SQL is the
+// exception, found at the next change's sweeps): the first change ends the quiet, and the
+// sweeps return on their deadline until a later sweep finds the outbox quiet again.
+func (f *walFollower) quiet(sweptAt time.Time, work int64) bool {
+	if f == nil || work != 0 {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if mutant == mutantStreamComplete {
+		return f.active
+	}
+	margin := max(f.r.cfg.RescanInterval, walQuietAfter)
+	return f.active && f.epochs && !sweptAt.Before(f.since) && sweptAt.Sub(f.changed) >= margin
+}
+
+// setActive records a switch between the stream and polling: each is logged once, followed by
+// a sweep (what committed while neither looked is found), and a switch to polling moves the
+// watcher's frontier past what the stream reported (watcher.skipTo: the sweep finds what it
+// did not) and wakes the poll loop. A stream that cannot be followed is logged at its first
+// failure since it was last followed, the relay's start included.
+func (f *walFollower) setActive(active bool, epochs bool, why error) {
+	f.mu.Lock()
+	was, warned, maxID := f.active, f.warned, f.maxID
 	f.active = active
+	f.warned = !active
+	if active {
+		f.since, f.epochs = time.Now(), epochs
+	}
 	f.mu.Unlock()
+	if !active && !warned {
+		f.r.log.Warn("relay: WAL wake-up unavailable; polling every PollInterval", "error", why, "retry_after", f.cfg.RetryAfter)
+	}
 	if was == active {
 		return
 	}
 	if active {
-		f.r.log.Info("relay: following the WAL for new rows; polling every RescanInterval", "publication", f.cfg.Publication)
+		f.r.log.Info("relay: following the WAL for new rows", "publication", f.cfg.Publication, "operator_actions", epochs)
 	} else {
-		f.r.log.Warn("relay: WAL wake-up unavailable; polling every PollInterval", "error", why, "retry_after", f.cfg.RetryAfter)
+		f.r.watch.skipTo(maxID)
 		select {
 		case f.switched <- struct{}{}:
 		default:
@@ -130,7 +191,7 @@ func (f *walFollower) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			break
 		}
-		f.setActive(false, err)
+		f.setActive(false, false, err)
 		sleep(ctx, f.cfg.RetryAfter)
 	}
 	f.mu.Lock()
@@ -172,12 +233,18 @@ func (f *walFollower) follow(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("replication slot's consistent point: %w", err)
 	}
-	err = pglogrepl.StartReplication(ctx, conn, slot, start, pglogrepl.StartReplicationOptions{
-		PluginArgs: []string{"proto_version '1'", "publication_names " + quoteLiteral(f.cfg.Publication)}})
+	args := []string{"proto_version '1'", "publication_names " + quoteLiteral(f.cfg.Publication)}
+	// pgoutput sends logical decoding messages, the operator actions' epoch moves, from
+	// PostgreSQL 14 on.
+	epochs := serverMajor(conn) >= 14
+	if epochs {
+		args = append(args, "messages 'true'")
+	}
+	err = pglogrepl.StartReplication(ctx, conn, slot, start, pglogrepl.StartReplicationOptions{PluginArgs: args})
 	if err != nil {
 		return fmt.Errorf("start replication: %w", err)
 	}
-	f.setActive(true, nil)
+	f.setActive(true, epochs, nil)
 	return f.stream(ctx, conn, start)
 }
 
@@ -213,6 +280,10 @@ func PublicationSQL(name string) string {
 		" FOR TABLE outbox_event (id, topic, partition_key) WITH (publish = 'insert', publish_via_partition_root = true)"
 }
 
+// walEpochPrefix is the prefix of the logical decoding message an operator action's statement
+// emits with its epoch move (bumpEpoch): the stream's word that rows became pending again.
+const walEpochPrefix = "sluice.epoch"
+
 // walInsert is a row the stream saw inserted, not yet committed.
 type walInsert struct {
 	id         int64
@@ -225,6 +296,7 @@ type walInsert struct {
 func (f *walFollower) stream(ctx context.Context, conn *pgconn.PgConn, pos pglogrepl.LSN) error {
 	relations := map[uint32]walColumns{}
 	var pending []walInsert
+	epochMoved := false
 	nextStatus := time.Now().Add(f.cfg.StatusInterval)
 	for {
 		if !time.Now().Before(nextStatus) {
@@ -290,9 +362,13 @@ func (f *walFollower) stream(ctx context.Context, conn *pgconn.PgConn, pos pglog
 						pending = append(pending, ins)
 					}
 				}
+			case *pglogrepl.LogicalDecodingMessage:
+				if m.Prefix == walEpochPrefix {
+					epochMoved = true
+				}
 			case *pglogrepl.CommitMessage:
-				f.committed(pending)
-				pending = pending[:0]
+				f.committed(pending, epochMoved)
+				pending, epochMoved = pending[:0], false
 				if m.TransactionEndLSN > pos {
 					pos = m.TransactionEndLSN
 				}
@@ -301,9 +377,23 @@ func (f *walFollower) stream(ctx context.Context, conn *pgconn.PgConn, pos pglog
 	}
 }
 
-// committed makes the keys of a committed transaction's rows due (through the simulator's tap
-// when set).
-func (f *walFollower) committed(rows []walInsert) {
+// committed records a committed transaction's change and makes its rows' keys due (through
+// the simulator's tap when set); when it moved the epoch, the book's parked keys may move and
+// a sweep walks every key, as when a poll reads a new epoch.
+func (f *walFollower) committed(rows []walInsert, epochMoved bool) {
+	if len(rows) == 0 && !epochMoved {
+		return
+	}
+	f.mu.Lock()
+	f.changed = time.Now()
+	for _, ins := range rows {
+		f.maxID = max(f.maxID, ins.id)
+	}
+	f.mu.Unlock()
+	if epochMoved {
+		f.r.book.reset(time.Now())
+		f.r.watch.wantSweep()
+	}
 	if len(rows) == 0 {
 		return
 	}
