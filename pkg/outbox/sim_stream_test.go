@@ -25,11 +25,16 @@ import (
 	"github.com/sluicehq/sluice/internal/testdb"
 )
 
-// simStreamShare is the share of seeds whose relays follow the WAL: one in simStreamShare.
-const simStreamShare = 4
+// simStreamShare is the share of seeds whose relays follow the WAL: one in -sim.stream-share
+// (1: every seed; 0: none).
+var simStreamShare = flag.Int("sim.stream-share", 4, "one in this many seeds runs its relays with the WAL wake-up and draws stream faults (1: every seed, 0: none)")
 
-// simStreamLonger is how much longer a stream seed's fault phase is than its schedule drew.
-const simStreamLonger = 1500 * time.Millisecond
+// simStreamBusy and simStreamQuiet are the two parts of a stream seed's calm tail, after the
+// relays follow the stream again: the producers write on, then they write nothing.
+const (
+	simStreamBusy  = 1500 * time.Millisecond
+	simStreamQuiet = 3500 * time.Millisecond
+)
 
 // simNoWAL keeps stream seeds' schedules but has their relays poll: is a finding the stream's?
 var simNoWAL = flag.Bool("sim.nowal", false, "run stream seeds' schedules with relays that poll (no WAL wake-up), to tell a finding's cause")
@@ -47,6 +52,14 @@ type simStream struct {
 	// slotDrops are the offsets in the fault phase at which every walsender of the seed's
 	// database is terminated.
 	slotDrops []time.Duration
+	// calmAt is the offset at which the drawn fault phase ends and the stream seed's calm tail
+	// begins: the producers and the stream's faults, no destination faults.
+	calmAt time.Duration
+	// faulty: the stream's faults are on (from the fault phase's start to the heal).
+	faulty atomic.Bool
+	// pauseAt is when (unix nanoseconds) the producers stop writing, in the calm tail's end;
+	// 0 until the tail is set.
+	pauseAt atomic.Int64
 
 	// Counted while the seed runs (the seed's account).
 	dropped, repeated, delayed, passed atomic.Int64
@@ -56,7 +69,7 @@ type simStream struct {
 // from an rng of its own, so that the schedule's draws stay what they were for every seed.
 func drawStream(seed int64, sched *simSchedule, prof simProfile) *simStream {
 	rng := rand.New(rand.NewPCG(uint64(seed), 0x57e4))
-	if prof.calm || rng.IntN(simStreamShare) != 0 {
+	if prof.calm || *simStreamShare <= 0 || rng.IntN(*simStreamShare) != 0 {
 		return nil
 	}
 	pick := func(max float64) float64 {
@@ -68,15 +81,20 @@ func drawStream(seed int64, sched *simSchedule, prof simProfile) *simStream {
 	s := &simStream{drop: pick(0.5), dup: pick(0.3), delay: pick(0.5),
 		maxDelay: time.Duration(1+rng.IntN(500)) * time.Millisecond,
 		retry:    time.Duration(20+rng.IntN(300)) * time.Millisecond}
-	// A longer fault phase than the schedule drew, with the producers and the destination's and
-	// the stream's faults but no more of the timeline's actions: a relay restarted under load
-	// follows a new slot only after the transactions open then ended (awaitStream), and the
-	// stream's faults need a stream.
-	sched.faultPhase += simStreamLonger
 	for range rng.IntN(4) {
 		s.slotDrops = append(s.slotDrops, time.Duration(rng.Int64N(int64(sched.faultPhase))))
 	}
 	slices.Sort(s.slotDrops)
+	// The drawn fault phase is followed by a calm tail (playStream): the producers and the
+	// stream's faults go on, the destination's faults and the timeline's actions do not; once
+	// every relay follows the stream again (a relay restarted under load follows a new slot
+	// only after the transactions open then ended: awaitFollowing), the producers write for
+	// simStreamBusy and then nothing for simStreamQuiet, longer than the liveness bound (the
+	// outbox idle while the relays follow the stream). A row whose wake was lost while every
+	// destination is healthy must be found within the bound by the relay alone: destination
+	// faults move every row's deadline (checkBound), and the heal phase begins with
+	// RetryAllQuarantined, whose epoch move sweeps every relay.
+	s.calmAt = sched.faultPhase
 	// Every relay runs Run, which follows the stream (RunOnce and RunPass poll).
 	sched.passes = 0
 	return s
@@ -92,6 +110,16 @@ func (s *simStream) String() string {
 	}
 	return fmt.Sprintf("\nstream: drop=%.2f dup=%.2f delay=%.2f(<=%dms) retry=%dms slot drops at [%s]",
 		s.drop, s.dup, s.delay, s.maxDelay.Milliseconds(), s.retry.Milliseconds(), strings.Join(drops, " "))
+}
+
+// producersPaused reports whether the producers write nothing now: in a stream seed's quiet end
+// of its calm tail.
+func (w *simWorld) producersPaused() bool {
+	if w.stream == nil {
+		return false
+	}
+	at := w.stream.pauseAt.Load()
+	return at != 0 && time.Now().UnixNano() >= at
 }
 
 // simStreamURL is the database a seed runs on: on the logical server for a stream seed.
@@ -116,7 +144,7 @@ func (w *simWorld) tapStream(relay *Relay) {
 		return
 	}
 	relay.wal.tap = func(rows []walInsert, wake func([]walInsert)) {
-		if !w.faulty.Load() {
+		if !s.faulty.Load() {
 			s.passed.Add(1)
 			wake(rows)
 			return
@@ -158,6 +186,24 @@ func (w *simWorld) awaitStream() {
 	if w.stream == nil {
 		return
 	}
+	following := w.awaitFollowing()
+	wait := time.Since(w.start)
+	s := w.sched
+	for i := range s.actions {
+		s.actions[i].at += wait
+	}
+	for i := range w.stream.slotDrops {
+		w.stream.slotDrops[i] += wait
+	}
+	w.stream.calmAt += wait
+	s.retireAt += wait
+	s.faultPhase += wait
+	w.logf("stream: %d of %d relays follow the WAL; the timeline moves by %dms", following, len(w.relays), wait.Milliseconds())
+}
+
+// awaitFollowing waits until every relay follows its stream, or 10 seconds, and returns how
+// many do (on the test's goroutine, which starts the relays).
+func (w *simWorld) awaitFollowing() int {
 	deadline := time.Now().Add(10 * time.Second)
 	following := 0
 	for _, r := range w.relays {
@@ -168,29 +214,26 @@ func (w *simWorld) awaitStream() {
 			following++
 		}
 	}
-	wait := time.Since(w.start)
-	s := w.sched
-	for i := range s.actions {
-		s.actions[i].at += wait
-	}
-	for i := range w.stream.slotDrops {
-		w.stream.slotDrops[i] += wait
-	}
-	s.retireAt += wait
-	s.faultPhase += wait
-	w.logf("stream: %d of %d relays follow the WAL; the timeline moves by %dms", following, len(w.relays), wait.Milliseconds())
+	return following
 }
 
-// playStream drops the relays' slots at the drawn offsets of the fault phase, in a goroutine
-// of its own; the returned function waits for it.
-func (w *simWorld) playStream() (wait func()) {
-	done := make(chan struct{})
+// playStream turns the stream's faults on, drops the relays' slots at the drawn offsets of the
+// fault phase and ends the destination's faults at the calm tail, in a goroutine of its own.
+// The returned function, called once the timeline played, waits for it, then for every relay
+// to follow its stream, and sets the calm tail's parts: it moves the fault phase's end.
+func (w *simWorld) playStream() (played func()) {
 	if w.stream == nil {
-		close(done)
-		return func() { <-done }
+		return func() {}
 	}
+	done := make(chan struct{})
+	w.stream.faulty.Store(w.faulty.Load())
 	go func() {
 		defer close(done)
+		defer func() {
+			time.Sleep(time.Until(w.start.Add(w.stream.calmAt)))
+			w.faulty.Store(false)
+			w.logf("calm tail: the destination's faults end, the producers and the stream's faults go on")
+		}()
 		for _, at := range w.stream.slotDrops {
 			time.Sleep(time.Until(w.start.Add(at)))
 			var n int
@@ -199,12 +242,21 @@ func (w *simWorld) playStream() (wait func()) {
 			w.logf("drop the slots: %d walsenders terminated %s", n, errOrEmpty(err))
 		}
 	}()
-	return func() { <-done }
+	return func() {
+		<-done
+		following := w.awaitFollowing()
+		now := time.Since(w.start)
+		w.stream.pauseAt.Store(w.start.Add(now + simStreamBusy).UnixNano())
+		w.sched.faultPhase = now + simStreamBusy + simStreamQuiet
+		w.logf("calm tail: %d of %d relays follow the WAL; the producers write until +%dms, the fault phase ends at +%dms",
+			following, len(w.relays), (now + simStreamBusy).Milliseconds(), w.sched.faultPhase.Milliseconds())
+	}
 }
 
-// streamAccount logs what the stream faults did.
+// streamAccount ends the stream's faults and logs what they did.
 func (w *simWorld) streamAccount() {
 	if s := w.stream; s != nil {
+		s.faulty.Store(false)
 		w.logf("stream: %d changes passed, %d dropped, %d delayed, %d repeated", s.passed.Load(), s.dropped.Load(), s.delayed.Load(), s.repeated.Load())
 	}
 }

@@ -252,8 +252,8 @@ func runSim(t *testing.T, seed int64, prof simProfile) *simResult {
 		time.Sleep(time.Until(w.start.Add(a.at)))
 		w.do(rng, a)
 	}
-	time.Sleep(time.Until(w.start.Add(w.sched.faultPhase)))
 	streamPlayed()
+	time.Sleep(time.Until(w.start.Add(w.sched.faultPhase)))
 
 	// Heal phase: faults and producers stop, the relays publish what is left.
 	w.faulty.Store(false)
@@ -691,6 +691,10 @@ func (p *simProducer) run(stop <-chan struct{}) {
 		case <-stop:
 			return
 		default:
+		}
+		if p.w.producersPaused() {
+			time.Sleep(5 * time.Millisecond)
+			continue
 		}
 		p.txn()
 		time.Sleep(time.Duration(2+p.rng.IntN(20)) * time.Millisecond)

@@ -28,7 +28,10 @@ import (
 
 // WALWake turns on the WAL wake-up: Run follows a logical replication slot on outbox_event's
 // inserts and makes each committed row's key due at once, in commit order, instead of waiting
-// for the next poll; while it follows, it polls only every RescanInterval. When the stream
+// for the next poll. While it follows, it does not poll (before PostgreSQL 14, which cannot
+// carry operator actions on the stream, it polls every RescanInterval), and once a walk of the
+// pending keys found nothing to move, the stream stands in for the next walks until it reports
+// a change: an idle outbox costs no statements. When the stream
 // cannot be followed (wal_level is not logical, the role lacks REPLICATION or rds_replication,
 // a proxy that carries no replication connections, a failover, the walsender ended), Run polls
 // every PollInterval at once, says so in a log line and the WALWakeActive metric, and tries the
@@ -140,13 +143,16 @@ const walQuietAfter = time.Second
 // exception, found at the next change's sweeps): the first change ends the quiet, and the
 // sweeps return on their deadline until a later sweep finds the outbox quiet again.
 func (f *walFollower) quiet(sweptAt time.Time, work int64) bool {
-	if f == nil || work != 0 {
+	if f == nil {
 		return false
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if mutant == mutantStreamComplete {
 		return f.active
+	}
+	if work != 0 {
+		return false
 	}
 	margin := max(f.r.cfg.RescanInterval, walQuietAfter)
 	return f.active && f.epochs && !sweptAt.Before(f.since) && sweptAt.Sub(f.changed) >= margin
@@ -408,6 +414,9 @@ func (f *walFollower) committed(rows []walInsert, epochMoved bool) {
 func (f *walFollower) wake(rows []walInsert) {
 	if len(rows) == 0 {
 		return
+	}
+	if mutant == mutantStreamTrusted {
+		mutantStreamChange(f.r, rows)
 	}
 	now := time.Now()
 	for _, ins := range rows {
