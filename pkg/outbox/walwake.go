@@ -78,6 +78,9 @@ type walFollower struct {
 	// reported.
 	changed time.Time
 	maxID   int64
+	// decoded is how far the stream has delivered the WAL: every transaction that committed
+	// before it was reported.
+	decoded pglogrepl.LSN
 	// warned: the failure of the stream was logged since it was last followed.
 	warned bool
 	// switched is signalled (without blocking) when the stream stops being followed, so that
@@ -134,15 +137,17 @@ func (f *walFollower) carriesEpochs() bool {
 const walQuietAfter = time.Second
 
 // quiet reports whether the stream stands in for the sweep that is due, given the last sweep
-// (begun at sweptAt, having read work heads that could move; -1 when it failed). It does when
-// the stream, carrying epoch moves, has been followed since before that sweep began, the sweep
-// found no pending key but those behind a quarantined row, and the stream's last change came
-// at least max(RescanInterval, walQuietAfter) before the sweep began. Then nothing is pending
-// that the relay does not know of, and only a change can make something pending (a commit; an
-// operator action, which moves the epoch; a row made pending again by hand-written SQL is the
-// exception, found at the next change's sweeps): the first change ends the quiet, and the
-// sweeps return on their deadline until a later sweep finds the outbox quiet again.
-func (f *walFollower) quiet(sweptAt time.Time, work int64) bool {
+// (begun at sweptAt, at the server's WAL position walAt, having read work heads that could
+// move; -1 when it failed). It does when the stream, carrying epoch moves, has been followed
+// since before that sweep began and has delivered the WAL past walAt (a stream that lags
+// stands in for nothing), the sweep found no pending key but those behind a quarantined row,
+// and the stream's last change came at least max(RescanInterval, walQuietAfter) before the
+// sweep began. Then nothing is pending that the relay does not know of, and only a change can
+// make something pending (a commit; an operator action, which moves the epoch; a row made
+// pending again by hand-written SQL is the exception, found at the next change's sweeps): the
+// first change ends the quiet, and the sweeps return on their deadline until a later sweep
+// finds the outbox quiet again.
+func (f *walFollower) quiet(sweptAt time.Time, walAt pglogrepl.LSN, work int64) bool {
 	if f == nil {
 		return false
 	}
@@ -155,7 +160,7 @@ func (f *walFollower) quiet(sweptAt time.Time, work int64) bool {
 		return false
 	}
 	margin := max(f.r.cfg.RescanInterval, walQuietAfter)
-	return f.active && f.epochs && !sweptAt.Before(f.since) && sweptAt.Sub(f.changed) >= margin
+	return f.active && f.epochs && walAt != 0 && f.decoded >= walAt && !sweptAt.Before(f.since) && sweptAt.Sub(f.changed) >= margin
 }
 
 // setActive records a switch between the stream and polling: each is logged once, followed by
@@ -169,7 +174,7 @@ func (f *walFollower) setActive(active bool, epochs bool, why error) {
 	f.active = active
 	f.warned = !active
 	if active {
-		f.since, f.epochs = time.Now(), epochs
+		f.since, f.epochs, f.decoded = time.Now(), epochs, 0
 	}
 	f.mu.Unlock()
 	if !active && !warned {
@@ -346,6 +351,7 @@ func (f *walFollower) stream(ctx context.Context, conn *pgconn.PgConn, pos pglog
 			}
 			if len(pending) == 0 && ka.ServerWALEnd > pos {
 				pos = ka.ServerWALEnd
+				f.delivered(pos)
 			}
 			if ka.ReplyRequested {
 				nextStatus = time.Time{}
@@ -377,10 +383,19 @@ func (f *walFollower) stream(ctx context.Context, conn *pgconn.PgConn, pos pglog
 				pending, epochMoved = pending[:0], false
 				if m.TransactionEndLSN > pos {
 					pos = m.TransactionEndLSN
+					f.delivered(pos)
 				}
 			}
 		}
 	}
+}
+
+// delivered records that the stream delivered every transaction that committed before pos
+// (a keepalive between transactions gives the walsender's position: what it has decoded).
+func (f *walFollower) delivered(pos pglogrepl.LSN) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.decoded = max(f.decoded, pos)
 }
 
 // committed records a committed transaction's change and makes its rows' keys due (through

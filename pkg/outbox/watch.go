@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -42,6 +43,10 @@ type watcher struct {
 	// the WAL stream may stand in for the next (walFollower.quiet).
 	sweepWork int64
 	sweptWork atomic.Int64
+	// sweptWAL is the server's WAL flush position read just before the last sweep's walk
+	// while the relay followed the WAL (0 otherwise): the stream stands in for the next sweep
+	// only once it delivered the WAL past it.
+	sweptWAL atomic.Uint64
 
 	// pageRows is the most rows one poll reads: pollRows (the fault simulator sets a few, so
 	// that its small outboxes page and its passes jump their frontier).
@@ -315,8 +320,11 @@ func (w *watcher) sweepEnded(started time.Time, err error) {
 // streamStandsIn reports whether the WAL stream stands in for the sweep that is due
 // (walFollower.quiet).
 func (w *watcher) streamStandsIn() bool {
-	return w.r.wal.quiet(time.Unix(0, w.sweptAt.Load()), w.sweptWork.Load())
+	return w.r.wal.quiet(time.Unix(0, w.sweptAt.Load()), pglogrepl.LSN(w.sweptWAL.Load()), w.sweptWork.Load())
 }
+
+// walFlushSQL reads the server's WAL flush position, as a number.
+const walFlushSQL = `SELECT (pg_current_wal_flush_lsn() - '0/0')::bigint`
 
 func (w *watcher) wantSweep() {
 	select {
@@ -355,10 +363,19 @@ func (w *watcher) sweepIfFree(ctx context.Context) error {
 func (w *watcher) sweepLocked(ctx context.Context) error {
 	started := time.Now()
 	w.sweepWork = 0
-	n, last, err := w.sweepStep(ctx, "", true)
+	// Following the WAL, the walk's first step reads where the WAL ends first (walFollower.quiet).
+	var walAt int64
+	b := &pgx.Batch{}
+	if w.r.wal.following() {
+		b.Queue(walFlushSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&walAt) })
+	}
+	s := queueSweep(b, "", true)
+	err := w.readOnly(ctx, b)
 	if err == nil {
+		n, last := w.applySweep(s)
 		err = w.sweepOn(ctx, n, last)
 	}
+	w.sweptWAL.Store(uint64(walAt))
 	w.sweepEnded(started, err)
 	if err != nil {
 		return fmt.Errorf("walk pending partition keys: %w", err)
