@@ -256,6 +256,9 @@ func (f *walFollower) follow(ctx context.Context) error {
 		return fmt.Errorf("start replication: %w", err)
 	}
 	f.setActive(true, epochs, nil)
+	// Every transaction that committed before the slot's consistent point is visible (creating
+	// the slot waited for them): the stream has nothing to deliver before it.
+	f.delivered(start)
 	return f.stream(ctx, conn, start)
 }
 
@@ -351,6 +354,8 @@ func (f *walFollower) stream(ctx context.Context, conn *pgconn.PgConn, pos pglog
 			}
 			if len(pending) == 0 && ka.ServerWALEnd > pos {
 				pos = ka.ServerWALEnd
+			}
+			if len(pending) == 0 {
 				f.delivered(pos)
 			}
 			if ka.ReplyRequested {
