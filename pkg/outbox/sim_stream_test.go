@@ -245,6 +245,9 @@ func (w *simWorld) playStream() (played func()) {
 	return func() {
 		<-done
 		following := w.awaitFollowing()
+		// Rows a refusal of the drawn phase quarantined would block their keys through the
+		// tail: released, as the heal phase does, so that the tail judges the stream alone.
+		w.releaseRefused(context.Background())
 		now := time.Since(w.start)
 		w.stream.pauseAt.Store(w.start.Add(now + simStreamBusy).UnixNano())
 		w.sched.faultPhase = now + simStreamBusy + simStreamQuiet
