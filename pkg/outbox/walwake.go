@@ -88,10 +88,10 @@ type walFollower struct {
 	switched chan struct{}
 	// woken counts the rows the stream made due (for tests and the status).
 	woken int64
-	// recheck are the keys (and their destinations) woken since the last recheck, woken once
-	// more walVisibilityGrace after: see committed.
-	recheck      map[string]string
-	recheckArmed bool
+	// recheck are, per stage of walRewakes, the keys (and their destinations) to wake again at
+	// that stage's next timer: see wake.
+	recheck      [len(walRewakes)]map[string]string
+	recheckArmed [len(walRewakes)]bool
 
 	// tap, when set, is handed each committed transaction's rows in place of waking their keys,
 	// with the function that wakes them: the fault simulator's seam (sim_stream_test.go), which
@@ -104,6 +104,12 @@ type walFollower struct {
 // before the committing session makes it visible to other snapshots: a round the first wake
 // started may read the key before its row shows and drop the key as drained.
 const walVisibilityGrace = 20 * time.Millisecond
+
+// walRewakes are the stages of the wakes that follow the stream's, each after the one before:
+// most rows show within a couple of milliseconds of their change (a round the second wake
+// starts then finds them), the rest by walVisibilityGrace. Each wake of a key that was
+// drained meanwhile costs one round's read.
+var walRewakes = [...]time.Duration{2 * time.Millisecond, walVisibilityGrace - 2*time.Millisecond}
 
 func newWALFollower(r *Relay, cfg WALWake) *walFollower {
 	return &walFollower{r: r, cfg: cfg.withDefaults(), switched: make(chan struct{}, 1)}
@@ -430,7 +436,7 @@ func (f *walFollower) committed(rows []walInsert, epochMoved bool) {
 	f.wake(rows)
 }
 
-// wake makes rows' keys due at once, and once more walVisibilityGrace after.
+// wake makes rows' keys due at once, and again at each stage of walRewakes.
 func (f *walFollower) wake(rows []walInsert) {
 	if len(rows) == 0 {
 		return
@@ -445,28 +451,40 @@ func (f *walFollower) wake(rows []walInsert) {
 	if f.r.book.takeOverflow() {
 		f.r.watch.wantSweep()
 	}
+	keys := make(map[string]string, len(rows))
+	for _, ins := range rows {
+		keys[ins.key] = f.r.destinationOf(ins.topic)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.woken += int64(len(rows))
-	if f.recheck == nil {
-		f.recheck = map[string]string{}
+	f.recheckAt(0, keys)
+}
+
+// recheckAt adds keys to stage's next wake, arming its timer (with f.mu held).
+func (f *walFollower) recheckAt(stage int, keys map[string]string) {
+	if f.recheck[stage] == nil {
+		f.recheck[stage] = map[string]string{}
 	}
-	for _, ins := range rows {
-		f.recheck[ins.key] = f.r.destinationOf(ins.topic)
+	for key, dest := range keys {
+		f.recheck[stage][key] = dest
 	}
-	if !f.recheckArmed {
-		f.recheckArmed = true
-		time.AfterFunc(walVisibilityGrace, f.wakeAgain)
+	if !f.recheckArmed[stage] {
+		f.recheckArmed[stage] = true
+		time.AfterFunc(walRewakes[stage], func() { f.wakeAgain(stage) })
 	}
 }
 
-// wakeAgain wakes the keys woken in the last walVisibilityGrace once more: a key a round
+// wakeAgain wakes stage's keys once more, and passes them to the next stage: a key a round
 // dropped as drained before its row became visible is due again, one a round holds is looked
 // at again after it (keyBook.sawRow), one still due costs nothing.
-func (f *walFollower) wakeAgain() {
+func (f *walFollower) wakeAgain(stage int) {
 	f.mu.Lock()
-	keys := f.recheck
-	f.recheck, f.recheckArmed = nil, false
+	keys := f.recheck[stage]
+	f.recheck[stage], f.recheckArmed[stage] = nil, false
+	if stage+1 < len(walRewakes) {
+		f.recheckAt(stage+1, keys)
+	}
 	f.mu.Unlock()
 	now := time.Now()
 	for key, dest := range keys {
