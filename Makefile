@@ -135,12 +135,12 @@ soak: deps ## Run the relay fault simulator over SOAK_SEEDS seeds (default 3000,
 
 # The simulator's mutation check: each bug planted in the relay (pkg/outbox/mutants.go, built
 # with the sluice_mutants tag) under make test's seeds; MUTANTS=a,b restricts it to some. The
-# nine took 31 minutes on a 2-core machine shared with other work (a caught seed waits out the
+# first nine took 31 minutes on a 2-core machine shared with other work (a caught seed waits out the
 # heal phase's 15 s stall, so a mutant that is caught often takes longest).
 MUTANTS ?=
 
 .PHONY: test-mutants
-test-mutants: deps ## Plant each of the relay's nine known bug classes in turn (pkg/outbox/mutants.go) and run the fault simulator's seeds against it (make test's 160); fails unless each is caught in at least 10% of them, and prints each one's catch rate.
+test-mutants: deps ## Plant each of the relay's eleven known bug classes in turn (pkg/outbox/mutants.go) and run the fault simulator's seeds against it (make test's 160); fails unless each is caught in at least 10% of them, and prints each one's catch rate.
 	@mkdir -p .cache && rm -f .cache/mutants-summary.txt
 	SLUICE_MUTANT=$(MUTANTS) $(DEVENV) $(GO) test -count=1 -timeout 0 -tags sluice_mutants ./pkg/outbox -run '^TestMutants$$' \
 	  -sim.summary=$(CURDIR)/.cache/mutants-summary.txt; status=$$?; cat .cache/mutants-summary.txt 2>/dev/null; exit $$status

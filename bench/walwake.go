@@ -307,7 +307,7 @@ func (r *Report) walWakeTargets() []target {
 		}
 		ts = append(ts, target{44, "WAL wake-up at 100 events/s", "p99 commit-to-publish < 20 ms (0 ms publisher)", measured, verdict(ok)})
 		ts = append(ts, target{44, "WAL wake-up, idle outbox", "0 statements/s beyond the stream's keepalive",
-			fmt.Sprintf("%s statements/s (a poll and a sweep every RescanInterval, which stay the relay's backstop)", num(run.IdleStatements)),
+			fmt.Sprintf("%s statements/s (the stream stands in for polls and sweeps while it reports no change)", num(run.IdleStatements)),
 			verdict(run.IdleStatements == 0)})
 	}
 	ts = append(ts, target{44, "WAL wake-up, relay stopped", "no WAL retained by the relay's slot while it is stopped",

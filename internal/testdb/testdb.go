@@ -33,7 +33,12 @@ var (
 	mu       sync.Mutex
 	adminURL string
 	cluster  *pgcluster.Cluster
-	template string
+	// logicalURL and logicalCluster: the second throwaway cluster, with wal_level=logical,
+	// started on the first LogicalURL.
+	logicalURL     string
+	logicalCluster *pgcluster.Cluster
+	// templates is the migrated template's name per server URL, once built.
+	templates = map[string]string{}
 	// exampleDrops drop the databases of runnable examples when Main's tests end.
 	exampleDrops []func()
 )
@@ -63,7 +68,8 @@ func (e exampleTB) Cleanup(f func()) {
 // *testing.T): migrated when migrated is true, dropped when Main's tests end. It panics on
 // failure, which fails the example.
 func ForExample(name string, migrated bool) string {
-	return create(exampleTB{name: name}, migrated)
+	tb := exampleTB{name: name}
+	return create(tb, ServerURL(tb), migrated)
 }
 
 // Main runs the package's tests and then stops what they started on demand: the throwaway
@@ -77,6 +83,9 @@ func Main(m *testing.M) {
 	exampleDrops = nil
 	if cluster != nil {
 		cluster.Stop()
+	}
+	if logicalCluster != nil {
+		logicalCluster.Stop()
 	}
 	mu.Unlock()
 	localaws.StopShared()
@@ -107,13 +116,44 @@ func ServerURL(t testing.TB) string {
 // The database is dropped when the test ends.
 func URL(t testing.TB) string {
 	t.Helper()
-	return create(t, true)
+	return create(t, ServerURL(t), true)
+}
+
+// LogicalSlots is how many replication slots and walsenders the server of LogicalURL allows.
+const LogicalSlots = 64
+
+// LogicalURL creates a fresh, migrated database for this test on a server with
+// wal_level=logical (logical decoding: the relay's WAL wake-up) and returns its URL; the
+// database is dropped when the test ends. The server is a second throwaway cluster, started on
+// first use with LogicalSlots replication slots and walsenders, whatever TEST_DATABASE_URL names
+// (a shared server is rarely logical, and its slots are not the tests' to spend).
+func LogicalURL(t testing.TB) string {
+	t.Helper()
+	return create(t, logicalServerURL(t), true)
+}
+
+// logicalServerURL returns a superuser URL of the logical cluster, starting it on first use.
+func logicalServerURL(t testing.TB) string {
+	t.Helper()
+	mu.Lock()
+	defer mu.Unlock()
+	if logicalURL != "" {
+		return logicalURL
+	}
+	slots := strconv.Itoa(LogicalSlots)
+	c, err := pgcluster.Start(context.Background(), pgcluster.Options{Settings: map[string]string{
+		"wal_level": "logical", "max_replication_slots": slots, "max_wal_senders": slots}})
+	if err != nil {
+		t.Fatalf("start a throwaway PostgreSQL with wal_level=logical: %v", err)
+	}
+	logicalCluster, logicalURL = c, c.URL
+	return logicalURL
 }
 
 // EmptyURL creates a fresh database without sluice's tables (for migration tests).
 func EmptyURL(t testing.TB) string {
 	t.Helper()
-	return create(t, false)
+	return create(t, ServerURL(t), false)
 }
 
 // Pool returns a pool on a fresh, migrated database, closed when the test ends.
@@ -129,10 +169,10 @@ func Pool(t testing.TB) *pgxpool.Pool {
 
 var unsafeName = regexp.MustCompile(`[^a-z0-9]+`)
 
-func create(t testing.TB, migrated bool) string {
+// create creates a fresh database on server, migrated or empty, dropped when t ends.
+func create(t testing.TB, server string, migrated bool) string {
 	t.Helper()
 	ctx := context.Background()
-	server := ServerURL(t)
 	admin, err := pgx.Connect(ctx, server)
 	if err != nil {
 		t.Fatalf("connect test server: %v", err)
@@ -180,8 +220,9 @@ func create(t testing.TB, migrated bool) string {
 // migratedTemplate returns a template database at the embedded migrations' latest version,
 // building it once per migration set on this server.
 func migratedTemplate(ctx context.Context, admin *pgx.Conn) (string, error) {
+	server := admin.Config().ConnString()
 	mu.Lock()
-	known := template
+	known := templates[server]
 	mu.Unlock()
 	if known != "" {
 		return known, nil
@@ -227,7 +268,7 @@ func migratedTemplate(ctx context.Context, admin *pgx.Conn) (string, error) {
 		}
 	}
 	mu.Lock()
-	template = name
+	templates[server] = name
 	mu.Unlock()
 	return name, nil
 }

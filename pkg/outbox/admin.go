@@ -333,8 +333,12 @@ func ReplayBatches(ctx context.Context, db Querier, f ReplayFilter, opts *Replay
 
 // bumpEpoch is a CTE that moves outbox_control.admin_epoch in the same statement as an
 // operator's change, so that relays notice on their next poll that rows became pending without
-// new ids, and read every key from its first pending row again.
-const bumpEpoch = `, epoch AS (UPDATE outbox_control SET admin_epoch = admin_epoch + 1 RETURNING 1)`
+// new ids, and read every key from its first pending row again. It also writes a logical
+// decoding message (walEpochPrefix) with the transaction, which relays following the WAL
+// (walFollower) receive when it commits instead of polling for the epoch; any role may write
+// one, and on a server without wal_level=logical it is a WAL record no one reads.
+const bumpEpoch = `, epoch AS (UPDATE outbox_control SET admin_epoch = admin_epoch + 1
+	RETURNING pg_logical_emit_message(true, '` + walEpochPrefix + `', ''))`
 
 // Horizon is what holds back VACUUM: the transactions and replication slots that keep dead
 // rows alive. While it lasts, the index entries of published rows stay in

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -34,7 +35,7 @@ func DedicatePool(pcfg *pgxpool.Config, cfg RelayConfig) {
 				return err
 			}
 		}
-		pg14 := serverMajor(conn) >= 14
+		pg14 := serverMajor(conn.PgConn()) >= 14
 		if _, err := conn.Exec(ctx, strings.Join(roundSettings(lease, pg14), "; "), pgx.QueryExecModeSimpleProtocol); err != nil {
 			return fmt.Errorf("outbox: set a relay connection's session settings: %w", err)
 		}
@@ -68,8 +69,8 @@ func undedicate(conn *pgx.Conn) { delete(conn.PgConn().CustomData(), dedicatedLe
 
 // serverMajor returns the server's major version from the server_version it reported when
 // the connection started, or 0.
-func serverMajor(conn *pgx.Conn) int {
-	v := conn.PgConn().ParameterStatus("server_version")
+func serverMajor(conn *pgconn.PgConn) int {
+	v := conn.ParameterStatus("server_version")
 	end := strings.IndexFunc(v, func(r rune) bool { return r < '0' || r > '9' })
 	if end >= 0 {
 		v = v[:end]

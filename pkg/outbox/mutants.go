@@ -45,6 +45,17 @@ const (
 	// mutantKeyRowsShareCall: a key's following rows share a call on a destination that does
 	// not keep a key's order in a call (laneSet.takeBatch).
 	mutantKeyRowsShareCall = "keyrowssharecall"
+	// mutantStreamTrusted: a change the WAL stream reported is taken as the truth of where its
+	// key's pending rows begin: a round reads a key the stream woke from the first row of the
+	// key's last change, not from the key's first pending row (walFollower.wake,
+	// Relay.claimKeys), so a row of the key still pending below it (failed, backing off, its
+	// own wake lost) is passed over.
+	mutantStreamTrusted = "streamtrusted"
+	// mutantStreamComplete: while Run follows the WAL, the stream is taken as the complete
+	// account of what is pending, so that it stands in for every due sweep, whatever the last
+	// one found and however recently the stream reported a change (walFollower.quiet): a row
+	// whose wake was lost is found only by a later row of its key, a fall-back or a restart.
+	mutantStreamComplete = "streamcomplete"
 )
 
 // mutantState is what the mutants that remember something remember, per relay or watcher.
@@ -54,6 +65,47 @@ var mutantState struct {
 	positions map[*Relay]map[string]int64
 	// skipped: mutantJumpSkipsLate's ids passed over uncommitted, per watcher.
 	skipped map[*watcher]map[int64]bool
+	// streamFrom: mutantStreamTrusted's first row of each key's last change, per relay.
+	streamFrom map[*Relay]map[string]int64
+}
+
+// mutantStreamChange records the first row of each key in a change the stream woke r's keys
+// with (mutantStreamTrusted).
+func mutantStreamChange(r *Relay, rows []walInsert) {
+	mutantState.mu.Lock()
+	defer mutantState.mu.Unlock()
+	if mutantState.streamFrom == nil {
+		mutantState.streamFrom = map[*Relay]map[string]int64{}
+	}
+	from := mutantState.streamFrom[r]
+	if from == nil {
+		from = map[string]int64{}
+		mutantState.streamFrom[r] = from
+	}
+	first := map[string]int64{}
+	for _, ins := range rows {
+		if f, ok := first[ins.key]; !ok || ins.id < f {
+			first[ins.key] = ins.id
+		}
+	}
+	for key, id := range first {
+		from[key] = id
+	}
+}
+
+// mutantReadFromStream drops the rows of read below the first row of their key's last change
+// (mutantStreamTrusted).
+func mutantReadFromStream(r *Relay, read []*claimedRow) []*claimedRow {
+	mutantState.mu.Lock()
+	defer mutantState.mu.Unlock()
+	from := mutantState.streamFrom[r]
+	out := read[:0]
+	for _, c := range read {
+		if c.ID >= from[c.PartitionKey] {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // mutantReadFromCache drops the rows of read at or below the highest id r read of their key

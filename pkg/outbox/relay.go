@@ -86,8 +86,9 @@ type RelayConfig struct {
 	// nothing to isolate it from and does none of this. Defaults to 250ms.
 	SlowCall time.Duration
 	// WAL, when set, has Run follow the database's logical replication stream for new rows
-	// instead of polling every PollInterval, falling back to polling whenever the stream
-	// cannot be followed (WALWake; docs/outbox.md, "WAL wake-up"). RunOnce and RunPass poll.
+	// instead of polling every PollInterval (on PostgreSQL 14+ it then sends no statement at
+	// all while the outbox is idle), falling back to polling whenever the stream cannot be
+	// followed (WALWake; docs/outbox.md, "WAL wake-up"). RunOnce and RunPass poll.
 	WAL *WALWake
 	// Lease bounds how long one round holds its partition keys: publishing stops at three
 	// quarters of it, every statement of the round is cancelled after half of it, and
@@ -115,7 +116,8 @@ type RelayConfig struct {
 	// RescanInterval is how often Run walks every pending partition key (one index descent
 	// each), to pick up what polling cannot see: keys released by a relay that died, rows
 	// whose backoff ended, rows made pending again by hand. A walk that takes long is spaced
-	// out further. Defaults to 1s.
+	// out further; while Run follows the WAL (WAL) and the outbox is idle, the stream stands in
+	// for the walks until its next change. Defaults to 1s.
 	RescanInterval time.Duration
 	// IdleStop makes Run return once no round is in flight and none has claimed a row for this
 	// long (since Run started or since the last round that claimed rows ended): for a relay a

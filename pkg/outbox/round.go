@@ -229,6 +229,9 @@ func (r *Relay) claimKeys(ctx context.Context, rc *roundConn, keys []string, per
 	if mutant == mutantCachedPosition {
 		read = mutantReadFromCache(r, read)
 	}
+	if mutant == mutantStreamTrusted {
+		read = mutantReadFromStream(r, read)
+	}
 	return locked, read, nil
 }
 

@@ -19,7 +19,12 @@ import (
 // mutants lists the planted bugs of mutants.go (make test-mutants runs the simulator once per
 // entry).
 var mutants = []string{mutantUnlockBeforeCommit, mutantCachedPosition, mutantQuarantineSkipped, mutantSweepAboveFrontier,
-	mutantJumpSkipsLate, mutantCancelledPublished, mutantTimedOutAcked, mutantLastFailedAcked, mutantKeyRowsShareCall}
+	mutantJumpSkipsLate, mutantCancelledPublished, mutantTimedOutAcked, mutantLastFailedAcked, mutantKeyRowsShareCall,
+	mutantStreamTrusted, mutantStreamComplete}
+
+// streamMutants are the planted bugs of the WAL wake-up: TestMutants runs every seed with the
+// stream (sim_stream_test.go) against them.
+var streamMutants = map[string]bool{mutantStreamTrusted: true, mutantStreamComplete: true}
 
 // simMutantCatchRate is the least share of seeds in which each planted bug must be found.
 const simMutantCatchRate = 0.10
@@ -41,8 +46,14 @@ func TestMutants(t *testing.T) {
 	t.Cleanup(func() { mutant = "" })
 	base, n := simSeedRange()
 	var lines []string
+	share := *simStreamShare
+	t.Cleanup(func() { *simStreamShare = share })
 	for _, m := range planted {
 		mutant = m
+		*simStreamShare = share
+		if streamMutants[m] { // a stream bug can show only where relays follow the WAL
+			*simStreamShare = 1
+		}
 		start := time.Now()
 		var mu sync.Mutex
 		kinds := map[string]int{}

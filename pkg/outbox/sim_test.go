@@ -32,7 +32,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluicehq/sluice/internal/testdb"
 	"github.com/sluicehq/sluice/internal/testwait"
 )
 
@@ -153,6 +152,7 @@ func TestSimulatorCatchesBrokenRelay(t *testing.T) {
 type simResult struct {
 	seed    int64
 	sched   *simSchedule
+	stream  *simStream
 	checker *simChecker
 	log     string
 	took    time.Duration
@@ -161,7 +161,7 @@ type simResult struct {
 func (r *simResult) String() string {
 	return fmt.Sprintf("%s\nseed %d (took %s), replay with:\n  %s\nschedule:\n  %s\nwhat happened:\n%s",
 		r.checker, r.seed, r.took.Round(time.Millisecond), simReplayCommand(r.seed),
-		strings.ReplaceAll(r.sched.String(), "\n", "\n  "), r.log)
+		strings.ReplaceAll(r.sched.String()+r.stream.String(), "\n", "\n  "), r.log)
 }
 
 // simWorld is one seed's run: its database, relays, producers and fakes.
@@ -174,6 +174,7 @@ type simWorld struct {
 	start time.Time // the fault phase's start
 
 	faulty atomic.Bool
+	stream *simStream // nil: the relays poll (sim_stream_test.go)
 	dest   *simDestination
 	store  *simStore
 	hist   *simHistory
@@ -194,6 +195,7 @@ type simRelay struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	gen    int
+	relay  *Relay // the generation's relay
 }
 
 // runSim runs seed and returns what the checker found.
@@ -201,7 +203,9 @@ func runSim(t *testing.T, seed int64, prof simProfile) *simResult {
 	fmt.Fprintf(os.Stderr, "sim: seed %d starting; replay: %s\n", seed, simReplayCommand(seed))
 	began := time.Now()
 	rng := rand.New(rand.NewPCG(uint64(seed), 0x5eed))
-	w := &simWorld{t: t, seed: seed, sched: drawSchedule(seed, rng, prof), url: testdb.URL(t), hist: newSimHistory()}
+	w := &simWorld{t: t, seed: seed, sched: drawSchedule(seed, rng, prof), hist: newSimHistory()}
+	w.stream = drawStream(seed, w.sched, prof)
+	w.url = simStreamURL(w)
 	w.admin = w.pool("admin", 8, false)
 	w.start = time.Now()
 	w.hist.start = w.start
@@ -218,6 +222,7 @@ func runSim(t *testing.T, seed int64, prof simProfile) *simResult {
 		w.relays[i] = &simRelay{}
 		w.startRelay(i)
 	}
+	w.awaitStream()
 	checker := newSimChecker(w.hist, w.dest, w.store, 0)
 	checker.cfg = w.relayConfig()
 
@@ -233,10 +238,12 @@ func runSim(t *testing.T, seed int64, prof simProfile) *simResult {
 			prod.run(stop)
 		}()
 	}
+	streamPlayed := w.playStream()
 	for _, a := range w.sched.actions {
 		time.Sleep(time.Until(w.start.Add(a.at)))
 		w.do(rng, a)
 	}
+	streamPlayed()
 	time.Sleep(time.Until(w.start.Add(w.sched.faultPhase)))
 
 	// Heal phase: faults and producers stop, the relays publish what is left.
@@ -245,6 +252,7 @@ func runSim(t *testing.T, seed int64, prof simProfile) *simResult {
 	producers.Wait()
 	w.late.Wait()
 	w.logf("heal: %d rows written", len(w.hist.rows))
+	w.streamAccount()
 	ctx := context.Background()
 	quarantined, err := ListQuarantined(ctx, w.admin, 100000)
 	require.NoError(t, err)
@@ -263,7 +271,7 @@ func runSim(t *testing.T, seed int64, prof simProfile) *simResult {
 	w.dest.mu.Unlock()
 	checker.bound = w.sched.pipelines * int(w.maxLive.Load()) * simMaxRoundBytes
 	checker.check(w.table())
-	return &simResult{seed: seed, sched: w.sched, checker: checker, log: w.log.String(), took: time.Since(began)}
+	return &simResult{seed: seed, sched: w.sched, stream: w.stream, checker: checker, log: w.log.String(), took: time.Since(began)}
 }
 
 // logf adds a line to the seed's account of what happened.
@@ -390,6 +398,7 @@ func (w *simWorld) relayConfig() RelayConfig {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	cfg.Logger = slog.New(simOvertakeLog{cfg.Logger.Handler(), w.dest, ""})
+	w.streamConfig(&cfg)
 	cfg.Publisher = simPublisher{w.dest, ""}
 	if w.sched.keyOrder {
 		cfg.Publisher = simKeyOrderDestination{simPublisher{w.dest, ""}}
@@ -417,6 +426,8 @@ func (w *simWorld) startRelay(i int) {
 	}
 	relay, err := NewRelay(r.pool, cfg)
 	require.NoError(w.t, err)
+	w.tapStream(relay)
+	r.relay = relay
 	passes := i >= w.sched.relays-w.sched.passes
 	if passes {
 		relay.watch.pageRows = w.sched.pageRows
@@ -729,6 +740,10 @@ func (p *simProducer) run(stop <-chan struct{}) {
 		case <-stop:
 			return
 		default:
+		}
+		if p.w.producersPaused() {
+			time.Sleep(5 * time.Millisecond)
+			continue
 		}
 		p.txn()
 		time.Sleep(time.Duration(2+p.rng.IntN(20)) * time.Millisecond)

@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -19,12 +21,17 @@ import (
 // WAL wake-up (docs/outbox.md, "WAL wake-up"): the database tells Run which rows committed.
 // The stream is a wake-up, never the truth: what a round claims is read from the outbox under
 // its locks as always, so a change the stream misses or repeats costs latency, never order or
-// a row. Its invariant: while the stream is not followed, the relay polls every PollInterval
-// (watcher.pollEvery), and every switch between the two is followed by a sweep.
+// a row. Its invariants: while the stream is not followed, the relay polls every PollInterval
+// (watcher.pollEvery), and every switch between the two is followed by a sweep; while it is
+// followed, a sweep is skipped only when the stream stands in for it (walFollower.quiet): the
+// last sweep found nothing that could move, and nothing changed since long enough before it.
 
 // WALWake turns on the WAL wake-up: Run follows a logical replication slot on outbox_event's
 // inserts and makes each committed row's key due at once, in commit order, instead of waiting
-// for the next poll; while it follows, it polls only every RescanInterval. When the stream
+// for the next poll. While it follows, it does not poll (before PostgreSQL 14, which cannot
+// carry operator actions on the stream, it polls every RescanInterval), and once a walk of the
+// pending keys found nothing to move, the stream stands in for the next walks until it reports
+// a change: an idle outbox costs no statements. When the stream
 // cannot be followed (wal_level is not logical, the role lacks REPLICATION or rds_replication,
 // a proxy that carries no replication connections, a failover, the walsender ended), Run polls
 // every PollInterval at once, says so in a log line and the WALWakeActive metric, and tries the
@@ -62,15 +69,34 @@ type walFollower struct {
 
 	mu     sync.Mutex
 	active bool
+	// since is when the stream followed now began to be followed; epochs whether it carries
+	// operator actions' epoch moves (PostgreSQL 14+: pgoutput's messages).
+	since  time.Time
+	epochs bool
+	// changed is when the stream last reported a change (a committed transaction's rows or an
+	// epoch move), whether or not the change then woke anything; maxID the highest row id it
+	// reported.
+	changed time.Time
+	maxID   int64
+	// decoded is how far the stream has delivered the WAL: every transaction that committed
+	// before it was reported.
+	decoded pglogrepl.LSN
+	// warned: the failure of the stream was logged since it was last followed.
+	warned bool
 	// switched is signalled (without blocking) when the stream stops being followed, so that
 	// the poll loop polls at once instead of at the end of its long interval.
 	switched chan struct{}
 	// woken counts the rows the stream made due (for tests and the status).
 	woken int64
-	// recheck are the keys (and their destinations) woken since the last recheck, woken once
-	// more walVisibilityGrace after: see committed.
-	recheck      map[string]string
-	recheckArmed bool
+	// recheck are, per stage of walRewakes, the keys (and their destinations) to wake again at
+	// that stage's next timer: see wake.
+	recheck      [len(walRewakes)]map[string]string
+	recheckArmed [len(walRewakes)]bool
+
+	// tap, when set, is handed each committed transaction's rows in place of waking their keys,
+	// with the function that wakes them: the fault simulator's seam (sim_stream_test.go), which
+	// drops, repeats and delays changes through it. Set before Run; nil outside the simulator.
+	tap func(rows []walInsert, wake func([]walInsert))
 }
 
 // walVisibilityGrace is how long after the stream woke a key it is woken once more. PostgreSQL
@@ -78,6 +104,12 @@ type walFollower struct {
 // before the committing session makes it visible to other snapshots: a round the first wake
 // started may read the key before its row shows and drop the key as drained.
 const walVisibilityGrace = 20 * time.Millisecond
+
+// walRewakes are the stages of the wakes that follow the stream's, each after the one before:
+// most rows show within a couple of milliseconds of their change (a round the second wake
+// starts then finds them), the rest by walVisibilityGrace. Each wake of a key that was
+// drained meanwhile costs one round's read.
+var walRewakes = [...]time.Duration{2 * time.Millisecond, walVisibilityGrace - 2*time.Millisecond}
 
 func newWALFollower(r *Relay, cfg WALWake) *walFollower {
 	return &walFollower{r: r, cfg: cfg.withDefaults(), switched: make(chan struct{}, 1)}
@@ -93,21 +125,74 @@ func (f *walFollower) following() bool {
 	return f.active
 }
 
-// setActive records a switch between the stream and polling: each is logged once, followed by
-// a sweep (what committed while neither looked is found), and a switch to polling wakes the
-// poll loop.
-func (f *walFollower) setActive(active bool, why error) {
+// carriesEpochs reports whether the stream is followed now and carries operator actions'
+// epoch moves: then it tells the relay everything a poll would, and Run does not poll.
+func (f *walFollower) carriesEpochs() bool {
+	if f == nil {
+		return false
+	}
 	f.mu.Lock()
-	was := f.active
+	defer f.mu.Unlock()
+	return f.active && f.epochs
+}
+
+// walQuietAfter is the least time between the stream's last change and the start of a sweep
+// that lets the stream stand in for the next ones (quiet): a transaction's commit reaches the
+// stream a moment before other sessions see its rows (walVisibilityGrace), and a sweep that
+// began that moment too early would not see them.
+const walQuietAfter = time.Second
+
+// quiet reports whether the stream stands in for the sweep that is due, given the last sweep
+// (begun at sweptAt, at the server's WAL position walAt, having read work heads that could
+// move; -1 when it failed). It does when the stream, carrying epoch moves, has been followed
+// since before that sweep began and has delivered the WAL past walAt (a stream that lags
+// stands in for nothing), the sweep found no pending key but those behind a quarantined row,
+// and the stream's last change came at least max(RescanInterval, walQuietAfter) before the
+// sweep began. Then nothing is pending that the relay does not know of, and only a change can
+// make something pending (a commit; an operator action, which moves the epoch; a row made
+// pending again by hand-written SQL is the exception, found at the next change's sweeps): the
+// first change ends the quiet, and the sweeps return on their deadline until a later sweep
+// finds the outbox quiet again.
+func (f *walFollower) quiet(sweptAt time.Time, walAt pglogrepl.LSN, work int64) bool {
+	if f == nil {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if mutant == mutantStreamComplete {
+		return f.active
+	}
+	if work != 0 {
+		return false
+	}
+	margin := max(f.r.cfg.RescanInterval, walQuietAfter)
+	return f.active && f.epochs && walAt != 0 && f.decoded >= walAt && !sweptAt.Before(f.since) && sweptAt.Sub(f.changed) >= margin
+}
+
+// setActive records a switch between the stream and polling: each is logged once, followed by
+// a sweep (what committed while neither looked is found), and a switch to polling moves the
+// watcher's frontier past what the stream reported (watcher.skipTo: the sweep finds what it
+// did not) and wakes the poll loop. A stream that cannot be followed is logged at its first
+// failure since it was last followed, the relay's start included.
+func (f *walFollower) setActive(active bool, epochs bool, why error) {
+	f.mu.Lock()
+	was, warned, maxID := f.active, f.warned, f.maxID
 	f.active = active
+	f.warned = !active
+	if active {
+		f.since, f.epochs, f.decoded = time.Now(), epochs, 0
+	}
 	f.mu.Unlock()
+	if !active && !warned {
+		f.r.log.Warn("relay: WAL wake-up unavailable; polling every PollInterval", "error", why, "retry_after", f.cfg.RetryAfter)
+	}
 	if was == active {
 		return
 	}
 	if active {
-		f.r.log.Info("relay: following the WAL for new rows; polling every RescanInterval", "publication", f.cfg.Publication)
+		f.r.log.Info("relay: following the WAL for new rows", "publication", f.cfg.Publication, "operator_actions", epochs)
 	} else {
-		f.r.log.Warn("relay: WAL wake-up unavailable; polling every PollInterval", "error", why, "retry_after", f.cfg.RetryAfter)
+		f.r.watch.skipTo(maxID)
 		select {
 		case f.switched <- struct{}{}:
 		default:
@@ -123,7 +208,7 @@ func (f *walFollower) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			break
 		}
-		f.setActive(false, err)
+		f.setActive(false, false, err)
 		sleep(ctx, f.cfg.RetryAfter)
 	}
 	f.mu.Lock()
@@ -165,12 +250,21 @@ func (f *walFollower) follow(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("replication slot's consistent point: %w", err)
 	}
-	err = pglogrepl.StartReplication(ctx, conn, slot, start, pglogrepl.StartReplicationOptions{
-		PluginArgs: []string{"proto_version '1'", "publication_names " + quoteLiteral(f.cfg.Publication)}})
+	args := []string{"proto_version '1'", "publication_names " + quoteLiteral(f.cfg.Publication)}
+	// pgoutput sends logical decoding messages, the operator actions' epoch moves, from
+	// PostgreSQL 14 on.
+	epochs := serverMajor(conn) >= 14
+	if epochs {
+		args = append(args, "messages 'true'")
+	}
+	err = pglogrepl.StartReplication(ctx, conn, slot, start, pglogrepl.StartReplicationOptions{PluginArgs: args})
 	if err != nil {
 		return fmt.Errorf("start replication: %w", err)
 	}
-	f.setActive(true, nil)
+	f.setActive(true, epochs, nil)
+	// Every transaction that committed before the slot's consistent point is visible (creating
+	// the slot waited for them): the stream has nothing to deliver before it.
+	f.delivered(start)
 	return f.stream(ctx, conn, start)
 }
 
@@ -206,8 +300,15 @@ func PublicationSQL(name string) string {
 		" FOR TABLE outbox_event (id, topic, partition_key) WITH (publish = 'insert', publish_via_partition_root = true)"
 }
 
+// walEpochPrefix is the prefix of the logical decoding message an operator action's statement
+// emits with its epoch move (bumpEpoch): the stream's word that rows became pending again.
+const walEpochPrefix = "sluice.epoch"
+
 // walInsert is a row the stream saw inserted, not yet committed.
-type walInsert struct{ key, topic string }
+type walInsert struct {
+	id         int64
+	key, topic string
+}
 
 // stream reads the slot's changes: a committed transaction's outbox rows make their keys due
 // (keyBook.sawRow, as a poll would), in commit order. It confirms what it received every
@@ -215,6 +316,7 @@ type walInsert struct{ key, topic string }
 func (f *walFollower) stream(ctx context.Context, conn *pgconn.PgConn, pos pglogrepl.LSN) error {
 	relations := map[uint32]walColumns{}
 	var pending []walInsert
+	epochMoved := false
 	nextStatus := time.Now().Add(f.cfg.StatusInterval)
 	for {
 		if !time.Now().Before(nextStatus) {
@@ -259,6 +361,9 @@ func (f *walFollower) stream(ctx context.Context, conn *pgconn.PgConn, pos pglog
 			if len(pending) == 0 && ka.ServerWALEnd > pos {
 				pos = ka.ServerWALEnd
 			}
+			if len(pending) == 0 {
+				f.delivered(pos)
+			}
 			if ka.ReplyRequested {
 				nextStatus = time.Time{}
 			}
@@ -280,21 +385,64 @@ func (f *walFollower) stream(ctx context.Context, conn *pgconn.PgConn, pos pglog
 						pending = append(pending, ins)
 					}
 				}
+			case *pglogrepl.LogicalDecodingMessage:
+				if m.Prefix == walEpochPrefix {
+					epochMoved = true
+				}
 			case *pglogrepl.CommitMessage:
-				f.committed(pending)
-				pending = pending[:0]
+				f.committed(pending, epochMoved)
+				pending, epochMoved = pending[:0], false
 				if m.TransactionEndLSN > pos {
 					pos = m.TransactionEndLSN
+					f.delivered(pos)
 				}
 			}
 		}
 	}
 }
 
-// committed makes the keys of a committed transaction's rows due.
-func (f *walFollower) committed(rows []walInsert) {
+// delivered records that the stream delivered every transaction that committed before pos
+// (a keepalive between transactions gives the walsender's position: what it has decoded).
+func (f *walFollower) delivered(pos pglogrepl.LSN) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.decoded = max(f.decoded, pos)
+}
+
+// committed records a committed transaction's change and makes its rows' keys due (through
+// the simulator's tap when set); when it moved the epoch, the book's parked keys may move and
+// a sweep walks every key, as when a poll reads a new epoch.
+func (f *walFollower) committed(rows []walInsert, epochMoved bool) {
+	if len(rows) == 0 && !epochMoved {
+		return
+	}
+	f.mu.Lock()
+	f.changed = time.Now()
+	for _, ins := range rows {
+		f.maxID = max(f.maxID, ins.id)
+	}
+	f.mu.Unlock()
+	if epochMoved {
+		f.r.book.reset(time.Now())
+		f.r.watch.wantSweep()
+	}
 	if len(rows) == 0 {
 		return
+	}
+	if f.tap != nil {
+		f.tap(slices.Clone(rows), f.wake)
+		return
+	}
+	f.wake(rows)
+}
+
+// wake makes rows' keys due at once, and again at each stage of walRewakes.
+func (f *walFollower) wake(rows []walInsert) {
+	if len(rows) == 0 {
+		return
+	}
+	if mutant == mutantStreamTrusted {
+		mutantStreamChange(f.r, rows)
 	}
 	now := time.Now()
 	for _, ins := range rows {
@@ -303,28 +451,40 @@ func (f *walFollower) committed(rows []walInsert) {
 	if f.r.book.takeOverflow() {
 		f.r.watch.wantSweep()
 	}
+	keys := make(map[string]string, len(rows))
+	for _, ins := range rows {
+		keys[ins.key] = f.r.destinationOf(ins.topic)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.woken += int64(len(rows))
-	if f.recheck == nil {
-		f.recheck = map[string]string{}
+	f.recheckAt(0, keys)
+}
+
+// recheckAt adds keys to stage's next wake, arming its timer (with f.mu held).
+func (f *walFollower) recheckAt(stage int, keys map[string]string) {
+	if f.recheck[stage] == nil {
+		f.recheck[stage] = map[string]string{}
 	}
-	for _, ins := range rows {
-		f.recheck[ins.key] = f.r.destinationOf(ins.topic)
+	for key, dest := range keys {
+		f.recheck[stage][key] = dest
 	}
-	if !f.recheckArmed {
-		f.recheckArmed = true
-		time.AfterFunc(walVisibilityGrace, f.wakeAgain)
+	if !f.recheckArmed[stage] {
+		f.recheckArmed[stage] = true
+		time.AfterFunc(walRewakes[stage], func() { f.wakeAgain(stage) })
 	}
 }
 
-// wakeAgain wakes the keys woken in the last walVisibilityGrace once more: a key a round
+// wakeAgain wakes stage's keys once more, and passes them to the next stage: a key a round
 // dropped as drained before its row became visible is due again, one a round holds is looked
 // at again after it (keyBook.sawRow), one still due costs nothing.
-func (f *walFollower) wakeAgain() {
+func (f *walFollower) wakeAgain(stage int) {
 	f.mu.Lock()
-	keys := f.recheck
-	f.recheck, f.recheckArmed = nil, false
+	keys := f.recheck[stage]
+	f.recheck[stage], f.recheckArmed[stage] = nil, false
+	if stage+1 < len(walRewakes) {
+		f.recheckAt(stage+1, keys)
+	}
 	f.mu.Unlock()
 	now := time.Now()
 	for key, dest := range keys {
@@ -332,13 +492,15 @@ func (f *walFollower) wakeAgain() {
 	}
 }
 
-// walColumns is where a relation's partition_key and topic are in its tuples (-1: absent).
-type walColumns struct{ key, topic int }
+// walColumns is where a relation's id, partition_key and topic are in its tuples (-1: absent).
+type walColumns struct{ id, key, topic int }
 
 func columnsOf(m *pglogrepl.RelationMessage) walColumns {
-	c := walColumns{key: -1, topic: -1}
+	c := walColumns{id: -1, key: -1, topic: -1}
 	for i, col := range m.Columns {
 		switch col.Name {
+		case "id":
+			c.id = i
 		case "partition_key":
 			c.key = i
 		case "topic":
@@ -348,7 +510,8 @@ func columnsOf(m *pglogrepl.RelationMessage) walColumns {
 	return c
 }
 
-// read returns the row's key and topic, when the tuple carries both as text.
+// read returns the row's key and topic, when the tuple carries both as text, and its id when
+// it carries that (0 otherwise: only the fault simulator reads it).
 func (c walColumns) read(t *pglogrepl.TupleData) (walInsert, bool) {
 	text := func(i int) (string, bool) {
 		if i < 0 || i >= len(t.Columns) || t.Columns[i].DataType != pglogrepl.TupleDataTypeText {
@@ -358,7 +521,11 @@ func (c walColumns) read(t *pglogrepl.TupleData) (walInsert, bool) {
 	}
 	key, ok1 := text(c.key)
 	topic, ok2 := text(c.topic)
-	return walInsert{key: key, topic: topic}, ok1 && ok2
+	ins := walInsert{key: key, topic: topic}
+	if id, ok := text(c.id); ok {
+		ins.id, _ = strconv.ParseInt(id, 10, 64)
+	}
+	return ins, ok1 && ok2
 }
 
 // quoteLiteral quotes s as an SQL string literal.

@@ -7,8 +7,7 @@ package outbox_test
 
 import (
 	"context"
-	"fmt"
-	"sync"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,82 +16,32 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluicehq/sluice/internal/pgcluster"
+	"github.com/sluicehq/sluice/internal/testdb"
 	"github.com/sluicehq/sluice/internal/testwait"
-	"github.com/sluicehq/sluice/migrations"
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
-var (
-	logicalOnce sync.Once
-	logicalURL  string // the cluster's admin URL
-	logicalErr  error
-	logicalDBs  atomic.Int64
-)
-
-// logicalTemplate is the migrated database each test's database is copied from.
-const logicalTemplate = "sluice_wal_template"
-
-// logicalPool returns a pool on a database of its own (a copy of a migrated template) on a
-// throwaway cluster with wal_level=logical, started once for the package's tests (stopped with
-// the process): each test's relays see only its own outbox.
+// logicalPool returns a pool on a fresh, migrated database of its own on the throwaway cluster
+// with wal_level=logical (testdb.LogicalURL): each test's relays see only its own outbox.
 func logicalPool(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	ctx := context.Background()
-	logicalOnce.Do(func() {
-		c, err := pgcluster.Start(ctx, pgcluster.Options{MaxConnections: 100, Settings: map[string]string{
-			"wal_level": "logical", "max_replication_slots": "20", "max_wal_senders": "20"}})
-		if err != nil {
-			logicalErr = err
-			return
-		}
-		admin, err := pgx.Connect(ctx, c.URL)
-		if err != nil {
-			logicalErr = err
-			return
-		}
-		defer admin.Close(ctx)
-		if _, logicalErr = admin.Exec(ctx, "CREATE DATABASE "+logicalTemplate); logicalErr != nil {
-			return
-		}
-		conn, err := pgx.Connect(ctx, withDatabase(t, c.URL, logicalTemplate))
-		if err != nil {
-			logicalErr = err
-			return
-		}
-		defer conn.Close(ctx)
-		if logicalErr = migrations.Up(ctx, conn); logicalErr == nil {
-			logicalURL = c.URL
-		}
-	})
-	require.NoError(t, logicalErr, "a throwaway cluster with wal_level=logical")
-	admin, err := pgx.Connect(ctx, logicalURL)
-	require.NoError(t, err)
-	defer admin.Close(ctx)
-	name := fmt.Sprintf("sluice_wal_%d", logicalDBs.Add(1))
-	_, err = admin.Exec(ctx, "CREATE DATABASE "+name+" TEMPLATE "+logicalTemplate)
-	require.NoError(t, err)
-	pool, err := pgxpool.New(ctx, withDatabase(t, logicalURL, name))
+	pool, err := pgxpool.New(context.Background(), testdb.LogicalURL(t))
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return pool
 }
 
-// withDatabase is url with its database name replaced by db.
-func withDatabase(t *testing.T, url, db string) string {
-	t.Helper()
-	cfg, err := pgx.ParseConfig(url)
-	require.NoError(t, err)
-	return fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable", cfg.User, cfg.Host, cfg.Port, db)
-}
-
 // walRelay starts Run on pool with the WAL wake-up and a poll interval of an hour: after the
 // start, only the stream can make a new row's key due (or a sweep, an hour apart too).
-func walRelay(t *testing.T, pool *pgxpool.Pool, rec *recorder, poll time.Duration) *outbox.Relay {
+func walRelay(t *testing.T, pool *pgxpool.Pool, rec *recorder, poll time.Duration, mutate ...func(*outbox.RelayConfig)) *outbox.Relay {
 	t.Helper()
-	r, err := outbox.NewRelay(pool, outbox.RelayConfig{Publisher: rec, Topics: map[string]string{testTopic: testARN},
+	cfg := outbox.RelayConfig{Publisher: rec, Topics: map[string]string{testTopic: testARN},
 		PollInterval: poll, RescanInterval: time.Hour, Lease: 30 * time.Second, PublishTimeout: 5 * time.Second,
-		WAL: &outbox.WALWake{RetryAfter: 200 * time.Millisecond}, Logger: testLogger()})
+		WAL: &outbox.WALWake{RetryAfter: 200 * time.Millisecond}, Logger: testLogger()}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	r, err := outbox.NewRelay(pool, cfg)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -194,4 +143,89 @@ func TestWALWakeUpPublicationCarriesNoPayload(t *testing.T) {
 	require.ElementsMatch(t, []string{"id", "topic", "partition_key"}, cols)
 	require.True(t, ins)
 	require.False(t, upd)
+}
+
+// An idle outbox costs a relay that follows the WAL no statements: once a sweep found nothing
+// to move and the stream reported nothing for a while before it, the stream stands in for the
+// polls and the sweeps (here 20 ms and 50 ms apart), until its next change, which is
+// published as ever.
+func TestWALWakeUpIdleCostsNoStatements(t *testing.T) {
+	t.Parallel()
+	url := testdb.LogicalURL(t)
+	var statements atomic.Int64
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.ConnConfig.Tracer = statementCounter{&statements}
+	relayPool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(relayPool.Close)
+	writer, err := pgxpool.New(context.Background(), url)
+	require.NoError(t, err)
+	t.Cleanup(writer.Close)
+	b := &bundle{pool: writer, rec: newRecorder()}
+	r := walRelay(t, relayPool, b.rec, 20*time.Millisecond, func(c *outbox.RelayConfig) { c.RescanInterval = 50 * time.Millisecond })
+	testwait.Until(t, "the relay follows the WAL", r.FollowingWAL)
+
+	quiet := func() {
+		testwait.Until(t, "two seconds without a statement from the relay", func() bool {
+			before := statements.Load()
+			time.Sleep(2 * time.Second)
+			return statements.Load() == before
+		})
+	}
+	published := func(written []outbox.Message) func() bool {
+		return func() bool {
+			for _, m := range written {
+				if !b.rec.published(m.EventID) {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	written := b.write(t, 10, 3)
+	testwait.Until(t, "rows published", published(written))
+	quiet()
+	written = b.write(t, 5, 2)
+	testwait.Until(t, "rows committed while the relay was quiet are published", published(written))
+	quiet()
+	require.True(t, r.FollowingWAL())
+	b.rec.requireKeyOrder(t)
+}
+
+// statementCounter counts the statements and batches sent on a pool's connections.
+type statementCounter struct{ n *atomic.Int64 }
+
+func (c statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c statementCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c statementCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c statementCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// An operator action reaches a relay that follows the WAL through the stream, not a poll:
+// with polls and sweeps an hour apart, a quarantined row released by RetryAllQuarantined is
+// published.
+func TestWALWakeUpCarriesOperatorActions(t *testing.T) {
+	t.Parallel()
+	pool := logicalPool(t)
+	b := &bundle{pool: pool, rec: newRecorder()}
+	b.rec.setFail(func(*outbox.Event) error { return outbox.Permanent(errors.New("refused until released")) })
+	r := walRelay(t, pool, b.rec, time.Hour)
+	testwait.Until(t, "the relay follows the WAL", r.FollowingWAL)
+
+	written := b.write(t, 1, 1)
+	testwait.Until(t, "the row is quarantined", func() bool {
+		return b.countWhere(t, "quarantined_at IS NOT NULL") == 1
+	})
+	b.rec.setFail(nil)
+	n, err := outbox.RetryAllQuarantined(context.Background(), pool)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	testwait.Until(t, "the released row is published", func() bool { return b.rec.published(written[0].EventID) })
 }

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -37,6 +38,15 @@ type watcher struct {
 	// sweptAt is when the last sweep started (unix nanoseconds), sweepTook how long the last
 	// finished one took (nanoseconds): the sweep's deadline (sweepPeriod).
 	sweptAt, sweepTook atomic.Int64
+	// sweepWork counts the heads the sweep under way read that could move (not quarantined),
+	// with sweepMu held; sweptWork is that count for the last sweep, -1 when it failed: whether
+	// the WAL stream may stand in for the next (walFollower.quiet).
+	sweepWork int64
+	sweptWork atomic.Int64
+	// sweptWAL is the server's WAL flush position read just before the last sweep's walk
+	// while the relay followed the WAL (0 otherwise): the stream stands in for the next sweep
+	// only once it delivered the WAL past it.
+	sweptWAL atomic.Uint64
 
 	// pageRows is the most rows one poll reads: pollRows (the fault simulator sets a few, so
 	// that its small outboxes page and its passes jump their frontier).
@@ -218,14 +228,28 @@ func (w *watcher) applyPoll(p pollRead) int {
 	return fresh
 }
 
-// pollEvery is how long Run's watcher waits between polls: PollInterval, or RescanInterval
-// while the WAL stream tells the relay of new rows (walFollower). The one place that decides
-// how often Run polls: whenever the stream is not followed, it is PollInterval.
-func (w *watcher) pollEvery() time.Duration {
-	if w.r.wal.following() {
-		return max(w.r.cfg.PollInterval, w.r.cfg.RescanInterval)
+// pollEvery is how long Run's watcher waits between polls: PollInterval; RescanInterval while
+// the WAL stream tells the relay of new rows but not of operator actions (walFollower, before
+// PostgreSQL 14), for the epoch; and never while it tells of both (ok false), until it ends.
+// The one place that decides how often Run polls: whenever the stream is not followed, it is
+// PollInterval.
+func (w *watcher) pollEvery() (every time.Duration, ok bool) {
+	switch {
+	case w.r.wal.carriesEpochs():
+		return 0, false
+	case w.r.wal.following():
+		return max(w.r.cfg.PollInterval, w.r.cfg.RescanInterval), true
 	}
-	return w.r.cfg.PollInterval
+	return w.r.cfg.PollInterval, true
+}
+
+// skipTo moves the frontier up to id, the highest row the WAL stream reported, when the relay
+// stops following it: the polls that follow start there, not where the last poll before the
+// stream left it, and the sweep that comes with the switch finds what the stream missed below.
+func (w *watcher) skipTo(id int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.frontier = max(w.frontier, id)
 }
 
 // pollAndSweep is RunOnce's look at the outbox, a poll and then a sweep: the first poll and
@@ -259,9 +283,10 @@ func (w *watcher) pollAndSweep(ctx context.Context) error {
 		}
 		w.frontier = max(w.frontier, newest)
 	}
+	w.sweepWork = 0
 	n, last := w.applySweep(s)
 	err := w.sweepOn(ctx, n, last)
-	w.sweepEnded(started)
+	w.sweepEnded(started, err)
 	return err
 }
 
@@ -281,11 +306,25 @@ func (w *watcher) untilSweep() time.Duration {
 // RunPass's pipelines both keep, whatever else the relay does.
 func (w *watcher) sweepDue() bool { return w.untilSweep() <= 0 }
 
-// sweepEnded records a sweep that began at started and just ended.
-func (w *watcher) sweepEnded(started time.Time) {
+// sweepEnded records a sweep that began at started and just ended with err (with w.sweepMu
+// held).
+func (w *watcher) sweepEnded(started time.Time, err error) {
 	w.sweptAt.Store(started.UnixNano())
 	w.sweepTook.Store(int64(time.Since(started)))
+	if err != nil {
+		w.sweepWork = -1
+	}
+	w.sweptWork.Store(w.sweepWork)
 }
+
+// streamStandsIn reports whether the WAL stream stands in for the sweep that is due
+// (walFollower.quiet).
+func (w *watcher) streamStandsIn() bool {
+	return w.r.wal.quiet(time.Unix(0, w.sweptAt.Load()), pglogrepl.LSN(w.sweptWAL.Load()), w.sweptWork.Load())
+}
+
+// walFlushSQL reads the server's WAL flush position, as a number.
+const walFlushSQL = `SELECT (pg_current_wal_flush_lsn() - '0/0')::bigint`
 
 func (w *watcher) wantSweep() {
 	select {
@@ -323,11 +362,21 @@ func (w *watcher) sweepIfFree(ctx context.Context) error {
 // sweepLocked sweeps with w.sweepMu held.
 func (w *watcher) sweepLocked(ctx context.Context) error {
 	started := time.Now()
-	n, last, err := w.sweepStep(ctx, "", true)
+	w.sweepWork = 0
+	// Following the WAL, the walk's first step reads where the WAL ends first (walFollower.quiet).
+	var walAt int64
+	b := &pgx.Batch{}
+	if w.r.wal.following() {
+		b.Queue(walFlushSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&walAt) })
+	}
+	s := queueSweep(b, "", true)
+	err := w.readOnly(ctx, b)
 	if err == nil {
+		n, last := w.applySweep(s)
 		err = w.sweepOn(ctx, n, last)
 	}
-	w.sweepEnded(started)
+	w.sweptWAL.Store(uint64(walAt))
+	w.sweepEnded(started, err)
 	if err != nil {
 		return fmt.Errorf("walk pending partition keys: %w", err)
 	}
@@ -402,6 +451,9 @@ func (w *watcher) applySweep(s sweepRead) (int, string) {
 		case dest != "" && !w.r.dests.healthy(dest):
 			state = headHeld // its destination fails or is slow: its probe or answer moves it
 		}
+		if state != headQuarantined {
+			w.sweepWork++
+		}
 		w.r.book.sawHead(h.key, state, at, dest, now)
 	}
 	if len(heads) == 0 {
@@ -425,12 +477,17 @@ func (w *watcher) run(ctx context.Context) {
 			if err := w.poll(ctx); err != nil && ctx.Err() == nil {
 				w.r.log.Warn("relay poll failed; retrying", "error", err)
 			}
-			t := time.NewTimer(w.pollEvery())
+			var tick <-chan time.Time
+			every, ok := w.pollEvery()
+			t := time.NewTimer(every)
+			if ok {
+				tick = t.C
+			}
 			select {
 			case <-ctx.Done():
 				t.Stop()
 				return
-			case <-t.C:
+			case <-tick:
 			case <-switched: // the WAL stream stopped: poll at once
 			}
 			t.Stop()
@@ -438,15 +495,27 @@ func (w *watcher) run(ctx context.Context) {
 	}()
 	go func() {
 		defer wg.Done()
+		wanted := true
 		for ctx.Err() == nil {
-			if err := w.sweep(ctx); err != nil && ctx.Err() == nil {
-				w.r.log.Warn("relay sweep failed; retrying", "error", err)
+			// A sweep asked for (a start, a switch, an operator action, an overflow) is made;
+			// one merely due is not while the WAL stream stands in for it.
+			quiet := !wanted && w.streamStandsIn()
+			if !quiet {
+				if err := w.sweep(ctx); err != nil && ctx.Err() == nil {
+					w.r.log.Warn("relay sweep failed; retrying", "error", err)
+				}
 			}
-			t := time.NewTimer(max(w.untilSweep(), time.Millisecond))
+			wait := max(w.untilSweep(), time.Millisecond)
+			if quiet {
+				wait = w.sweepPeriod() // look again then whether the stream still stands in
+			}
+			t := time.NewTimer(wait)
 			select {
 			case <-ctx.Done():
 			case <-w.sweepWant:
+				wanted = true
 			case <-t.C:
+				wanted = false
 			}
 			t.Stop()
 		}
