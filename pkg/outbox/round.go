@@ -142,6 +142,7 @@ func (r *Relay) round(ctx context.Context, taken roundKeys, calls *roundCalls) (
 			rows = append(rows, c)
 		}
 	}
+	r.wal.sawRows(rows)
 	plan := r.planRound(mine, rows, perKey)
 	claimed := time.Now()
 

@@ -88,9 +88,10 @@ type walFollower struct {
 	switched chan struct{}
 	// woken counts the rows the stream made due (for tests and the status).
 	woken int64
-	// recheck are, per stage of walRewakes, the keys (and their destinations) to wake again at
-	// that stage's next timer: see wake.
-	recheck      [len(walRewakes)]map[string]string
+	// recheck are, per stage of walRewakes, the keys to wake again at that stage's next timer
+	// (see wake), each with its destination and the highest id the stream reported of it: a
+	// round that read that row since drops the key from every stage (sawRows).
+	recheck      [len(walRewakes)]map[string]walRecheck
 	recheckArmed [len(walRewakes)]bool
 
 	// tap, when set, is handed each committed transaction's rows in place of waking their keys,
@@ -107,9 +108,17 @@ const walVisibilityGrace = 20 * time.Millisecond
 
 // walRewakes are the stages of the wakes that follow the stream's, each after the one before:
 // most rows show within a couple of milliseconds of their change (a round the second wake
-// starts then finds them), the rest by walVisibilityGrace. Each wake of a key that was
-// drained meanwhile costs one round's read.
+// starts then finds them), the rest by walVisibilityGrace. A key is woken again only while no
+// round of the relay has read its reported row (sawRows): only a key whose row was not yet
+// visible to the round the wake started costs a read more.
 var walRewakes = [...]time.Duration{2 * time.Millisecond, walVisibilityGrace - 2*time.Millisecond}
+
+// walRecheck is a key waiting for a re-wake: its destination, and the highest id the stream
+// reported of it.
+type walRecheck struct {
+	dest string
+	id   int64
+}
 
 func newWALFollower(r *Relay, cfg WALWake) *walFollower {
 	return &walFollower{r: r, cfg: cfg.withDefaults(), switched: make(chan struct{}, 1)}
@@ -451,9 +460,9 @@ func (f *walFollower) wake(rows []walInsert) {
 	if f.r.book.takeOverflow() {
 		f.r.watch.wantSweep()
 	}
-	keys := make(map[string]string, len(rows))
+	keys := make(map[string]walRecheck, len(rows))
 	for _, ins := range rows {
-		keys[ins.key] = f.r.destinationOf(ins.topic)
+		keys[ins.key] = walRecheck{dest: f.r.destinationOf(ins.topic), id: max(keys[ins.key].id, ins.id)}
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -462,12 +471,16 @@ func (f *walFollower) wake(rows []walInsert) {
 }
 
 // recheckAt adds keys to stage's next wake, arming its timer (with f.mu held).
-func (f *walFollower) recheckAt(stage int, keys map[string]string) {
-	if f.recheck[stage] == nil {
-		f.recheck[stage] = map[string]string{}
+func (f *walFollower) recheckAt(stage int, keys map[string]walRecheck) {
+	if len(keys) == 0 {
+		return
 	}
-	for key, dest := range keys {
-		f.recheck[stage][key] = dest
+	if f.recheck[stage] == nil {
+		f.recheck[stage] = map[string]walRecheck{}
+	}
+	for key, rc := range keys {
+		rc.id = max(rc.id, f.recheck[stage][key].id)
+		f.recheck[stage][key] = rc
 	}
 	if !f.recheckArmed[stage] {
 		f.recheckArmed[stage] = true
@@ -487,8 +500,29 @@ func (f *walFollower) wakeAgain(stage int) {
 	}
 	f.mu.Unlock()
 	now := time.Now()
-	for key, dest := range keys {
-		f.r.book.sawRow(key, dest, now)
+	for key, rc := range keys {
+		f.r.book.sawRow(key, rc.dest, now)
+	}
+}
+
+// sawRows drops from the re-wakes the keys whose reported row a round has read (rows: what a
+// round read of the keys it locked): the row was visible, and its round's verdict decides
+// what comes next for the key. Only a cost: a key woken again anyway costs one read.
+func (f *walFollower) sawRows(rows []*claimedRow) {
+	if f == nil || len(rows) == 0 {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for stage := range f.recheck {
+		if len(f.recheck[stage]) == 0 {
+			continue
+		}
+		for _, c := range rows {
+			if rc, ok := f.recheck[stage][c.PartitionKey]; ok && c.ID >= rc.id {
+				delete(f.recheck[stage], c.PartitionKey)
+			}
+		}
 	}
 }
 
