@@ -17,13 +17,6 @@ import (
 	"github.com/sluicehq/sluice/pkg/outbox"
 )
 
-// acker acknowledges every event: a broker that always answers.
-type acker struct{}
-
-func (acker) PublishBatch(_ context.Context, _ string, events []*outbox.Event) []error {
-	return make([]error, len(events))
-}
-
 // sluice fleet status shows what a real fleet relay, serving the registry of the control
 // database, recorded there of each tenant: a tenant it published for (its last turn, the rows
 // and its backlog), a failing one first (failures in a row, class, backoff, no password), and
@@ -55,7 +48,7 @@ func TestFleetStatusShowsTheRelaysViewFromTheControlDatabase(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(control.Close)
 	f, err := fleet.New(fleet.Config{Registry: fleet.Table{DB: control}, TurnState: control, SweepInterval: time.Second,
-		Relay: outbox.RelayConfig{Publisher: acker{}, Topics: map[string]string{"orders": "orders"}}})
+		Relay: outbox.RelayConfig{Publisher: &stubBroker{}, Topics: map[string]string{"orders": "orders"}}})
 	require.NoError(t, err)
 	fctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
