@@ -217,7 +217,8 @@ func (c *simChecker) checkOvertakes() {
 // checkOrder walks the deliveries in acceptance order (check 1): a delivery of row x of a
 // serialized key is an inversion if a later row y of the key was accepted already and x never
 // was (a re-send of an accepted x is a duplicate that FIFO deduplication drops). A replay
-// restarts the key's history: the replayed rows must go out in id order again.
+// restarts the key's history: the replayed rows must go out in id order again (a call begun
+// before the replay belongs to the old history: a round that lost its locks sending on).
 func (c *simChecker) checkOrder() {
 	type keyState struct {
 		seen  map[int64]bool
@@ -225,13 +226,18 @@ func (c *simChecker) checkOrder() {
 		topAt time.Duration
 	}
 	keys := map[string]*keyState{}
+	resetAt := map[string]time.Duration{} // each key's last reset
 	for i, d := range c.dest.deliveries {
 		for _, k := range c.dest.resets[i] {
 			delete(keys, k)
+			resetAt[k] = c.dest.resetAt[i]
 		}
 		row := c.hist.rows[d.event]
 		if !d.accepted || row == nil || !row.serialized || c.dest.tainted[d.key] {
 			continue // a tainted key's order was broken by the destination (checkOvertakes)
+		}
+		if at, ok := resetAt[d.key]; ok && d.from < at {
+			continue // a call begun before the replay: a re-send of the key's old history
 		}
 		ks := keys[d.key]
 		if ks == nil {
@@ -239,8 +245,8 @@ func (c *simChecker) checkOrder() {
 			keys[d.key] = ks
 		}
 		if !ks.seen[d.id] && ks.top > d.id {
-			c.report(findOrder, "key %s: row %d accepted at %dms after row %d (accepted at %dms)",
-				d.key, d.id, d.at.Milliseconds(), ks.top, ks.topAt.Milliseconds())
+			c.report(findOrder, "key %s: row %d accepted at %dms (%s, call from %dms) after row %d (accepted at %dms)",
+				d.key, d.id, d.at.Milliseconds(), d.relay, d.from.Milliseconds(), ks.top, ks.topAt.Milliseconds())
 		}
 		ks.seen[d.id] = true
 		if d.id > ks.top {

@@ -386,6 +386,10 @@ type simDestination struct {
 	inFlight, peak, largest int
 	// resets are the delivery indexes at which a key's order history restarts (a replay).
 	resets map[int][]string
+	// resetAt is when the resets at a delivery index were made: a call begun before a key's
+	// reset carries its rows as they were before the replay (a round that lost its locks and
+	// published on), so it belongs to the key's old history.
+	resetAt map[int]time.Duration
 	// keyOrder: see simSchedule.keyOrder. overtaken counts the entries the destination
 	// acknowledged behind a failed entry of their key in the same call (breaking its promise),
 	// tainted the keys whose order it broke so, and reported the overtaking rows the relays
@@ -482,7 +486,7 @@ func (h simOvertakeLog) WithGroup(g string) slog.Handler {
 
 func newSimDestination(seed int64, rates simRates, faulty *atomic.Bool, store *simStore, start time.Time) *simDestination {
 	return &simDestination{seed: seed, rates: rates, faulty: faulty, store: store, start: start,
-		attempts: map[uuid.UUID]int{}, refused: map[uuid.UUID]bool{}, resets: map[int][]string{}, tainted: map[string]bool{}}
+		attempts: map[uuid.UUID]int{}, refused: map[uuid.UUID]bool{}, resets: map[int][]string{}, resetAt: map[int]time.Duration{}, tainted: map[string]bool{}}
 }
 
 // publish answers one call of relay's (simPublisher).
@@ -606,6 +610,7 @@ func (d *simDestination) resetKey(key string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.resets[len(d.deliveries)] = append(d.resets[len(d.deliveries)], key)
+	d.resetAt[len(d.deliveries)] = time.Since(d.start)
 }
 
 // simStore is the fake claim-check store (the PayloadStore the relay calls).
